@@ -1,0 +1,308 @@
+"""One keep-alive HTTP/1.1 connection to an executor: an `asyncio.Protocol` fed by httptools.
+
+Owns its transport, its response parser and the buffers of the response in flight. Knows nothing
+of pooling policy: it calls back into its pool when it is made, lost or finished with
+(`_on_conn_made`, `_on_conn_lost`, `_put_idle`). Everything runs on the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import httptools
+
+from shmdisagg.upstream.errors import UpstreamDisconnected, UpstreamError, UpstreamProtocolError, UpstreamTimeout
+
+if TYPE_CHECKING:
+    from shmdisagg.upstream.pool import UpstreamPool, _Host
+
+# A response head larger than this is refused: executors send a handful of short headers.
+MAX_HEAD_BYTES = 64 << 10
+
+
+class StaleConnection(Exception):
+    """A reused connection closed before any response byte: the keep-alive race (internal)."""
+
+
+class _Stop(Exception):
+    """Raised inside a parser callback to stop parsing; carries the error to fail with, if any."""
+
+    def __init__(self, error: UpstreamError | None) -> None:
+        super().__init__()
+        self.error = error
+
+
+class Connection(asyncio.Protocol):
+    """A pooled connection; at most one request in flight (no pipelining).
+
+    # per-connection
+    pool, host: the owning pool and its per-(host, port) record.
+    loop, transport, parser: the event loop, the socket transport, the response parser.
+    max_body, high_water: the pool's body limit and the buffered-bytes mark that pauses reading.
+    closed: True once the connection may not carry another request (closing or lost).
+    served: responses completed on this connection; > 0 means it was reused from the pool.
+    pooled, idle_since: whether it sits in the idle stack, and since when (loop.time(), s).
+
+    # per-request
+    busy: a request was written and its response not yet handed back or abandoned.
+    head_fut: resolved when the response head is parsed; None once resolved or failed.
+    timer: the call_at handle bounding the wait for the head (None without a timeout).
+    no_body: the request was HEAD, so the response ends at its head.
+    expect: no response has begun yet for the request in flight.
+    status, headers: the response's status code and raw headers (names lower-cased).
+    chunks, buffered: body bytes received and not yet taken by the consumer, and their total.
+    body_total, rx_bytes: body bytes so far, and raw bytes received (head included).
+    complete, keep_alive: the response ended; whether the connection may then be reused.
+    error: why this response failed (raised to the consumer after the buffered bytes).
+    waiter: a future the consumer sleeps on; woken by body, completion or error.
+    collect: the consumer reads the whole body (`read()`): don't pause, don't wake per chunk.
+    paused: reading from the transport is paused because `buffered` passed `high_water`.
+    """
+
+    __slots__ = (
+        "pool", "host", "loop", "transport", "parser", "max_body", "high_water",
+        "closed", "served", "pooled", "idle_since",
+        "busy", "head_fut", "timer", "no_body", "expect", "status", "headers", "chunks", "buffered",
+        "body_total", "rx_bytes", "complete", "keep_alive", "error", "waiter", "collect", "paused",
+    )  # fmt: skip
+
+    def __init__(self, pool: UpstreamPool, host: _Host, loop: asyncio.AbstractEventLoop) -> None:
+        # per-connection
+        self.pool = pool
+        self.host = host
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.max_body = pool.max_response_bytes
+        self.high_water = pool.read_high_water_bytes
+        self.closed = False
+        self.served = 0
+        self.pooled = False
+        self.idle_since = 0.0
+        # per-request
+        self.busy = False
+        self.head_fut: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.no_body = False
+        self.expect = False
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: list[bytes] = []
+        self.buffered = 0
+        self.body_total = 0
+        self.rx_bytes = 0
+        self.complete = False
+        self.keep_alive = False
+        self.error: UpstreamError | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.collect = False
+        self.paused = False
+
+    # -- driven by the pool and the response ------------------------------------------------
+
+    def start(self, data: bytes, no_body: bool, deadline: float | None) -> asyncio.Future[None]:
+        """Write one request (head and body already joined) and return the head future.
+
+        `deadline` is in loop.time() seconds; past it the exchange fails with `UpstreamTimeout`.
+        """
+        fut: asyncio.Future[None] = self.loop.create_future()
+        self.head_fut = fut
+        self.busy = True
+        self.no_body = no_body
+        self.expect = True
+        self.status = 0
+        self.headers = []  # the previous response object keeps its own list
+        self.body_total = 0
+        self.rx_bytes = 0
+        self.complete = False
+        self.keep_alive = False
+        self.collect = False
+        if deadline is not None:
+            self.timer = self.loop.call_at(deadline, self._on_timeout)
+        self.transport.write(data)  # type: ignore[union-attr]  # set by connection_made
+        return fut
+
+    def take(self) -> bytes:
+        """Hand over every buffered body byte (joined), and resume reading if it was paused."""
+        chunks = self.chunks
+        if not chunks:
+            return b""
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self.buffered = 0
+        if self.paused:
+            self.resume()
+        return data
+
+    def resume(self) -> None:
+        self.paused = False
+        if not self.closed and self.transport is not None:
+            self.transport.resume_reading()
+
+    def release(self) -> None:
+        """The response was consumed to its end: pool the connection if it may be reused, else close."""
+        self.busy = False
+        if self.paused:
+            self.resume()
+        if self.keep_alive and not self.closed:
+            self.served += 1
+            self.pool._put_idle(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        """Close gracefully (idle, or a finished response); idempotent."""
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+    def abort(self, reason: str) -> None:
+        """Drop the connection now; a response in flight fails with `UpstreamDisconnected`. Idempotent."""
+        self.fail(UpstreamDisconnected(reason, self.rx_bytes))
+
+    def fail(self, error: UpstreamError) -> None:
+        """Record `error` for the response in flight (first one wins), wake its waiters, abort the socket."""
+        if self.error is None:
+            self.error = error
+        fut = self.head_fut
+        if fut is not None:
+            self.head_fut = None
+            if not fut.done():
+                fut.set_exception(self.error)
+        self._wake()
+        self._cancel_timer()
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
+
+    def wait(self) -> asyncio.Future[None]:
+        """A future resolved at the next body bytes (unless collecting), completion or error."""
+        fut: asyncio.Future[None] = self.loop.create_future()
+        self.waiter = fut
+        return fut
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.pool._on_conn_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.rx_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            stop = exc.__context__
+            if isinstance(stop, _Stop) and stop.error is None:
+                self.close()  # bytes after a complete response: keep what we have, reuse nothing
+            elif isinstance(stop, _Stop) and stop.error is not None:
+                self.fail(stop.error)
+            else:
+                self.fail(UpstreamProtocolError(f"response parser callback failed: {stop!r}"))
+        except httptools.HttpParserError as exc:
+            self.fail(UpstreamProtocolError(f"malformed response from {self.host.authority}: {exc}"))
+        else:
+            if self.head_fut is not None and self.rx_bytes > MAX_HEAD_BYTES:
+                self.fail(UpstreamProtocolError(f"response head from {self.host.authority} over {MAX_HEAD_BYTES} bytes"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._cancel_timer()
+        self.pool._on_conn_lost(self)
+        if not self.busy or self.error is not None or self.complete:
+            return
+        fut = self.head_fut
+        if fut is not None:
+            self.head_fut = None
+            if self.rx_bytes == 0 and self.served > 0:
+                error: Exception = StaleConnection()
+            else:
+                error = self.error = UpstreamDisconnected(
+                    f"{self.host.authority} closed the connection before the response head", self.rx_bytes
+                )
+            if not fut.done():
+                fut.set_exception(error)
+        elif exc is None and self._reads_until_close():
+            self.complete = True  # a body framed by EOF (HTTP/1.0, or no length and not chunked)
+        else:
+            self.error = UpstreamDisconnected(f"{self.host.authority} closed the connection mid-body", self.rx_bytes)
+        self._wake()
+
+    # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if not self.expect:
+            # A second response to one request, or bytes on an idle connection.
+            raise _Stop(None if self.complete else UpstreamProtocolError("unexpected response"))
+        self.expect = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        status = self.status = self.parser.get_status_code()
+        if status < 200:
+            return  # interim 1xx; on_message_complete resets for the final response
+        self._cancel_timer()
+        if self.no_body:
+            self.complete = True  # HEAD: the parser would wait for a body; never reuse the socket
+        fut = self.head_fut
+        if fut is not None:
+            self.head_fut = None
+            if not fut.done():
+                fut.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        n = len(body)
+        total = self.body_total + n
+        if total > self.max_body:
+            raise _Stop(UpstreamProtocolError(f"response body from {self.host.authority} over {self.max_body} bytes"))
+        self.body_total = total
+        self.chunks.append(body)
+        self.buffered += n
+        if not self.collect:
+            if self.waiter is not None:
+                self._wake()
+            if self.buffered > self.high_water and not self.paused:
+                self.paused = True
+                self.transport.pause_reading()  # type: ignore[union-attr]
+
+    def on_message_complete(self) -> None:
+        if self.status < 200:
+            self.headers = []
+            self.expect = True
+            return
+        if self.no_body:
+            return
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()
+        self._wake()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def _cancel_timer(self) -> None:
+        t = self.timer
+        if t is not None:
+            self.timer = None
+            t.cancel()
+
+    def _on_timeout(self) -> None:
+        self.timer = None
+        if self.head_fut is not None:
+            self.fail(UpstreamTimeout(f"no response head from {self.host.authority} before the deadline"))
+
+    def _reads_until_close(self) -> bool:
+        for name, _ in self.headers:
+            if name == b"content-length" or name == b"transfer-encoding":
+                return False
+        return True

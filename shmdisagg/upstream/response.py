@@ -1,0 +1,155 @@
+"""`UpstreamResponse`: the caller's handle on one executor response, head parsed, body pending.
+
+The rule for callers: every response must be finished one of three ways: `await read()`,
+iterate it to the end, or `abort()`. Finishing returns the connection to the pool (or closes
+it); until then the connection belongs to this response. A response dropped unfinished is
+aborted by `__del__` as a safety net (immediate in CPython, since nothing else refers to it),
+so a forgotten one closes its socket rather than poisoning the pool.
+
+One consumer at a time: don't `read()` and iterate the same response from two tasks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shmdisagg.upstream.errors import UpstreamDisconnected, UpstreamError
+
+if TYPE_CHECKING:
+    from shmdisagg.upstream._connection import Connection
+
+__all__ = ["UpstreamResponse"]
+
+
+class UpstreamResponse:
+    """An executor's response: `status` and `headers` now, the body through `read()` or `async for`.
+
+    Attributes:
+        status: the HTTP status code.
+        headers: the raw header pairs, names lower-cased, in arrival order.
+    """
+
+    __slots__ = ("status", "headers", "_conn", "_error")
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn: Connection | None = conn  # None once finished: consumed, failed or aborted
+        self._error: UpstreamError | None = None  # why it failed; raised again on later calls
+        self.status = conn.status
+        self.headers = conn.headers
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header `name` (lower-case bytes, e.g. b"content-type"), or None."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    @property
+    def is_event_stream(self) -> bool:
+        """Whether Content-Type is text/event-stream (an SSE body)."""
+        ctype = self.header(b"content-type")
+        return ctype is not None and ctype.lower().startswith(b"text/event-stream")
+
+    async def read(self) -> bytes:
+        """The whole (de-chunked) body; then the connection goes back to the pool if keep-alive.
+
+        Returns b"" if the body was already consumed. The body is bounded by the pool's
+        `max_response_bytes`; bound the wait with `asyncio.timeout`.
+
+        Raises:
+            UpstreamDisconnected: the connection dropped before the body ended, or the response
+                was aborted.
+            UpstreamProtocolError: malformed framing or a body over `max_response_bytes`.
+            asyncio.CancelledError: re-raised after the connection is closed.
+        """
+        conn = self._conn
+        if conn is None:
+            if self._error is not None:
+                raise self._error
+            return b""
+        if not conn.complete and conn.error is None:
+            conn.collect = True
+            if conn.paused:
+                conn.resume()
+            while not conn.complete and conn.error is None:
+                try:
+                    await conn.wait()
+                except BaseException:
+                    self.abort()
+                    raise
+                if self._conn is None:  # aborted meanwhile
+                    raise self._error or UpstreamDisconnected("response was aborted", conn.rx_bytes)
+        if conn.error is not None:
+            raise self._fail(conn, conn.error)
+        data = conn.take()
+        self._conn = None
+        conn.release()
+        return data
+
+    def __aiter__(self) -> UpstreamResponse:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """The body bytes buffered since the last call, joined: one received chunk when the consumer
+        keeps up, several when it fell behind; never split. After the last bytes the connection
+        goes back to the pool.
+
+        Raises:
+            StopAsyncIteration: the body ended.
+            UpstreamDisconnected, UpstreamProtocolError: as `read()`, after any bytes that arrived
+                before the failure were yielded.
+            asyncio.CancelledError: re-raised after the connection is closed.
+        """
+        conn = self._conn
+        if conn is None:
+            if self._error is not None:
+                raise self._error
+            raise StopAsyncIteration
+        while not conn.chunks:
+            if conn.error is not None:
+                raise self._fail(conn, conn.error)
+            if conn.complete:
+                self._conn = None
+                conn.release()
+                raise StopAsyncIteration
+            try:
+                await conn.wait()
+            except BaseException:
+                self.abort()
+                raise
+            if self._conn is None:  # aborted meanwhile
+                raise self._error or UpstreamDisconnected("response was aborted", conn.rx_bytes)
+        data = conn.take()
+        if conn.complete:
+            self._conn = None
+            conn.release()
+        return data
+
+    def abort(self) -> None:
+        """Close the connection now (client went away, cancellation). Idempotent; a no-op once the
+        body was consumed, since the connection may already serve another request."""
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            self._error = UpstreamDisconnected("response was aborted", conn.rx_bytes)
+            conn.abort("response was aborted")
+
+    def _fail(self, conn: Connection, error: UpstreamError) -> UpstreamError:
+        """Finish as failed: close the connection, remember `error` for later calls, return it."""
+        self._error = error
+        self._conn = None
+        conn.close()
+        return error
+
+    def __del__(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            try:
+                conn.abort("response was dropped unfinished")
+            except Exception:  # noqa: BLE001 -- the loop may already be closed at interpreter exit
+                pass
+
+    def __repr__(self) -> str:
+        state = "open" if self._conn is not None else ("failed" if self._error is not None else "done")
+        return f"<UpstreamResponse {self.status} {state}>"
