@@ -1,0 +1,265 @@
+"""The deployment config: TensorRT-LLM's disaggregated YAML, unchanged, plus a `shmdisagg:` section.
+
+TensorRT-LLM's keys (`llmapi/disagg_utils.py`, see shared/reference/trtllm_protocol.md §5) are
+read with their names, types and defaults. Keys TensorRT-LLM passes to the executors as LLM
+arguments (`kv_cache_config`, `cache_transceiver_config`, `tensor_parallel_size`, ...) are accepted
+and kept, so a TensorRT-LLM config file loads as it is. Our own settings live under one optional
+top-level key, `shmdisagg:` (which executors the launcher starts, the shared-memory table, request
+limits).
+
+`load_config(path)` raises `ConfigError` whose message is one line naming the key and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ROUTER_TYPES = ("round_robin", "load_balancing", "kv_cache_aware", "conversation")
+_URL = re.compile(r"^(?:https?://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})/?$")
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the key and the problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RouterConfig(_Strict):
+    """`router: {type: ..., <args>}` of one role. Args TensorRT-LLM defines for each type.
+
+    Sources: TensorRT-LLM `serve/router.py` (`create_router`, `KvCacheAwareRouter`,
+    `ConversationRouter`) as summarised in trtllm_protocol.md §3.
+    """
+
+    type: Literal["round_robin", "load_balancing", "kv_cache_aware", "conversation"] = "round_robin"
+    use_tokens: bool = False
+    # kv_cache_aware
+    max_batch_size: int = Field(64, ge=1)
+    max_num_tokens: int | None = Field(None, ge=1)
+    tokens_per_block: int | None = Field(None, ge=1)
+    load_weight: float = Field(0.25, ge=0)
+    load_cap: float = Field(float("inf"), gt=0)
+    track_routed_blocks: bool = True
+    tokenizer_dir: str | None = None
+    custom_tokenizer: str | None = None
+    model_path: str | None = None
+    use_harmony: bool = False
+    # conversation
+    match_threshold: float = Field(0.75, ge=0, le=1)
+    use_token_ids: bool = False
+    hash_skip_count: int = Field(0, ge=0)
+    max_sessions: int = Field(100_000, ge=1)
+
+
+class ServerSection(BaseModel):
+    """`context_servers` / `generation_servers`. Unknown keys are LLM arguments for the executors."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    num_instances: int = Field(1, ge=0)
+    urls: list[str] = Field(default_factory=list)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    max_batch_size: int | None = Field(None, ge=1)
+    max_num_tokens: int | None = Field(None, ge=1)
+    kv_cache_config: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("urls")
+    @classmethod
+    def _check_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            m = _URL.match(url)
+            if not m or not 0 < int(m["port"]) < 65536:
+                raise ValueError(f"{url!r} is not host:port")
+        if len(set(urls)) != len(urls):
+            raise ValueError("duplicate url")
+        return urls
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_count(cls, data: Any) -> Any:
+        # TensorRT-LLM requires num_instances == len(urls); we infer it when it is left out.
+        if isinstance(data, dict) and "num_instances" not in data and isinstance(data.get("urls"), list):
+            return {**data, "num_instances": len(data["urls"])}
+        return data
+
+    @model_validator(mode="after")
+    def _check_count(self) -> "ServerSection":
+        if self.urls and len(self.urls) != self.num_instances:
+            raise ValueError(f"{len(self.urls)} urls but num_instances is {self.num_instances}")
+        return self
+
+    def addresses(self) -> list[tuple[str, int]]:
+        """The section's executors as (host, port), scheme stripped."""
+        out = []
+        for url in self.urls:
+            m = _URL.match(url)
+            assert m is not None  # validated above
+            out.append((m["host"].strip("[]"), int(m["port"])))
+        return out
+
+    def router_args(self) -> RouterConfig:
+        """Router args with the section's `max_batch_size`, `max_num_tokens` and
+        `kv_cache_config.tokens_per_block` copied in unless set (as TensorRT-LLM's
+        `extract_router_config` does)."""
+        updates: dict[str, Any] = {}
+        given = self.router.model_fields_set
+        if "max_batch_size" not in given and self.max_batch_size:
+            updates["max_batch_size"] = self.max_batch_size
+        if "max_num_tokens" not in given and self.max_num_tokens:
+            updates["max_num_tokens"] = self.max_num_tokens
+        tpb = self.kv_cache_config.get("tokens_per_block")
+        if "tokens_per_block" not in given and isinstance(tpb, int):
+            updates["tokens_per_block"] = tpb
+        return self.router.model_copy(update=updates)
+
+
+class ConditionalDisaggConfig(_Strict):
+    max_local_prefill_length: int = Field(0, ge=0)
+
+
+class SimSettings(_Strict):
+    """Simulator options for every executor the launcher starts (see executors/sim/README.md)."""
+
+    profile: str = "h100-sxm-llama-3.1-8b"
+    num_blocks: int = Field(8192, ge=1)
+    tokens_per_block: int = Field(32, ge=1)
+    max_batch_size: int = Field(64, ge=1)
+    max_num_tokens: int = Field(8192, ge=1)
+    speedup: float = Field(1.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class ExecutorsSection(_Strict):
+    """Which executors `shmdisagg launch` starts, one per url of each section."""
+
+    backend: Literal["sim", "trtllm"] = "sim"
+    model: str = "sim-llama-3.1-8b"
+    startup_timeout_s: float = Field(180.0, gt=0)
+    log_dir: str | None = None
+    sim: SimSettings = Field(default_factory=SimSettings)
+
+
+class ShmSection(_Strict):
+    """The shared-memory table. `prefix` names the segments (`/dev/shm/<prefix>-ctl`, ...)."""
+
+    prefix: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,24}$")
+    max_workers: int = Field(128, ge=1, le=1024)
+
+
+class ShmdisaggSection(_Strict):
+    executors: ExecutorsSection | None = None
+    shm: ShmSection = Field(default_factory=ShmSection)
+    request_timeout_s: float = Field(180.0, gt=0)
+    server_start_timeout_s: float = Field(180.0, gt=0)
+    health_check_interval_s: float = Field(0.5, gt=0)
+    max_request_body_bytes: int = Field(32 << 20, ge=1024)
+    coordinator_socket: str | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class DisaggConfig(BaseModel):
+    """The whole config file. Top-level keys TensorRT-LLM inherits into both sections (`model`,
+    `backend`, ...) are accepted as extras."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    hostname: str = "localhost"
+    port: int = Field(8000, ge=1, le=65535)
+    num_workers: int = Field(1, ge=1, le=64)
+    context_servers: ServerSection = Field(default_factory=ServerSection)
+    generation_servers: ServerSection
+    max_retries: int = Field(1, ge=0)
+    schedule_style: Literal["context_first", "generation_first"] = "context_first"
+    conditional_disagg_config: ConditionalDisaggConfig | None = None
+    node_id: int | None = Field(None, ge=0, lt=256)
+    server_keep_alive_timeout: int = Field(10, ge=1)
+    perf_metrics_max_requests: int = Field(0, ge=0)
+    return_perf_metrics: bool = False
+    gen_tokids_ctxbytes: bool = False
+    gen_strip_message_history: bool = False
+    allow_request_chat_template: bool = False
+    disagg_coordinator_url: str | None = None
+    disagg_cluster: dict[str, Any] | None = None
+    shmdisagg: ShmdisaggSection = Field(default_factory=ShmdisaggSection)
+
+    @field_validator("allow_request_chat_template", "return_perf_metrics", mode="before")
+    @classmethod
+    def _real_bool(cls, v: Any) -> Any:
+        if not isinstance(v, bool):
+            raise ValueError("must be true or false")
+        return v
+
+    @model_validator(mode="after")
+    def _check_supported(self) -> "DisaggConfig":
+        if self.disagg_cluster is not None:
+            raise ValueError("disagg_cluster (dynamic service discovery) is not supported; list static urls")
+        if self.disagg_coordinator_url is not None:
+            raise ValueError("disagg_coordinator_url: shmdisagg runs its own coordinator on this host")
+        return self
+
+    @property
+    def shm_prefix(self) -> str:
+        """Shared-memory name prefix: configured, else `shmdisagg-<uid>-<port>`."""
+        return self.shmdisagg.shm.prefix or f"shmdisagg-{os.getuid()}-{self.port}"
+
+    @property
+    def coordinator_socket(self) -> str:
+        """Path of the coordinator's internal API Unix socket."""
+        return self.shmdisagg.coordinator_socket or f"/tmp/{self.shm_prefix}.sock"
+
+
+def _one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{loc}: {msg}{more}"
+
+
+def parse_config(data: Any, source: str = "config") -> DisaggConfig:
+    """Validate a loaded YAML document. Raises `ConfigError` (one line: file, key, problem)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys")
+    try:
+        return DisaggConfig.model_validate(_normalise(data))
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_one_line(err)}") from None
+
+
+def _normalise(data: dict[str, Any]) -> dict[str, Any]:
+    """Accept TensorRT-LLM's spellings: a section's router may be `null`; a router `type: null`."""
+    out = dict(data)
+    for key in ("context_servers", "generation_servers"):
+        section = out.get(key)
+        if isinstance(section, dict) and isinstance(section.get("router"), dict):
+            router = dict(section["router"])
+            if router.get("type") is None:
+                router.pop("type", None)
+            out[key] = {**section, "router": router}
+        elif isinstance(section, dict) and "router" in section and section["router"] is None:
+            out[key] = {k: v for k, v in section.items() if k != "router"}
+    return out
+
+
+def load_config(path: str | os.PathLike[str]) -> DisaggConfig:
+    """Read and validate a config file. Raises `ConfigError`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}:{where} not valid YAML: {getattr(err, 'problem', err)}") from None
+    return parse_config(data, str(p))

@@ -1,0 +1,127 @@
+"""Validation of public OpenAI requests before any executor or counter is touched.
+
+The two hot routes read bodies as plain dicts (orjson), not pydantic models: they only relay
+them (shared/reference/stack_calibration.md: model validation and re-serialisation doubles the
+proxy's CPU). This module checks exactly what disaggregated serving needs and raises
+`RequestError(400)` with an OpenAI error body otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from shmdisagg.errors import RequestError
+
+# Fields only the orchestrator may set on executor requests; a client's copy is dropped
+# (shared/DESIGN.md: client-supplied internal fields are never trusted).
+INTERNAL_FIELDS = ("disaggregated_params", "prompt_token_ids", "prompt_token_ids_b64", "ctx_usage")
+
+
+def _bad(message: str, param: str | None = None) -> RequestError:
+    return RequestError(400, message, "invalid_request", param)
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """Decode a JSON object body. Raises `RequestError(400)`."""
+    try:
+        req = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise _bad(f"request body is not valid JSON: {err.msg}") from None
+    if not isinstance(req, dict):
+        raise _bad("request body must be a JSON object")
+    return req
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(type(t) is int and t >= 0 for t in value)
+
+
+def normalise_prompt(req: dict[str, Any]) -> str | list[int]:
+    """The single prompt of a completion request: a string or a non-empty list of token ids.
+
+    A one-element batch is unwrapped (as TensorRT-LLM does); a batch of several prompts is
+    refused because disaggregated serving handles one prompt per request.
+    """
+    if "prompt" not in req:
+        raise _bad("'prompt' is required", "prompt")
+    prompt = req["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _bad("'prompt' must not be empty", "prompt")
+        return prompt
+    if isinstance(prompt, list):
+        if not prompt:
+            raise _bad("'prompt' must not be empty", "prompt")
+        if all(isinstance(p, (str, list)) for p in prompt):
+            raise _bad("a batch of prompts is not supported; send one prompt per request", "prompt")
+        if _is_token_list(prompt):
+            return prompt
+    raise _bad("'prompt' must be a string or a list of non-negative token ids", "prompt")
+
+
+def _check_messages(req: dict[str, Any]) -> None:
+    messages = req.get("messages")
+    if messages is None:
+        raise _bad("'messages' is required", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty list", "messages")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _bad("each message must be an object with a 'role'", "messages")
+
+
+def _check_positive_int(req: dict[str, Any], key: str) -> None:
+    value = req.get(key)
+    if value is not None and (type(value) is not int or value < 1):
+        raise _bad(f"'{key}' must be a positive integer", key)
+
+
+def validate(req: dict[str, Any], chat: bool, models: frozenset[str]) -> None:
+    """Check a request in place and drop internal fields. Raises `RequestError` (400, or 404
+    for a model no executor serves)."""
+    for key in INTERNAL_FIELDS:
+        req.pop(key, None)
+    model = req.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is required", "model")
+    if models and model not in models:
+        raise RequestError(404, f"The model '{model}' does not exist", "model_not_found", "model")
+    if chat:
+        _check_messages(req)
+    else:
+        req["prompt"] = normalise_prompt(req)
+    for key in ("n", "best_of"):
+        value = req.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            raise _bad(f"'{key}' must be a positive integer", key)
+        if value is not None and value > 1:
+            raise _bad(f"'{key}' > 1 is not supported by disaggregated serving", key)
+    _check_positive_int(req, "max_tokens")
+    _check_positive_int(req, "max_completion_tokens")
+    stream = req.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("'stream' must be true or false", "stream")
+
+
+def prompt_load_tokens(req: dict[str, Any], chat: bool) -> int:
+    """The load a request adds when a router counts tokens.
+
+    Token-id prompts count their length. Text counts characters, as TensorRT-LLM's
+    `get_request_num_tokens` does for untokenised prompts; chats count the characters of every
+    message's string content.
+    """
+    if not chat:
+        prompt = req["prompt"]
+        return len(prompt)
+    total = 0
+    for m in req["messages"]:
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
+    return total

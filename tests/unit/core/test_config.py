@@ -1,0 +1,101 @@
+"""Config loading: TensorRT-LLM files load unchanged; bad files get one line naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shmdisagg.config import ConfigError, load_config, parse_config
+
+TRTLLM_EXAMPLE = """
+hostname: localhost
+port: 8000
+num_workers: 4
+backend: pytorch
+context_servers:
+  num_instances: 2
+  urls: ["localhost:8001", "localhost:8002"]
+  router:
+    type: kv_cache_aware
+  tensor_parallel_size: 1
+  cache_transceiver_config:
+    backend: UCX
+  kv_cache_config:
+    tokens_per_block: 64
+    enable_block_reuse: true
+  disable_overlap_scheduler: true
+generation_servers:
+  num_instances: 1
+  urls: ["localhost:8003"]
+  router:
+    type: load_balancing
+    use_tokens: true
+"""
+
+
+def test_trtllm_config_loads_unchanged_with_llm_args_kept(tmp_path: Path) -> None:
+    path = tmp_path / "disagg.yaml"
+    path.write_text(TRTLLM_EXAMPLE)
+    cfg = load_config(path)
+    assert cfg.num_workers == 4
+    assert cfg.context_servers.addresses() == [("localhost", 8001), ("localhost", 8002)]
+    assert cfg.context_servers.model_extra["cache_transceiver_config"] == {"backend": "UCX"}
+    assert cfg.model_extra == {"backend": "pytorch"}
+    # TensorRT-LLM copies kv_cache_config.tokens_per_block into the router args
+    assert cfg.context_servers.router_args().tokens_per_block == 64
+    assert cfg.generation_servers.router_args().use_tokens is True
+    assert cfg.schedule_style == "context_first"
+    assert cfg.shmdisagg.executors is None
+
+
+def _error(data: object) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "cfg.yaml")
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d["generation_servers"].update(num_instances=3), "generation_servers: 1 urls but num_instances is 3"),
+        (lambda d: d["context_servers"].update(urls=["nohost"]), "context_servers.urls"),
+        (lambda d: d["generation_servers"]["router"].update(type="fastest"), "generation_servers.router.type"),
+        (lambda d: d["generation_servers"]["router"].update(use_tokenz=True), "generation_servers.router.use_tokenz"),
+        (lambda d: d.update(port=70000), "port:"),
+        (lambda d: d.update(num_workers=0), "num_workers:"),
+        (lambda d: d.update(schedule_style="whenever"), "schedule_style:"),
+        (lambda d: d.update(allow_request_chat_template="yes"), "allow_request_chat_template: must be true or false"),
+        (lambda d: d.update(shmdisagg={"executors": {"backend": "vllm"}}), "shmdisagg.executors.backend"),
+        (lambda d: d.update(shmdisagg={"shm": {"prefix": "has/slash"}}), "shmdisagg.shm.prefix"),
+    ],
+)
+def test_bad_config_names_the_key(mutate, expected: str) -> None:
+    data = yaml.safe_load(TRTLLM_EXAMPLE)
+    mutate(data)
+    assert expected in _error(data)
+
+
+def test_not_a_mapping_and_not_yaml(tmp_path: Path) -> None:
+    assert "top level must be a mapping" in _error([1, 2])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("port: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_cli_exits_2_with_one_line_for_a_bad_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("generation_servers:\n  urls: ['localhost:8003']\n  router: {type: fastest}\n")
+    for command in ("launch", "check-config", "serve"):
+        out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", command, "-c", str(bad)], capture_output=True, text=True)
+        assert out.returncode == 2, (command, out)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and "generation_servers.router.type" in lines[0], out.stderr
