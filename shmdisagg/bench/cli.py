@@ -1,0 +1,297 @@
+"""`shmdisagg bench` options and the run that ties the parts together.
+
+`add_arguments` declares the options; `run(args)` benchmarks an already-running server at
+`args.url` and returns the summary dict (also printed, and written with `--json`); `run_cli(args)`
+runs it under uvloop and turns failures into exit statuses; `main(argv)` parses and calls
+`run_cli`. Only these last two turn exceptions into statuses; `run` raises `BenchError` for
+anything the user must fix."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import sys
+import threading
+from collections.abc import Coroutine, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import uvloop
+
+from shmdisagg.bench import BenchError, procstat
+from shmdisagg.bench.client import Client, RequestRecord, cluster_pids, first_model
+from shmdisagg.bench.load import LoadCounters, LoadInterrupted, closed_loop, jobs, open_loop
+from shmdisagg.bench.metrics import Slo, parse_slo, summarize
+from shmdisagg.bench.progress import progress_for
+from shmdisagg.bench.report import aiperf_view, print_table, write_json, write_records
+from shmdisagg.bench.trace import (
+    DEFAULT_VOCAB,
+    SHIPPED_TRACE,
+    PromptSynthesizer,
+    TraceRequest,
+    load_trace,
+    synthetic_requests,
+)
+
+SCHEMA = "shmdisagg.bench/1"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench options, for `shmdisagg bench` or any parser that wants them."""
+    target = parser.add_argument_group("target")
+    target.add_argument("--url", default="http://127.0.0.1:8000",
+                        help="server base URL (default: %(default)s)")
+    target.add_argument("--model", help="model name to send (default: first id from GET /v1/models)")
+    target.add_argument("--timeout", type=float, default=600.0,
+                        help="per-request timeout in seconds (default: %(default)s)")
+
+    load = parser.add_argument_group("load")
+    load.add_argument("--trace", metavar="PATH",
+                      help="Mooncake JSONL trace (default: the shipped 300-request conversation "
+                           "slice, unless --input-len is given)")
+    load.add_argument("--num-requests", type=int, metavar="N",
+                      help="send the first N requests of the trace (synthetic: default 10 x concurrency)")
+    load.add_argument("--speedup", type=float, default=1.0,
+                      help="open loop: divide trace timestamps by this (default: %(default)s)")
+    load.add_argument("--concurrency", type=int, metavar="C",
+                      help="closed loop with C requests always in flight (ignores timestamps); "
+                           "without it the trace is replayed open-loop at its arrival times")
+    load.add_argument("--input-len", type=int, metavar="TOKENS",
+                      help="closed loop with synthetic prompts of this many tokens (needs --concurrency)")
+    load.add_argument("--output-len", type=int, default=128, metavar="TOKENS",
+                      help="output tokens per synthetic request (default: %(default)s)")
+    load.add_argument("--max-output-tokens", type=int, metavar="TOKENS",
+                      help="cap every request's max_tokens at this")
+    load.add_argument("--seed", type=int, default=0, help="prompt synthesis seed (default: %(default)s)")
+    load.add_argument("--vocab-range", type=int, nargs=2, default=list(DEFAULT_VOCAB),
+                      metavar=("LOW", "HIGH"), help="token ids are drawn from [LOW, HIGH) "
+                      "(default: %(default)s)")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
+                     help="SLOs for goodput, e.g. --goodput ttft:2000 tpot:50 e2e:30000")
+    out.add_argument("--cpu-pids", nargs="+", metavar="PID",
+                     help="pids whose CPU time to charge to the orchestrator (comma or space "
+                          "separated; default: from GET <url>/cluster_info)")
+    out.add_argument("--json", metavar="PATH", help="write the summary JSON here")
+    out.add_argument("--records", metavar="PATH", help="write one JSON line per request here")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
+    """The requests to send and the source's description."""
+    if args.num_requests is not None and args.num_requests < 1:
+        raise BenchError("--num-requests must be >= 1")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise BenchError("--concurrency must be >= 1")
+    if args.max_output_tokens is not None and args.max_output_tokens < 1:
+        raise BenchError("--max-output-tokens must be >= 1")
+    if args.input_len is not None:
+        if args.trace:
+            raise BenchError("--input-len and --trace are alternatives; give one")
+        if args.concurrency is None:
+            raise BenchError("synthetic prompts (--input-len) need --concurrency")
+        if args.input_len < 1 or args.output_len < 1:
+            raise BenchError("--input-len and --output-len must be >= 1")
+        count = args.num_requests or 10 * args.concurrency
+        return synthetic_requests(count, args.input_len, args.output_len), "synthetic"
+    path = args.trace or SHIPPED_TRACE
+    try:
+        requests = load_trace(path, args.num_requests)
+    except OSError as exc:
+        raise BenchError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    if not requests:
+        raise BenchError(f"trace {path} holds no requests")
+    return requests, str(path)
+
+
+def _parse_pids(items: Sequence[str]) -> list[int]:
+    try:
+        return sorted({int(p) for item in items for p in item.split(",") if p.strip()})
+    except ValueError:
+        raise BenchError(f"--cpu-pids takes integers, got {' '.join(items)!r}") from None
+
+
+def _self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> dict[str, Any]:
+    """Benchmark the server at `args.url`; print the table, write `--json`/`--records`, and
+    return the summary. Setting `stop` ends the run early: requests in flight are cancelled and
+    the summary covers the finished ones (`was_cancelled: true`)."""
+    slo = _slo(args.goodput or [])
+    requests, source = _workload(args)
+    low, high = args.vocab_range
+    try:
+        synth = PromptSynthesizer(seed=args.seed, vocab=(low, high))
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+    if args.speedup <= 0:
+        raise BenchError("--speedup must be > 0")
+    closed = args.concurrency is not None
+
+    counters = LoadCounters(total=len(requests))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        model = args.model or await first_model(session, args.url)
+        pid_source: str | None = None
+        if args.cpu_pids:
+            pids, pid_source = _parse_pids(args.cpu_pids), "--cpu-pids"
+        else:
+            pids = await cluster_pids(session, args.url) or []
+            pid_source = "cluster_info" if pids else None
+        client = Client(session, args.url, args.timeout)
+        work = jobs(requests, synth, model, args.speedup, args.max_output_tokens)
+
+        before = procstat.sample(pids)
+        client_cpu0 = _self_cpu_s()
+        start_time = datetime.now(UTC)
+        async with progress_for(counters, not args.no_progress):
+            load = (closed_loop(work, client.send, args.concurrency, counters) if closed
+                    else open_loop(work, client.send, counters))
+            records, interrupted = await _drive(load, stop)
+        client_cpu_s = _self_cpu_s() - client_cpu0
+        end_time = datetime.now(UTC)
+        after = procstat.sample(pids)
+        if pid_source == "cluster_info":  # processes respawned during the run count in full
+            now = await cluster_pids(session, args.url) or []
+            after.update(procstat.sample(set(now) - set(pids)))
+
+    # Open loop: the schedule's start; closed loop: the first send.
+    origin = min((r.send if r.scheduled is None else r.scheduled for r in records), default=0.0)
+    duration = max((r.end or r.send for r in records), default=origin) - origin
+    summary: dict[str, Any] = {"schema": SCHEMA}
+    summary.update(summarize(records, duration, slo, cancelled=counters.sent - len(records)))
+    summary["cpu"] = _cpu_summary(procstat.usage_between(before, after, pids), pid_source,
+                                  client_cpu_s, counters.sent)
+    completed = summary["requests"]["completed"]
+    orchestrator_ms = summary["cpu"]["total_ms"] if summary["cpu"]["pids"] else None
+    summary["orchestrator_cpu_ms_per_request"] = (
+        orchestrator_ms / completed if orchestrator_ms is not None and completed else None
+    )
+    summary.update(aiperf_view(summary))
+    summary.update(
+        start_time=start_time.isoformat(),
+        end_time=end_time.isoformat(),
+        was_cancelled=interrupted,
+        config={
+            "url": args.url,
+            "model": model,
+            "mode": "closed_loop" if closed else "open_loop",
+            "source": source,
+            "num_requests": len(requests),
+            "concurrency": args.concurrency,
+            "speedup": None if closed else args.speedup,
+            "max_output_tokens": args.max_output_tokens,
+            "seed": args.seed,
+            "vocab_range": [low, high],
+            "timeout_s": args.timeout,
+        },
+    )
+    if args.json:
+        write_json(args.json, summary)
+    if args.records:
+        write_records(args.records, records, origin)
+    print_table(summary)
+    return summary
+
+
+async def _drive(
+    load: Coroutine[Any, Any, list[RequestRecord]], stop: asyncio.Event | None
+) -> tuple[list[RequestRecord], bool]:
+    """Run the load to the end, or until `stop` is set: (finished records, interrupted?).
+
+    Cancelling the caller still cancels it: only `stop` turns into a partial result."""
+    task = asyncio.ensure_future(load)
+    waiter = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    try:
+        if waiter is not None:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                task.cancel()
+        return await task, False
+    except LoadInterrupted as exc:
+        me = asyncio.current_task()
+        if me is not None and me.cancelling():
+            raise asyncio.CancelledError from None
+        return exc.records, True
+    finally:
+        if waiter is not None:
+            waiter.cancel()
+        if not task.done():  # the caller was cancelled while waiting
+            task.cancel()
+            with contextlib.suppress(LoadInterrupted, asyncio.CancelledError):
+                await task
+
+
+def _cpu_summary(usage: procstat.CpuUsage, pid_source: str | None, client_cpu_s: float,
+                 sent: int) -> dict[str, Any]:
+    return {
+        "pid_source": pid_source,
+        "pids": sorted(usage.per_pid_ms.keys() | set(usage.vanished)),
+        "total_ms": usage.total_ms,
+        "per_pid_ms": usage.per_pid_ms,
+        "vanished_pids": usage.vanished,
+        "appeared_pids": usage.appeared,
+        "unreadable_pids": usage.unreadable,
+        "client_ms": client_cpu_s * 1000.0,
+        "client_ms_per_request": client_cpu_s * 1000.0 / sent if sent else None,
+        "client_pid": os.getpid(),
+    }
+
+
+def _slo(items: Sequence[str]) -> Slo:
+    try:
+        return parse_slo(items)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: 0 when at least one request completed, 1 when none did, 2 on a usage error,
+    130 on a second Ctrl-C (the first one stops the run and still reports)."""
+    parser = argparse.ArgumentParser(
+        prog="shmdisagg bench",
+        description="Replay a Mooncake trace (or a fixed-concurrency load) against an "
+        "OpenAI-compatible server and report latency, throughput, KV-cache hits and CPU.",
+    )
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """`main` after parsing, for a parser that took `add_arguments` (the `shmdisagg bench`
+    subcommand): runs `run` under uvloop, first Ctrl-C stops and reports, returns the status."""
+    try:
+        summary = uvloop.run(_main(args))
+    except BenchError as exc:
+        print(f"shmdisagg bench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0 if summary["requests"]["completed"] else 1
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if threading.current_thread() is not threading.main_thread():
+        return await run(args)  # signal handlers can only be set from the main thread
+
+    def first_interrupt() -> None:
+        print("shmdisagg bench: interrupted; cancelling requests in flight (Ctrl-C again to "
+              "quit at once)", file=sys.stderr)
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)  # the next Ctrl-C raises KeyboardInterrupt
+
+    loop.add_signal_handler(signal.SIGINT, first_interrupt)
+    try:
+        return await run(args, stop)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)

@@ -1,0 +1,219 @@
+"""End to end: `run(args)` against the scripted server in `fake_openai.py`, checking the JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from shmdisagg.bench import cli
+from shmdisagg.bench.trace import BLOCK_TOKENS, SHIPPED_TRACE, load_trace
+from tests.conftest import free_port
+from tests.unit.bench.fake_openai import FakeOpenAI
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def bench(argv: list[str], **server: Any) -> tuple[dict[str, Any], FakeOpenAI]:
+    async def scenario() -> tuple[dict[str, Any], FakeOpenAI]:
+        async with FakeOpenAI(free_port(), **server) as fake:
+            return await cli.run(parse(["--url", fake.url, "--no-progress", *argv])), fake
+
+    return asyncio.run(scenario())
+
+
+def expected_hit_rate(n: int) -> float:
+    """Prefix-cache hits over full 512-token blocks in trace order, from the hash ids alone."""
+    seen: set[tuple[int, ...]] = set()
+    cached = prompt = 0
+    for req in load_trace(SHIPPED_TRACE, n):
+        missed = False
+        for k in range(req.input_length // BLOCK_TOKENS):
+            key = tuple(req.hash_ids[: k + 1])
+            if not missed and key in seen:
+                cached += BLOCK_TOKENS
+            else:
+                missed = True
+            seen.add(key)
+        prompt += req.input_length
+    return cached / prompt
+
+
+def test_trace_replay_summary_counts_tokens_cache_hits_and_cpu(tmp_path: Path) -> None:
+    out, records = tmp_path / "summary.json", tmp_path / "records.jsonl"
+    summary, fake = bench(["--num-requests", "25", "--concurrency", "1", "--max-output-tokens", "4",
+                           "--json", str(out), "--records", str(records)])
+    trace = load_trace(SHIPPED_TRACE, 25)
+
+    # what the server was sent
+    assert [len(b["prompt"]) for b in fake.bodies] == [r.input_length for r in trace]
+    assert {b["model"] for b in fake.bodies} == {"fake-model"}  # discovered via /v1/models
+    assert [b["max_tokens"] for b in fake.bodies] == [min(4, r.output_length) for r in trace]
+
+    written = orjson.loads(out.read_bytes())
+    assert written == orjson.loads(orjson.dumps(summary, option=orjson.OPT_NON_STR_KEYS))
+    assert summary["requests"] == {"sent": 25, "completed": 25, "failed": 0, "cancelled": 0,
+                                   "without_usage": 0}
+    assert summary["errors"] == {"count": 0, "kinds": {}, "examples": {}}
+    outputs = [min(4, r.output_length) for r in trace]
+    assert summary["throughput"]["total_output_tokens"] == sum(outputs)
+    assert summary["throughput"]["total_input_tokens"] == sum(r.input_length for r in trace)
+    assert summary["kv_cache_hit_rate"] == pytest.approx(expected_hit_rate(25))
+    assert summary["kv_cache_hit_rate"] > 0
+    assert summary["cache"]["cached_tokens"] == sum(fake.cached)
+    assert summary["ttft_ms"]["count"] == 25
+    assert summary["tpot_ms"]["count"] == sum(1 for n in outputs if n > 1)
+    assert summary["itl_ms"]["count"] == sum(n - 1 for n in outputs)  # empty chunks ignored
+    assert summary["config"]["mode"] == "closed_loop"
+
+    # AIPerf-named view of the same numbers
+    assert summary["time_to_first_token"]["unit"] == "ms"
+    assert summary["time_to_first_token"]["avg"] == summary["ttft_ms"]["mean"]
+    assert summary["inter_token_latency"]["p99"] == summary["tpot_ms"]["p99"]
+    assert summary["request_count"] == {"unit": "requests", "avg": 25}
+    assert summary["error_summary"] == []
+
+    # CPU: /cluster_info names this process
+    assert summary["cpu"]["pid_source"] == "cluster_info"
+    assert summary["cpu"]["pids"] == [os.getpid()]
+    assert summary["orchestrator_cpu_ms_per_request"] >= 0
+
+    rows = [orjson.loads(line) for line in records.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(25))
+    assert rows[3]["request_id"] == "req-3" and rows[3]["output_tokens"] == 4
+    assert len(rows[3]["chunk_ms"]) == 4 and rows[3]["ttft_ms"] == rows[3]["chunk_ms"][0]
+
+
+def fail_some(n: int) -> str:
+    if n % 4 == 3:
+        return "http_500"
+    return "truncate" if n == 5 else "ok"
+
+
+def test_open_loop_counts_errors_by_kind_and_tolerates_no_cluster_info() -> None:
+    summary, fake = bench(["--num-requests", "20", "--speedup", "1000", "--max-output-tokens", "3",
+                           "--goodput", "e2e:60000"],
+                          behaviour=fail_some, cluster_info=False, hold_until=20)
+    # hold_until: no answer before all 20 arrived, so this finishing shows the loop was open
+    assert len(fake.bodies) == 20
+    assert summary["requests"]["sent"] == 20
+    assert summary["requests"]["completed"] == 14
+    assert summary["errors"]["count"] == 6
+    assert summary["errors"]["kinds"] == {"http_500": 5, "incomplete_stream": 1}
+    assert "scripted failure" in summary["errors"]["examples"]["http_500"]
+    codes = {e["error_details"]["type"]: (e["error_details"]["code"], e["count"])
+             for e in summary["error_summary"]}
+    assert codes == {"http_500": (500, 5), "incomplete_stream": (None, 1)}
+    assert summary["error_request_count"] == {"unit": "requests", "avg": 6}
+    assert summary["goodput_slo"]["limits_ms"] == {"e2e_ms": 60000}
+    assert summary["goodput_slo"]["good_requests"] == 14
+    assert summary["goodput"]["avg"] == pytest.approx(14 / summary["duration_s"])
+    assert summary["send_lag_ms"]["count"] == 20
+    assert summary["cpu"]["pid_source"] is None
+    assert summary["orchestrator_cpu_ms_per_request"] is None
+    assert summary["config"]["mode"] == "open_loop"
+
+
+def test_synthetic_closed_loop_with_explicit_pids() -> None:
+    summary, fake = bench(["--concurrency", "4", "--input-len", "700", "--output-len", "6",
+                           "--num-requests", "12", "--cpu-pids", f"{os.getpid()},{os.getpid()}",
+                           "--model", "given"])
+    assert {len(b["prompt"]) for b in fake.bodies} == {700}
+    assert {b["model"] for b in fake.bodies} == {"given"}
+    assert summary["requests"]["completed"] == 12
+    assert summary["kv_cache_hit_rate"] == 0.0  # synthetic prompts share nothing
+    assert summary["throughput"]["total_output_tokens"] == 72
+    assert summary["cpu"]["pid_source"] == "--cpu-pids" and summary["cpu"]["pids"] == [os.getpid()]
+
+
+def test_table_shows_every_section(capsys: pytest.CaptureFixture[str]) -> None:
+    bench(["--num-requests", "3", "--speedup", "1000", "--max-output-tokens", "2", "--goodput", "ttft:1000"])
+    table = capsys.readouterr().out
+    for heading in ("Requests", "Latency (ms)", "Throughput", "Cache", "CPU", "KV cache hit rate",
+                    "goodput req/s (ttft<=1000ms)", "orchestrator CPU ms/request"):
+        assert heading in table
+
+
+@pytest.mark.parametrize("argv", [
+    ["--input-len", "100"],  # synthetic needs --concurrency
+    ["--concurrency", "2", "--input-len", "100", "--trace", str(SHIPPED_TRACE)],
+    ["--goodput", "ttft"],
+    ["--speedup", "0"],
+    ["--trace", "/nonexistent/trace.jsonl"],
+    ["--cpu-pids", "abc"],
+])
+def test_bad_options_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--url", f"http://127.0.0.1:{free_port()}", "--model", "m", *argv]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_unreachable_server_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--url", f"http://127.0.0.1:{free_port()}", "--num-requests", "1"]) == 2
+    assert "cannot list models" in capsys.readouterr().err
+
+
+def test_all_requests_failing_exits_1() -> None:
+    async def scenario() -> int:
+        async with FakeOpenAI(free_port(), behaviour=_always_500) as fake:
+            return await asyncio.to_thread(
+                cli.main, ["--url", fake.url, "--num-requests", "2", "--concurrency", "1", "--no-progress"]
+            )
+
+    assert asyncio.run(scenario()) == 1
+
+
+def _always_500(n: int) -> str:
+    return "http_500"
+
+
+def test_stop_event_cancels_in_flight_requests_and_reports_the_finished_ones(tmp_path: Path) -> None:
+    async def scenario() -> dict[str, Any]:
+        stop = asyncio.Event()
+
+        def behaviour(n: int) -> str:
+            if n < 3:
+                return "ok"
+            stop.set()  # the 4th arrival: the user presses Ctrl-C while it is in flight
+            return "hang"
+
+        async with FakeOpenAI(free_port(), behaviour=behaviour) as fake:
+            args = parse(["--url", fake.url, "--no-progress", "--concurrency", "1",
+                          "--num-requests", "10", "--max-output-tokens", "2",
+                          "--json", str(tmp_path / "s.json")])
+            return await cli.run(args, stop)
+
+    summary = asyncio.run(scenario())
+    assert summary["was_cancelled"] is True
+    assert summary["requests"]["completed"] == 3
+    assert summary["requests"]["cancelled"] == 1
+    assert summary["requests"]["sent"] == 4
+    assert orjson.loads((tmp_path / "s.json").read_bytes())["was_cancelled"] is True
+
+
+def test_cancelling_run_from_outside_still_cancels_it() -> None:
+    async def scenario() -> None:
+        both_arrived = asyncio.Event()
+
+        def behaviour(n: int) -> str:
+            if n == 1:
+                both_arrived.set()
+            return "hang"
+
+        async with FakeOpenAI(free_port(), behaviour=behaviour) as fake:
+            args = parse(["--url", fake.url, "--no-progress", "--num-requests", "2", "--speedup", "1000"])
+            task = asyncio.create_task(cli.run(args, asyncio.Event()))
+            await both_arrived.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())
