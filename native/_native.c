@@ -1,5 +1,1236 @@
-/* Placeholder: replaced by the real extension (see native/README.md). */
+/*
+ * shmdisagg._native: every shared-memory word access of shmdisagg goes through this file.
+ *
+ * One `Region` wraps one mapped control segment (any buffer: the mmap in production, a bytearray
+ * in unit tests) and holds its Py_buffer export until release()/dealloc, so the mmap cannot be
+ * closed under us. The layout is documented in native/README.md; the constants below are its
+ * single source of truth (shmdisagg/shm/layout.py re-exports them).
+ *
+ * Rules (shared/reference/shm_design.md section 2, 3, 5, 9):
+ * - Shared words are naturally aligned 4/8-byte integers accessed only through GCC __atomic
+ *   builtins; no 16-byte atomics anywhere (libatomic may use a process-local lock).
+ * - Multi-word records are seqlocks in Boehm's fence form. Readers give up after SEQ_TRIES tries
+ *   (a writer killed mid-write leaves the sequence odd forever) and raise RetryExhausted; picks
+ *   fall back to the last config copy this Region read successfully.
+ * - The mapped bytes are untrusted: the header is validated field by field against this build's
+ *   layout, every header-derived size is clamped to the mapping, and every record pointer is
+ *   bounds- and alignment-checked against the mapped length before use.
+ * - The GIL is kept: every call is sub-microsecond (measured in the README).
+ * - Every function has a single exit: errors `goto fail` with an exception set and `result`
+ *   NULL; the success path falls through `fail:` with `result` set.
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, NULL};
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&mod); }
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+_Static_assert(__atomic_always_lock_free(8, 0), "8-byte atomics must be lock-free (address-free)");
+_Static_assert(__atomic_always_lock_free(4, 0), "4-byte atomics must be lock-free (address-free)");
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the layout is little-endian");
+
+/* ---- layout (version 1): keep in step with native/README.md ---------------------------- */
+
+#define MAGIC 0x31564C5447534453ULL /* "SDSGTLV1" little-endian */
+#define LAYOUT_VERSION 1u
+#define HEADER_BYTES 4096u
+#define MAX_SERVERS 64u
+#define MAX_ROLES 2u
+#define SERVER_STRIDE 256u
+#define WORKER_STRIDE 2048u
+#define MAX_WORKERS_LIMIT 4096u
+#define OFF_SERVERS 0x1000u
+#define OFF_WORKERS (OFF_SERVERS + MAX_SERVERS * SERVER_STRIDE) /* 0x5000 */
+#define SEQ_TRIES 512
+
+/* header words */
+#define H_MAGIC 0x000u
+#define H_VERSION 0x008u  /* u32 layout_version | u32 header_bytes << 32 */
+#define H_SEGBYTES 0x010u /* u64 logical segment size */
+#define H_COUNTS 0x018u   /* u16 max_servers | u16 max_workers << 16 | u32 flags << 32 */
+#define H_SERVERS 0x020u  /* u32 off_servers | u32 server_stride << 32 */
+#define H_WORKERS 0x028u  /* u32 off_workers | u32 worker_stride << 32 */
+#define H_CREATED 0x030u
+#define H_INIT 0x038u
+#define INIT_READY 1u
+
+/* coordinator line */
+#define OFF_COORD 0x080u
+#define C_PID 0x080u
+#define C_START 0x088u
+#define C_INC 0x090u
+#define C_HEARTBEAT 0x098u
+#define C_STATE 0x0A0u
+
+/* config block (seqlock) */
+#define OFF_CONFIG 0x100u
+#define CFG_SEQ 0x100u
+#define CFG_PRESENT 0x108u
+#define CFG_HEALTHY 0x110u
+#define CFG_ROLE0 0x118u /* role_mask[0] context; role_mask[1] generation at +8 */
+#define CFG_VERSION 0x128u
+enum { K_PRESENT, K_HEALTHY, K_ROLE0, K_ROLE1, K_VERSION, CFG_WORDS };
+
+/* worker-written shared lines */
+#define OFF_RR 0x180u /* rr[role] at OFF_RR + role * 128 */
+#define RR_STRIDE 128u
+#define OFF_ROWS_LINE 0x280u
+#define RL_HWM 0x280u      /* 1 + highest row index ever claimed (CAS-max by claimers) */
+#define RL_CLAIM_SEQ 0x288u /* claim counter, low 32 bits of every token */
+
+/* coordinator-written totals of reclaimed rows */
+#define OFF_RETIRED 0x300u /* retired_routed[64] */
+#define RET_COMPLETED 0x500u
+#define RET_DISPATCHED 0x508u
+
+/* server record (seqlock each) */
+#define S_SEQ 0u
+#define S_INC 8u
+#define S_FLAGS 16u /* u32 flags | u32 weight << 32 */
+#define S_HEALTH 24u
+#define S_MAXBATCH 32u
+#define S_TPB 40u
+#define S_MAXTOK 48u
+#define S_ADDR 64u
+#define ADDR_BYTES 128u
+#define FLAG_PRESENT 1u
+#define FLAG_HEALTHY 2u
+#define ROLE_SHIFT 8u
+
+/* worker row */
+#define W_TOKEN 0u
+#define W_START 8u
+#define W_HEARTBEAT 16u
+#define W_IDXGEN 24u
+#define W_COORDINC 32u
+#define W_DISPATCHED 40u
+#define W_COMPLETED 48u
+#define W_PID 56u
+#define W_ACTIVE_REQ 128u /* i32[64] */
+#define W_ACTIVE_TOK 384u /* i64[64] */
+#define W_ROUTED 896u     /* u64[64] */
+#define W_END 1408u
+#define TOKEN_FREE 0ULL
+#define TOKEN_RECLAIMING (~0ULL)
+
+_Static_assert(OFF_WORKERS == 0x5000u, "worker rows start at 0x5000");
+_Static_assert(C_STATE + 8 <= OFF_CONFIG && CFG_VERSION + 8 <= OFF_RR, "header lines overlap");
+_Static_assert(OFF_RR + MAX_ROLES * RR_STRIDE <= OFF_ROWS_LINE, "rr tickets overlap");
+_Static_assert(OFF_RETIRED + MAX_SERVERS * 8 == RET_COMPLETED, "retired totals overlap");
+_Static_assert(RET_DISPATCHED + 8 <= HEADER_BYTES, "header overflows 4096 bytes");
+_Static_assert(S_ADDR + ADDR_BYTES <= SERVER_STRIDE, "server record overflows its stride");
+_Static_assert(W_ACTIVE_TOK == W_ACTIVE_REQ + 4 * MAX_SERVERS, "row layout");
+_Static_assert(W_ROUTED == W_ACTIVE_TOK + 8 * MAX_SERVERS, "row layout");
+_Static_assert(W_END == W_ROUTED + 8 * MAX_SERVERS && W_END <= WORKER_STRIDE, "row overflows");
+_Static_assert(SERVER_STRIDE % 128 == 0 && WORKER_STRIDE % 128 == 0, "records pad to 128 B");
+
+/* ---- exceptions ------------------------------------------------------------------------- */
+
+static PyObject *ShmError, *LayoutMismatch, *RetryExhausted, *SegmentFull, *RowLost;
+
+/* ---- atomics ---------------------------------------------------------------------------- */
+
+#define LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define LDA(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define STR(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* Writer side (the single coordinator, guaranteed by flock). Returns the odd value to pass to
+ * seq_write_end. A sequence left odd by a killed writer is moved on to the next odd value, so the
+ * next write repairs it. */
+static inline uint64_t seq_write_begin(uint64_t *seq)
+{
+    uint64_t odd = (LD(seq) + 1) | 1;
+    ST(seq, odd);
+    __atomic_thread_fence(__ATOMIC_RELEASE); /* orders the odd store before the data stores */
+    return odd;
+}
+
+static inline void seq_write_end(uint64_t *seq, uint64_t odd) { STR(seq, odd + 1); }
+
+/* Reader side: s0 = acquire load (odd: retry); data as relaxed loads; acquire fence; s1 relaxed. */
+static inline int seq_read_ok(const uint64_t *seq, uint64_t s0)
+{
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return LD(seq) == s0;
+}
+
+/* ---- Region ----------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    /* per-mapping */
+    Py_buffer view;
+    int has_view;
+    int writable;
+    char *base;
+    size_t len;
+    /* set by init_control/check_control */
+    int ready;
+    uint32_t max_workers;
+    uint64_t *tokens; /* tokens[row]: the token this Region claimed row with, 0 if none */
+    /* last good config copy, used by picks when the config seqlock stays odd */
+    uint64_t cfg_cache[CFG_WORDS];
+    int cfg_cached;
+    int cfg_stuck;          /* the last read exhausted its tries at sequence cfg_stuck_seq */
+    uint64_t cfg_stuck_seq;
+    /* stats */
+    unsigned long long seq_retries;
+    unsigned long long cfg_fallbacks;
+} Region;
+
+static size_t control_size_for(uint32_t max_workers)
+{
+    return (size_t)OFF_WORKERS + (size_t)max_workers * WORKER_STRIDE;
+}
+
+/* Pointer to `size` bytes at `off`, or NULL if they leave the mapping or `off` is misaligned
+ * (the base itself is checked 8-byte aligned when the Region is made). */
+static inline char *at(const Region *r, size_t off, size_t size, size_t align)
+{
+    int inside = off <= r->len && size <= r->len - off && (off & (align - 1)) == 0;
+    return inside ? r->base + off : NULL;
+}
+
+/* Header words only: every caller first checked len >= HEADER_BYTES (check_control, or
+ * init_control's size check) or is behind need_ready(), so these never yield NULL. */
+#define U64(r, off) ((uint64_t *)at((r), (off), 8, 8))
+_Static_assert(RET_DISPATCHED + 8 <= HEADER_BYTES && H_INIT + 8 <= HEADER_BYTES, "header words");
+
+static int need_ready(Region *r, int write)
+{
+    int ok = 0;
+    if (!r->has_view)
+        PyErr_SetString(PyExc_ValueError, "region is released");
+    else if (!r->ready)
+        PyErr_SetString(ShmError, "region is not a validated control segment: call check_control()");
+    else if (write && !r->writable)
+        PyErr_SetString(ShmError, "region is read-only");
+    else
+        ok = 1;
+    return ok;
+}
+
+static char *server_at(Region *r, int64_t slot)
+{
+    char *p = NULL;
+    if (slot < 0 || slot >= (int64_t)MAX_SERVERS) {
+        PyErr_Format(PyExc_ValueError, "server slot %lld out of range 0..%u", (long long)slot,
+                     MAX_SERVERS - 1);
+        goto fail;
+    }
+    p = at(r, OFF_SERVERS + (size_t)slot * SERVER_STRIDE, SERVER_STRIDE, 128);
+    if (p == NULL)
+        PyErr_Format(LayoutMismatch, "server record %lld lies outside the mapping", (long long)slot);
+fail:
+    return p;
+}
+
+static char *row_at(Region *r, int64_t row)
+{
+    char *p = NULL;
+    if (row < 0 || row >= (int64_t)r->max_workers) {
+        PyErr_Format(PyExc_ValueError, "worker row %lld out of range 0..%u", (long long)row,
+                     r->max_workers - 1);
+        goto fail;
+    }
+    p = at(r, OFF_WORKERS + (size_t)row * WORKER_STRIDE, WORKER_STRIDE, 128);
+    if (p == NULL)
+        PyErr_Format(LayoutMismatch, "worker row %lld lies outside the mapping", (long long)row);
+fail:
+    return p;
+}
+
+/* The caller's own row: checked writable, in range, and still owned with the token this Region
+ * claimed it with. Returns NULL with RowLost set (lost_ok == 0) or with no exception (lost_ok). */
+static char *own_row(Region *r, int64_t row, int lost_ok)
+{
+    char *p = NULL;
+    if (!need_ready(r, 1) || (p = row_at(r, row)) == NULL)
+        goto fail;
+    if (r->tokens[row] == 0 || LD((uint64_t *)(p + W_TOKEN)) != r->tokens[row]) {
+        p = NULL;
+        if (!lost_ok)
+            PyErr_Format(RowLost, "worker row %lld is not owned by this process (never claimed "
+                         "here, or reclaimed by the coordinator): claim a new row", (long long)row);
+    }
+fail:
+    return p;
+}
+
+static inline uint32_t rows_in_use(Region *r)
+{
+    uint64_t hwm = LDA(U64(r, RL_HWM));
+    return hwm < r->max_workers ? (uint32_t)hwm : r->max_workers;
+}
+
+/* ---- argument helpers ------------------------------------------------------------------- */
+
+static int nargs_ok(const char *fn, Py_ssize_t nargs, Py_ssize_t want)
+{
+    if (nargs != want)
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", fn, want, nargs);
+    return nargs == want;
+}
+
+static int arg_i64(PyObject *o, int64_t *out)
+{
+    long long v = PyLong_AsLongLong(o);
+    *out = (int64_t)v;
+    return !(v == -1 && PyErr_Occurred());
+}
+
+static int arg_u64(PyObject *o, uint64_t *out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    *out = (uint64_t)v;
+    return !(v == (unsigned long long)-1 && PyErr_Occurred());
+}
+
+static int arg_range(PyObject *o, int64_t lo, int64_t hi, const char *what, int64_t *out)
+{
+    int ok = arg_i64(o, out);
+    if (ok && (*out < lo || *out > hi)) {
+        PyErr_Format(PyExc_ValueError, "%s %lld out of range %lld..%lld", what, (long long)*out,
+                     (long long)lo, (long long)hi);
+        ok = 0;
+    }
+    return ok;
+}
+
+/* ---- lifecycle -------------------------------------------------------------------------- */
+
+static int Region_init(Region *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"buffer", "writable", NULL};
+    PyObject *buffer = NULL;
+    int writable = 1, rc = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|p:Region", kwlist, &buffer, &writable))
+        goto fail;
+    if (self->has_view) {
+        PyErr_SetString(PyExc_TypeError, "Region is already initialised");
+        goto fail;
+    }
+    if (PyObject_GetBuffer(buffer, &self->view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+        goto fail;
+    self->has_view = 1;
+    if (((uintptr_t)self->view.buf & 7) != 0) {
+        PyErr_SetString(PyExc_ValueError, "buffer is not 8-byte aligned");
+        PyBuffer_Release(&self->view);
+        self->has_view = 0;
+        goto fail;
+    }
+    self->writable = writable;
+    self->base = self->view.buf;
+    self->len = (size_t)self->view.len;
+    rc = 0;
+fail:
+    return rc;
+}
+
+static void region_drop(Region *self)
+{
+    if (self->has_view) {
+        PyBuffer_Release(&self->view);
+        self->has_view = 0;
+    }
+    self->ready = 0;
+    self->base = NULL;
+    self->len = 0;
+    PyMem_Free(self->tokens);
+    self->tokens = NULL;
+}
+
+static void Region_dealloc(Region *self)
+{
+    region_drop(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Region_release(Region *self, PyObject *unused)
+{
+    region_drop(self);
+    Py_RETURN_NONE;
+}
+
+/* Marks the Region usable for `max_workers` rows. Re-validating the same layout keeps the
+ * tokens of rows this Region claimed. */
+static int region_set_ready(Region *self, uint32_t max_workers)
+{
+    if (self->tokens == NULL || self->max_workers != max_workers) {
+        PyMem_Free(self->tokens);
+        self->tokens = PyMem_Calloc(max_workers, sizeof(uint64_t));
+        self->cfg_cached = self->cfg_stuck = 0;
+    }
+    self->max_workers = max_workers;
+    self->ready = self->tokens != NULL;
+    if (!self->ready)
+        PyErr_NoMemory();
+    return self->ready;
+}
+
+static PyObject *Region_init_control(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t mw;
+    uint64_t wall_ns;
+    size_t need;
+    if (!nargs_ok("init_control", nargs, 2) ||
+        !arg_range(args[0], 1, MAX_WORKERS_LIMIT, "max_workers", &mw) || !arg_u64(args[1], &wall_ns))
+        goto fail;
+    if (!self->has_view || !self->writable) {
+        PyErr_SetString(ShmError, "init_control needs a writable, unreleased region");
+        goto fail;
+    }
+    need = control_size_for((uint32_t)mw);
+    if (self->len < need) {
+        PyErr_Format(SegmentFull, "mapping is %zu bytes; %lld worker rows need %zu", self->len,
+                     (long long)mw, need);
+        goto fail;
+    }
+    /* Nobody trusts these bytes before the release store of init_state below (ordering rule O1). */
+    ST(U64(self, H_INIT), 0);
+    memset(self->base + 8, 0, need - 8);
+    ST(U64(self, H_MAGIC), MAGIC);
+    ST(U64(self, H_VERSION), (uint64_t)LAYOUT_VERSION | ((uint64_t)HEADER_BYTES << 32));
+    ST(U64(self, H_SEGBYTES), (uint64_t)need);
+    ST(U64(self, H_COUNTS), (uint64_t)MAX_SERVERS | ((uint64_t)mw << 16));
+    ST(U64(self, H_SERVERS), (uint64_t)OFF_SERVERS | ((uint64_t)SERVER_STRIDE << 32));
+    ST(U64(self, H_WORKERS), (uint64_t)OFF_WORKERS | ((uint64_t)WORKER_STRIDE << 32));
+    ST(U64(self, H_CREATED), wall_ns);
+    STR(U64(self, H_INIT), (uint64_t)INIT_READY);
+    PyMem_Free(self->tokens); /* a fresh segment: forget rows claimed in the old contents */
+    self->tokens = NULL;
+    if (!region_set_ready(self, (uint32_t)mw))
+        goto fail;
+    result = PyLong_FromSize_t(need);
+fail:
+    return result;
+}
+
+/* True: valid and READY (the Region is now usable). False: not READY yet (retry). Raises
+ * LayoutMismatch when the header is READY but does not describe this build's layout. */
+static PyObject *Region_check_control(Region *self, PyObject *unused)
+{
+    PyObject *result = NULL;
+    uint64_t init, magic, ver, segbytes, counts, srv, wrk;
+    uint32_t max_workers;
+    char hex[48]; /* PyErr_Format has no %llx on 3.11 */
+    if (!self->has_view) {
+        PyErr_SetString(PyExc_ValueError, "region is released");
+        goto fail;
+    }
+    if (self->len < HEADER_BYTES) {
+        PyErr_Format(LayoutMismatch, "mapping is %zu bytes, smaller than the %u-byte header",
+                     self->len, HEADER_BYTES);
+        goto fail;
+    }
+    init = LDA(U64(self, H_INIT));
+    if (init == 0) {
+        result = Py_NewRef(Py_False);
+        goto fail;
+    }
+    magic = LD(U64(self, H_MAGIC));
+    ver = LD(U64(self, H_VERSION));
+    segbytes = LD(U64(self, H_SEGBYTES));
+    counts = LD(U64(self, H_COUNTS));
+    srv = LD(U64(self, H_SERVERS));
+    wrk = LD(U64(self, H_WORKERS));
+    max_workers = (uint32_t)((counts >> 16) & 0xFFFF);
+    if (magic != MAGIC) {
+        snprintf(hex, sizeof hex, "0x%016llx", (unsigned long long)magic);
+        PyErr_Format(LayoutMismatch, "bad magic %s (expected \"SDSGTLV1\"): not a shmdisagg control "
+                     "segment", hex);
+    } else if (init != INIT_READY) {
+        PyErr_Format(LayoutMismatch, "init_state is %llu (expected 0 or %u)", (unsigned long long)init,
+                     INIT_READY);
+    } else if ((uint32_t)ver != LAYOUT_VERSION) {
+        PyErr_Format(LayoutMismatch, "layout version %u, but this build reads version %u: run every "
+                     "process of a deployment from the same install", (unsigned)(uint32_t)ver,
+                     LAYOUT_VERSION);
+    } else if ((uint32_t)(ver >> 32) != HEADER_BYTES) {
+        PyErr_Format(LayoutMismatch, "header_bytes is %u (expected %u)", (unsigned)(ver >> 32),
+                     HEADER_BYTES);
+    } else if ((counts & 0xFFFF) != MAX_SERVERS) {
+        PyErr_Format(LayoutMismatch, "max_servers is %u (expected %u)", (unsigned)(counts & 0xFFFF),
+                     MAX_SERVERS);
+    } else if (srv != ((uint64_t)OFF_SERVERS | ((uint64_t)SERVER_STRIDE << 32)) ||
+               wrk != ((uint64_t)OFF_WORKERS | ((uint64_t)WORKER_STRIDE << 32))) {
+        snprintf(hex, sizeof hex, "0x%llx/0x%llx", (unsigned long long)srv, (unsigned long long)wrk);
+        PyErr_Format(LayoutMismatch, "record offsets/strides %s do not match this build", hex);
+    } else if (max_workers == 0 || max_workers > MAX_WORKERS_LIMIT) {
+        PyErr_Format(LayoutMismatch, "max_workers is %u (expected 1..%u)", max_workers,
+                     MAX_WORKERS_LIMIT);
+    } else if (segbytes < control_size_for(max_workers)) {
+        PyErr_Format(LayoutMismatch, "segment_bytes %llu is too small for %u worker rows (%zu)",
+                     (unsigned long long)segbytes, max_workers, control_size_for(max_workers));
+    } else if (segbytes > self->len) {
+        PyErr_Format(LayoutMismatch, "header says the segment is %llu bytes but only %zu are mapped",
+                     (unsigned long long)segbytes, self->len);
+    } else if (region_set_ready(self, max_workers)) {
+        result = Py_NewRef(Py_True);
+    }
+fail:
+    return result;
+}
+
+/* ---- coordinator line ------------------------------------------------------------------- */
+
+static PyObject *Region_set_coord(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    uint64_t pid, start, inc;
+    if (!nargs_ok("set_coord", nargs, 3) || !arg_u64(args[0], &pid) || !arg_u64(args[1], &start) ||
+        !arg_u64(args[2], &inc) || !need_ready(self, 1))
+        goto fail;
+    ST(U64(self, C_PID), pid);
+    ST(U64(self, C_START), start);
+    ST(U64(self, C_INC), inc);
+    result = Py_NewRef(Py_None);
+fail:
+    return result;
+}
+
+static PyObject *store_one(Region *self, PyObject *const *args, Py_ssize_t nargs, const char *fn,
+                           size_t off)
+{
+    PyObject *result = NULL;
+    uint64_t v;
+    if (!nargs_ok(fn, nargs, 1) || !arg_u64(args[0], &v) || !need_ready(self, 1))
+        goto fail;
+    ST(U64(self, off), v);
+    result = Py_NewRef(Py_None);
+fail:
+    return result;
+}
+
+static PyObject *Region_set_coord_heartbeat(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return store_one(self, args, nargs, "set_coord_heartbeat", C_HEARTBEAT);
+}
+
+static PyObject *Region_set_coord_state(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return store_one(self, args, nargs, "set_coord_state", C_STATE);
+}
+
+static PyObject *Region_coord(Region *self, PyObject *unused)
+{
+    PyObject *result = NULL;
+    if (!need_ready(self, 0))
+        goto fail;
+    result = Py_BuildValue("(KKKKK)", (unsigned long long)LD(U64(self, C_PID)),
+                           (unsigned long long)LD(U64(self, C_START)),
+                           (unsigned long long)LD(U64(self, C_INC)),
+                           (unsigned long long)LD(U64(self, C_HEARTBEAT)),
+                           (unsigned long long)LD(U64(self, C_STATE)));
+fail:
+    return result;
+}
+
+/* ---- config block ----------------------------------------------------------------------- */
+
+/* Seqlock read of the config block into out[CFG_WORDS]; 0 after SEQ_TRIES failed tries. */
+static int config_read(Region *r, uint64_t *out, uint64_t *last_seq)
+{
+    const uint64_t *seq = U64(r, CFG_SEQ), *w = U64(r, CFG_PRESENT);
+    uint64_t s0 = 0;
+    int tries, ok = 0;
+    for (tries = 0; tries < SEQ_TRIES && !ok; tries++) {
+        s0 = LDA(seq);
+        if ((s0 & 1) == 0) {
+            out[K_PRESENT] = LD(&w[0]);
+            out[K_HEALTHY] = LD(&w[1]);
+            out[K_ROLE0] = LD(&w[2]);
+            out[K_ROLE1] = LD(&w[3]);
+            out[K_VERSION] = LD(&w[4]);
+            ok = seq_read_ok(seq, s0);
+        }
+        if (!ok)
+            cpu_relax();
+    }
+    r->seq_retries += (unsigned long long)(tries - 1);
+    *last_seq = s0;
+    return ok;
+}
+
+/* Config for a pick: a fresh copy, else this Region's last good copy, else RetryExhausted. A
+ * sequence that stays at the value that already exhausted us goes straight to the copy. */
+static int config_for_pick(Region *r, uint64_t *out)
+{
+    uint64_t last = 0;
+    int fresh = 0, ok = 1;
+    if (!(r->cfg_stuck && LD(U64(r, CFG_SEQ)) == r->cfg_stuck_seq))
+        fresh = config_read(r, out, &last);
+    if (fresh) {
+        memcpy(r->cfg_cache, out, sizeof r->cfg_cache);
+        r->cfg_cached = 1;
+        r->cfg_stuck = 0;
+    } else if (r->cfg_cached) {
+        if (!r->cfg_stuck) {
+            r->cfg_stuck = 1;
+            r->cfg_stuck_seq = last;
+        }
+        r->cfg_fallbacks++;
+        memcpy(out, r->cfg_cache, sizeof r->cfg_cache);
+    } else {
+        PyErr_Format(RetryExhausted, "config block sequence stayed odd (%llu) for %d tries: the "
+                     "coordinator died mid-write or is stalled", (unsigned long long)last, SEQ_TRIES);
+        ok = 0;
+    }
+    return ok;
+}
+
+static PyObject *Region_read_config(Region *self, PyObject *unused)
+{
+    PyObject *result = NULL;
+    uint64_t c[CFG_WORDS], last = 0;
+    if (!need_ready(self, 0))
+        goto fail;
+    if (!config_read(self, c, &last)) {
+        PyErr_Format(RetryExhausted, "config block sequence stayed odd (%llu) for %d tries",
+                     (unsigned long long)last, SEQ_TRIES);
+        goto fail;
+    }
+    result = Py_BuildValue("(KKKKK)", (unsigned long long)c[K_PRESENT],
+                           (unsigned long long)c[K_HEALTHY], (unsigned long long)c[K_ROLE0],
+                           (unsigned long long)c[K_ROLE1], (unsigned long long)c[K_VERSION]);
+fail:
+    return result;
+}
+
+static PyObject *Region_servers_version(Region *self, PyObject *unused)
+{
+    PyObject *result = NULL;
+    if (need_ready(self, 0))
+        result = PyLong_FromUnsignedLongLong(LDA(U64(self, CFG_VERSION)));
+    return result;
+}
+
+/* Coordinator only: set slot's present/healthy/role bits from `flags`, bump servers_version. */
+static uint64_t config_apply(Region *r, int64_t slot, uint64_t flags)
+{
+    uint64_t *seq = U64(r, CFG_SEQ), *w = U64(r, CFG_PRESENT), bit = 1ULL << slot, odd, ver;
+    uint64_t role = (flags >> ROLE_SHIFT) & 0xFF;
+    uint64_t present = LD(&w[0]) & ~bit, healthy = LD(&w[1]) & ~bit;
+    uint64_t role0 = LD(&w[2]) & ~bit, role1 = LD(&w[3]) & ~bit;
+    if (flags & FLAG_PRESENT) {
+        present |= bit;
+        if (flags & FLAG_HEALTHY)
+            healthy |= bit;
+        if (role == 0)
+            role0 |= bit;
+        else if (role == 1)
+            role1 |= bit;
+    }
+    ver = LD(&w[4]) + 1;
+    odd = seq_write_begin(seq);
+    ST(&w[0], present);
+    ST(&w[1], healthy);
+    ST(&w[2], role0);
+    ST(&w[3], role1);
+    ST(&w[4], ver);
+    seq_write_end(seq, odd);
+    return ver;
+}
+
+/* ---- server records --------------------------------------------------------------------- */
+
+static int flags_arg(PyObject *o, uint64_t *flags)
+{
+    int ok = arg_u64(o, flags);
+    if (ok && (*flags > 0xFFFFFFFFULL || ((*flags >> ROLE_SHIFT) & 0xFF) >= MAX_ROLES)) {
+        PyErr_Format(PyExc_ValueError, "bad server flags %llu (u32; role in bits 8..15 must be < %u)",
+                     (unsigned long long)*flags, MAX_ROLES);
+        ok = 0;
+    }
+    return ok;
+}
+
+/* write_server(slot, flags, max_batch_size, tokens_per_block, max_num_tokens, addr) -> incarnation
+ * Rewrites the whole record (incarnation + 1, health time = now), then the config block. */
+static PyObject *Region_write_server(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t slot;
+    uint64_t flags, mb, tpb, mnt, inc, odd, words[ADDR_BYTES / 8];
+    char *rec;
+    const char *addr;
+    Py_ssize_t alen;
+    if (!nargs_ok("write_server", nargs, 6) || !need_ready(self, 1) ||
+        !arg_range(args[0], 0, MAX_SERVERS - 1, "server slot", &slot) || !flags_arg(args[1], &flags) ||
+        !arg_u64(args[2], &mb) || !arg_u64(args[3], &tpb) || !arg_u64(args[4], &mnt) ||
+        (rec = server_at(self, slot)) == NULL)
+        goto fail;
+    if (!PyBytes_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "addr must be bytes");
+        goto fail;
+    }
+    addr = PyBytes_AS_STRING(args[5]);
+    alen = PyBytes_GET_SIZE(args[5]);
+    if (alen >= (Py_ssize_t)ADDR_BYTES || memchr(addr, 0, (size_t)alen) != NULL) {
+        PyErr_Format(PyExc_ValueError, "addr must be at most %u bytes without NUL", ADDR_BYTES - 1);
+        goto fail;
+    }
+    memset(words, 0, sizeof words);
+    memcpy(words, addr, (size_t)alen);
+    inc = LD((uint64_t *)(rec + S_INC)) + 1;
+    odd = seq_write_begin((uint64_t *)(rec + S_SEQ));
+    ST((uint64_t *)(rec + S_INC), inc);
+    ST((uint64_t *)(rec + S_FLAGS), flags); /* weight (high half) is reserved: 0 */
+    ST((uint64_t *)(rec + S_HEALTH), monotonic_ns());
+    ST((uint64_t *)(rec + S_MAXBATCH), mb);
+    ST((uint64_t *)(rec + S_TPB), tpb);
+    ST((uint64_t *)(rec + S_MAXTOK), mnt);
+    for (size_t i = 0; i < ADDR_BYTES / 8; i++)
+        ST((uint64_t *)(rec + S_ADDR) + i, words[i]);
+    seq_write_end((uint64_t *)(rec + S_SEQ), odd);
+    config_apply(self, slot, flags);
+    result = PyLong_FromUnsignedLongLong(inc);
+fail:
+    return result;
+}
+
+/* set_server_flags(slot, flags) -> servers_version: present/healthy/role change, record first. */
+static PyObject *Region_set_server_flags(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t slot;
+    uint64_t flags, odd;
+    char *rec;
+    if (!nargs_ok("set_server_flags", nargs, 2) || !need_ready(self, 1) ||
+        !arg_range(args[0], 0, MAX_SERVERS - 1, "server slot", &slot) || !flags_arg(args[1], &flags) ||
+        (rec = server_at(self, slot)) == NULL)
+        goto fail;
+    odd = seq_write_begin((uint64_t *)(rec + S_SEQ));
+    ST((uint64_t *)(rec + S_FLAGS), flags);
+    ST((uint64_t *)(rec + S_HEALTH), monotonic_ns());
+    seq_write_end((uint64_t *)(rec + S_SEQ), odd);
+    result = PyLong_FromUnsignedLongLong(config_apply(self, slot, flags));
+fail:
+    return result;
+}
+
+/* read_server(slot) -> (incarnation, flags, weight, health_mono_ns, max_batch_size,
+ *                       tokens_per_block, max_num_tokens, addr) ; RetryExhausted if torn. */
+static PyObject *Region_read_server(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t slot;
+    uint64_t s0 = 0, v[6], words[ADDR_BYTES / 8 + 1];
+    const uint64_t *seq;
+    char *rec;
+    int tries, ok = 0;
+    if (!nargs_ok("read_server", nargs, 1) || !need_ready(self, 0) || !arg_i64(args[0], &slot) ||
+        (rec = server_at(self, slot)) == NULL)
+        goto fail;
+    seq = (const uint64_t *)(rec + S_SEQ);
+    for (tries = 0; tries < SEQ_TRIES && !ok; tries++) {
+        s0 = LDA(seq);
+        if ((s0 & 1) == 0) {
+            for (int i = 0; i < 6; i++)
+                v[i] = LD((uint64_t *)(rec + S_INC) + i);
+            for (size_t i = 0; i < ADDR_BYTES / 8; i++)
+                words[i] = LD((uint64_t *)(rec + S_ADDR) + i);
+            ok = seq_read_ok(seq, s0);
+        }
+        if (!ok)
+            cpu_relax();
+    }
+    self->seq_retries += (unsigned long long)(tries - 1);
+    if (!ok) {
+        PyErr_Format(RetryExhausted, "server record %lld: sequence stayed odd (%llu) for %d tries: "
+                     "the coordinator died mid-write or is stalled", (long long)slot,
+                     (unsigned long long)s0, SEQ_TRIES);
+        goto fail;
+    }
+    words[ADDR_BYTES / 8] = 0; /* always NUL-terminated, whatever the segment holds */
+    result = Py_BuildValue("(KKKKKKKy)", (unsigned long long)v[0],
+                           (unsigned long long)(v[1] & 0xFFFFFFFFULL), (unsigned long long)(v[1] >> 32),
+                           (unsigned long long)v[2], (unsigned long long)v[3], (unsigned long long)v[4],
+                           (unsigned long long)v[5], (const char *)words);
+fail:
+    return result;
+}
+
+/* ---- worker rows ------------------------------------------------------------------------ */
+
+static void row_zero(char *p)
+{
+    for (size_t off = W_START; off < W_ACTIVE_REQ; off += 8)
+        ST((uint64_t *)(p + off), 0);
+    for (size_t i = 0; i < MAX_SERVERS; i++) {
+        ST((int32_t *)(p + W_ACTIVE_REQ) + i, 0);
+        ST((int64_t *)(p + W_ACTIVE_TOK) + i, 0);
+        ST((uint64_t *)(p + W_ROUTED) + i, 0);
+    }
+}
+
+/* claim_row(pid, starttime) -> (row, token): CAS 0 -> token on the first free row. */
+static PyObject *Region_claim_row(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t pid;
+    uint64_t start, token, expected, hwm, *hwm_p;
+    char *p;
+    if (!nargs_ok("claim_row", nargs, 2) || !arg_range(args[0], 1, 0xFFFFFFFFLL, "pid", &pid) ||
+        !arg_u64(args[1], &start) || !need_ready(self, 1))
+        goto fail;
+    token = ((uint64_t)pid << 32) | (ADD(U64(self, RL_CLAIM_SEQ), 1) & 0xFFFFFFFFULL);
+    for (uint32_t w = 0; w < self->max_workers; w++) {
+        if ((p = row_at(self, w)) == NULL)
+            goto fail;
+        expected = TOKEN_FREE;
+        if (LD((uint64_t *)(p + W_TOKEN)) != TOKEN_FREE ||
+            !__atomic_compare_exchange_n((uint64_t *)(p + W_TOKEN), &expected, token, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            continue;
+        row_zero(p);
+        ST((uint64_t *)(p + W_PID), (uint64_t)pid);
+        ST((uint64_t *)(p + W_START), start);
+        ST((uint64_t *)(p + W_HEARTBEAT), monotonic_ns());
+        hwm_p = U64(self, RL_HWM);
+        hwm = LD(hwm_p);
+        while (hwm < (uint64_t)w + 1 &&
+               !__atomic_compare_exchange_n(hwm_p, &hwm, (uint64_t)w + 1, 1, __ATOMIC_RELEASE,
+                                            __ATOMIC_RELAXED))
+            ;
+        self->tokens[w] = token;
+        result = Py_BuildValue("(IK)", w, (unsigned long long)token);
+        goto fail;
+    }
+    PyErr_Format(SegmentFull, "no free worker row: all %u rows are claimed (raise max_workers)",
+                 self->max_workers);
+fail:
+    return result;
+}
+
+/* heartbeat(row) -> bool: store now (CLOCK_MONOTONIC ns); False if the row is no longer ours. */
+static PyObject *Region_heartbeat(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t row;
+    char *p;
+    if (!nargs_ok("heartbeat", nargs, 1) || !arg_i64(args[0], &row))
+        goto fail;
+    p = own_row(self, row, 1);
+    if (p == NULL && PyErr_Occurred())
+        goto fail;
+    if (p != NULL)
+        ST((uint64_t *)(p + W_HEARTBEAT), monotonic_ns());
+    result = Py_NewRef(p != NULL ? Py_True : Py_False);
+fail:
+    return result;
+}
+
+/* reclaim_row(row) -> bool (coordinator): OWNED -> RECLAIMING, retire totals, zero, release 0. */
+static PyObject *Region_reclaim_row(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t row;
+    uint64_t token, *tok_p, *retired;
+    char *p;
+    if (!nargs_ok("reclaim_row", nargs, 1) || !arg_i64(args[0], &row) || !need_ready(self, 1) ||
+        (p = row_at(self, row)) == NULL)
+        goto fail;
+    tok_p = (uint64_t *)(p + W_TOKEN);
+    token = LDA(tok_p);
+    if (token == TOKEN_FREE || token == TOKEN_RECLAIMING ||
+        !__atomic_compare_exchange_n(tok_p, &token, TOKEN_RECLAIMING, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED)) {
+        result = Py_NewRef(Py_False);
+        goto fail;
+    }
+    retired = U64(self, OFF_RETIRED);
+    for (size_t s = 0; s < MAX_SERVERS; s++)
+        ADD(&retired[s], LD((uint64_t *)(p + W_ROUTED) + s));
+    ADD(U64(self, RET_COMPLETED), LD((uint64_t *)(p + W_COMPLETED)));
+    ADD(U64(self, RET_DISPATCHED), LD((uint64_t *)(p + W_DISPATCHED)));
+    row_zero(p);
+    if (self->tokens[row] == token)
+        self->tokens[row] = 0;
+    STR(tok_p, TOKEN_FREE);
+    result = Py_NewRef(Py_True);
+fail:
+    return result;
+}
+
+/* rows() -> [(row, token, pid, starttime, heartbeat_ns, dispatched, completed)] of owned rows. */
+static PyObject *Region_rows(Region *self, PyObject *unused)
+{
+    PyObject *result = NULL, *item;
+    uint32_t n;
+    uint64_t token;
+    char *p;
+    if (!need_ready(self, 0) || (result = PyList_New(0)) == NULL)
+        goto fail;
+    n = rows_in_use(self);
+    for (uint32_t w = 0; w < n; w++) {
+        if ((p = row_at(self, w)) == NULL) {
+            Py_CLEAR(result);
+            goto fail;
+        }
+        token = LDA((uint64_t *)(p + W_TOKEN));
+        if (token == TOKEN_FREE || token == TOKEN_RECLAIMING)
+            continue;
+        item = Py_BuildValue("(IKKKKKK)", w, (unsigned long long)token,
+                             (unsigned long long)LD((uint64_t *)(p + W_PID)),
+                             (unsigned long long)LD((uint64_t *)(p + W_START)),
+                             (unsigned long long)LD((uint64_t *)(p + W_HEARTBEAT)),
+                             (unsigned long long)LD((uint64_t *)(p + W_DISPATCHED)),
+                             (unsigned long long)LD((uint64_t *)(p + W_COMPLETED)));
+        if (item == NULL || PyList_Append(result, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(result);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
+fail:
+    return result;
+}
+
+/* ---- picks ------------------------------------------------------------------------------ */
+
+/* Index of the k-th set bit of mask (k < popcount(mask)). */
+static inline int nth_bit(uint64_t mask, uint64_t k)
+{
+    for (; k > 0; k--)
+        mask &= mask - 1;
+    return __builtin_ctzll(mask);
+}
+
+static inline void row_add_pick(char *p, int slot, int64_t tokens)
+{
+    ADD((int32_t *)(p + W_ACTIVE_REQ) + slot, 1);
+    ADD((int64_t *)(p + W_ACTIVE_TOK) + slot, tokens);
+    ADD((uint64_t *)(p + W_ROUTED) + slot, 1);
+    ADD((uint64_t *)(p + W_DISPATCHED), 1);
+}
+
+/* Shared entry of both picks: own row, role, candidate mask (present & healthy & role - exclude). */
+static char *pick_setup(Region *self, PyObject *const *args, int64_t *role, uint64_t *cand,
+                        int64_t *tokens)
+{
+    char *p = NULL;
+    int64_t row, exclude;
+    uint64_t c[CFG_WORDS];
+    if (!arg_i64(args[0], &row) || !arg_range(args[1], 0, MAX_ROLES - 1, "role", role) ||
+        !arg_i64(args[2], &exclude) || !arg_range(args[3], 0, INT64_MAX, "tokens", tokens) ||
+        (p = own_row(self, row, 0)) == NULL)
+        goto fail;
+    if (!config_for_pick(self, c)) {
+        p = NULL;
+        goto fail;
+    }
+    *cand = c[K_PRESENT] & c[K_HEALTHY] & c[K_ROLE0 + *role];
+    if (exclude >= 0 && exclude < (int64_t)MAX_SERVERS)
+        *cand &= ~(1ULL << exclude);
+fail:
+    return p;
+}
+
+/* pick_round_robin(row, role, exclude_slot, tokens) -> slot or -1 */
+static PyObject *Region_pick_round_robin(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t role, tokens;
+    uint64_t cand = 0, ticket;
+    int slot = -1;
+    char *p;
+    if (!nargs_ok("pick_round_robin", nargs, 4) ||
+        (p = pick_setup(self, args, &role, &cand, &tokens)) == NULL)
+        goto fail;
+    if (cand != 0) {
+        ticket = ADD(U64(self, OFF_RR + (size_t)role * RR_STRIDE), 1);
+        slot = nth_bit(cand, ticket % (uint64_t)__builtin_popcountll(cand));
+        row_add_pick(p, slot, tokens);
+    }
+    result = PyLong_FromLong(slot);
+fail:
+    return result;
+}
+
+/* pick_least_loaded(row, role, exclude_slot, tokens, use_tokens) -> slot or -1 */
+static PyObject *Region_pick_least_loaded(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t role, tokens, sums[MAX_SERVERS], best = INT64_MAX;
+    uint64_t cand = 0, tied = 0, ticket;
+    int use_tokens, slots[MAX_SERVERS], n = 0, slot = -1;
+    uint32_t nrows;
+    char *p, *q;
+    if (!nargs_ok("pick_least_loaded", nargs, 5) ||
+        (p = pick_setup(self, args, &role, &cand, &tokens)) == NULL ||
+        (use_tokens = PyObject_IsTrue(args[4])) < 0)
+        goto fail;
+    for (uint64_t m = cand; m != 0; m &= m - 1) {
+        slots[n] = __builtin_ctzll(m);
+        sums[n++] = 0;
+    }
+    if (n > 0) {
+        nrows = rows_in_use(self);
+        for (uint32_t w = 0; w < nrows; w++) {
+            if ((q = row_at(self, w)) == NULL)
+                goto fail;
+            if (LDA((uint64_t *)(q + W_TOKEN)) == TOKEN_FREE)
+                continue;
+            if (use_tokens) {
+                for (int k = 0; k < n; k++)
+                    sums[k] += LD((int64_t *)(q + W_ACTIVE_TOK) + slots[k]);
+            } else {
+                for (int k = 0; k < n; k++)
+                    sums[k] += LD((int32_t *)(q + W_ACTIVE_REQ) + slots[k]);
+            }
+        }
+        for (int k = 0; k < n; k++) {
+            if (sums[k] < best) {
+                best = sums[k];
+                tied = 0;
+            }
+            if (sums[k] == best)
+                tied |= 1ULL << slots[k];
+        }
+        slot = __builtin_ctzll(tied);
+        if ((tied & (tied - 1)) != 0) { /* a tie: rotate with the role's ticket, no herding */
+            ticket = ADD(U64(self, OFF_RR + (size_t)role * RR_STRIDE), 1);
+            slot = nth_bit(tied, ticket % (uint64_t)__builtin_popcountll(tied));
+        }
+        row_add_pick(p, slot, tokens);
+    }
+    result = PyLong_FromLong(slot);
+fail:
+    return result;
+}
+
+/* complete(row, slot, tokens) -> bool: undo one pick in the own row; False (nothing done) when the
+ * row was reclaimed meanwhile, because its counters were already zeroed. */
+static PyObject *Region_complete(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t row, slot, tokens;
+    char *p;
+    if (!nargs_ok("complete", nargs, 3) || !arg_i64(args[0], &row) ||
+        !arg_range(args[1], 0, MAX_SERVERS - 1, "server slot", &slot) ||
+        !arg_range(args[2], 0, INT64_MAX, "tokens", &tokens))
+        goto fail;
+    p = own_row(self, row, 1);
+    if (p == NULL && PyErr_Occurred())
+        goto fail;
+    if (p != NULL) {
+        ADD((int32_t *)(p + W_ACTIVE_REQ) + slot, -1);
+        ADD((int64_t *)(p + W_ACTIVE_TOK) + slot, -tokens);
+        ADD((uint64_t *)(p + W_COMPLETED), 1);
+    }
+    result = Py_NewRef(p != NULL ? Py_True : Py_False);
+fail:
+    return result;
+}
+
+/* ---- stats ------------------------------------------------------------------------------ */
+
+/* load(slot) -> (active_requests, active_tokens) summed over claimed rows. */
+static PyObject *Region_load(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t slot, req = 0, tok = 0;
+    uint32_t n;
+    char *q;
+    if (!nargs_ok("load", nargs, 1) || !need_ready(self, 0) ||
+        !arg_range(args[0], 0, MAX_SERVERS - 1, "server slot", &slot))
+        goto fail;
+    n = rows_in_use(self);
+    for (uint32_t w = 0; w < n; w++) {
+        if ((q = row_at(self, w)) == NULL)
+            goto fail;
+        if (LDA((uint64_t *)(q + W_TOKEN)) == TOKEN_FREE)
+            continue;
+        req += LD((int32_t *)(q + W_ACTIVE_REQ) + slot);
+        tok += LD((int64_t *)(q + W_ACTIVE_TOK) + slot);
+    }
+    result = Py_BuildValue("(LL)", (long long)req, (long long)tok);
+fail:
+    return result;
+}
+
+/* routed(slot) -> picks of slot over all rows plus the retired totals of reclaimed rows. */
+static PyObject *Region_routed(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t slot;
+    uint64_t total;
+    uint32_t n;
+    char *q;
+    if (!nargs_ok("routed", nargs, 1) || !need_ready(self, 0) ||
+        !arg_range(args[0], 0, MAX_SERVERS - 1, "server slot", &slot))
+        goto fail;
+    total = LD(U64(self, OFF_RETIRED + (size_t)slot * 8));
+    n = rows_in_use(self);
+    for (uint32_t w = 0; w < n; w++) {
+        if ((q = row_at(self, w)) == NULL)
+            goto fail;
+        total += LD((uint64_t *)(q + W_ROUTED) + slot);
+    }
+    result = PyLong_FromUnsignedLongLong(total);
+fail:
+    return result;
+}
+
+/* retired() -> (dispatched, completed) totals of reclaimed rows. */
+static PyObject *Region_retired(Region *self, PyObject *unused)
+{
+    PyObject *result = NULL;
+    if (need_ready(self, 0))
+        result = Py_BuildValue("(KK)", (unsigned long long)LD(U64(self, RET_DISPATCHED)),
+                               (unsigned long long)LD(U64(self, RET_COMPLETED)));
+    return result;
+}
+
+static PyObject *Region_get_size(Region *self, void *closure)
+{
+    return PyLong_FromSize_t(self->has_view ? self->len : 0);
+}
+
+static PyObject *Region_get_max_workers(Region *self, void *closure)
+{
+    return PyLong_FromUnsignedLong(self->ready ? self->max_workers : 0);
+}
+
+static PyObject *Region_get_stats(Region *self, void *closure)
+{
+    return Py_BuildValue("{sKsK}", "seq_retries", self->seq_retries, "config_fallbacks",
+                         self->cfg_fallbacks);
+}
+
+/* ---- module ----------------------------------------------------------------------------- */
+
+static PyObject *mod_control_size(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t mw;
+    if (nargs_ok("control_size", nargs, 1) &&
+        arg_range(args[0], 1, MAX_WORKERS_LIMIT, "max_workers", &mw))
+        result = PyLong_FromSize_t(control_size_for((uint32_t)mw));
+    return result;
+}
+
+#define FAST(name, doc) {#name, (PyCFunction)(void (*)(void))Region_##name, METH_FASTCALL, doc}
+#define NOARG(name, doc) {#name, (PyCFunction)(void (*)(void))Region_##name, METH_NOARGS, doc}
+
+static PyMethodDef Region_methods[] = {
+    NOARG(release, "Drop the buffer export; the Region is unusable afterwards."),
+    FAST(init_control, "init_control(max_workers, created_wall_ns) -> segment_bytes"),
+    NOARG(check_control, "check_control() -> bool (False: not READY yet); LayoutMismatch"),
+    FAST(set_coord, "set_coord(pid, starttime, incarnation)"),
+    FAST(set_coord_heartbeat, "set_coord_heartbeat(mono_ns)"),
+    FAST(set_coord_state, "set_coord_state(state)"),
+    NOARG(coord, "coord() -> (pid, starttime, incarnation, heartbeat_ns, state)"),
+    NOARG(read_config, "read_config() -> (present, healthy, role_ctx, role_gen, version)"),
+    NOARG(servers_version, "servers_version() -> int"),
+    FAST(write_server, "write_server(slot, flags, max_batch, tpb, max_num_tokens, addr) -> inc"),
+    FAST(set_server_flags, "set_server_flags(slot, flags) -> servers_version"),
+    FAST(read_server, "read_server(slot) -> (inc, flags, weight, health_ns, mb, tpb, mnt, addr)"),
+    FAST(claim_row, "claim_row(pid, starttime) -> (row, token)"),
+    FAST(heartbeat, "heartbeat(row) -> bool"),
+    FAST(reclaim_row, "reclaim_row(row) -> bool"),
+    NOARG(rows, "rows() -> [(row, token, pid, starttime, heartbeat_ns, dispatched, completed)]"),
+    FAST(pick_round_robin, "pick_round_robin(row, role, exclude_slot, tokens) -> slot | -1"),
+    FAST(pick_least_loaded, "pick_least_loaded(row, role, exclude, tokens, use_tokens) -> slot"),
+    FAST(complete, "complete(row, slot, tokens) -> bool"),
+    FAST(load, "load(slot) -> (active_requests, active_tokens)"),
+    FAST(routed, "routed(slot) -> int"),
+    NOARG(retired, "retired() -> (dispatched, completed)"),
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Region_getset[] = {
+    {"size", (getter)Region_get_size, NULL, "mapped length in bytes (0 once released)", NULL},
+    {"max_workers", (getter)Region_get_max_workers, NULL, "worker rows (0 until validated)", NULL},
+    {"stats", (getter)Region_get_stats, NULL, "process-local seqlock retry counters", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RegionType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmdisagg._native.Region",
+    .tp_basicsize = sizeof(Region),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Region(buffer, writable=True): atomic access to one mapped control segment.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Region_init,
+    .tp_dealloc = (destructor)Region_dealloc,
+    .tp_methods = Region_methods,
+    .tp_getset = Region_getset,
+};
+
+static PyMethodDef module_methods[] = {
+    {"control_size", (PyCFunction)(void (*)(void))mod_control_size, METH_FASTCALL,
+     "control_size(max_workers) -> logical control-segment size in bytes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_native", "Atomic access to shmdisagg's shared-memory control segment.",
+    -1, module_methods, NULL, NULL, NULL, NULL,
+};
+
+static int add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *base, const char *doc)
+{
+    *slot = PyErr_NewExceptionWithDoc(name, doc, base, NULL);
+    return *slot != NULL && PyModule_AddObjectRef(m, strrchr(name, '.') + 1, *slot) == 0;
+}
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    PyObject *m = NULL, *magic = NULL;
+    if (PyType_Ready(&RegionType) < 0 || (m = PyModule_Create(&moduledef)) == NULL)
+        goto fail;
+    if (PyModule_AddObjectRef(m, "Region", (PyObject *)&RegionType) < 0 ||
+        !add_exc(m, &ShmError, "shmdisagg._native.ShmError", NULL, "Shared-memory failure.") ||
+        !add_exc(m, &LayoutMismatch, "shmdisagg._native.LayoutMismatch", ShmError,
+                 "The segment header does not describe this build's layout.") ||
+        !add_exc(m, &RetryExhausted, "shmdisagg._native.RetryExhausted", ShmError,
+                 "A seqlocked record stayed odd for SEQ_TRIES tries (writer dead or stalled).") ||
+        !add_exc(m, &SegmentFull, "shmdisagg._native.SegmentFull", ShmError,
+                 "No room: /dev/shm is full or every worker row is claimed.") ||
+        !add_exc(m, &RowLost, "shmdisagg._native.RowLost", ShmError,
+                 "The caller's worker row is no longer owned by it (reclaimed)."))
+        goto error;
+#define CONST(name) (PyModule_AddIntConstant(m, #name, (long)(name)) < 0)
+    if (CONST(LAYOUT_VERSION) || CONST(HEADER_BYTES) || CONST(MAX_SERVERS) || CONST(MAX_ROLES) ||
+        CONST(SERVER_STRIDE) || CONST(WORKER_STRIDE) || CONST(MAX_WORKERS_LIMIT) ||
+        CONST(OFF_COORD) || CONST(OFF_CONFIG) || CONST(OFF_RR) || CONST(OFF_ROWS_LINE) ||
+        CONST(OFF_RETIRED) || CONST(OFF_SERVERS) || CONST(OFF_WORKERS) || CONST(SEQ_TRIES) ||
+        CONST(FLAG_PRESENT) || CONST(FLAG_HEALTHY) || CONST(ROLE_SHIFT) || CONST(ADDR_BYTES) ||
+        CONST(H_INIT) || CONST(H_VERSION) || CONST(S_SEQ) || CONST(CFG_SEQ) ||
+        (magic = PyLong_FromUnsignedLongLong(MAGIC)) == NULL ||
+        PyModule_AddObjectRef(m, "MAGIC", magic) < 0)
+        goto error;
+#undef CONST
+    Py_DECREF(magic);
+    goto fail;
+error:
+    Py_XDECREF(magic);
+    Py_CLEAR(m);
+fail:
+    return m;
+}

@@ -1,0 +1,72 @@
+"""Names for the control-segment layout; the values live in `shmdisagg._native` (native/README.md).
+
+Owns nothing and touches no memory: it only re-exports the C constants under Python names and
+builds server-record flag words, so Python never hard-codes an offset the C code also knows.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+from shmdisagg import _native
+
+MAGIC: int = _native.MAGIC
+LAYOUT_VERSION: int = _native.LAYOUT_VERSION
+HEADER_BYTES: int = _native.HEADER_BYTES
+MAX_SERVERS: int = _native.MAX_SERVERS
+MAX_ROLES: int = _native.MAX_ROLES
+MAX_WORKERS_LIMIT: int = _native.MAX_WORKERS_LIMIT
+SERVER_STRIDE: int = _native.SERVER_STRIDE
+WORKER_STRIDE: int = _native.WORKER_STRIDE
+OFF_CONFIG: int = _native.OFF_CONFIG
+OFF_SERVERS: int = _native.OFF_SERVERS
+OFF_WORKERS: int = _native.OFF_WORKERS
+SEQ_TRIES: int = _native.SEQ_TRIES
+ADDR_MAX_BYTES: int = _native.ADDR_BYTES - 1
+
+ROLE_CONTEXT = 0
+ROLE_GENERATION = 1
+
+COORD_STARTING = 0
+COORD_RUNNING = 1
+COORD_STOPPING = 2
+
+_PRESENT: int = _native.FLAG_PRESENT
+_HEALTHY: int = _native.FLAG_HEALTHY
+_ROLE_SHIFT: int = _native.ROLE_SHIFT
+
+
+def server_flags(present: bool, healthy: bool, role: int) -> int:
+    """The u32 flags word of a server record: bit 0 present, bit 1 healthy, bits 8..15 role.
+
+    Raises ValueError for a role other than ROLE_CONTEXT or ROLE_GENERATION.
+    """
+    if role not in (ROLE_CONTEXT, ROLE_GENERATION):
+        raise ValueError(f"role must be ROLE_CONTEXT (0) or ROLE_GENERATION (1), not {role!r}")
+    return (_PRESENT if present else 0) | (_HEALTHY if healthy else 0) | (role << _ROLE_SHIFT)
+
+
+def split_flags(flags: int) -> tuple[bool, bool, int]:
+    """(present, healthy, role) of a server record's flags word."""
+    return bool(flags & _PRESENT), bool(flags & _HEALTHY), (flags >> _ROLE_SHIFT) & 0xFF
+
+
+def control_size(max_workers: int) -> int:
+    """Logical size in bytes of a control segment with `max_workers` rows (ValueError if out of range)."""
+    return int(_native.control_size(max_workers))
+
+
+def mapped_size(max_workers: int) -> int:
+    """Bytes to allocate: `control_size` rounded up to whole pages (mmap.PAGESIZE, not 4096)."""
+    page = mmap.PAGESIZE
+    return -(-control_size(max_workers) // page) * page
+
+
+def server_seq_offset(slot: int) -> int:
+    """Byte offset of server record `slot`'s sequence word (tests poke it to simulate a crash)."""
+    return OFF_SERVERS + slot * SERVER_STRIDE + _native.S_SEQ
+
+
+CONFIG_SEQ_OFFSET: int = _native.CFG_SEQ
+INIT_STATE_OFFSET: int = _native.H_INIT
+VERSION_OFFSET: int = _native.H_VERSION

@@ -1,0 +1,362 @@
+"""The control table: routing state shared by the coordinator and every fleet worker.
+
+Owns the control segment "/{prefix}-ctl" through one `Segment` and one native `Region`. The
+coordinator (the creator, holding the segment's flock) is the only writer of the coordinator line,
+the server table and the retired totals; worker w writes only its own row (claimed here) plus the
+shared round-robin tickets. All word access happens in `shmdisagg._native`; this module only
+sequences calls and turns tuples into dataclasses. Coordinator methods are not thread-safe: call
+them from one thread. Worker methods keep the GIL for their whole (sub-microsecond) native call.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import posix_ipc
+
+from shmdisagg._native import Region
+from shmdisagg.shm.layout import (
+    COORD_RUNNING,
+    COORD_STARTING,
+    COORD_STOPPING,
+    HEADER_BYTES,
+    ROLE_CONTEXT,
+    ROLE_GENERATION,
+    mapped_size,
+    server_flags,
+    split_flags,
+)
+from shmdisagg.shm.segment import (
+    DeploymentRunning,
+    RetryExhausted,
+    Segment,
+    SegmentNotReady,
+    ShmError,
+    cleanup_stale,
+    segment_names,
+)
+
+__all__ = [
+    "COORD_RUNNING",
+    "COORD_STARTING",
+    "COORD_STOPPING",
+    "ROLE_CONTEXT",
+    "ROLE_GENERATION",
+    "ControlTable",
+    "RowInfo",
+    "ServerInfo",
+    "process_starttime",
+]
+
+_T = TypeVar("_T")
+_READ_ATTEMPTS = 64  # native calls per read before RetryExhausted reaches the caller
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """One present server record; `incarnation` grows by one each time the slot is (re)published."""
+
+    slot: int
+    addr: str
+    role: int
+    present: bool
+    healthy: bool
+    incarnation: int
+    max_batch_size: int
+    tokens_per_block: int
+    max_num_tokens: int
+
+
+@dataclass(frozen=True)
+class RowInfo:
+    """One claimed worker row; `heartbeat_ns` is CLOCK_MONOTONIC (time.monotonic_ns)."""
+
+    row: int
+    pid: int
+    token: int
+    starttime: int
+    heartbeat_ns: int
+    dispatched: int
+    completed: int
+
+
+def process_starttime(pid: int) -> int:
+    """Start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22); guards pid reuse.
+
+    Raises FileNotFoundError if the process is gone.
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+def _retrying(fn: Callable[..., _T], *args: Any) -> _T:
+    """Call a native seqlock read, yielding the CPU between tries; bounded (~ms) in total."""
+    for _ in range(_READ_ATTEMPTS - 1):
+        try:
+            return fn(*args)
+        except RetryExhausted:
+            os.sched_yield()  # a preempted coordinator can hold a record odd for a time slice
+    return fn(*args)
+
+
+def _attach_ready(name: str, read_only: bool) -> tuple[Segment, Region]:
+    """One attach attempt: a validated, READY region, or SegmentNotReady with nothing left mapped."""
+    segment = Segment.attach(name, read_only=read_only, min_size=HEADER_BYTES)
+    region = None
+    try:
+        region = Region(segment.mm, writable=not read_only)
+        if region.check_control():
+            return segment, region
+        raise SegmentNotReady(f"{name}: its creator has not marked it READY")
+    except BaseException:
+        if region is not None:
+            region.release()
+        segment.close()
+        raise
+
+
+def _bits(mask: int) -> list[int]:
+    return [s for s in range(mask.bit_length()) if mask >> s & 1]
+
+
+class ControlTable:
+    """A mapped control segment.
+
+    Attributes:
+        prefix: deployment prefix, e.g. "shmdisagg-1000-8000"; every segment is "/{prefix}-*".
+        name: POSIX name of the control segment, "/{prefix}-ctl".
+        max_workers: number of worker rows in the segment.
+    """
+
+    def __init__(self, prefix: str, segment: Segment, region: Region) -> None:
+        self.prefix = prefix
+        self.name = segment.name
+        self.max_workers: int = region.max_workers
+        self._segment = segment
+        self._region = region
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, prefix: str, max_workers: int = 128) -> ControlTable:
+        """Coordinator: remove a dead deployment's segments, then create, lock and init "-ctl".
+
+        Raises DeploymentRunning if a live coordinator holds the prefix, SegmentFull if /dev/shm
+        has no room, ValueError if max_workers is out of range.
+        """
+        size = mapped_size(max_workers)
+        cleanup_stale(prefix)
+        name = f"/{prefix}-ctl"
+        try:
+            segment = Segment.create(name, size)
+        except (FileExistsError, BlockingIOError, FileNotFoundError) as e:
+            raise DeploymentRunning(f"another coordinator is starting on prefix {prefix!r}: {e}") from e
+        try:
+            region = Region(segment.mm)
+            region.init_control(max_workers, time.time_ns())
+        except BaseException:
+            segment.close()
+            segment.unlink()
+            raise
+        return cls(prefix, segment, region)
+
+    @classmethod
+    def attach(cls, prefix: str, *, timeout: float = 2.0, read_only: bool = False) -> ControlTable:
+        """Worker or reader: map "/{prefix}-ctl" and wait (at most `timeout` s) for it to be READY.
+
+        Raises FileNotFoundError if no coordinator created it, LayoutMismatch if its header does
+        not match this build, SegmentNotReady if it is still not READY after `timeout`, ShmError
+        if its owner or mode is wrong.
+        """
+        name = f"/{prefix}-ctl"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                segment, region = _attach_ready(name, read_only)
+                return cls(prefix, segment, region)
+            except SegmentNotReady:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.001)  # the creator is between O_CREX and its READY store
+
+    def close(self) -> None:
+        """Release the native view and unmap (the coordinator also drops its flock). Idempotent."""
+        self._region.release()
+        self._segment.close()
+
+    def unlink(self) -> None:
+        """Coordinator: unlink every "/{prefix}-*" segment; live mappings stay valid until closed."""
+        for name in segment_names(self.prefix + "-"):
+            try:
+                posix_ipc.unlink_shared_memory(name)
+            except posix_ipc.ExistentialError:
+                pass
+
+    def __enter__(self) -> ControlTable:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- coordinator only --------------------------------------------------------------------
+
+    def _writer(self) -> Region:
+        if not self._segment.owner:
+            raise ShmError(f"{self.name}: only the coordinator that created it may write this")
+        return self._region
+
+    def set_coordinator(self, pid: int, starttime: int, incarnation: int) -> None:
+        """Store the coordinator's identity; `incarnation` is a fresh random 64-bit value per start."""
+        self._writer().set_coord(pid, starttime, incarnation)
+
+    def coord_heartbeat(self) -> None:
+        """Store time.monotonic_ns() as the coordinator heartbeat."""
+        self._writer().set_coord_heartbeat(time.monotonic_ns())
+
+    def set_coord_state(self, state: int) -> None:
+        """COORD_STARTING, COORD_RUNNING or COORD_STOPPING."""
+        self._writer().set_coord_state(state)
+
+    def publish_server(
+        self,
+        slot: int,
+        addr: str,
+        role: int,
+        healthy: bool,
+        *,
+        max_batch_size: int = 0,
+        tokens_per_block: int = 0,
+        max_num_tokens: int = 0,
+    ) -> int:
+        """Write server `slot` (0..63) as present; returns its new incarnation.
+
+        Bumps the incarnation and servers_version. Raises ValueError for a bad slot or role, or an
+        address over 127 bytes of UTF-8.
+        """
+        flags = server_flags(True, healthy, role)
+        return int(
+            self._writer().write_server(
+                slot, flags, max_batch_size, tokens_per_block, max_num_tokens, addr.encode()
+            )
+        )
+
+    def set_healthy(self, slot: int, healthy: bool) -> None:
+        """Mark a present server healthy or not; bumps servers_version. ValueError if not present."""
+        region = self._writer()
+        present, _, role = split_flags(_retrying(region.read_server, slot)[1])
+        if not present:
+            raise ValueError(f"server slot {slot} is not present")
+        region.set_server_flags(slot, server_flags(True, healthy, role))
+
+    def remove_server(self, slot: int) -> None:
+        """Clear server `slot` from the present/healthy/role masks; bumps servers_version."""
+        self._writer().set_server_flags(slot, 0)
+
+    def reclaim_row(self, row: int) -> bool:
+        """Reclaim a dead worker's row: retire its routed/dispatched/completed totals, zero it.
+
+        Exact: the row is the worker's whole contribution. False if the row was not owned.
+        """
+        return bool(self._writer().reclaim_row(row))
+
+    def reclaim_rows_of_pid(self, pid: int) -> int:
+        """Reclaim every row owned by `pid`; returns how many were reclaimed."""
+        return sum(self.reclaim_row(r.row) for r in self.rows() if r.pid == pid)
+
+    # -- any process -------------------------------------------------------------------------
+
+    def servers(self) -> list[ServerInfo]:
+        """Present servers, one consistent snapshot (servers_version unchanged while reading).
+
+        Raises RetryExhausted if a record stays mid-write (dead coordinator) or the table keeps
+        changing for the whole bounded retry budget.
+        """
+        region = self._region
+        for _ in range(_READ_ATTEMPTS):
+            present, healthy, _, _, version = _retrying(region.read_config)
+            out = []
+            for slot in _bits(present):
+                inc, flags, _, _, mb, tpb, mnt, addr = _retrying(region.read_server, slot)
+                _, _, role = split_flags(flags)
+                out.append(
+                    ServerInfo(slot, addr.decode(errors="replace"), role, True,
+                               bool(healthy >> slot & 1), inc, mb, tpb, mnt)
+                )
+            if region.servers_version() == version:
+                return out
+        raise RetryExhausted(f"{self.name}: server table changed during {_READ_ATTEMPTS} snapshots")
+
+    def servers_version(self) -> int:
+        """Counter bumped by every server-table change (one acquire load)."""
+        return int(self._region.servers_version())
+
+    def coordinator(self) -> dict[str, int]:
+        """{"pid", "starttime", "incarnation", "heartbeat_ns", "state"} of the coordinator line."""
+        pid, starttime, incarnation, heartbeat_ns, state = self._region.coord()
+        return {"pid": pid, "starttime": starttime, "incarnation": incarnation,
+                "heartbeat_ns": heartbeat_ns, "state": state}
+
+    def rows(self) -> list[RowInfo]:
+        """Claimed worker rows (rows being reclaimed are left out)."""
+        return [RowInfo(row, pid, token, start, hb, disp, comp)
+                for row, token, pid, start, hb, disp, comp in self._region.rows()]
+
+    def load(self, slot: int) -> tuple[int, int]:
+        """(active requests, active tokens) of server `slot`, summed over claimed rows."""
+        return self._region.load(slot)  # type: ignore[no-any-return]
+
+    def routed(self, slot: int) -> int:
+        """Total picks of server `slot`: all rows plus retired totals of reclaimed rows.
+
+        Stats only: a reader racing a reclaim may count that row's picks twice for a moment.
+        """
+        return int(self._region.routed(slot))
+
+    def retired(self) -> tuple[int, int]:
+        """(dispatched, completed) totals retired from reclaimed rows."""
+        return self._region.retired()  # type: ignore[no-any-return]
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Process-local counters: seqlock retries, picks served from the last good config copy."""
+        return self._region.stats  # type: ignore[no-any-return]
+
+    # -- worker only (own row) ----------------------------------------------------------------
+
+    def claim_row(self, pid: int, starttime: int) -> int:
+        """Claim the first free row for `pid` (CAS); returns the row. SegmentFull if none is free."""
+        row, _token = self._region.claim_row(pid, starttime)
+        return int(row)
+
+    def heartbeat(self, row: int) -> bool:
+        """Store time.monotonic_ns() in the own row; False if the row was reclaimed (claim anew)."""
+        return bool(self._region.heartbeat(row))
+
+    def pick_round_robin(self, row: int, role: int, exclude_slot: int, tokens: int) -> int:
+        """Next server of `role` in ONE round robin shared by all workers; -1 if no candidate.
+
+        Candidates: present, healthy, of `role`, not `exclude_slot` (-1: none). Adds the pick
+        (+1 request, +tokens, +1 routed, +1 dispatched) to the own row in the same call. Raises
+        RowLost if the row is not ours, RetryExhausted if no config copy was ever readable.
+        """
+        return self._region.pick_round_robin(row, role, exclude_slot, tokens)  # type: ignore[no-any-return]
+
+    def pick_least_loaded(self, row: int, role: int, exclude_slot: int, tokens: int, use_tokens: bool) -> int:
+        """Candidate with the fewest active requests (or tokens) over all rows; -1 if none.
+
+        Ties rotate with the role's round-robin ticket. Adds the pick to the own row as
+        `pick_round_robin` does and raises the same errors.
+        """
+        return self._region.pick_least_loaded(row, role, exclude_slot, tokens, use_tokens)  # type: ignore[no-any-return]
+
+    def release(self, row: int, slot: int, tokens: int) -> bool:
+        """Undo one pick (-1 request, -tokens, +1 completed) when its request ends, exactly once.
+
+        Returns False and changes nothing if the row was reclaimed since (its counts are gone).
+        """
+        return bool(self._region.complete(row, slot, tokens))
