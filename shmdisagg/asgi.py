@@ -1,0 +1,92 @@
+"""Minimal ASGI helpers for the two hot routes: read a bounded body, send bytes, watch for a
+client disconnect. No framework objects are built on the hot path."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from shmdisagg.errors import RequestError, error_body
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the response ended."""
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body. Raises `RequestError(413)` past `limit` bytes and
+    `ClientDisconnected` if the client leaves first."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"request body is larger than {limit} bytes", "request_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def send_bytes(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS
+) -> None:
+    """A complete response in two ASGI messages."""
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, err: RequestError, extra: list[tuple[bytes, bytes]] = []) -> None:
+    await send_bytes(send, err.status, err.body(), JSON_HEADERS + extra)
+
+
+async def send_error_status(send: Send, status: int, message: str, code: str) -> None:
+    await send_bytes(send, status, error_body(status, message, code))
+
+
+class DisconnectWatch:
+    """Cancels the request's task when the client disconnects.
+
+    After the body is read, the next `receive()` returns only on disconnect; waiting for it in a
+    side task is how an ASGI app learns that the client left while it is awaiting an executor.
+    Use as a context manager around the part of a flow that waits on executors.
+    """
+
+    __slots__ = ("_receive", "_watch", "_task", "disconnected")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._watch: asyncio.Task[Message] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self.disconnected = False
+
+    def __enter__(self) -> "DisconnectWatch":
+        self._task = asyncio.current_task()
+        self._watch = asyncio.ensure_future(self._receive())
+        self._watch.add_done_callback(self._on_message)
+        return self
+
+    def _on_message(self, fut: "asyncio.Future[Message]") -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        if fut.result().get("type") == "http.disconnect" and self._task is not None:
+            self.disconnected = True
+            self._task.cancel()
+
+    def __exit__(self, *exc: object) -> None:
+        self._task = None
+        if self._watch is not None and not self._watch.done():
+            self._watch.remove_done_callback(self._on_message)
+            self._watch.cancel()

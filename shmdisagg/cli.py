@@ -1,0 +1,137 @@
+"""`shmdisagg` command line. Only this module turns exceptions into exit codes.
+
+    shmdisagg launch -c CONFIG      start executors, coordinator and fleet; stop on SIGINT/SIGTERM
+    shmdisagg serve -c CONFIG       coordinator and fleet only, for executors already running
+                                    (what `trtllm-serve disaggregated -c CONFIG` does)
+    shmdisagg bench [...]           replay a trace or run a fixed-concurrency load
+    shmdisagg check-config -c CONFIG
+    shmdisagg sim [...]             one executor simulator (see `shmdisagg sim --help`)
+
+Exit codes: 0 success, 1 runtime failure, 2 bad config or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from shmdisagg.config import ConfigError, DisaggConfig, load_config
+
+
+def _load(path: str) -> DisaggConfig:
+    try:
+        return load_config(path)
+    except ConfigError as err:
+        print(f"shmdisagg: config error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from shmdisagg.launch import Deployment, LaunchError
+
+    config = _load(args.config)
+    dep = Deployment(config, args.config, args.log_dir)
+    try:
+        dep.start()
+    except LaunchError as err:
+        print(f"shmdisagg: launch failed: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    try:
+        ctx = ", ".join(config.context_servers.urls)
+        gen = ", ".join(config.generation_servers.urls)
+        print(f"shmdisagg listening on {dep.url} ({config.num_workers} fleet workers; context: {ctx}; generation: {gen}; executor logs: {dep.log_dir})", flush=True)
+        return dep.wait()
+    finally:
+        dep.stop()
+        print("shmdisagg stopped", flush=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from shmdisagg.coordinator.__main__ import main as coordinator_main
+
+    _load(args.config)
+    return coordinator_main(["-c", args.config])
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    print(
+        f"{args.config}: ok — {len(config.context_servers.urls)} context and "
+        f"{len(config.generation_servers.urls)} generation servers, {config.num_workers} fleet workers, "
+        f"routers {config.context_servers.router.type}/{config.generation_servers.router.type}, "
+        f"shared memory /dev/shm/{config.shm_prefix}-*"
+    )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from shmdisagg.bench.cli import run_cli
+
+    if not args.launch:
+        return run_cli(args)
+    if not args.config:
+        print("shmdisagg bench: --launch needs -c/--config", file=sys.stderr)
+        return 2
+    from shmdisagg.launch import Deployment, LaunchError
+
+    config = _load(args.config)
+    dep = Deployment(config, args.config)
+    print(f"shmdisagg bench: launching {args.config} ...", file=sys.stderr, flush=True)
+    try:
+        dep.start()
+        args.url = dep.url
+        print(f"shmdisagg bench: deployment up at {dep.url} (executor logs: {dep.log_dir})", file=sys.stderr, flush=True)
+        return run_cli(args)
+    except LaunchError as err:
+        print(f"shmdisagg: launch failed: {err}", file=sys.stderr)
+        return 1
+    finally:
+        dep.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shmdisagg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("launch", help="start a single-node deployment")
+    p.add_argument("-c", "--config", required=True)
+    p.add_argument("--log-dir", help="where executor logs go (default: a new temporary directory)")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("serve", help="coordinator and fleet for executors already running")
+    p.add_argument("-c", "--config", required=True)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("check-config", help="validate a config file")
+    p.add_argument("-c", "--config", required=True)
+    p.set_defaults(func=cmd_check_config)
+
+    from shmdisagg.bench.cli import add_arguments
+
+    p = sub.add_parser("bench", help="replay a trace or run a fixed-concurrency load")
+    add_arguments(p)
+    p.add_argument("--launch", action="store_true", help="bring up the deployment of -c/--config around the run")
+    p.add_argument("-c", "--config", help="deployment config (with --launch)")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("sim", help="run one executor simulator", add_help=False)
+    p.set_defaults(func=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:
+        from shmdisagg.executors.sim.__main__ import main as sim_main
+
+        return int(sim_main(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The coordinator: single writer of the shared table, executor health, fleet supervision."""

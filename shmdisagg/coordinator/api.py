@@ -1,0 +1,39 @@
+"""The coordinator's internal API, served on a Unix socket (never on the request path).
+
+`GET /health`: 200 when every role has a healthy server, else 503.
+`GET /cluster_info`: servers with their `/server_info`, model names, fleet pids, restarts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+if TYPE_CHECKING:
+    from shmdisagg.coordinator.main import Coordinator
+
+
+def internal_app(coord: "Coordinator") -> FastAPI:
+    api = FastAPI(title="shmdisagg coordinator", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @api.get("/health")
+    def health() -> JSONResponse:
+        ready = coord.health.ready()
+        return JSONResponse({"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503)
+
+    @api.get("/cluster_info")
+    def cluster_info() -> dict[str, Any]:
+        return {
+            **coord.health.cluster_info(),
+            "coordinator_pid": os.getpid(),
+            "fleet_pids": coord.supervisor.pids(),
+            "num_workers": coord.config.num_workers,
+            "fleet_restarts": coord.supervisor.restarts,
+            "schedule_style": coord.config.schedule_style,
+            "shm_prefix": coord.config.shm_prefix,
+        }
+
+    return api

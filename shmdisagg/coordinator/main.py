@@ -1,0 +1,111 @@
+"""The coordinator process: the only writer of the shared table.
+
+Start-up, in order: create the table (cleaning a dead deployment's stale segments; a live one
+holds the segment's flock and makes this fail), register the executors of the config, wait until
+every role has a healthy executor (up to `server_start_timeout_s`), serve the internal API on a
+Unix socket, start the fleet. Then it heart-beats the table, polls executor health and supervises
+the fleet until SIGTERM/SIGINT, and shuts down in a fixed, bounded order: stop the fleet, stop
+the API, unlink every segment and the socket.
+
+`python -m shmdisagg.coordinator -c CONFIG` (or `shmdisagg serve -c CONFIG`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+
+import uvicorn
+
+from shmdisagg.config import DisaggConfig
+from shmdisagg.coordinator.api import internal_app
+from shmdisagg.coordinator.health import HealthMonitor, executors_from_config
+from shmdisagg.coordinator.supervisor import FleetSupervisor
+from shmdisagg.procutil import starttime
+from shmdisagg.serving import EmbeddedServer, on_stop_signals
+from shmdisagg.shm.table import ControlTable
+
+log = logging.getLogger("shmdisagg.coordinator")
+
+HEARTBEAT_S = 0.1
+COORD_RUNNING, COORD_STOPPING = 1, 2
+
+
+class StartupError(RuntimeError):
+    """The deployment could not start; the message says why."""
+
+
+class Coordinator:
+    """State: the table it owns, the executor health monitor, the fleet supervisor."""
+
+    def __init__(self, config: DisaggConfig, config_path: str) -> None:
+        self.config = config
+        self.table = ControlTable.create(config.shm_prefix, config.shmdisagg.shm.max_workers)
+        try:
+            self.table.set_coordinator(os.getpid(), starttime(os.getpid()), secrets.randbits(63))
+            self.health = HealthMonitor(self.table, executors_from_config(config), config.shmdisagg.health_check_interval_s)
+            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers)
+        except BaseException:
+            self.table.unlink()
+            self.table.close()
+            raise
+        self._stop = asyncio.Event()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            self.table.coord_heartbeat()
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _wait_ready(self) -> None:
+        deadline = asyncio.get_running_loop().time() + self.config.shmdisagg.server_start_timeout_s
+        while not self.health.ready():
+            if self._stop.is_set():
+                raise StartupError("stopped before the executors were ready")
+            if asyncio.get_running_loop().time() > deadline:
+                missing = [e.addr for e in self.health.executors if not e.healthy]
+                raise StartupError(f"executors not healthy after {self.config.shmdisagg.server_start_timeout_s:g} s: {', '.join(missing)}")
+            await asyncio.sleep(0.05)
+
+    async def run(self) -> None:
+        on_stop_signals(self.request_stop)
+        sock_path = self.config.coordinator_socket
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock_path)  # a stale socket of a dead coordinator (we hold the table's lock)
+        api = EmbeddedServer(uvicorn.Config(internal_app(self), uds=sock_path, lifespan="off", access_log=False, log_level="warning", loop="none"))
+        tasks = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.health.run())]
+        api_task = asyncio.ensure_future(api.serve())
+        try:
+            await self._wait_ready()
+            self.table.set_coord_state(COORD_RUNNING)
+            self.supervisor.start()
+            log.info("coordinator ready: %d fleet workers on %s:%d", self.config.num_workers, self.config.hostname, self.config.port)
+            await self._stop.wait()
+        finally:
+            self.table.set_coord_state(COORD_STOPPING)
+            await self.supervisor.stop()
+            api.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(api_task, 5.0)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sock_path)
+
+    def close(self) -> None:
+        self.table.unlink()
+        self.table.close()
+
+
+async def run_coordinator(config: DisaggConfig, config_path: str) -> None:
+    coord = Coordinator(config, config_path)
+    try:
+        await coord.run()
+    finally:
+        coord.close()

@@ -1,0 +1,106 @@
+"""Fleet supervision: start `num_workers` fleet workers, notice a death at once, reclaim the dead
+worker's counter row exactly, start a replacement in the same index.
+
+Death is detected with a pidfd per child registered on the event loop (readable the moment the
+process exits; shared/reference/shm_design.md §5.2), not by polling. The dead worker's row is
+zeroed by `ControlTable.reclaim_rows_of_pid`, which is exact because the row is that worker's
+whole contribution to every load sum. Children get a parent-death signal, so a SIGKILLed
+coordinator leaves no orphan worker holding the port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from shmdisagg.procutil import die_with_parent
+from shmdisagg.shm.table import ControlTable
+
+log = logging.getLogger("shmdisagg.coordinator")
+
+RESPAWN_BACKOFF_S = (0.0, 0.2, 1.0, 5.0)  # after 0, 1, 2, 3+ quick deaths in a row
+QUICK_DEATH_S = 2.0
+
+
+@dataclass
+class WorkerProc:
+    index: int
+    proc: subprocess.Popen[bytes]
+    pidfd: int
+    started: float
+    quick_deaths: int = 0
+
+
+class FleetSupervisor:
+    """Owns the fleet worker processes. Signal handlers only call `stop()` via the loop."""
+
+    def __init__(self, table: ControlTable, config_path: str, num_workers: int, env: dict[str, str] | None = None) -> None:
+        self.table = table
+        self.config_path = os.path.abspath(config_path)
+        self.num_workers = num_workers
+        self.env = env or {}
+        self.workers: dict[int, WorkerProc] = {}
+        self.restarts = 0
+        self._stopping = False
+        self._exited: dict[int, asyncio.Event] = {}
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self.workers.values()]
+
+    def start(self) -> None:
+        for index in range(self.num_workers):
+            self._spawn(index, quick_deaths=0)
+
+    def _spawn(self, index: int, quick_deaths: int) -> None:
+        env = {**os.environ, **self.env, "SHMDISAGG_CONFIG": self.config_path, "SHMDISAGG_WORKER_INDEX": str(index)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shmdisagg.fleet.worker"], env=env, preexec_fn=die_with_parent, close_fds=True
+        )
+        pidfd = os.pidfd_open(proc.pid)
+        loop = asyncio.get_running_loop()
+        self.workers[index] = WorkerProc(index, proc, pidfd, loop.time(), quick_deaths)
+        self._exited[index] = asyncio.Event()
+        loop.add_reader(pidfd, self._on_exit, index)
+        log.info("fleet worker %d started (pid %d)", index, proc.pid)
+
+    def _on_exit(self, index: int) -> None:
+        loop = asyncio.get_running_loop()
+        w = self.workers.pop(index)
+        loop.remove_reader(w.pidfd)
+        os.close(w.pidfd)
+        code = w.proc.wait()  # already exited: reaps the zombie without blocking
+        rows = self.table.reclaim_rows_of_pid(w.proc.pid)
+        self._exited[index].set()
+        if self._stopping:
+            return
+        self.restarts += 1
+        quick = w.quick_deaths + 1 if loop.time() - w.started < QUICK_DEATH_S else 0
+        delay = RESPAWN_BACKOFF_S[min(quick, len(RESPAWN_BACKOFF_S) - 1)]
+        log.warning("fleet worker %d (pid %d) exited with %s; reclaimed %d row(s); restarting in %.1f s", index, w.proc.pid, code, rows, delay)
+        loop.call_later(delay, self._respawn, index, quick)
+
+    def _respawn(self, index: int, quick_deaths: int) -> None:
+        if not self._stopping and index not in self.workers:
+            self._spawn(index, quick_deaths)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM every worker, wait up to `timeout_s`, SIGKILL the rest; rows are reclaimed."""
+        self._stopping = True
+        waiters = [self._exited[i].wait() for i in self.workers]
+        for w in list(self.workers.values()):
+            with contextlib.suppress(ProcessLookupError):  # it may have just exited
+                w.proc.send_signal(signal.SIGTERM)
+        if not waiters:
+            return
+        done, pending = await asyncio.wait([asyncio.ensure_future(x) for x in waiters], timeout=timeout_s)
+        for w in list(self.workers.values()):
+            with contextlib.suppress(ProcessLookupError):  # it may have just exited
+                w.proc.kill()
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)

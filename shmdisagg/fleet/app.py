@@ -1,0 +1,89 @@
+"""The public API of one fleet worker, as one ASGI app.
+
+The two hot routes (`POST /v1/completions`, `POST /v1/chat/completions`) go straight to
+`DisaggService.handle` as plain ASGI: no request model, no response model, bodies relayed as
+bytes (shared/reference/stack_calibration.md: FastAPI + pydantic doubles the proxy's CPU).
+Everything else (`/health`, `/v1/models`, `/cluster_info`, the OpenAPI docs) is a FastAPI app.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from shmdisagg.asgi import Receive, Scope, Send
+from shmdisagg.directory import ServerDirectory
+from shmdisagg.service import DisaggService
+from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable
+
+_HOT = {"/v1/completions": False, "/v1/chat/completions": True}
+
+
+def control_app(service: DisaggService, directory: ServerDirectory, table: ControlTable, worker_index: int) -> FastAPI:
+    """The FastAPI app for everything but the two hot routes."""
+    api = FastAPI(title="shmdisagg", version="0.1.0", docs_url="/docs", redoc_url=None)
+
+    @api.get("/health")
+    def health() -> JSONResponse:
+        ctx, gen = directory.healthy_roles()
+        if ctx and gen:
+            return JSONResponse({"status": "ok"})
+        missing = [r for r, ok in (("context", ctx), ("generation", gen)) if not ok]
+        return JSONResponse(
+            {"status": "unavailable", "message": f"no healthy {' or '.join(missing)} server"}, status_code=503
+        )
+
+    @api.get("/v1/models")
+    def models() -> dict[str, Any]:
+        now = int(time.time())
+        return {
+            "object": "list",
+            "data": [{"id": m, "object": "model", "created": now, "owned_by": "tensorrt_llm"} for m in sorted(service.models)],
+        }
+
+    @api.get("/cluster_info")
+    def cluster_info() -> dict[str, Any]:
+        servers = directory.servers()
+        coord = table.coordinator()
+        ctx, gen = directory.healthy_roles()
+        return {
+            "is_ready": ctx and gen,
+            "server_lists": {
+                "context": [s.addr for s in servers if s.role == ROLE_CONTEXT],
+                "generation": [s.addr for s in servers if s.role != ROLE_CONTEXT],
+            },
+            "healthy": {s.addr: s.healthy for s in servers},
+            "schedule_style": service.config.schedule_style,
+            "num_workers": service.config.num_workers,
+            "coordinator_pid": coord["pid"],
+            "fleet_pids": sorted(r.pid for r in table.rows()),
+            "worker_index": worker_index,
+        }
+
+    # Declared for the OpenAPI document only: FleetApp serves these paths before FastAPI.
+    for path in _HOT:
+        api.add_api_route(path, _documented_only, methods=["POST"], include_in_schema=True, summary=f"OpenAI {path}")
+    return api
+
+
+async def _documented_only() -> None:  # pragma: no cover - FleetApp intercepts these paths
+    raise RuntimeError("served by FleetApp")
+
+
+class FleetApp:
+    """ASGI entry: hot routes to the service, the rest to the control app."""
+
+    def __init__(self, service: DisaggService, control: FastAPI) -> None:
+        self.service = service
+        self.control = control
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            chat = _HOT.get(scope["path"])
+            if chat is not None:
+                await self.service.handle(receive, send, chat)
+                return
+        await self.control(scope, receive, send)

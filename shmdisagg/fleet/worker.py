@@ -1,0 +1,130 @@
+"""One fleet worker process: serves one SO_REUSEPORT listener on the public port.
+
+Owns this worker's counter row in the shared table (claimed at start, heart-beaten every
+250 ms). Never writes another worker's row, the server records or the block index: the
+coordinator does. Started by the coordinator's supervisor with the environment variables below;
+`python -m shmdisagg.fleet.worker` is the entry point.
+
+- `SHMDISAGG_CONFIG`: path of the deployment config file
+- `SHMDISAGG_WORKER_INDEX`: this worker's index in the fleet (0..num_workers-1), also the
+  `process_id` field of the request ids it mints
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import sys
+import uuid
+
+import aiohttp
+import uvicorn
+import uvloop
+
+from shmdisagg.config import DisaggConfig, load_config
+from shmdisagg.directory import ServerDirectory
+from shmdisagg.fleet.app import FleetApp, control_app
+from shmdisagg.ids import DisaggIdGenerator
+from shmdisagg.procutil import bind_reuseport, starttime
+from shmdisagg.routing import make_policy
+from shmdisagg.service import DisaggService
+from shmdisagg.serving import EmbeddedServer, on_stop_signals
+from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
+from shmdisagg.upstream import UpstreamPool
+
+log = logging.getLogger("shmdisagg.fleet")
+
+HEARTBEAT_S = 0.25
+INFO_REFRESH_S = 1.0
+
+
+async def fetch_cluster_info(socket_path: str, timeout_s: float) -> dict:
+    """The coordinator's `/cluster_info` over its Unix socket, retried until `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path)) as session:
+        while True:
+            try:
+                async with session.get("http://coordinator/cluster_info", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        return await r.json()
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                pass
+            if loop.time() > deadline:
+                raise TimeoutError(f"coordinator at {socket_path} did not answer within {timeout_s:g} s")
+            await asyncio.sleep(0.05)
+
+
+async def _housekeeping(table: ControlTable, row: int, service: DisaggService, socket_path: str) -> None:
+    """Heartbeat this worker's row; pick up model names when the server set changes."""
+    seen_version = table.servers_version()
+    next_info = 0.0
+    loop = asyncio.get_running_loop()
+    while True:
+        table.heartbeat(row)
+        version = table.servers_version()
+        if version != seen_version and loop.time() >= next_info:
+            next_info = loop.time() + INFO_REFRESH_S
+            try:
+                info = await fetch_cluster_info(socket_path, 1.0)
+                service.models = frozenset(info.get("models", []))
+                seen_version = version
+            except TimeoutError:
+                log.warning("coordinator did not answer /cluster_info; keeping model list")
+        await asyncio.sleep(HEARTBEAT_S)
+
+
+def _node_id(config: DisaggConfig) -> int:
+    return config.node_id if config.node_id is not None else uuid.getnode() % 256
+
+
+async def serve(config: DisaggConfig, worker_index: int) -> None:
+    table = ControlTable.attach(config.shm_prefix)
+    row = table.claim_row(os.getpid(), starttime(os.getpid()))
+    upstream = UpstreamPool()
+    try:
+        directory = ServerDirectory(table)
+        ctx_policy = make_policy(table, row, ROLE_CONTEXT, config.context_servers.router_args())
+        gen_policy = make_policy(table, row, ROLE_GENERATION, config.generation_servers.router_args())
+        ids = DisaggIdGenerator(_node_id(config), worker_index % 64)
+        service = DisaggService(config, directory, ctx_policy, gen_policy, upstream, ids)
+        info = await fetch_cluster_info(config.coordinator_socket, config.shmdisagg.server_start_timeout_s)
+        service.models = frozenset(info.get("models", []))
+        app = FleetApp(service, control_app(service, directory, table, worker_index))
+        sock = bind_reuseport(config.hostname, config.port)
+        uv = uvicorn.Config(
+            app,
+            loop="none",
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_level=config.shmdisagg.log_level,
+            timeout_keep_alive=config.server_keep_alive_timeout,
+        )
+        gc.freeze()  # start-up objects are permanent: keep them out of every collection
+        house = asyncio.ensure_future(_housekeeping(table, row, service, config.coordinator_socket))
+        server = EmbeddedServer(uv)
+        on_stop_signals(lambda: setattr(server, "should_exit", True))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            house.cancel()
+    finally:
+        await upstream.close()
+        table.close()
+
+
+def main() -> None:
+    config = load_config(os.environ["SHMDISAGG_CONFIG"])
+    index = int(os.environ.get("SHMDISAGG_WORKER_INDEX", "0"))
+    logging.basicConfig(
+        level=config.shmdisagg.log_level.upper(),
+        format=f"%(asctime)s fleet[{index}:{os.getpid()}] %(levelname)s %(message)s",
+    )
+    uvloop.run(serve(config, index))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""A recording fake `trtllm-serve` executor for request-flow tests.
+
+It answers the endpoints the orchestrator uses with scripted responses and records every
+completion request it receives (`GET /_recorded`). `POST /_script` changes its behaviour:
+
+- `finish_reason`: the context leg's finish reason (default "length")
+- `status`: answer completions with this HTTP status and an OpenAI error body
+- `chunks`: number of SSE chunks a streamed generation leg sends (default 4)
+- `hold`: streamed generation legs wait after their first chunk until `POST /_release`
+- `delay_s`: wait this long before answering a completion (bounded by the test's own timeout)
+
+Run: `python -m tests.fakes.executor --port P --name NAME`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+def build_app(name: str, addr: str) -> Starlette:
+    recorded: list[dict[str, Any]] = []
+    script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0}
+    release = asyncio.Event()
+    counter = {"n": 0}
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def server_info(_: Request) -> Response:
+        return JSONResponse(
+            {
+                "disaggregated_params": {"ctx_info_endpoint": [addr], "encoded_opaque_state": "b3BhcXVl"},
+                "max_batch_size": 8,
+                "max_num_tokens": 4096,
+                "kv_cache_hash_algo": "v1_block_key",
+                "tokens_per_block": 32,
+            }
+        )
+
+    async def models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tensorrt_llm"}]})
+
+    async def recorded_ep(_: Request) -> Response:
+        return Response(orjson.dumps(recorded), media_type="application/json")
+
+    async def script_ep(request: Request) -> Response:
+        script.update(await request.json())
+        return JSONResponse(script)
+
+    async def release_ep(_: Request) -> Response:
+        release.set()
+        return JSONResponse({})
+
+    async def completion(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        body["_path"] = request.url.path
+        body["_server"] = name
+        recorded.append(body)
+        if script["delay_s"]:
+            await asyncio.sleep(script["delay_s"])
+        if script["status"] != 200:
+            err = {"object": "error", "message": f"scripted {script['status']}", "type": "BadRequestError", "param": None, "code": script["status"]}
+            return JSONResponse(err, status_code=script["status"])
+        params = body.get("disaggregated_params") or {}
+        chat = request.url.path.endswith("chat/completions")
+        prompt_ids = body.get("prompt") if isinstance(body.get("prompt"), list) else [101, 102, 103]
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": 1, "total_tokens": len(prompt_ids) + 1, "prompt_tokens_details": {"cached_tokens": 7}}
+        if params.get("request_type") == "context_only":
+            counter["n"] += 1
+            choice: dict[str, Any] = {
+                "index": 0,
+                "finish_reason": script["finish_reason"],
+                "disaggregated_params": {
+                    "request_type": "context_only",
+                    "first_gen_tokens": [42],
+                    "ctx_request_id": params.get("disagg_request_id"),
+                    "disagg_request_id": params.get("disagg_request_id"),
+                    "encoded_opaque_state": "b3BhcXVl",
+                    "draft_tokens": None,
+                    "ctx_dp_rank": 0,
+                    "ctx_info_endpoint": addr,
+                },
+            }
+            if chat:
+                choice["message"] = {"role": "assistant", "content": "A"}
+            else:
+                choice["text"] = "A"
+            return JSONResponse({"id": f"cmpl-{name}-{counter['n']}", "object": "text_completion", "created": int(time.time()), "model": body.get("model"), "choices": [choice], "usage": usage, "prompt_token_ids": prompt_ids})
+        if body.get("stream"):
+            return StreamingResponse(_stream(script, release, name), media_type="text/event-stream")
+        text = {"message": {"role": "assistant", "content": "ABCD"}} if chat else {"text": "ABCD"}
+        return JSONResponse({"id": f"cmpl-{name}", "object": "text_completion", "model": body.get("model"), "choices": [{"index": 0, "finish_reason": "length", **text}], "usage": usage})
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/server_info", server_info),
+            Route("/v1/models", models),
+            Route("/v1/completions", completion, methods=["POST"]),
+            Route("/v1/chat/completions", completion, methods=["POST"]),
+            Route("/_recorded", recorded_ep),
+            Route("/_script", script_ep, methods=["POST"]),
+            Route("/_release", release_ep, methods=["POST"]),
+        ]
+    )
+
+
+async def _stream(script: dict[str, Any], release: asyncio.Event, name: str):  # type: ignore[no-untyped-def]
+    for i in range(script["chunks"]):
+        yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}) + b"\n\n"
+        if i == 0 and script["hold"]:
+            await release.wait()
+    yield b"data: [DONE]\n\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", default="fake")
+    args = parser.parse_args()
+    addr = f"127.0.0.1:{args.port}"
+    uvicorn.run(build_app(args.name, addr), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Helpers to bring up real deployments in tests: fake or simulated executors, the coordinator
+and its fleet, all on ports and shared-memory names unique to the test."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from shmdisagg.config import load_config
+from shmdisagg.launch import Deployment, http_status
+from tests.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_until(predicate: Any, timeout_s: float = 20.0, what: str = "condition") -> None:
+    """Poll `predicate` until it is true; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@dataclass
+class FakeExecutor:
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def recorded(self) -> list[dict[str, Any]]:
+        return request_json("127.0.0.1", self.port, "GET", "/_recorded")[1]
+
+    def script(self, **kw: Any) -> None:
+        request_json("127.0.0.1", self.port, "POST", "/_script", kw)
+
+    def release(self) -> None:
+        request_json("127.0.0.1", self.port, "POST", "/_release", {})
+
+
+@contextlib.contextmanager
+def fake_executors(names: list[str]) -> Iterator[list[FakeExecutor]]:
+    fakes = []
+    try:
+        for name in names:
+            port = free_port()
+            proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.executor", "--port", str(port), "--name", name], cwd=REPO)
+            fakes.append(FakeExecutor(name, port, proc))
+        for f in fakes:
+            wait_until(lambda f=f: http_status(f"http://{f.addr}/health") == 200, what=f"fake {f.name}")
+        yield fakes
+    finally:
+        for f in fakes:
+            f.proc.terminate()
+        for f in fakes:
+            f.proc.wait(timeout=10)
+
+
+def write_config(tmp: Path, shm_prefix: str, ctx: list[str], gen: list[str], **top: Any) -> Path:
+    """A config file for a deployment on a fresh port; `top` overrides top-level keys."""
+    routers = top.pop("routers", ("round_robin", "round_robin"))
+    cfg: dict[str, Any] = {
+        "hostname": "127.0.0.1",
+        "port": free_port(),
+        "num_workers": 2,
+        "context_servers": {"num_instances": len(ctx), "urls": ctx, "router": _router(routers[0])},
+        "generation_servers": {"num_instances": len(gen), "urls": gen, "router": _router(routers[1])},
+        "shmdisagg": {
+            "shm": {"prefix": shm_prefix},
+            "coordinator_socket": str(tmp / "coord.sock"),
+            "request_timeout_s": 30,
+            "health_check_interval_s": 0.2,
+            **top.pop("shmdisagg", {}),
+        },
+        **top,
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _router(spec: str | dict[str, Any]) -> dict[str, Any]:
+    return {"type": spec} if isinstance(spec, str) else spec
+
+
+@contextlib.contextmanager
+def deployment(config_path: Path) -> Iterator[Deployment]:
+    dep = Deployment(load_config(config_path), str(config_path), str(config_path.parent / "logs"))
+    dep.start()
+    try:
+        yield dep
+    finally:
+        dep.stop()
+
+
+def request_json(host: str, port: int, method: str, path: str, body: Any = None, conn: http.client.HTTPConnection | None = None) -> tuple[int, Any]:
+    own = conn is None
+    c = conn or http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        data = orjson.dumps(body) if body is not None else None
+        c.request(method, path, body=data, headers={"content-type": "application/json"} if data else {})
+        r = c.getresponse()
+        raw = r.read()
+        return r.status, (orjson.loads(raw) if raw else None)
+    finally:
+        if own:
+            c.close()
+
+
+def post(dep: Deployment, path: str, body: Any, conn: http.client.HTTPConnection | None = None) -> tuple[int, Any]:
+    cfg = dep.config
+    return request_json("127.0.0.1", cfg.port, "POST", path, body, conn)
+
+
+def post_raw(dep: Deployment, path: str, raw: bytes) -> tuple[int, Any]:
+    c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
+    try:
+        c.request("POST", path, body=raw, headers={"content-type": "application/json"})
+        r = c.getresponse()
+        return r.status, orjson.loads(r.read())
+    finally:
+        c.close()
+
+
+def stream_lines(dep: Deployment, path: str, body: Any) -> tuple[int, list[bytes], dict[str, str]]:
+    """POST a streaming request and return (status, SSE data payloads, headers)."""
+    c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
+    try:
+        c.request("POST", path, body=orjson.dumps(body), headers={"content-type": "application/json"})
+        r = c.getresponse()
+        raw = r.read()
+        events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
+        return r.status, events, {k.lower(): v for k, v in r.getheaders()}
+    finally:
+        c.close()
+
+
+def connection_to_worker(dep: Deployment, index: int, attempts: int = 200) -> http.client.HTTPConnection:
+    """A keep-alive connection that the kernel's SO_REUSEPORT hash gave to fleet worker `index`."""
+    for _ in range(attempts):
+        c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
+        status, info = request_json("", 0, "GET", "/cluster_info", conn=c)
+        if status == 200 and info["worker_index"] == index:
+            return c
+        c.close()
+    raise AssertionError(f"no connection reached fleet worker {index}")
+
+
+@dataclass
+class Loads:
+    """Sums over every counter row of the table, per server slot."""
+
+    per_slot: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def all_zero(self) -> bool:
+        return all(v == (0, 0) for v in self.per_slot.values())
