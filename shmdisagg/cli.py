@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from shmdisagg.config import ConfigError, DisaggConfig, load_config
@@ -27,11 +28,17 @@ def _load(path: str) -> DisaggConfig:
         raise SystemExit(2) from None
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     from shmdisagg.launch import Deployment, LaunchError
 
     config = _load(args.config)
     dep = Deployment(config, args.config, args.log_dir)
+    # SIGTERM during start-up stops what was started, like Ctrl-C (Deployment.wait() then takes over).
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         dep.start()
     except LaunchError as err:

@@ -8,6 +8,7 @@ Everything else (`/health`, `/v1/models`, `/cluster_info`, the OpenAPI docs) is 
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -61,6 +62,7 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
             "coordinator_pid": coord["pid"],
             "fleet_pids": sorted(r.pid for r in table.rows()),
             "worker_index": worker_index,
+            "worker_pid": os.getpid(),
         }
 
     # Declared for the OpenAPI document only: FleetApp serves these paths before FastAPI.

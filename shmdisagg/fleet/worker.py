@@ -7,7 +7,8 @@ coordinator does. Started by the coordinator's supervisor with the environment v
 
 - `SHMDISAGG_CONFIG`: path of the deployment config file
 - `SHMDISAGG_WORKER_INDEX`: this worker's index in the fleet (0..num_workers-1), also the
-  `process_id` field of the request ids it mints
+  `process_id` field of the request ids it mints; `standby` for the supervisor's warm spare,
+  which imports everything, then reads its index from stdin (EOF: exit quietly)
 """
 
 from __future__ import annotations
@@ -118,7 +119,13 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
 
 def main() -> None:
     config = load_config(os.environ["SHMDISAGG_CONFIG"])
-    index = int(os.environ.get("SHMDISAGG_WORKER_INDEX", "0"))
+    given = os.environ.get("SHMDISAGG_WORKER_INDEX", "0")
+    if given == "standby":
+        line = sys.stdin.readline()
+        if not line.strip():
+            return
+        given = line
+    index = int(given)
     logging.basicConfig(
         level=config.shmdisagg.log_level.upper(),
         format=f"%(asctime)s fleet[{index}:{os.getpid()}] %(levelname)s %(message)s",

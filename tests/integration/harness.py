@@ -137,9 +137,9 @@ def post_raw(dep: Deployment, path: str, raw: bytes) -> tuple[int, Any]:
         c.close()
 
 
-def stream_lines(dep: Deployment, path: str, body: Any) -> tuple[int, list[bytes], dict[str, str]]:
+def stream_lines(dep: Deployment, path: str, body: Any, conn: http.client.HTTPConnection | None = None) -> tuple[int, list[bytes], dict[str, str]]:
     """POST a streaming request and return (status, SSE data payloads, headers)."""
-    c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
+    c = conn or http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
     try:
         c.request("POST", path, body=orjson.dumps(body), headers={"content-type": "application/json"})
         r = c.getresponse()
@@ -147,7 +147,8 @@ def stream_lines(dep: Deployment, path: str, body: Any) -> tuple[int, list[bytes
         events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
         return r.status, events, {k.lower(): v for k, v in r.getheaders()}
     finally:
-        c.close()
+        if conn is None:
+            c.close()
 
 
 def connection_to_worker(dep: Deployment, index: int, attempts: int = 200) -> http.client.HTTPConnection:

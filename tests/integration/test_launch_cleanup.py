@@ -1,0 +1,117 @@
+"""`shmdisagg launch` leaves no process and no shared-memory segment behind, whether it is
+stopped by a signal or fails half-way through start-up."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shmdisagg.launch import http_status
+from tests.conftest import free_port
+from tests.integration.harness import REPO, fake_executors, wait_until, write_config
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of `pid` (from /proc/<pid>/task/*/children)."""
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for children in glob.glob(f"/proc/{p}/task/*/children"):
+            try:
+                kids = [int(x) for x in Path(children).read_text().split()]
+            except OSError:
+                continue
+            for k in kids:
+                if k not in out:
+                    out.add(k)
+                    todo.append(k)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _launch(cfg: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(cfg)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_everything_and_unlinks_every_segment(tmp_path: Path, shm_prefix: str, sig: int) -> None:
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr])
+        import yaml
+
+        port = yaml.safe_load(cfg.read_text())["port"]
+        proc = _launch(cfg)
+        try:
+            assert proc.stdout is not None
+            first_line = proc.stdout.readline()  # printed once everything answers /health
+            assert b"listening on" in first_line, first_line
+            assert http_status(f"http://127.0.0.1:{port}/health") == 200
+            children = descendants(proc.pid)
+            assert len(children) >= 4  # coordinator, 2 fleet workers, a standby
+            assert glob.glob(f"/dev/shm/{shm_prefix}*")
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, err
+        assert b"stopped" in out
+        assert not [p for p in children if alive(p)]
+        assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+        assert not os.path.exists(tmp_path / "coord.sock")
+
+
+def test_failed_start_leaves_nothing_behind(tmp_path: Path, shm_prefix: str) -> None:
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    cfg = write_config(tmp_path, shm_prefix, [dead], [f"127.0.0.1:{free_port()}"], shmdisagg={"server_start_timeout_s": 2})
+    proc = _launch(cfg)
+    seen: set[int] = set()
+    try:
+        while proc.poll() is None:
+            seen |= descendants(proc.pid)
+            try:
+                proc.wait(timeout=0.05)
+            except subprocess.TimeoutExpired:
+                pass
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert b"launch failed" in err and dead.encode() in err
+    assert seen, "the coordinator was never started"
+    assert not [p for p in seen if alive(p)]
+    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+
+
+def test_a_second_deployment_on_the_same_table_is_refused(tmp_path: Path, shm_prefix: str) -> None:
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr])
+        import yaml
+
+        port = yaml.safe_load(cfg.read_text())["port"]
+        first = _launch(cfg)
+        try:
+            wait_until(lambda: http_status(f"http://127.0.0.1:{port}/health") == 200, timeout_s=60, what="the deployment")
+            second = subprocess.run([sys.executable, "-m", "shmdisagg.coordinator", "-c", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=60)
+            assert second.returncode == 1
+            assert "running" in second.stderr.lower(), second.stderr
+            assert http_status(f"http://127.0.0.1:{port}/health") == 200  # the first one is untouched
+        finally:
+            first.send_signal(signal.SIGINT)
+            first.communicate(timeout=60)
+        assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
