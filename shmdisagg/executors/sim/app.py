@@ -1,0 +1,460 @@
+"""The simulator's HTTP surface: a plain ASGI app (no framework) over the engine.
+
+trtllm-serve endpoints: POST /v1/completions, POST /v1/chat/completions, GET /health,
+GET /server_info, POST /kv_cache_events, GET /perf_metrics, GET /metrics, GET /v1/models,
+GET|POST /steady_clock_offset. Simulator-only: POST /sim/fault, GET /sim/stats,
+POST /sim/clear_cache, POST /sim/kv_transfer (the KV pull between executors).
+
+While `--startup-delay` runs, every non-/sim request gets 503 with `x-trtllm-server-state:
+starting` and `retry-after: 1`, like a loading trtllm-serve. A `hang` fault holds every
+non-/sim request until it is cleared or the client leaves. Each inference request gets a
+watcher on `receive()` so a client that disconnects aborts its request and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from shmdisagg.executors.sim import responses, timing
+from shmdisagg.executors.sim.block_keys import block_hashes
+from shmdisagg.executors.sim.block_pool import BlockPool
+from shmdisagg.executors.sim.config import SimConfig
+from shmdisagg.executors.sim.engine import Engine
+from shmdisagg.executors.sim.errors import ConfigError, RequestError, SimError, error_body
+from shmdisagg.executors.sim.faults import FaultSpec, FaultState
+from shmdisagg.executors.sim.kv_events import KvEventBuffer
+from shmdisagg.executors.sim.metrics import PerfMetricsBuffer
+from shmdisagg.executors.sim.requests import Limits, ParsedRequest, parse_request
+from shmdisagg.executors.sim.sampler import prompt_seed
+from shmdisagg.executors.sim.sequence import Kind, Sequence, TokenChannel
+from shmdisagg.executors.sim.tokenizer import Tokenizer
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+MAX_BODY_BYTES = 256 << 20
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+log = logging.getLogger("shmdisagg.executors.sim")
+
+
+class InjectedDisconnect(Exception):
+    """Raised after a response started to make uvicorn drop the connection (fault injection)."""
+
+
+class SimApp:
+    """One executor. Per-process state: config, tokenizer, KV event buffer, perf-metrics
+    buffer, engine (owns the block pool and queues), faults, steady-clock offset, request-id
+    counter, `ready_at` (end of the simulated model load)."""
+
+    def __init__(self, config: SimConfig, exit_fn: Callable[[int], Any] = os._exit) -> None:
+        self.config = config
+        self.profile = config.timing_profile
+        self.model = config.served_model
+        self.endpoint = config.endpoint
+        self.tokenizer = Tokenizer()
+        self.limits = Limits(
+            vocab_size=self.tokenizer.vocab_size,
+            max_seq_len=config.effective_max_seq_len,
+            role=config.role,
+            disagg_enabled=config.disagg_enabled,
+        )
+        self.events = KvEventBuffer(
+            config.event_buffer_max_size if config.enable_block_reuse else 0,
+            window_size=config.effective_max_seq_len,
+            include_tokens=config.event_tokens,
+        )
+        self.pool = BlockPool(config.effective_num_blocks, config.tokens_per_block, config.enable_block_reuse, self.events)
+        self.perf = (
+            PerfMetricsBuffer(config.perf_metrics_max_requests, self.profile.kv_bytes_per_token)
+            if config.return_perf_metrics
+            else None
+        )
+        self.faults = FaultState(config.seed, exit_fn=exit_fn)
+        for spec in config.fault_specs:
+            self.faults.add(spec)
+        self._exit = exit_fn
+        self.clock_offset = 0.0
+        self.engine = Engine(
+            self.profile,
+            self.pool,
+            max_batch_size=config.max_batch_size,
+            max_num_tokens=config.max_num_tokens,
+            chunked_prefill=config.enable_chunked_prefill,
+            overlap_scheduler=not config.disable_overlap_scheduler,
+            speedup=config.speedup,
+            transfer_timeout_s=config.kv_transfer_timeout,
+            own_endpoint=self.endpoint,
+            slow_factor=lambda: self.faults.slow_factor,
+            perf_metrics=self.perf,
+            clock_offset=lambda: self.clock_offset,
+        )
+        state = {"sim": 1, "ctx_info_endpoint": self.endpoint, "instance": uuid.uuid4().hex}
+        self.opaque_state = base64.b64encode(orjson.dumps(state)).decode("ascii")
+        self.ready_at = time.monotonic() + config.startup_delay
+        self._next_request_id = 1
+        self._routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/chat/completions"): self._chat_completions,
+            ("GET", "/health"): self._health,
+            ("GET", "/server_info"): self._server_info,
+            ("POST", "/kv_cache_events"): self._kv_cache_events,
+            ("GET", "/perf_metrics"): self._perf_metrics,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/steady_clock_offset"): self._get_clock,
+            ("POST", "/steady_clock_offset"): self._set_clock,
+            ("POST", "/sim/fault"): self._sim_fault,
+            ("GET", "/sim/stats"): self._sim_stats,
+            ("POST", "/sim/clear_cache"): self._sim_clear_cache,
+            ("POST", "/sim/kv_transfer"): self._sim_kv_transfer,
+        }
+        self._paths = {path for _, path in self._routes}
+
+    # -- ASGI entry -------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        if not path.startswith("/sim/"):
+            if self.faults.hanging:
+                held = await self._hang(receive)
+                if held is None:
+                    return
+                receive = held
+            if time.monotonic() < self.ready_at:
+                await _send_json(
+                    send,
+                    503,
+                    {"object": "error", "message": "The server is starting", "type": "ServiceUnavailableError",
+                     "param": None, "code": "starting"},
+                    extra_headers=[(b"x-trtllm-server-state", b"starting"), (b"retry-after", b"1")],
+                )
+                return
+        handler = self._routes.get((scope["method"], path))
+        if handler is None:
+            status = 405 if path in self._paths else 404
+            await _send_json(send, status, error_body(SimError(f"{scope['method']} {path} is not served", status)))
+            return
+        await handler(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.engine.start(on_fatal=lambda exc: os.kill(os.getpid(), signal.SIGINT))
+                if self.config.role != "context" and self.config.disagg_enabled:
+                    self.engine.puller.warm_up()
+                if self.faults.crash_at_once:
+                    asyncio.get_running_loop().call_later(0.05, self._exit, 1)
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.engine.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _hang(self, receive: Receive) -> Receive | None:
+        """Hold the request while a hang fault is active. Returns None if the client left, else
+        a `receive` that replays the body read meanwhile."""
+        buffered: list[Message] = []
+        unhung = asyncio.ensure_future(self.faults.wait_unhung())
+        try:
+            while not unhung.done():
+                nxt = asyncio.ensure_future(receive())
+                await asyncio.wait((unhung, nxt), return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():
+                    nxt.cancel()
+                    break
+                message = nxt.result()
+                if message["type"] == "http.disconnect":
+                    return None
+                buffered.append(message)
+        finally:
+            unhung.cancel()
+
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        return replay
+
+    # -- inference --------------------------------------------------------------------------
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(receive, send, chat=False)
+
+    async def _chat_completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(receive, send, chat=True)
+
+    async def _generate(self, receive: Receive, send: Send, chat: bool) -> None:
+        raw = await _read_body(receive)
+        if raw is None:
+            return
+        verdict = self.faults.on_inference_request()
+        if verdict.error is not None:
+            fault = verdict.error
+            await _send_json(send, fault.status, error_body(SimError(fault.message, fault.status)))
+            return
+        try:
+            req = parse_request(raw, chat, self.tokenizer, self.limits)
+            seq = self._sequence(req)
+        except RequestError as exc:
+            await _send_json(send, exc.status, error_body(exc))
+            return
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, self.engine, seq))
+        try:
+            overhead = self.profile.request_overhead_s * self.engine.time_scale()
+            if overhead > 0:
+                await asyncio.sleep(overhead)
+            if seq.cancelled:
+                return
+            try:
+                self.engine.submit(seq)
+            except SimError as exc:
+                await _send_json(send, exc.status, error_body(exc))
+                return
+            if req.stream:
+                await self._stream(req, seq, send, verdict.disconnect_after_chunks)
+            else:
+                await self._unary(req, seq, send)
+        finally:
+            watcher.cancel()
+
+    def _sequence(self, req: ParsedRequest) -> Sequence:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        ctx_request_id = req.ctx_request_id
+        if req.kind is Kind.CONTEXT_ONLY:
+            ctx_request_id = req.disagg_request_id if req.disagg_request_id is not None else request_id
+        try:
+            pseed = prompt_seed(req.prompt, self.config.seed)
+        except (TypeError, OverflowError):  # pragma: no cover - parse_request checked the ids
+            raise RequestError("prompt token ids must be int64") from None
+        return Sequence(
+            request_id=request_id,
+            kind=req.kind,
+            prompt=req.prompt,
+            prompt_seed=pseed,
+            max_tokens=req.max_tokens,
+            stop_ids=req.stop_ids,
+            ignore_eos=req.ignore_eos,
+            block_hashes=block_hashes(req.prompt, self.pool.tokens_per_block) if self.pool.reuse else [],
+            ctx_request_id=ctx_request_id,
+            first_gen_tokens=req.first_gen_tokens,
+            ctx_endpoint=req.ctx_endpoint,
+            channel=TokenChannel(streaming=req.stream),
+            arrival_time=self.engine.now(),
+        )
+
+    async def _unary(self, req: ParsedRequest, seq: Sequence, send: Send) -> None:
+        channel = seq.channel
+        while not channel.closed:
+            await channel.wait()
+        if channel.error is not None:
+            if not seq.cancelled:
+                await _send_json(send, channel.error.status, error_body(channel.error))
+            return
+        disagg = None
+        if seq.kind is Kind.CONTEXT_ONLY:
+            disagg = responses.disagg_params_out(req, seq, self.endpoint, self.opaque_state)
+        await _send_json(send, 200, responses.full_response(req, seq, self.tokenizer, self.model, disagg))
+
+    async def _stream(self, req: ParsedRequest, seq: Sequence, send: Send, cut_after: int | None) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        encoder = responses.StreamEncoder(req, self.tokenizer, self.model)
+        channel = seq.channel
+        sent = 0
+        while True:
+            await channel.wait()
+            tokens = channel.take()
+            if tokens:
+                if cut_after is not None and sent >= cut_after:
+                    self.engine.abort(seq)
+                    raise InjectedDisconnect(f"disconnect_mid_stream after {sent} chunks")
+                await send({"type": "http.response.body", "body": encoder.chunks(tokens, seq), "more_body": True})
+                sent += 1
+            elif channel.closed:
+                break
+        if channel.error is not None:
+            if not seq.cancelled:
+                await send({"type": "http.response.body", "body": responses.sse_error(channel.error)})
+            return
+        tail = encoder.usage_chunk(seq) + responses.DONE if req.include_usage else responses.DONE
+        await send({"type": "http.response.body", "body": tail})
+
+    # -- trtllm-serve control endpoints ------------------------------------------------------
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.engine.fatal is not None:  # trtllm-serve: 503 once the executor has a fatal error
+            await _send_json(send, 503, error_body(SimError(f"LLM is unavailable: {self.engine.fatal!r}", 503)))
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        disagg = (
+            {"ctx_info_endpoint": [self.endpoint], "encoded_opaque_state": self.opaque_state}
+            if self.config.disagg_enabled
+            else None
+        )
+        await _send_json(
+            send,
+            200,
+            {
+                "disaggregated_params": disagg,
+                "max_batch_size": self.config.max_batch_size,
+                "max_num_tokens": self.config.max_num_tokens,
+                "kv_cache_hash_algo": "v1_block_key",
+                "tokens_per_block": self.config.tokens_per_block,
+            },
+        )
+
+    async def _kv_cache_events(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _read_body(receive)
+        await _send_json(send, 200, self.events.drain())
+
+    async def _perf_metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _send_json(send, 200, self.perf.drain() if self.perf is not None else [])
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _send_json(send, 200, [])
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        card = {"id": self.model, "object": "model", "created": int(time.time()), "owned_by": "tensorrt_llm"}
+        await _send_json(send, 200, {"object": "list", "data": [card]})
+
+    async def _get_clock(self, scope: Scope, receive: Receive, send: Send) -> None:
+        receive_ts = time.monotonic()
+        await asyncio.sleep(0.2)
+        await _send_json(send, 200, {"receive_ts": receive_ts, "transmit_ts": time.monotonic()})
+
+    async def _set_clock(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _read_json(receive, send)
+        if body is None:
+            return
+        offset = body.get("offset") if isinstance(body, dict) else None
+        if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+            await _send_json(send, 400, error_body(RequestError("body must be {\"offset\": <seconds>}")))
+            return
+        self.clock_offset = float(offset)
+        await _send_json(send, 200, {"offset": self.clock_offset})
+
+    # -- simulator endpoints -----------------------------------------------------------------
+    async def _sim_fault(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _read_json(receive, send)
+        if body is None:
+            return
+        if not isinstance(body, dict):
+            await _send_json(send, 400, error_body(RequestError("body must be a fault object")))
+            return
+        if body.get("kind") == "clear":
+            target = body.get("target")
+            self.faults.clear(target if isinstance(target, str) else None)
+        else:
+            try:
+                spec = FaultSpec.from_dict(body)
+            except ConfigError as exc:
+                await _send_json(send, 400, error_body(RequestError(str(exc))))
+                return
+            self.faults.add(spec)
+            if spec.kind == "crash" and spec.after is None:
+                asyncio.get_running_loop().call_later(0.05, self._exit, 1)
+        await _send_json(send, 200, {"faults": self.faults.describe()})
+
+    async def _sim_stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stats = self.engine.stats()
+        stats.update(
+            role=self.config.role,
+            model=self.model,
+            profile=self.profile.name,
+            endpoint=self.endpoint,
+            faults=self.faults.describe(),
+            events={"buffered": len(self.events), "dropped": self.events.dropped, "next_event_id": self.events.next_event_id},
+            requests_seen=self.faults.requests_seen,
+            estimates_ms={
+                "ttft_256": round(1000 * timing.ttft_seconds(self.profile, 256), 3),
+                "itl_batch_1": round(1000 * timing.itl_seconds(self.profile, 1, 256), 3),
+            },
+        )
+        await _send_json(send, 200, stats)
+
+    async def _sim_clear_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _read_body(receive)
+        await _send_json(send, 200, {"dropped_blocks": self.pool.clear()})
+
+    async def _sim_kv_transfer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _read_json(receive, send)
+        if body is None:
+            return
+        ctx_id = body.get("ctx_request_id") if isinstance(body, dict) else None
+        hold = body.get("hold_s", 0.0) if isinstance(body, dict) else 0.0
+        digest = body.get("prompt_digest") if isinstance(body, dict) else None
+        if isinstance(ctx_id, bool) or not isinstance(ctx_id, int) or not isinstance(hold, (int, float)):
+            await _send_json(send, 400, error_body(RequestError("body must be {ctx_request_id: int, hold_s: float}")))
+            return
+        try:
+            result = await self.engine.transfers.pull(ctx_id, float(hold), digest if isinstance(digest, int) else None)
+        except SimError as exc:
+            await _send_json(send, exc.status, error_body(exc))
+            return
+        await _send_json(send, 200, result)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None if the client disconnected first."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= MAX_BODY_BYTES:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    if size > MAX_BODY_BYTES:
+        return b""
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _read_json(receive: Receive, send: Send) -> Any:
+    raw = await _read_body(receive)
+    if raw is None:
+        return None
+    try:
+        return orjson.loads(raw or b"{}")
+    except orjson.JSONDecodeError:
+        await _send_json(send, 400, error_body(RequestError("body is not valid JSON")))
+        return None
+
+
+async def _send_json(send: Send, status: int, body: Any, extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    data = orjson.dumps(body)
+    headers = [*_JSON, (b"content-length", str(len(data)).encode()), *(extra_headers or ())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _watch_disconnect(receive: Receive, engine: Engine, seq: Sequence) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            engine.abort(seq)
+            return

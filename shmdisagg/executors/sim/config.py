@@ -1,0 +1,121 @@
+"""`SimConfig`: every option of one simulated executor, checked once.
+
+Both command lines (`cli.py`) and the `sim:` section of an extra_llm_api_options YAML
+(`trtllm_options.py`) produce a SimConfig; the CLI flags are derived from these fields, so each
+option is written here and only here. Validation raises `ConfigError`, never exits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from shmdisagg.executors.sim.errors import ConfigError
+from shmdisagg.executors.sim.faults import FaultSpec
+from shmdisagg.executors.sim.profiles import DEFAULT_PROFILE, Profile, get_profile
+
+ROLES = ("context", "generation", "mixed")
+
+
+def _opt(help: str, **extra: Any) -> Any:
+    return {"help": help, **extra}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    host: str = field(default="127.0.0.1", metadata=_opt("address to listen on"))
+    port: int = field(default=8000, metadata=_opt("port to listen on"))
+    role: str = field(
+        default="mixed",
+        metadata=_opt("context: refuses generation_only; generation: refuses context_only; mixed: both", choices=ROLES),
+    )
+    model: str = field(default="", metadata=_opt("served model name (default: the profile's model)"))
+    profile: str = field(default=DEFAULT_PROFILE, metadata=_opt("GPU + model timing profile (see README)"))
+    tokens_per_block: int = field(default=32, metadata=_opt("KV cache tokens per block"))
+    num_blocks: int | None = field(default=None, metadata=_opt("KV pool size in blocks (default: from the profile)"))
+    max_batch_size: int = field(default=2048, metadata=_opt("most requests scheduled in one iteration"))
+    max_num_tokens: int = field(default=8192, metadata=_opt("token budget of one iteration"))
+    max_seq_len: int | None = field(default=None, metadata=_opt("longest prompt + output (default: the model's)"))
+    tp_size: int | None = field(default=None, metadata=_opt("tensor-parallel size (default: the profile's)"))
+    speedup: float = field(default=1.0, metadata=_opt("divide every modelled time by this"))
+    seed: int = field(default=0, metadata=_opt("seed of generated tokens and fault randomness"))
+    faults: tuple[str, ...] = field(
+        default=(), metadata=_opt("inject a fault, e.g. crash:after=3, error:status=503,rate=0.5", flag="--fault")
+    )
+    startup_delay: float = field(default=0.0, metadata=_opt("seconds of 503 'starting' before becoming ready"))
+    enable_block_reuse: bool = field(default=True, metadata=_opt("prefix reuse of cached KV blocks"))
+    event_buffer_max_size: int = field(default=1024, metadata=_opt("KV event buffer size (0: no events)"))
+    event_tokens: bool = field(default=True, metadata=_opt("include token ids in stored-block events"))
+    enable_chunked_prefill: bool = field(default=True, metadata=_opt("split long prefills across iterations"))
+    disable_overlap_scheduler: bool = field(default=False, metadata=_opt("host overhead adds to GPU time"))
+    return_perf_metrics: bool = field(default=True, metadata=_opt("record per-request metrics for /perf_metrics"))
+    perf_metrics_max_requests: int = field(default=1000, metadata=_opt("per-request metrics kept until drained"))
+    kv_transfer_timeout: float = field(default=60.0, metadata=_opt("seconds a context result waits to be pulled"))
+    disagg_enabled: bool = field(default=True, metadata=_opt("accept context_only / generation_only requests"))
+    free_gpu_memory_fraction: float = field(default=0.9, metadata=_opt("share of free GPU memory for the KV pool"))
+    advertise_host: str | None = field(default=None, metadata=_opt("host in ctx_info_endpoint (default: --host)"))
+    keep_alive_timeout: float = field(default=5.0, metadata=_opt("HTTP keep-alive seconds"))
+    log_level: str = field(default="warning", metadata=_opt("log level", choices=("debug", "info", "warning", "error")))
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ConfigError(f"role must be one of {ROLES}, got {self.role!r}")
+        get_profile(self.profile)
+        for name in ("tokens_per_block", "max_batch_size", "max_num_tokens", "perf_metrics_max_requests"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        for name in ("num_blocks", "max_seq_len", "tp_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        if not self.speedup > 0:
+            raise ConfigError("speedup must be > 0")
+        if not -(1 << 63) <= self.seed < (1 << 63):
+            raise ConfigError("seed must fit in a signed 64-bit integer")
+        if self.startup_delay < 0 or self.kv_transfer_timeout <= 0 or self.keep_alive_timeout <= 0:
+            raise ConfigError("startup_delay must be >= 0; kv_transfer_timeout and keep_alive_timeout > 0")
+        if self.event_buffer_max_size < 0:
+            raise ConfigError("event_buffer_max_size must be >= 0")
+        if not 0 < self.free_gpu_memory_fraction <= 1:
+            raise ConfigError("free_gpu_memory_fraction must be within (0, 1]")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
+        if not 0 < self.port < 65536:
+            raise ConfigError("port must be within 1..65535")
+        for spec in self.faults:
+            FaultSpec.parse(spec)
+
+    # -- derived values ---------------------------------------------------------------------
+    @property
+    def timing_profile(self) -> Profile:
+        p = get_profile(self.profile)
+        return p if self.tp_size is None else p.with_tp(self.tp_size)
+
+    @property
+    def served_model(self) -> str:
+        return self.model or self.timing_profile.model.name
+
+    @property
+    def effective_num_blocks(self) -> int:
+        if self.num_blocks is not None:
+            return self.num_blocks
+        return self.timing_profile.default_num_blocks(self.tokens_per_block, self.free_gpu_memory_fraction)
+
+    @property
+    def effective_max_seq_len(self) -> int:
+        return self.max_seq_len or self.timing_profile.model.max_position_embeddings
+
+    @property
+    def endpoint(self) -> str:
+        """host:port other executors reach this one at (ctx_info_endpoint)."""
+        host = self.advertise_host or self.host
+        if host in ("", "0.0.0.0", "::"):
+            host = "127.0.0.1"
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    @property
+    def fault_specs(self) -> list[FaultSpec]:
+        return [FaultSpec.parse(s) for s in self.faults]
+
+
+FIELD_NAMES = frozenset(f.name for f in fields(SimConfig))

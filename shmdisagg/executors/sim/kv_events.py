@@ -1,0 +1,99 @@
+"""The bounded KV-cache event buffer behind `POST /kv_cache_events`.
+
+Events are kept in TensorRT-LLM's `KVCacheEventSerializer` shape:
+
+    {"event_id": n, "data": {...}, "window_size": w}
+    created:  {"type": "created", "num_blocks_per_cache_level": [num_blocks, 0]}
+    stored:   {"type": "stored", "parent_hash": h | None,
+               "blocks": [{"type": "stored_block", "block_hash": h,
+                           "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0}, ...],
+                           "cache_level": 0, "priority": 35}, ...]}
+    removed:  {"type": "removed", "block_hashes": [h, ...]}
+    all_cleared: {"type": "all_cleared"}   (simulator extension, only from POST /sim/clear_cache;
+                                           Dynamo's AllBlocksCleared, TensorRT-LLM never sends it)
+
+`stored` blocks keep their token lists as plain ints until drained; the dicts are built only
+when a client reads them. When the buffer holds `max_size` events the oldest is dropped and
+`dropped` counts it (TensorRT-LLM's `event_buffer_max_size`; 0 disables events entirely).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_PRIORITY = 35  # TensorRT-LLM KvCacheRetentionConfig's default retention priority
+
+
+class KvEventBuffer:
+    """Fields: `max_size`, `window_size` (stamped on every event), `dropped` (events lost to a
+    full buffer), `next_event_id`; `_events` holds (event_id, kind, payload) tuples."""
+
+    def __init__(self, max_size: int, window_size: int, include_tokens: bool = True) -> None:
+        self.max_size = max_size
+        self.window_size = window_size
+        self.include_tokens = include_tokens
+        self.dropped = 0
+        self.next_event_id = 0
+        self._events: deque[tuple[int, str, Any]] = deque()
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_size > 0
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def _push(self, kind: str, payload: Any) -> None:
+        if self.max_size <= 0:
+            return
+        if len(self._events) >= self.max_size:
+            self._events.popleft()
+            self.dropped += 1
+        self._events.append((self.next_event_id, kind, payload))
+        self.next_event_id += 1
+
+    def created(self, num_blocks: int) -> None:
+        self._push("created", num_blocks)
+
+    def stored(self, parent_hash: int | None, blocks: Sequence[tuple[int, Sequence[int]]]) -> None:
+        """`blocks`: (block_hash, token ids of that block), in chain order after `parent_hash`."""
+        if blocks:
+            self._push("stored", (parent_hash, list(blocks)))
+
+    def removed(self, block_hashes: Sequence[int]) -> None:
+        if block_hashes:
+            self._push("removed", list(block_hashes))
+
+    def all_cleared(self) -> None:
+        self._push("all_cleared", None)
+
+    def drain(self) -> list[dict[str, Any]]:
+        events, self._events = self._events, deque()
+        return [self._serialize(*e) for e in events]
+
+    def _serialize(self, event_id: int, kind: str, payload: Any) -> dict[str, Any]:
+        data: dict[str, Any]
+        if kind == "stored":
+            parent, blocks = payload
+            data = {"type": "stored", "parent_hash": parent, "blocks": [self._block(h, t) for h, t in blocks]}
+        elif kind == "removed":
+            data = {"type": "removed", "block_hashes": payload}
+        elif kind == "created":
+            data = {"type": "created", "num_blocks_per_cache_level": [payload, 0]}
+        else:
+            data = {"type": kind}
+        return {"event_id": event_id, "data": data, "window_size": self.window_size}
+
+    def _block(self, block_hash: int, tokens: Sequence[int]) -> dict[str, Any]:
+        toks = (
+            [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in tokens] if self.include_tokens else []
+        )
+        return {
+            "type": "stored_block",
+            "block_hash": block_hash,
+            "tokens": toks,
+            "cache_level": 0,
+            "priority": DEFAULT_PRIORITY,
+        }
