@@ -60,7 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from shmdisagg.coordinator.__main__ import main as coordinator_main
 
     _load(args.config)
-    return coordinator_main(["-c", args.config])
+    return coordinator_main(["-c", args.config] + (["-s", args.schedule_style] if args.schedule_style else []))
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="coordinator and fleet for executors already running")
     p.add_argument("-c", "--config", required=True)
+    p.add_argument("-s", "--schedule_style", choices=["context_first", "generation_first"], help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check-config", help="validate a config file")

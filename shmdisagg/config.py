@@ -161,6 +161,9 @@ class ShmdisaggSection(_Strict):
     server_start_timeout_s: float = Field(180.0, gt=0)
     health_check_interval_s: float = Field(0.5, gt=0)
     max_request_body_bytes: int = Field(32 << 20, ge=1024)
+    max_inflight_requests: int = Field(0, ge=0)  # per deployment; 0 = unbounded
+    breaker_failures: int = Field(3, ge=1)  # consecutive request failures that open a server's breaker
+    breaker_cooldown_s: float = Field(2.0, gt=0)
     coordinator_socket: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

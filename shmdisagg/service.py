@@ -1,129 +1,93 @@
-"""Request flows: one public request becomes a context leg and a generation leg.
+"""The two hot routes of a fleet worker: from a request's bytes to a flow, and every way it ends.
 
-Context-first, exactly as TensorRT-LLM's `OpenAIDisaggregatedService` (shared/reference/
-trtllm_protocol.md §2.4): the context leg is sent non-streaming with
-`disaggregated_params = {request_type: "context_only", disagg_request_id}`; if its
-`finish_reason` is `length` or `not_finished`, the generation leg is sent with the context
-choice's `disaggregated_params` (now `generation_only`, same `disagg_request_id`, the context
-usage as `ctx_usage`) and the prompt token ids the context executor returned; any other
-`finish_reason` makes the context answer final. Generation streams are relayed chunk by chunk.
-
-Every pick adds load in this worker's row; the `finally` beside it releases it exactly once,
-whatever ends the leg (success, executor error, timeout, client disconnect). This module never
-opens a listening socket; `fleet/app.py` calls `DisaggService.handle`.
+What the client sees (the lifecycle guarantees, also in the README):
+- bad input: a 4xx OpenAI error body before anything is routed (400 invalid, 404 unknown model,
+  413 body too large, 429 with `Retry-After` when the deployment is at `max_inflight_requests`);
+- an executor's 4xx: relayed with its status and body, never retried;
+- a failure before any byte was sent: retried on another server where that is safe (see
+  `legs.py`), else 502/503 with an error body;
+- the deadline (`request_timeout_s`, one per request, both legs and the whole stream): 504 before
+  any byte, an SSE error event and `[DONE]` after;
+- a failure mid-stream: an SSE error event and `[DONE]`;
+- a client that disconnects: both legs are cancelled upstream (connections closed) at once.
+Every pick is released exactly once in each of these cases. This module never opens a socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from dataclasses import dataclass
+import re
 from typing import Any
 
-import orjson
-
-from shmdisagg.asgi import (
-    JSON_HEADERS,
-    SSE_HEADERS,
-    ClientDisconnected,
-    DisconnectWatch,
-    Receive,
-    Send,
-    read_body,
-    send_bytes,
-)
+from shmdisagg.asgi import ClientDisconnected, DisconnectWatch, Receive, Scope, Send, read_body, send_bytes
 from shmdisagg.config import DisaggConfig
-from shmdisagg.directory import ServerDirectory
-from shmdisagg.errors import RequestError, error_body, sse_error_event
+from shmdisagg.errors import RequestError
+from shmdisagg.exchange import Exchange
+from shmdisagg.flows import Flows
 from shmdisagg.ids import DisaggIdGenerator
-from shmdisagg.routing import Policy, RoutingKey
-from shmdisagg.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
+from shmdisagg.routing import RoutingKey
+from shmdisagg.upstream import UpstreamError
 from shmdisagg.validation import parse_body, prompt_load_tokens, validate
 
 log = logging.getLogger("shmdisagg.service")
 
-CONTINUE_ON_GENERATION = ("length", "not_finished")
-SCHEDULE_STYLE = {"context_first": 0, "generation_first": 1}  # TensorRT-LLM DisaggScheduleStyle
 _PATHS = {False: "/v1/completions", True: "/v1/chat/completions"}
+_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 
 
-@dataclass(slots=True)
-class Exchange:
-    """Per-request state a flow shares with the error handling around it."""
+class Admission:
+    """Deployment-wide bound on requests in flight: the sum of active requests in every
+    worker's row (read from the table, so it covers the whole fleet)."""
 
-    send: Send
-    disagg_request_id: int
-    stream: bool
-    started: bool = False  # response headers sent: errors must go in-band from now on
+    def __init__(self, limit: int, inflight: Any) -> None:
+        self.limit = limit
+        self.inflight = inflight  # () -> int
+        self.rejected = 0
 
-    @property
-    def id_header(self) -> tuple[bytes, bytes]:
-        return (b"x-disagg-request-id", str(self.disagg_request_id).encode())
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.started = True
-        await self.send({"type": "http.response.start", "status": status, "headers": headers + [self.id_header]})
-
-    async def body(self, chunk: bytes, more: bool) -> None:
-        await self.send({"type": "http.response.body", "body": chunk, "more_body": more})
-
-    async def fail(self, status: int, message: str, code: str) -> None:
-        """End the response with an error: a JSON error before any byte, an SSE error event after."""
-        if not self.started:
-            await self.start(status, JSON_HEADERS)
-            await self.body(error_body(status, message, code), False)
-        elif self.stream:
-            await self.body(sse_error_event(status, message, code), False)
-        else:
-            await self.body(b"", False)
+    def admit(self) -> bool:
+        if self.limit and self.inflight() >= self.limit:
+            self.rejected += 1
+            return False
+        return True
 
 
 class DisaggService:
-    """The two hot routes of one fleet worker.
+    """State: `flows` runs the legs; `ids` mints `disagg_request_id`s; `models` are the names
+    executors serve (refreshed by the worker's housekeeping); `admission` bounds in-flight work."""
 
-    State: `directory` maps table slots to executor addresses; `ctx_policy`/`gen_policy` pick
-    servers from the shared table; `upstream` holds keep-alive connections to executors;
-    `ids` mints fleet-unique `disagg_request_id`s; `models` are the model names executors serve.
-    """
-
-    def __init__(
-        self,
-        config: DisaggConfig,
-        directory: ServerDirectory,
-        ctx_policy: Policy,
-        gen_policy: Policy,
-        upstream: UpstreamPool,
-        ids: DisaggIdGenerator,
-    ) -> None:
+    def __init__(self, config: DisaggConfig, flows: Flows, ids: DisaggIdGenerator, admission: Admission, schedule_style: str) -> None:
         self.config = config
-        self.directory = directory
-        self.ctx_policy = ctx_policy
-        self.gen_policy = gen_policy
-        self.upstream = upstream
+        self.flows = flows
         self.ids = ids
+        self.admission = admission
         self.models: frozenset[str] = frozenset()
         self.timeout_s = config.shmdisagg.request_timeout_s
         self.body_limit = config.shmdisagg.max_request_body_bytes
-        self.max_retries = config.max_retries
-        self.schedule_style = SCHEDULE_STYLE[config.schedule_style]
+        self.schedule_style = schedule_style
+        self._flow = flows.generation_first if schedule_style == "generation_first" else flows.context_first
 
-    async def handle(self, receive: Receive, send: Send, chat: bool) -> None:
+    async def handle(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
         """Serve one POST to `/v1/completions` (chat=False) or `/v1/chat/completions`."""
         try:
+            extra = _request_id_header(scope)
             req = parse_body(await read_body(receive, self.body_limit))
             validate(req, chat, self.models)
+            if not self.admission.admit():
+                raise RequestError(429, "the deployment is at its in-flight request limit; retry shortly", "overloaded")
         except RequestError as err:
-            await send_bytes(send, err.status, err.body())
+            headers = [(b"retry-after", b"1")] if err.status == 429 else []
+            await send_bytes(send, err.status, err.body(), [(b"content-type", b"application/json"), *headers])
             return
         except ClientDisconnected:
             return
-        ex = Exchange(send, self.ids.next_id(), bool(req.get("stream")))
+        ex = Exchange(send, self.ids.next_id(), bool(req.get("stream")), extra)
+        key = RoutingKey(prompt_load_tokens(req, chat))
         watch = DisconnectWatch(receive)
         try:
             with watch:
                 async with asyncio.timeout(self.timeout_s):
-                    await self._context_first(ex, req, chat)
+                    await self._flow(ex, req, chat, key, _PATHS[chat])
         except asyncio.CancelledError:
             if not watch.disconnected:
                 raise
@@ -138,180 +102,12 @@ class DisaggService:
             log.exception("request %d failed", ex.disagg_request_id)
             await ex.fail(500, "internal error", "internal_error")
 
-    # -- context-first --------------------------------------------------------------------
 
-    async def _context_first(self, ex: Exchange, req: dict[str, Any], chat: bool) -> None:
-        key = RoutingKey(prompt_load_tokens(req, chat))
-        path = _PATHS[chat]
-        ctx_req = dict(req)
-        ctx_req["disaggregated_params"] = {
-            "request_type": "context_only",
-            "disagg_request_id": ex.disagg_request_id,
-            "schedule_style": self.schedule_style,
-        }
-        ctx_req["stream"] = False
-        ctx_req.pop("stream_options", None)
-        status, raw = await self._call(self.ctx_policy, key, path, orjson.dumps(ctx_req), "context")
-        if status != 200:
-            await self._relay_error(ex, status, raw)
-            return
-        ctx = _parse_ctx_response(raw)
-        params = ctx["choices"][0]["disaggregated_params"]
-        if ctx["choices"][0].get("finish_reason") not in CONTINUE_ON_GENERATION:
-            await self._answer_from_context(ex, req, chat, ctx)
-            return
-        if isinstance(params.get("disagg_request_id"), int):
-            ex.disagg_request_id = params["disagg_request_id"]  # a context retry may re-mint it
-        await self._generation(ex, _generation_request(req, chat, ctx, ex.disagg_request_id, self.schedule_style), key, path)
-
-    async def _generation(self, ex: Exchange, gen_req: dict[str, Any], key: RoutingKey, path: str) -> None:
-        body = orjson.dumps(gen_req)
-        if not ex.stream:
-            status, raw = await self._call(self.gen_policy, key, path, body, "generation")
-            if status != 200:
-                await self._relay_error(ex, status, raw)
-                return
-            await ex.start(200, JSON_HEADERS)
-            await ex.body(raw, False)
-            return
-        slot, resp = await self._open(self.gen_policy, key, path, body, "generation")
-        try:
-            if resp.status != 200:
-                await self._relay_error(ex, resp.status, await resp.read())
-                return
-            await ex.start(200, SSE_HEADERS)
-            async for chunk in resp:
-                await ex.body(chunk, True)
-            await ex.body(b"", False)
-        except UpstreamError as err:
-            resp.abort()
-            await ex.fail(502, f"generation executor failed mid-stream: {err}", "upstream_error")
-        except BaseException:
-            resp.abort()
-            raise
-        finally:
-            self.gen_policy.release(slot, key)
-
-    async def _answer_from_context(self, ex: Exchange, req: dict[str, Any], chat: bool, ctx: dict[str, Any]) -> None:
-        """The context leg finished the request (EOS or a stop token in prefill)."""
-        for choice in ctx["choices"]:
-            choice.pop("disaggregated_params", None)
-        ctx.pop("prompt_token_ids", None)
-        ctx.pop("prompt_token_ids_b64", None)
-        if not ex.stream:
-            await ex.start(200, JSON_HEADERS)
-            await ex.body(orjson.dumps(ctx), False)
-            return
-        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
-        await ex.start(200, SSE_HEADERS)
-        await ex.body(_as_sse(ctx, chat, include_usage), False)
-
-    # -- executor calls ---------------------------------------------------------------------
-
-    async def _open(self, policy: Policy, key: RoutingKey, path: str, body: bytes, role: str) -> tuple[int, UpstreamResponse]:
-        """Pick a server and send `body`; returns (slot, response with headers read). The slot's
-        load stays added: the caller releases it. Connection failures before anything was sent
-        are retried on another server, up to `max_retries` times."""
-        exclude = -1
-        attempt = 0
-        while True:
-            slot = policy.pick(key, exclude)
-            if slot < 0:
-                raise RequestError(503, f"no healthy {role} server", f"no_{role}_servers")
-            try:
-                host, port = self.directory.address(slot)
-                return slot, await self.upstream.request(host, port, "POST", path, body)
-            except UpstreamConnectError:
-                policy.release(slot, key)
-                attempt += 1
-                if attempt > self.max_retries:
-                    raise
-                exclude = slot
-            except BaseException:
-                policy.release(slot, key)
-                raise
-
-    async def _call(self, policy: Policy, key: RoutingKey, path: str, body: bytes, role: str) -> tuple[int, bytes]:
-        """Non-streaming leg: (status, body bytes); the pick is released before returning."""
-        slot, resp = await self._open(policy, key, path, body, role)
-        try:
-            return resp.status, await resp.read()
-        except BaseException:
-            resp.abort()
-            raise
-        finally:
-            policy.release(slot, key)
-
-    async def _relay_error(self, ex: Exchange, status: int, raw: bytes) -> None:
-        """An executor's error answer, relayed with its status when it is a JSON error body."""
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            parsed = None
-        if status < 600 and isinstance(parsed, dict):
-            await ex.start(status, JSON_HEADERS)
-            await ex.body(raw, False)
-        else:
-            await ex.fail(502, f"executor answered HTTP {status}", "upstream_error")
-
-
-def _parse_ctx_response(raw: bytes) -> dict[str, Any]:
-    """The context executor's JSON answer, checked as TensorRT-LLM's `_verify_ctx_response` does."""
-    try:
-        ctx = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise RequestError(502, "context executor returned invalid JSON", "upstream_error") from None
-    choices = ctx.get("choices") if isinstance(ctx, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise RequestError(502, "context executor returned no choices", "upstream_error")
-    for choice in choices:
-        params = choice.get("disaggregated_params")
-        if not isinstance(params, dict):
-            raise RequestError(502, "context response is missing disaggregated_params", "upstream_error")
-        if choice.get("finish_reason") in CONTINUE_ON_GENERATION and (
-            params.get("ctx_request_id") is None or params.get("disagg_request_id") is None
-        ):
-            raise RequestError(502, "context response lacks ctx_request_id/disagg_request_id", "upstream_error")
-    return ctx
-
-
-def _generation_request(
-    req: dict[str, Any], chat: bool, ctx: dict[str, Any], disagg_request_id: int, schedule_style: int
-) -> dict[str, Any]:
-    """The generation leg: the client's request with the context executor's handoff."""
-    params = dict(ctx["choices"][0]["disaggregated_params"])
-    params["request_type"] = "generation_only"
-    params["disagg_request_id"] = disagg_request_id
-    params["schedule_style"] = schedule_style
-    if isinstance(ctx.get("usage"), dict):
-        params["ctx_usage"] = ctx["usage"]
-    gen = dict(req)
-    gen["disaggregated_params"] = params
-    if chat:
-        if ctx.get("prompt_token_ids_b64"):
-            gen["prompt_token_ids_b64"] = ctx["prompt_token_ids_b64"]
-        elif ctx.get("prompt_token_ids"):
-            gen["prompt_token_ids"] = ctx["prompt_token_ids"]
-    elif ctx.get("prompt_token_ids"):
-        gen["prompt"] = ctx["prompt_token_ids"]
-    return gen
-
-
-def _as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
-    """A complete (non-streaming) answer as the SSE stream a streaming client expects."""
-    created = resp.get("created") or int(time.time())
-    base = {"id": resp.get("id"), "created": created, "model": resp.get("model")}
-    out = []
-    for choice in resp["choices"]:
-        if chat:
-            msg = choice.get("message") or {}
-            delta = {"role": "assistant", "content": msg.get("content", "")}
-            c = {"index": choice.get("index", 0), "delta": delta, "finish_reason": choice.get("finish_reason")}
-            out.append({**base, "object": "chat.completion.chunk", "choices": [c]})
-        else:
-            c = {"index": choice.get("index", 0), "text": choice.get("text", ""), "finish_reason": choice.get("finish_reason")}
-            out.append({**base, "object": "text_completion", "choices": [c]})
-    if include_usage and resp.get("usage"):
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        out.append({**base, "object": obj, "choices": [], "usage": resp["usage"]})
-    return b"".join(b"data: " + orjson.dumps(o) + b"\n\n" for o in out) + b"data: [DONE]\n\n"
+def _request_id_header(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """A client's `x-request-id`, echoed back once validated (it may reach logs)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            if not _REQUEST_ID.match(value):
+                raise RequestError(400, "x-request-id must be 1-128 characters of [A-Za-z0-9._:-]", "invalid_request_id", "x-request-id")
+            return [(b"x-request-id", value)]
+    return []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 import uvloop
@@ -16,15 +17,19 @@ from shmdisagg.shm.segment import ShmError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shmdisagg-coordinator")
     parser.add_argument("-c", "--config", required=True)
+    parser.add_argument("-s", "--schedule_style", choices=["context_first", "generation_first"], help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
+        style = os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE")
+        if style and style not in ("context_first", "generation_first"):
+            raise ConfigError(f"TRTLLM_DISAGG_SCHEDULE_STYLE: {style!r} is not context_first or generation_first")
     except ConfigError as err:
         print(f"shmdisagg: config error: {err}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.shmdisagg.log_level.upper(), format="%(asctime)s coordinator %(levelname)s %(message)s")
     try:
-        uvloop.run(run_coordinator(config, args.config))
+        uvloop.run(run_coordinator(config, args.config, args.schedule_style))
     except (StartupError, ShmError, ConfigError, OSError) as err:
         print(f"shmdisagg: coordinator failed to start: {err}", file=sys.stderr)
         return 1

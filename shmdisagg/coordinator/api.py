@@ -32,8 +32,19 @@ def internal_app(coord: "Coordinator") -> FastAPI:
             "fleet_pids": coord.supervisor.pids(),
             "num_workers": coord.config.num_workers,
             "fleet_restarts": coord.supervisor.restarts,
-            "schedule_style": coord.config.schedule_style,
+            "schedule_style": coord.schedule_style,
             "shm_prefix": coord.config.shm_prefix,
         }
+
+    @api.post("/report")
+    def report(items: list[dict[str, Any]]) -> dict[str, int]:
+        """Failure reports from fleet workers: `[{"slot": int, "kind": str}, ...]`."""
+        n = 0
+        for item in items:
+            slot, kind = item.get("slot"), item.get("kind")
+            if isinstance(slot, int) and kind in ("refused", "disconnected", "error"):
+                coord.health.report(slot, kind)
+                n += 1
+        return {"accepted": n}
 
     return api

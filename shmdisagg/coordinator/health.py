@@ -6,6 +6,12 @@ GETs every executor's `/health`; the first 200 is followed by `/server_info` and
 published healthy. A refused connection marks a server unhealthy at once; other failures (a
 non-200, a timeout) after `FAILURES_TO_UNHEALTHY` polls in a row. A 503 with
 `x-trtllm-server-state: starting` is "loading", never healthy.
+
+Fleet workers report request failures (`report`): a refused connection triggers an immediate
+probe; `breaker_failures` failed requests within `BREAKER_WINDOW_S` open the server's circuit
+breaker (unhealthy for the whole fleet) for a cool-down that doubles on each re-open (up to
+`BREAKER_MAX_COOLDOWN_S`); after it, the server is re-admitted on its next healthy probe.
+`/server_info` is re-read every `SERVER_INFO_REFRESH_S`; a change is republished.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
 log = logging.getLogger("shmdisagg.coordinator")
 
 FAILURES_TO_UNHEALTHY = 2
+BREAKER_WINDOW_S = 10.0
+BREAKER_MAX_COOLDOWN_S = 30.0
+SERVER_INFO_REFRESH_S = 10.0
 ROLE_NAMES = {ROLE_CONTEXT: "context", ROLE_GENERATION: "generation"}
 
 
@@ -38,6 +47,11 @@ class Executor:
     failures: int = 0
     server_info: dict[str, Any] | None = None
     models: list[str] = field(default_factory=list)
+    info_at: float = 0.0  # loop time of the last /server_info read
+    request_failures: list[float] = field(default_factory=list)  # loop times, within the window
+    breaker_until: float = 0.0  # open breaker: no re-admission before this loop time
+    breaker_cooldown: float = 0.0
+    breaker_opens: int = 0
 
     @property
     def addr(self) -> str:
@@ -62,10 +76,12 @@ def executors_from_config(config: DisaggConfig) -> list[Executor]:
 class HealthMonitor:
     """Polls executors and publishes their records and health flags to the table."""
 
-    def __init__(self, table: ControlTable, executors: list[Executor], interval_s: float) -> None:
+    def __init__(self, table: ControlTable, executors: list[Executor], interval_s: float, breaker_failures: int = 3, breaker_cooldown_s: float = 2.0) -> None:
         self.table = table
         self.executors = executors
         self.interval_s = interval_s
+        self.breaker_failures = breaker_failures
+        self.breaker_cooldown_s = breaker_cooldown_s
         self._session: aiohttp.ClientSession | None = None
         for ex in executors:
             table.publish_server(ex.slot, ex.addr, ex.role, False)
@@ -90,13 +106,20 @@ class HealthMonitor:
 
     async def _check(self, ex: Executor) -> None:
         assert self._session is not None
+        loop = asyncio.get_running_loop()
+        if loop.time() < ex.breaker_until:
+            return  # breaker open: no re-admission during the cool-down
         try:
             async with self._session.get(f"{ex.base}/health") as r:
                 ok = r.status == 200
-            if ok and ex.server_info is None:
-                ex.server_info = await self._get_json(f"{ex.base}/server_info")
+            if ok and (ex.server_info is None or loop.time() - ex.info_at > SERVER_INFO_REFRESH_S):
+                info = await self._get_json(f"{ex.base}/server_info")
                 models = await self._get_json(f"{ex.base}/v1/models")
+                changed = ex.server_info is not None and info != ex.server_info
+                ex.server_info, ex.info_at = info, loop.time()
                 ex.models = [m["id"] for m in models.get("data", []) if isinstance(m, dict) and "id" in m]
+                if changed and ex.healthy:
+                    self._publish(ex)  # bumps servers_version: workers refresh their copy
         except (aiohttp.ClientConnectorError, ConnectionRefusedError):
             self._mark(ex, False, refused=True)
             return
@@ -104,6 +127,24 @@ class HealthMonitor:
             log.debug("health check of %s failed: %r", ex.addr, err)
             ok = False
         self._mark(ex, ok)
+
+    def report(self, slot: int, kind: str) -> None:
+        """A fleet worker's failed request to `slot` ("refused", "disconnected", "error")."""
+        if not 0 <= slot < len(self.executors):
+            return
+        ex = self.executors[slot]
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if kind == "refused" and self._session is not None:
+            asyncio.ensure_future(self._check(ex))  # confirm at once; a refusal marks it unhealthy
+        ex.request_failures = [t for t in ex.request_failures if now - t < BREAKER_WINDOW_S] + [now]
+        if len(ex.request_failures) >= self.breaker_failures and ex.healthy:
+            ex.breaker_opens += 1
+            ex.breaker_cooldown = min(max(ex.breaker_cooldown * 2, self.breaker_cooldown_s), BREAKER_MAX_COOLDOWN_S)
+            ex.breaker_until = now + ex.breaker_cooldown
+            ex.request_failures = []
+            log.warning("%s server %s: %d failed requests, breaker open for %.1f s", ROLE_NAMES[ex.role], ex.addr, self.breaker_failures, ex.breaker_cooldown)
+            self._set_unhealthy(ex)
 
     async def _get_json(self, url: str) -> dict[str, Any]:
         assert self._session is not None
@@ -114,29 +155,35 @@ class HealthMonitor:
             raise ValueError(f"{url} did not return a JSON object")
         return data
 
+    def _publish(self, ex: Executor) -> None:
+        info = ex.server_info or {}
+        self.table.publish_server(
+            ex.slot,
+            ex.addr,
+            ex.role,
+            ex.healthy,
+            max_batch_size=int(info.get("max_batch_size") or 0),
+            tokens_per_block=int(info.get("tokens_per_block") or 0),
+            max_num_tokens=int(info.get("max_num_tokens") or 0),
+        )
+
+    def _set_unhealthy(self, ex: Executor) -> None:
+        ex.healthy = False
+        ex.server_info = None  # prepare again when it comes back (it may have restarted)
+        self.table.set_healthy(ex.slot, False)
+        log.warning("%s server %s is unhealthy", ROLE_NAMES[ex.role], ex.addr)
+
     def _mark(self, ex: Executor, ok: bool, refused: bool = False) -> None:
         if ok:
             ex.failures = 0
             if not ex.healthy:
                 ex.healthy = True
-                info = ex.server_info or {}
-                self.table.publish_server(
-                    ex.slot,
-                    ex.addr,
-                    ex.role,
-                    True,
-                    max_batch_size=int(info.get("max_batch_size") or 0),
-                    tokens_per_block=int(info.get("tokens_per_block") or 0),
-                    max_num_tokens=int(info.get("max_num_tokens") or 0),
-                )
+                self._publish(ex)
                 log.info("%s server %s is healthy", ROLE_NAMES[ex.role], ex.addr)
             return
         ex.failures += 1
         if ex.healthy and (refused or ex.failures >= FAILURES_TO_UNHEALTHY):
-            ex.healthy = False
-            ex.server_info = None  # prepare again when it comes back (it may have restarted)
-            self.table.set_healthy(ex.slot, False)
-            log.warning("%s server %s is unhealthy", ROLE_NAMES[ex.role], ex.addr)
+            self._set_unhealthy(ex)
 
     def cluster_info(self) -> dict[str, Any]:
         return {
@@ -145,7 +192,14 @@ class HealthMonitor:
                 name: [e.addr for e in self.executors if e.role == role] for role, name in ROLE_NAMES.items()
             },
             "servers": [
-                {"slot": e.slot, "addr": e.addr, "role": ROLE_NAMES[e.role], "healthy": e.healthy, "server_info": e.server_info}
+                {
+                    "slot": e.slot,
+                    "addr": e.addr,
+                    "role": ROLE_NAMES[e.role],
+                    "healthy": e.healthy,
+                    "server_info": e.server_info,
+                    "breaker_opens": e.breaker_opens,
+                }
                 for e in self.executors
             ],
             "models": self.models(),

@@ -41,13 +41,17 @@ class StartupError(RuntimeError):
 class Coordinator:
     """State: the table it owns, the executor health monitor, the fleet supervisor."""
 
-    def __init__(self, config: DisaggConfig, config_path: str) -> None:
+    def __init__(self, config: DisaggConfig, config_path: str, schedule_style: str | None = None) -> None:
         self.config = config
         self.table = ControlTable.create(config.shm_prefix, config.shmdisagg.shm.max_workers)
         try:
             self.table.set_coordinator(os.getpid(), starttime(os.getpid()), secrets.randbits(63))
-            self.health = HealthMonitor(self.table, executors_from_config(config), config.shmdisagg.health_check_interval_s)
-            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers)
+            sd = config.shmdisagg
+            self.health = HealthMonitor(self.table, executors_from_config(config), sd.health_check_interval_s, sd.breaker_failures, sd.breaker_cooldown_s)
+            # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
+            self.schedule_style = schedule_style or os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE") or config.schedule_style
+            env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style}
+            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env)
         except BaseException:
             self.table.unlink()
             self.table.close()
@@ -103,8 +107,8 @@ class Coordinator:
         self.table.close()
 
 
-async def run_coordinator(config: DisaggConfig, config_path: str) -> None:
-    coord = Coordinator(config, config_path)
+async def run_coordinator(config: DisaggConfig, config_path: str, schedule_style: str | None = None) -> None:
+    coord = Coordinator(config, config_path, schedule_style)
     try:
         await coord.run()
     finally:

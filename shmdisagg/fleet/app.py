@@ -57,12 +57,26 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
                 "generation": [s.addr for s in servers if s.role != ROLE_CONTEXT],
             },
             "healthy": {s.addr: s.healthy for s in servers},
-            "schedule_style": service.config.schedule_style,
+            "schedule_style": service.schedule_style,
             "num_workers": service.config.num_workers,
             "coordinator_pid": coord["pid"],
             "fleet_pids": sorted(r.pid for r in table.rows()),
             "worker_index": worker_index,
             "worker_pid": os.getpid(),
+        }
+
+    @api.get("/server_info")
+    def server_info() -> dict[str, Any]:
+        servers = directory.servers()
+        return {
+            "models": sorted(service.models),
+            "schedule_style": service.schedule_style,
+            "num_workers": service.config.num_workers,
+            "roles": {
+                "context": {"router": service.config.context_servers.router.type, "servers": [s.addr for s in servers if s.role == ROLE_CONTEXT]},
+                "generation": {"router": service.config.generation_servers.router.type, "servers": [s.addr for s in servers if s.role != ROLE_CONTEXT]},
+            },
+            "healthy": {s.addr: s.healthy for s in servers},
         }
 
     # Declared for the OpenAPI document only: FleetApp serves these paths before FastAPI.
@@ -86,6 +100,6 @@ class FleetApp:
         if scope["type"] == "http" and scope["method"] == "POST":
             chat = _HOT.get(scope["path"])
             if chat is not None:
-                await self.service.handle(receive, send, chat)
+                await self.service.handle(scope, receive, send, chat)
                 return
         await self.control(scope, receive, send)

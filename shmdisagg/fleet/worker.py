@@ -20,17 +20,20 @@ import os
 import sys
 import uuid
 
-import aiohttp
 import uvicorn
 import uvloop
 
-from shmdisagg.config import DisaggConfig, load_config
+from shmdisagg.config import ConfigError, DisaggConfig, load_config
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.fleet.app import FleetApp, control_app
 from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.procutil import bind_reuseport, starttime
 from shmdisagg.routing import make_policy
-from shmdisagg.service import DisaggService
+from shmdisagg.fleet.cluster import ClusterView, fetch_cluster_info
+from shmdisagg.flows import SCHEDULE_STYLE, Flows
+from shmdisagg.legs import LegRunner
+from shmdisagg.reporting import FailureReporter
+from shmdisagg.service import Admission, DisaggService
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
 from shmdisagg.upstream import UpstreamPool
@@ -41,40 +44,32 @@ HEARTBEAT_S = 0.25
 INFO_REFRESH_S = 1.0
 
 
-async def fetch_cluster_info(socket_path: str, timeout_s: float) -> dict:
-    """The coordinator's `/cluster_info` over its Unix socket, retried until `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path)) as session:
-        while True:
-            try:
-                async with session.get("http://coordinator/cluster_info", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                    if r.status == 200:
-                        return await r.json()
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-                pass
-            if loop.time() > deadline:
-                raise TimeoutError(f"coordinator at {socket_path} did not answer within {timeout_s:g} s")
-            await asyncio.sleep(0.05)
-
-
-async def _housekeeping(table: ControlTable, row: int, service: DisaggService, socket_path: str) -> None:
-    """Heartbeat this worker's row; pick up model names when the server set changes."""
-    seen_version = table.servers_version()
+async def _housekeeping(table: ControlTable, row: int, view: ClusterView, service: DisaggService, socket_path: str) -> None:
+    """Heartbeat this worker's row; refresh the cluster view when the server set changes."""
     next_info = 0.0
     loop = asyncio.get_running_loop()
     while True:
         table.heartbeat(row)
         version = table.servers_version()
-        if version != seen_version and loop.time() >= next_info:
+        if version != view.version and loop.time() >= next_info:
             next_info = loop.time() + INFO_REFRESH_S
             try:
-                info = await fetch_cluster_info(socket_path, 1.0)
-                service.models = frozenset(info.get("models", []))
-                seen_version = version
+                view.apply(await fetch_cluster_info(socket_path, 1.0), version)
+                service.models = view.models
             except TimeoutError:
-                log.warning("coordinator did not answer /cluster_info; keeping model list")
+                log.warning("coordinator did not answer /cluster_info; keeping the last view")
         await asyncio.sleep(HEARTBEAT_S)
+
+
+def resolve_schedule_style(config: DisaggConfig) -> str:
+    """`TRTLLM_DISAGG_SCHEDULE_STYLE` overrides the file's `schedule_style`, as TensorRT-LLM's
+    fleet workers apply the style their launcher resolved. Raises ConfigError for a bad value."""
+    value = os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE")
+    if not value:
+        return config.schedule_style
+    if value not in SCHEDULE_STYLE:
+        raise ConfigError(f"TRTLLM_DISAGG_SCHEDULE_STYLE: {value!r} is not one of {', '.join(SCHEDULE_STYLE)}")
+    return value
 
 
 def _node_id(config: DisaggConfig) -> int:
@@ -85,14 +80,20 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
     table = ControlTable.attach(config.shm_prefix)
     row = table.claim_row(os.getpid(), starttime(os.getpid()))
     upstream = UpstreamPool()
+    reporter = FailureReporter(config.coordinator_socket)
     try:
         directory = ServerDirectory(table)
+        view = ClusterView(directory)
+        version = table.servers_version()
+        view.apply(await fetch_cluster_info(config.coordinator_socket, config.shmdisagg.server_start_timeout_s), version)
         ctx_policy = make_policy(table, row, ROLE_CONTEXT, config.context_servers.router_args())
         gen_policy = make_policy(table, row, ROLE_GENERATION, config.generation_servers.router_args())
         ids = DisaggIdGenerator(_node_id(config), worker_index % 64)
-        service = DisaggService(config, directory, ctx_policy, gen_policy, upstream, ids)
-        info = await fetch_cluster_info(config.coordinator_socket, config.shmdisagg.server_start_timeout_s)
-        service.models = frozenset(info.get("models", []))
+        legs = LegRunner(directory, upstream, reporter, config.max_retries)
+        flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info)
+        admission = Admission(config.shmdisagg.max_inflight_requests, lambda: sum(table.load(s.slot)[0] for s in directory.servers()))
+        service = DisaggService(config, flows, ids, admission, resolve_schedule_style(config))
+        service.models = view.models
         app = FleetApp(service, control_app(service, directory, table, worker_index))
         sock = bind_reuseport(config.hostname, config.port)
         uv = uvicorn.Config(
@@ -105,7 +106,8 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
             timeout_keep_alive=config.server_keep_alive_timeout,
         )
         gc.freeze()  # start-up objects are permanent: keep them out of every collection
-        house = asyncio.ensure_future(_housekeeping(table, row, service, config.coordinator_socket))
+        reporter.start()
+        house = asyncio.ensure_future(_housekeeping(table, row, view, service, config.coordinator_socket))
         server = EmbeddedServer(uv)
         on_stop_signals(lambda: setattr(server, "should_exit", True))
         try:
@@ -113,6 +115,7 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
         finally:
             house.cancel()
     finally:
+        await reporter.stop()
         await upstream.close()
         table.close()
 

@@ -8,6 +8,9 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
 - `chunks`: number of SSE chunks a streamed generation leg sends (default 4)
 - `hold`: streamed generation legs wait after their first chunk until `POST /_release`
 - `delay_s`: wait this long before answering a completion (bounded by the test's own timeout)
+- `omit_ids`: the context answer carries no `ctx_request_id` / `disagg_request_id`
+
+`GET /_events` lists what happened to streams: "cancelled:<n>" when a client went away mid-stream.
 
 Run: `python -m tests.fakes.executor --port P --name NAME`.
 """
@@ -29,7 +32,8 @@ from starlette.routing import Route
 
 def build_app(name: str, addr: str) -> Starlette:
     recorded: list[dict[str, Any]] = []
-    script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0}
+    script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False}
+    events: list[str] = []
     release = asyncio.Event()
     counter = {"n": 0}
 
@@ -57,6 +61,9 @@ def build_app(name: str, addr: str) -> Starlette:
         script.update(await request.json())
         return JSONResponse(script)
 
+    async def events_ep(_: Request) -> Response:
+        return JSONResponse(events)
+
     async def release_ep(_: Request) -> Response:
         release.set()
         return JSONResponse({})
@@ -83,8 +90,8 @@ def build_app(name: str, addr: str) -> Starlette:
                 "disaggregated_params": {
                     "request_type": "context_only",
                     "first_gen_tokens": [42],
-                    "ctx_request_id": params.get("disagg_request_id"),
-                    "disagg_request_id": params.get("disagg_request_id"),
+                    "ctx_request_id": None if script["omit_ids"] else params.get("disagg_request_id"),
+                    "disagg_request_id": None if script["omit_ids"] else params.get("disagg_request_id"),
                     "encoded_opaque_state": "b3BhcXVl",
                     "draft_tokens": None,
                     "ctx_dp_rank": 0,
@@ -97,7 +104,7 @@ def build_app(name: str, addr: str) -> Starlette:
                 choice["text"] = "A"
             return JSONResponse({"id": f"cmpl-{name}-{counter['n']}", "object": "text_completion", "created": int(time.time()), "model": body.get("model"), "choices": [choice], "usage": usage, "prompt_token_ids": prompt_ids})
         if body.get("stream"):
-            return StreamingResponse(_stream(script, release, name), media_type="text/event-stream")
+            return StreamingResponse(_stream(script, release, name, events), media_type="text/event-stream")
         text = {"message": {"role": "assistant", "content": "ABCD"}} if chat else {"text": "ABCD"}
         return JSONResponse({"id": f"cmpl-{name}", "object": "text_completion", "model": body.get("model"), "choices": [{"index": 0, "finish_reason": "length", **text}], "usage": usage})
 
@@ -111,16 +118,21 @@ def build_app(name: str, addr: str) -> Starlette:
             Route("/_recorded", recorded_ep),
             Route("/_script", script_ep, methods=["POST"]),
             Route("/_release", release_ep, methods=["POST"]),
+            Route("/_events", events_ep),
         ]
     )
 
 
-async def _stream(script: dict[str, Any], release: asyncio.Event, name: str):  # type: ignore[no-untyped-def]
-    for i in range(script["chunks"]):
-        yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}) + b"\n\n"
-        if i == 0 and script["hold"]:
-            await release.wait()
-    yield b"data: [DONE]\n\n"
+async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, events: list[str]):  # type: ignore[no-untyped-def]
+    try:
+        for i in range(script["chunks"]):
+            yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}) + b"\n\n"
+            if i == 0 and script["hold"]:
+                await release.wait()
+        yield b"data: [DONE]\n\n"
+    except BaseException:
+        events.append(f"cancelled:{len(events)}")
+        raise
 
 
 def main() -> None:

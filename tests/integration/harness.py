@@ -49,6 +49,9 @@ class FakeExecutor:
     def script(self, **kw: Any) -> None:
         request_json("127.0.0.1", self.port, "POST", "/_script", kw)
 
+    def events(self) -> list[str]:
+        return request_json("127.0.0.1", self.port, "GET", "/_events")[1]
+
     def release(self) -> None:
         request_json("127.0.0.1", self.port, "POST", "/_release", {})
 
@@ -68,7 +71,11 @@ def fake_executors(names: list[str]) -> Iterator[list[FakeExecutor]]:
         for f in fakes:
             f.proc.terminate()
         for f in fakes:
-            f.proc.wait(timeout=10)
+            try:
+                f.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # a held stream keeps uvicorn's graceful shutdown waiting
+                f.proc.kill()
+                f.proc.wait()
 
 
 def write_config(tmp: Path, shm_prefix: str, ctx: list[str], gen: list[str], **top: Any) -> Path:

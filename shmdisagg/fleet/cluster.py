@@ -1,0 +1,59 @@
+"""A worker's copy of what the coordinator knows beyond the table: model names and each
+executor's `/server_info` (generation-first needs the context server's advertised
+`disaggregated_params`). Refreshed when the table's `servers_version` changes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+
+from shmdisagg.directory import ServerDirectory
+
+log = logging.getLogger("shmdisagg.fleet")
+
+
+async def fetch_cluster_info(socket_path: str, timeout_s: float) -> dict[str, Any]:
+    """The coordinator's `/cluster_info` over its Unix socket, retried until `timeout_s`.
+    Raises TimeoutError."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path)) as session:
+        while True:
+            try:
+                async with session.get("http://coordinator/cluster_info", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        data = await r.json()
+                        if isinstance(data, dict):
+                            return data
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                pass
+            if loop.time() > deadline:
+                raise TimeoutError(f"coordinator at {socket_path} did not answer within {timeout_s:g} s")
+            await asyncio.sleep(0.05)
+
+
+class ClusterView:
+    """State: `models` (names executors serve), `server_info` (slot -> its `/server_info`)."""
+
+    def __init__(self, directory: ServerDirectory) -> None:
+        self.directory = directory
+        self.models: frozenset[str] = frozenset()
+        self.server_info: dict[int, dict[str, Any]] = {}
+        self.version = -1
+
+    def apply(self, info: dict[str, Any], version: int) -> None:
+        self.models = frozenset(info.get("models", []))
+        self.server_info = {int(s["slot"]): s.get("server_info") or {} for s in info.get("servers", [])}
+        self.version = version
+
+    def ctx_server_info(self, slot: int) -> dict[str, Any]:
+        """A context server's `/server_info`; its address stands in for `ctx_info_endpoint`
+        while the coordinator's copy has not reached this worker yet."""
+        info = self.server_info.get(slot)
+        if info and (info.get("disaggregated_params") or {}).get("ctx_info_endpoint"):
+            return info
+        host, port = self.directory.address(slot)
+        return {"disaggregated_params": {"ctx_info_endpoint": [f"{host}:{port}"]}}

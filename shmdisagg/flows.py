@@ -1,0 +1,260 @@
+"""The two schedule styles of TensorRT-LLM's disaggregated service, over `LegRunner`.
+
+Context-first (shared/reference/trtllm_protocol.md §2.4): the context leg runs non-streaming
+with `disaggregated_params = {request_type: "context_only", disagg_request_id}`; if its
+`finish_reason` is `length` or `not_finished`, the generation leg gets the context choice's
+`disaggregated_params` (now `generation_only`, same id, `ctx_usage`) and the prompt token ids
+the context executor returned; any other `finish_reason` makes the context answer final.
+
+Generation-first (§2.5): both legs are dispatched at once. The generation request is built
+without the context response: `generation_only` with `ctx_request_id = disagg_request_id` and
+the context server's advertised `/server_info.disaggregated_params` merged in
+(`ctx_info_endpoint` collapsed to its first element, `encoded_opaque_state` copied). The
+generation POST is started *before* the context leg is awaited, because the context executor
+waits for the generation executor's receive session (awaiting the context first deadlocks).
+When either leg fails, the other is cancelled.
+
+Streams are relayed chunk by chunk as bytes. Each leg's pick is released exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from shmdisagg.asgi import JSON_HEADERS, SSE_HEADERS
+from shmdisagg.errors import RequestError
+from shmdisagg.exchange import Exchange
+from shmdisagg.legs import LegRunner, Opened
+from shmdisagg.routing import Policy, RoutingKey
+from shmdisagg.upstream import UpstreamError
+
+CONTINUE_ON_GENERATION = ("length", "not_finished")
+SCHEDULE_STYLE = {"context_first": 0, "generation_first": 1}  # TensorRT-LLM DisaggScheduleStyle
+
+
+class Flows:
+    """Both schedule styles for one worker. `ctx_server_info(slot)` returns the context server's
+    `/server_info` (as published by the coordinator)."""
+
+    def __init__(self, legs: LegRunner, ctx_policy: Policy, gen_policy: Policy, new_id: Callable[[], int], ctx_server_info: Callable[[int], dict[str, Any]]) -> None:
+        self.legs = legs
+        self.ctx_policy = ctx_policy
+        self.gen_policy = gen_policy
+        self.new_id = new_id
+        self.ctx_server_info = ctx_server_info
+
+    # -- context-first ---------------------------------------------------------------------
+
+    async def context_first(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str) -> None:
+        style = SCHEDULE_STYLE["context_first"]
+        status, raw, _ = await self.legs.call(self.ctx_policy, key, path, self._ctx_body(ex, req, style), "context", retry_5xx=True, retry_sent=True)
+        if status != 200:
+            await relay_error(ex, status, raw)
+            return
+        ctx = parse_ctx_response(raw)
+        if ctx["choices"][0].get("finish_reason") not in CONTINUE_ON_GENERATION:
+            await answer_from_context(ex, req, chat, ctx)
+            return
+        params = ctx["choices"][0]["disaggregated_params"]
+        if isinstance(params.get("disagg_request_id"), int):
+            ex.disagg_request_id = params["disagg_request_id"]
+        gen_body = orjson.dumps(generation_request(req, chat, ctx, ex.disagg_request_id, style))
+        opened = await self.legs.open(self.gen_policy, key, path, lambda _: gen_body, "generation")
+        await relay(ex, opened)
+
+    def _ctx_body(self, ex: Exchange, req: dict[str, Any], style: int) -> Callable[[int], bytes]:
+        def make(attempt: int) -> bytes:
+            if attempt:  # never reuse an id a failed attempt may have registered on an executor
+                ex.disagg_request_id = self.new_id()
+            ctx_req = dict(req)
+            ctx_req["disaggregated_params"] = {"request_type": "context_only", "disagg_request_id": ex.disagg_request_id, "schedule_style": style}
+            ctx_req["stream"] = False
+            ctx_req.pop("stream_options", None)
+            return orjson.dumps(ctx_req)
+
+        return make
+
+    # -- generation-first ------------------------------------------------------------------
+
+    async def generation_first(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str) -> None:
+        style = SCHEDULE_STYLE["generation_first"]
+        rid = ex.disagg_request_id
+        ctx_slot = self.ctx_policy.pick(key, -1)
+        if ctx_slot < 0:
+            raise RequestError(503, "no healthy context server", "no_context_servers")
+        try:
+            gen_req = dict(req)
+            gen_req["disaggregated_params"] = gen_first_params(self.ctx_server_info(ctx_slot), rid, style)
+            gen_body = orjson.dumps(gen_req)
+            ctx_body = self._ctx_body(ex, req, style)(0)
+        except BaseException:
+            self.ctx_policy.release(ctx_slot, key)
+            raise
+        # The generation POST goes out first; the context leg is awaited only after it started.
+        # The context leg is not retried elsewhere: the generation request names its server.
+        gen_task = asyncio.ensure_future(self.legs.open(self.gen_policy, key, path, lambda _: gen_body, "generation"))
+        started = False
+
+        async def ctx_leg() -> tuple[int, bytes, int]:
+            nonlocal started
+            started = True  # from here the leg owns the pick of ctx_slot
+            return await self.legs.call(self.ctx_policy, key, path, lambda _: ctx_body, "context", picked=ctx_slot, retries=0)
+
+        ctx_task = asyncio.ensure_future(ctx_leg())
+        try:
+            status, raw, _ = await ctx_task
+            if status != 200:
+                await _cancel(gen_task)
+                await relay_error(ex, status, raw)
+                return
+            ctx = parse_ctx_response(raw)
+            if ctx["choices"][0].get("finish_reason") not in CONTINUE_ON_GENERATION:
+                await _cancel(gen_task)
+                await answer_from_context(ex, req, chat, ctx)
+                return
+            opened = await gen_task
+        except BaseException:
+            await _cancel(gen_task)
+            await _cancel(ctx_task)
+            if not started:  # cancelled before its first step: the pick is still ours
+                self.ctx_policy.release(ctx_slot, key)
+            raise
+        await relay(ex, opened)
+
+
+def gen_first_params(server_info: dict[str, Any], rid: int, style: int) -> dict[str, Any]:
+    """Generation-first `disaggregated_params`: ours, with the context server's advertised ones
+    merged in (`ctx_info_endpoint` list collapsed to its first element)."""
+    advertised = dict(server_info.get("disaggregated_params") or {})
+    endpoint = advertised.get("ctx_info_endpoint")
+    if isinstance(endpoint, list):
+        advertised["ctx_info_endpoint"] = endpoint[0] if endpoint else None
+    return {**advertised, "request_type": "generation_only", "ctx_request_id": rid, "disagg_request_id": rid, "schedule_style": style}
+
+
+async def _cancel(task: "asyncio.Future[Any]") -> None:
+    """Cancel a leg task and close what it opened (its pick is released by the leg itself)."""
+    if not task.done():
+        task.cancel()
+    with contextlib.suppress(BaseException):
+        result = await task
+        if isinstance(result, Opened):
+            result.close(abort=True)
+
+
+async def relay(ex: Exchange, opened: Opened) -> None:
+    """Relay a generation response to the client, then release its pick."""
+    resp = opened.response
+    try:
+        if resp.status != 200:
+            await relay_error(ex, resp.status, await resp.read())
+        elif not ex.stream:
+            body = await resp.read()
+            await ex.start(200, JSON_HEADERS)
+            await ex.body(body, False)
+        else:
+            await ex.start(200, SSE_HEADERS)
+            async for chunk in resp:
+                await ex.body(chunk, True)
+            await ex.body(b"", False)
+    except UpstreamError as err:
+        opened.close(abort=True)
+        if not ex.started:
+            raise
+        await ex.fail(502, f"generation executor failed mid-stream: {err}", "upstream_error")
+    except BaseException:
+        opened.close(abort=True)
+        raise
+    finally:
+        opened.close()
+
+
+async def relay_error(ex: Exchange, status: int, raw: bytes) -> None:
+    """An executor's error answer, relayed with its status when it is a JSON error body."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        await ex.start(status, JSON_HEADERS)
+        await ex.body(raw, False)
+    else:
+        await ex.fail(502, f"executor answered HTTP {status}", "upstream_error")
+
+
+def parse_ctx_response(raw: bytes) -> dict[str, Any]:
+    """The context executor's JSON answer, checked as TensorRT-LLM's `_verify_ctx_response` does."""
+    try:
+        ctx = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise RequestError(502, "context executor returned invalid JSON", "upstream_error") from None
+    choices = ctx.get("choices") if isinstance(ctx, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise RequestError(502, "context executor returned no choices", "upstream_error")
+    for choice in choices:
+        params = choice.get("disaggregated_params")
+        if not isinstance(params, dict):
+            raise RequestError(502, "context response is missing disaggregated_params", "upstream_error")
+        if choice.get("finish_reason") in CONTINUE_ON_GENERATION and (
+            params.get("ctx_request_id") is None or params.get("disagg_request_id") is None
+        ):
+            raise RequestError(502, "context response lacks ctx_request_id/disagg_request_id", "upstream_error")
+    return ctx
+
+
+def generation_request(req: dict[str, Any], chat: bool, ctx: dict[str, Any], disagg_request_id: int, style: int) -> dict[str, Any]:
+    """The generation leg: the client's request with the context executor's handoff."""
+    params = dict(ctx["choices"][0]["disaggregated_params"])
+    params["request_type"] = "generation_only"
+    params["disagg_request_id"] = disagg_request_id
+    params["schedule_style"] = style
+    if isinstance(ctx.get("usage"), dict):
+        params["ctx_usage"] = ctx["usage"]
+    gen = dict(req)
+    gen["disaggregated_params"] = params
+    if chat:
+        if ctx.get("prompt_token_ids_b64"):
+            gen["prompt_token_ids_b64"] = ctx["prompt_token_ids_b64"]
+        elif ctx.get("prompt_token_ids"):
+            gen["prompt_token_ids"] = ctx["prompt_token_ids"]
+    elif ctx.get("prompt_token_ids"):
+        gen["prompt"] = ctx["prompt_token_ids"]
+    return gen
+
+
+async def answer_from_context(ex: Exchange, req: dict[str, Any], chat: bool, ctx: dict[str, Any]) -> None:
+    """The context leg finished the request (EOS or a stop token in prefill)."""
+    for choice in ctx["choices"]:
+        choice.pop("disaggregated_params", None)
+    ctx.pop("prompt_token_ids", None)
+    ctx.pop("prompt_token_ids_b64", None)
+    if not ex.stream:
+        await ex.start(200, JSON_HEADERS)
+        await ex.body(orjson.dumps(ctx), False)
+        return
+    include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+    await ex.start(200, SSE_HEADERS)
+    await ex.body(as_sse(ctx, chat, include_usage), False)
+
+
+def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
+    """A complete (non-streaming) answer as the SSE stream a streaming client expects."""
+    base = {"id": resp.get("id"), "created": resp.get("created") or int(time.time()), "model": resp.get("model")}
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    out = []
+    for choice in resp["choices"]:
+        c: dict[str, Any] = {"index": choice.get("index", 0), "finish_reason": choice.get("finish_reason")}
+        if chat:
+            c["delta"] = {"role": "assistant", "content": (choice.get("message") or {}).get("content", "")}
+        else:
+            c["text"] = choice.get("text", "")
+        out.append({**base, "object": obj, "choices": [c]})
+    if include_usage and resp.get("usage"):
+        out.append({**base, "object": obj, "choices": [], "usage": resp["usage"]})
+    return b"".join(b"data: " + orjson.dumps(o) + b"\n\n" for o in out) + b"data: [DONE]\n\n"

@@ -1,0 +1,125 @@
+"""One leg of a request: pick a server of one role, send, and release the pick exactly once.
+
+Retry rules (shared/reference/trtllm_protocol.md §2.11, without its known faults):
+- only before anything reached the client, and only on another server (the failed one is
+  excluded from the re-pick);
+- a connection that could not be made, or that dropped before any response byte, is retried up
+  to `max_retries` times (context legs re-mint their `disagg_request_id`, as TensorRT-LLM does,
+  so a half-started attempt can never collide with the retry on an executor);
+- an executor's HTTP 5xx on a context leg is retried the same way; a 4xx is never retried
+  (it is deterministic);
+- a generation leg is retried only when nothing was sent: once a generation executor received
+  the handoff it may have pulled the context KV, which cannot be pulled twice.
+Every failure is reported to the coordinator (`FailureReporter`), which marks a refusing server
+unhealthy for the whole fleet at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shmdisagg.directory import ServerDirectory
+from shmdisagg.errors import RequestError
+from shmdisagg.reporting import FailureReporter
+from shmdisagg.routing import Policy, RoutingKey
+from shmdisagg.upstream import UpstreamConnectError, UpstreamDisconnected, UpstreamPool, UpstreamResponse
+
+log = logging.getLogger("shmdisagg.service")
+
+
+@dataclass(slots=True)
+class Opened:
+    """A leg whose response headers arrived; the caller must `close()` it exactly once."""
+
+    slot: int
+    response: UpstreamResponse
+    policy: Policy
+    key: RoutingKey
+    _open: bool = True
+
+    def close(self, abort: bool = False) -> None:
+        """Release the pick (and drop the connection if the body was not read to the end)."""
+        if self._open:
+            self._open = False
+            if abort:
+                self.response.abort()
+            self.policy.release(self.slot, self.key)
+
+
+class LegRunner:
+    """Sends legs for one fleet worker."""
+
+    def __init__(self, directory: ServerDirectory, upstream: UpstreamPool, reporter: FailureReporter, max_retries: int) -> None:
+        self.directory = directory
+        self.upstream = upstream
+        self.reporter = reporter
+        self.max_retries = max_retries
+
+    async def open(
+        self,
+        policy: Policy,
+        key: RoutingKey,
+        path: str,
+        make_body: Callable[[int], bytes],
+        role: str,
+        *,
+        retry_5xx: bool = False,
+        retry_sent: bool = False,
+        exclude: int = -1,
+        picked: int = -1,
+        retries: int | None = None,
+    ) -> Opened:
+        """Pick (or use `picked`, whose load the caller already added), send
+        `make_body(attempt)`, return once the response headers are in.
+
+        Raises `RequestError(503)` when no server of the role is eligible, or the last
+        attempt's `UpstreamError`. A returned 5xx is an ordinary response unless `retry_5xx`.
+        """
+        max_retries = self.max_retries if retries is None else retries
+        attempt = 0
+        while True:
+            slot = picked if attempt == 0 and picked >= 0 else policy.pick(key, exclude)
+            if slot < 0:
+                raise RequestError(503, f"no healthy {role} server", f"no_{role}_servers")
+            opened: Opened | None = None
+            try:
+                host, port = self.directory.address(slot)
+                resp = await self.upstream.request(host, port, "POST", path, make_body(attempt))
+                opened = Opened(slot, resp, policy, key)
+            except UpstreamConnectError:
+                self.reporter.report(slot, "refused")
+                if attempt >= max_retries:
+                    policy.release(slot, key)
+                    raise
+            except UpstreamDisconnected as err:
+                self.reporter.report(slot, "disconnected")
+                if attempt >= max_retries or not retry_sent or err.bytes_received:
+                    policy.release(slot, key)
+                    raise
+            except BaseException:
+                policy.release(slot, key)
+                raise
+            if opened is not None:
+                if not (retry_5xx and opened.response.status >= 500 and attempt < max_retries):
+                    return opened
+                self.reporter.report(slot, "error")
+                opened.close(abort=True)
+            else:
+                policy.release(slot, key)
+            attempt += 1
+            exclude = slot
+            log.info("retrying %s leg (attempt %d) without server slot %d", role, attempt + 1, slot)
+
+    async def call(self, policy: Policy, key: RoutingKey, path: str, make_body: Callable[[int], bytes], role: str, **kw: Any) -> tuple[int, bytes, int]:
+        """A non-streaming leg: (status, body, slot); the pick is released before returning."""
+        opened = await self.open(policy, key, path, make_body, role, **kw)  # type: ignore[arg-type]
+        try:
+            body = await opened.response.read()
+        except BaseException:
+            opened.close(abort=True)
+            raise
+        opened.close()
+        return opened.response.status, body, opened.slot
