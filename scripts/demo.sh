@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job: set up from nothing, launch a single-node deployment on the simulator
+# (2 context + 2 generation executors, a fleet of 2), replay the first 300 requests of the
+# Mooncake conversation trace, print the results table, shut down.
+# Usage: scripts/demo.sh [extra `shmdisagg bench` args]   (results JSON: runs/demo.json)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup_env.sh
+mkdir -p runs
+exec "$VENV/bin/shmdisagg" bench --launch -c examples/demo.yaml \
+  --trace data/mooncake_conversation_300.jsonl --num-requests 300 --speedup 2 \
+  --json runs/demo.json "$@"

@@ -1,0 +1,14 @@
+# Sourced by scripts/*.sh: create .venv if needed and install shmdisagg (editable, with the
+# native extension and the test extra). Idempotent: a second run only rebuilds the extension.
+VENV="${SHMDISAGG_VENV:-$PWD/.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+fi
+if ! "$VENV/bin/python" -c "import shmdisagg._native, pytest, xdist" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q -e ".[test]"
+else
+  # Keep the extension in step with native/ when the sources changed.
+  "$VENV/bin/python" setup.py -q build_ext --inplace >/dev/null
+fi
+export VENV
