@@ -1,4 +1,8 @@
-"""Per-request response state shared by a flow and the error handling around it."""
+"""Per-request state shared by a flow, the error handling around it and the metrics sinks.
+
+Timing fields are wall-clock seconds (`time.time()`), the unit TensorRT-LLM's perf records use
+(`disagg_server_arrival_time`, ...); 0.0 means "did not happen".
+"""
 
 from __future__ import annotations
 
@@ -18,10 +22,25 @@ class Exchange:
     extra_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     started: bool = False
     status: int = 0
+    # the per-request record (perf metrics, Prometheus)
+    chat: bool = False
+    arrival: float = 0.0
+    ctx_slot: int = -1
+    gen_slot: int = -1
+    ctx_dispatch: float = 0.0
+    ctx_done: float = 0.0
+    first_token: float = 0.0
+    last_token: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    retries: int = 0
+    error_code: str = ""
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
         self.status = status
+        if status >= 400 and not self.error_code:
+            self.error_code = f"http_{status}"
         rid = (b"x-disagg-request-id", str(self.disagg_request_id).encode())
         await self.send({"type": "http.response.start", "status": status, "headers": headers + [rid] + self.extra_headers})
 
@@ -31,6 +50,7 @@ class Exchange:
     async def fail(self, status: int, message: str, code: str) -> None:
         """End the response with an error: a JSON error before any byte, an SSE error event
         followed by `[DONE]` after (or just the end of a non-streaming body)."""
+        self.error_code = code
         if not self.started:
             await self.start(status, JSON_HEADERS)
             await self.body(error_body(status, message, code), False)

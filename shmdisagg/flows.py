@@ -53,11 +53,14 @@ class Flows:
 
     async def context_first(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str) -> None:
         style = SCHEDULE_STYLE["context_first"]
-        status, raw, _ = await self.legs.call(self.ctx_policy, key, path, self._ctx_body(ex, req, style), "context", retry_5xx=True, retry_sent=True)
+        ex.ctx_dispatch = time.time()
+        status, raw, ex.ctx_slot = await self.legs.call(self.ctx_policy, key, path, self._ctx_body(ex, req, style), "context", retry_5xx=True, retry_sent=True)
         if status != 200:
             await relay_error(ex, status, raw)
             return
+        ex.ctx_done = time.time()
         ctx = parse_ctx_response(raw)
+        note_usage(ex, ctx)
         if ctx["choices"][0].get("finish_reason") not in CONTINUE_ON_GENERATION:
             await answer_from_context(ex, req, chat, ctx)
             return
@@ -106,14 +109,18 @@ class Flows:
             started = True  # from here the leg owns the pick of ctx_slot
             return await self.legs.call(self.ctx_policy, key, path, lambda _: ctx_body, "context", picked=ctx_slot, retries=0)
 
+        ex.ctx_dispatch = time.time()
+        ex.ctx_slot = ctx_slot
         ctx_task = asyncio.ensure_future(ctx_leg())
         try:
             status, raw, _ = await ctx_task
+            ex.ctx_done = time.time()
             if status != 200:
                 await _cancel(gen_task)
                 await relay_error(ex, status, raw)
                 return
             ctx = parse_ctx_response(raw)
+            note_usage(ex, ctx)
             if ctx["choices"][0].get("finish_reason") not in CONTINUE_ON_GENERATION:
                 await _cancel(gen_task)
                 await answer_from_context(ex, req, chat, ctx)
@@ -148,20 +155,35 @@ async def _cancel(task: "asyncio.Future[Any]") -> None:
             result.close(abort=True)
 
 
+def note_usage(ex: Exchange, ctx: dict[str, Any]) -> None:
+    """Prompt and cached tokens of the request, from the context leg's usage."""
+    usage = ctx.get("usage")
+    if isinstance(usage, dict):
+        ex.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            ex.cached_tokens = int(details.get("cached_tokens") or 0)
+
+
 async def relay(ex: Exchange, opened: Opened) -> None:
     """Relay a generation response to the client, then release its pick."""
     resp = opened.response
+    ex.gen_slot = opened.slot
     try:
         if resp.status != 200:
             await relay_error(ex, resp.status, await resp.read())
         elif not ex.stream:
             body = await resp.read()
+            ex.first_token = ex.last_token = time.time()
             await ex.start(200, JSON_HEADERS)
             await ex.body(body, False)
         else:
             await ex.start(200, SSE_HEADERS)
             async for chunk in resp:
+                if not ex.first_token:
+                    ex.first_token = time.time()
                 await ex.body(chunk, True)
+            ex.last_token = time.time()
             await ex.body(b"", False)
     except UpstreamError as err:
         opened.close(abort=True)
@@ -234,6 +256,7 @@ async def answer_from_context(ex: Exchange, req: dict[str, Any], chat: bool, ctx
         choice.pop("disaggregated_params", None)
     ctx.pop("prompt_token_ids", None)
     ctx.pop("prompt_token_ids_b64", None)
+    ex.first_token = ex.last_token = time.time()
     if not ex.stream:
         await ex.start(200, JSON_HEADERS)
         await ex.body(orjson.dumps(ctx), False)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 from shmdisagg.asgi import ClientDisconnected, DisconnectWatch, Receive, Scope, Send, read_body, send_bytes
@@ -62,6 +64,7 @@ class DisaggService:
         self.ids = ids
         self.admission = admission
         self.models: frozenset[str] = frozenset()
+        self.sinks: list[Callable[[Exchange], None]] = []  # called once per routed request, at its end
         self.timeout_s = config.shmdisagg.request_timeout_s
         self.body_limit = config.shmdisagg.max_request_body_bytes
         self.schedule_style = schedule_style
@@ -69,6 +72,7 @@ class DisaggService:
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
         """Serve one POST to `/v1/completions` (chat=False) or `/v1/chat/completions`."""
+        arrival = time.time()
         try:
             extra = _request_id_header(scope)
             req = parse_body(await read_body(receive, self.body_limit))
@@ -81,7 +85,7 @@ class DisaggService:
             return
         except ClientDisconnected:
             return
-        ex = Exchange(send, self.ids.next_id(), bool(req.get("stream")), extra)
+        ex = Exchange(send, self.ids.next_id(), bool(req.get("stream")), extra, chat=chat, arrival=arrival)
         key = RoutingKey(prompt_load_tokens(req, chat))
         watch = DisconnectWatch(receive)
         try:
@@ -101,6 +105,11 @@ class DisaggService:
         except Exception:  # never a traceback to the client
             log.exception("request %d failed", ex.disagg_request_id)
             await ex.fail(500, "internal error", "internal_error")
+        finally:
+            if watch.disconnected:
+                ex.error_code = ex.error_code or "client_disconnected"
+            for sink in self.sinks:
+                sink(ex)
 
 
 def _request_id_header(scope: Scope) -> list[tuple[bytes, bytes]]:

@@ -9,6 +9,7 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
 - `hold`: streamed generation legs wait after their first chunk until `POST /_release`
 - `delay_s`: wait this long before answering a completion (bounded by the test's own timeout)
 - `omit_ids`: the context answer carries no `ctx_request_id` / `disagg_request_id`
+- `chunk_interval_s`: pause between streamed chunks (one chunk per socket write, as engines pace tokens)
 
 `GET /_events` lists what happened to streams: "cancelled:<n>" when a client went away mid-stream.
 
@@ -32,7 +33,7 @@ from starlette.routing import Route
 
 def build_app(name: str, addr: str) -> Starlette:
     recorded: list[dict[str, Any]] = []
-    script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False}
+    script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False, "chunk_interval_s": 0.0}
     events: list[str] = []
     release = asyncio.Event()
     counter = {"n": 0}
@@ -129,6 +130,8 @@ async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, eve
             yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}) + b"\n\n"
             if i == 0 and script["hold"]:
                 await release.wait()
+            if script["chunk_interval_s"]:
+                await asyncio.sleep(script["chunk_interval_s"])
         yield b"data: [DONE]\n\n"
     except BaseException:
         events.append(f"cancelled:{len(events)}")
