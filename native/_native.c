@@ -18,205 +18,23 @@
  * - The GIL is kept: every call is sub-microsecond (measured in the README).
  * - Every function has a single exit: errors `goto fail` with an exception set and `result`
  *   NULL; the success path falls through `fail:` with `result` set.
+ *
+ * This file holds the `Region` type and the module. hash.c and sha256.c compute block hashes,
+ * hashcache.c caches them by prefix, index.c and picks.c hold the `Index` type over one KV block
+ * index segment (native/README.md has the map).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <string.h>
-#include <time.h>
+#include "_native.h"
 
-_Static_assert(__atomic_always_lock_free(8, 0), "8-byte atomics must be lock-free (address-free)");
-_Static_assert(__atomic_always_lock_free(4, 0), "4-byte atomics must be lock-free (address-free)");
-_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the layout is little-endian");
-
-/* ---- layout (version 1): keep in step with native/README.md ---------------------------- */
-
-#define MAGIC 0x31564C5447534453ULL /* "SDSGTLV1" little-endian */
-#define LAYOUT_VERSION 1u
-#define HEADER_BYTES 4096u
-#define MAX_SERVERS 64u
-#define MAX_ROLES 2u
-#define SERVER_STRIDE 256u
-#define WORKER_STRIDE 2048u
-#define MAX_WORKERS_LIMIT 4096u
-#define OFF_SERVERS 0x1000u
-#define OFF_WORKERS (OFF_SERVERS + MAX_SERVERS * SERVER_STRIDE) /* 0x5000 */
-#define SEQ_TRIES 512
-
-/* header words */
-#define H_MAGIC 0x000u
-#define H_VERSION 0x008u  /* u32 layout_version | u32 header_bytes << 32 */
-#define H_SEGBYTES 0x010u /* u64 logical segment size */
-#define H_COUNTS 0x018u   /* u16 max_servers | u16 max_workers << 16 | u32 flags << 32 */
-#define H_SERVERS 0x020u  /* u32 off_servers | u32 server_stride << 32 */
-#define H_WORKERS 0x028u  /* u32 off_workers | u32 worker_stride << 32 */
-#define H_CREATED 0x030u
-#define H_INIT 0x038u
-#define INIT_READY 1u
-
-/* coordinator line */
-#define OFF_COORD 0x080u
-#define C_PID 0x080u
-#define C_START 0x088u
-#define C_INC 0x090u
-#define C_HEARTBEAT 0x098u
-#define C_STATE 0x0A0u
-
-/* config block (seqlock) */
-#define OFF_CONFIG 0x100u
-#define CFG_SEQ 0x100u
-#define CFG_PRESENT 0x108u
-#define CFG_HEALTHY 0x110u
-#define CFG_ROLE0 0x118u /* role_mask[0] context; role_mask[1] generation at +8 */
-#define CFG_VERSION 0x128u
-enum { K_PRESENT, K_HEALTHY, K_ROLE0, K_ROLE1, K_VERSION, CFG_WORDS };
-
-/* worker-written shared lines */
-#define OFF_RR 0x180u /* rr[role] at OFF_RR + role * 128 */
-#define RR_STRIDE 128u
-#define OFF_ROWS_LINE 0x280u
-#define RL_HWM 0x280u      /* 1 + highest row index ever claimed (CAS-max by claimers) */
-#define RL_CLAIM_SEQ 0x288u /* claim counter, low 32 bits of every token */
-
-/* coordinator-written totals of reclaimed rows */
-#define OFF_RETIRED 0x300u /* retired_routed[64] */
-#define RET_COMPLETED 0x500u
-#define RET_DISPATCHED 0x508u
-
-/* server record (seqlock each) */
-#define S_SEQ 0u
-#define S_INC 8u
-#define S_FLAGS 16u /* u32 flags | u32 weight << 32 */
-#define S_HEALTH 24u
-#define S_MAXBATCH 32u
-#define S_TPB 40u
-#define S_MAXTOK 48u
-#define S_ADDR 64u
-#define ADDR_BYTES 128u
-#define FLAG_PRESENT 1u
-#define FLAG_HEALTHY 2u
-#define ROLE_SHIFT 8u
-
-/* worker row */
-#define W_TOKEN 0u
-#define W_START 8u
-#define W_HEARTBEAT 16u
-#define W_IDXGEN 24u
-#define W_COORDINC 32u
-#define W_DISPATCHED 40u
-#define W_COMPLETED 48u
-#define W_PID 56u
-#define W_ACTIVE_REQ 128u /* i32[64] */
-#define W_ACTIVE_TOK 384u /* i64[64] */
-#define W_ROUTED 896u     /* u64[64] */
-#define W_END 1408u
-#define TOKEN_FREE 0ULL
-#define TOKEN_RECLAIMING (~0ULL)
-
-_Static_assert(OFF_WORKERS == 0x5000u, "worker rows start at 0x5000");
-_Static_assert(C_STATE + 8 <= OFF_CONFIG && CFG_VERSION + 8 <= OFF_RR, "header lines overlap");
-_Static_assert(OFF_RR + MAX_ROLES * RR_STRIDE <= OFF_ROWS_LINE, "rr tickets overlap");
-_Static_assert(OFF_RETIRED + MAX_SERVERS * 8 == RET_COMPLETED, "retired totals overlap");
-_Static_assert(RET_DISPATCHED + 8 <= HEADER_BYTES, "header overflows 4096 bytes");
-_Static_assert(S_ADDR + ADDR_BYTES <= SERVER_STRIDE, "server record overflows its stride");
-_Static_assert(W_ACTIVE_TOK == W_ACTIVE_REQ + 4 * MAX_SERVERS, "row layout");
-_Static_assert(W_ROUTED == W_ACTIVE_TOK + 8 * MAX_SERVERS, "row layout");
-_Static_assert(W_END == W_ROUTED + 8 * MAX_SERVERS && W_END <= WORKER_STRIDE, "row overflows");
-_Static_assert(SERVER_STRIDE % 128 == 0 && WORKER_STRIDE % 128 == 0, "records pad to 128 B");
-
-/* ---- exceptions ------------------------------------------------------------------------- */
-
-static PyObject *ShmError, *LayoutMismatch, *RetryExhausted, *SegmentFull, *RowLost;
-
-/* ---- atomics ---------------------------------------------------------------------------- */
-
-#define LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
-#define LDA(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
-#define STR(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#define ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
-static uint64_t monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
-/* Writer side (the single coordinator, guaranteed by flock). Returns the odd value to pass to
- * seq_write_end. A sequence left odd by a killed writer is moved on to the next odd value, so the
- * next write repairs it. */
-static inline uint64_t seq_write_begin(uint64_t *seq)
-{
-    uint64_t odd = (LD(seq) + 1) | 1;
-    ST(seq, odd);
-    __atomic_thread_fence(__ATOMIC_RELEASE); /* orders the odd store before the data stores */
-    return odd;
-}
-
-static inline void seq_write_end(uint64_t *seq, uint64_t odd) { STR(seq, odd + 1); }
-
-/* Reader side: s0 = acquire load (odd: retry); data as relaxed loads; acquire fence; s1 relaxed. */
-static inline int seq_read_ok(const uint64_t *seq, uint64_t s0)
-{
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    return LD(seq) == s0;
-}
-
-/* ---- Region ----------------------------------------------------------------------------- */
-
-typedef struct {
-    PyObject_HEAD
-    /* per-mapping */
-    Py_buffer view;
-    int has_view;
-    int writable;
-    char *base;
-    size_t len;
-    /* set by init_control/check_control */
-    int ready;
-    uint32_t max_workers;
-    uint64_t *tokens; /* tokens[row]: the token this Region claimed row with, 0 if none */
-    /* last good config copy, used by picks when the config seqlock stays odd */
-    uint64_t cfg_cache[CFG_WORDS];
-    int cfg_cached;
-    int cfg_stuck;          /* the last read exhausted its tries at sequence cfg_stuck_seq */
-    uint64_t cfg_stuck_seq;
-    /* stats */
-    unsigned long long seq_retries;
-    unsigned long long cfg_fallbacks;
-} Region;
+PyObject *ShmError, *LayoutMismatch, *RetryExhausted, *SegmentFull, *RowLost;
 
 static size_t control_size_for(uint32_t max_workers)
 {
     return (size_t)OFF_WORKERS + (size_t)max_workers * WORKER_STRIDE;
 }
 
-/* Pointer to `size` bytes at `off`, or NULL if they leave the mapping or `off` is misaligned
- * (the base itself is checked 8-byte aligned when the Region is made). */
-static inline char *at(const Region *r, size_t off, size_t size, size_t align)
-{
-    int inside = off <= r->len && size <= r->len - off && (off & (align - 1)) == 0;
-    return inside ? r->base + off : NULL;
-}
-
-/* Header words only: every caller first checked len >= HEADER_BYTES (check_control, or
- * init_control's size check) or is behind need_ready(), so these never yield NULL. */
-#define U64(r, off) ((uint64_t *)at((r), (off), 8, 8))
 _Static_assert(RET_DISPATCHED + 8 <= HEADER_BYTES && H_INIT + 8 <= HEADER_BYTES, "header words");
 
-static int need_ready(Region *r, int write)
+int need_ready(Region *r, int write)
 {
     int ok = 0;
     if (!r->has_view)
@@ -230,7 +48,7 @@ static int need_ready(Region *r, int write)
     return ok;
 }
 
-static char *server_at(Region *r, int64_t slot)
+char *server_at(Region *r, int64_t slot)
 {
     char *p = NULL;
     if (slot < 0 || slot >= (int64_t)MAX_SERVERS) {
@@ -245,7 +63,7 @@ fail:
     return p;
 }
 
-static char *row_at(Region *r, int64_t row)
+char *row_at(Region *r, int64_t row)
 {
     char *p = NULL;
     if (row < 0 || row >= (int64_t)r->max_workers) {
@@ -262,7 +80,7 @@ fail:
 
 /* The caller's own row: checked writable, in range, and still owned with the token this Region
  * claimed it with. Returns NULL with RowLost set (lost_ok == 0) or with no exception (lost_ok). */
-static char *own_row(Region *r, int64_t row, int lost_ok)
+char *own_row(Region *r, int64_t row, int lost_ok)
 {
     char *p = NULL;
     if (!need_ready(r, 1) || (p = row_at(r, row)) == NULL)
@@ -277,7 +95,7 @@ fail:
     return p;
 }
 
-static inline uint32_t rows_in_use(Region *r)
+uint32_t rows_in_use(Region *r)
 {
     uint64_t hwm = LDA(U64(r, RL_HWM));
     return hwm < r->max_workers ? (uint32_t)hwm : r->max_workers;
@@ -285,28 +103,28 @@ static inline uint32_t rows_in_use(Region *r)
 
 /* ---- argument helpers ------------------------------------------------------------------- */
 
-static int nargs_ok(const char *fn, Py_ssize_t nargs, Py_ssize_t want)
+int nargs_ok(const char *fn, Py_ssize_t nargs, Py_ssize_t want)
 {
     if (nargs != want)
         PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", fn, want, nargs);
     return nargs == want;
 }
 
-static int arg_i64(PyObject *o, int64_t *out)
+int arg_i64(PyObject *o, int64_t *out)
 {
     long long v = PyLong_AsLongLong(o);
     *out = (int64_t)v;
     return !(v == -1 && PyErr_Occurred());
 }
 
-static int arg_u64(PyObject *o, uint64_t *out)
+int arg_u64(PyObject *o, uint64_t *out)
 {
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
     *out = (uint64_t)v;
     return !(v == (unsigned long long)-1 && PyErr_Occurred());
 }
 
-static int arg_range(PyObject *o, int64_t lo, int64_t hi, const char *what, int64_t *out)
+int arg_range(PyObject *o, int64_t lo, int64_t hi, const char *what, int64_t *out)
 {
     int ok = arg_i64(o, out);
     if (ok && (*out < lo || *out > hi)) {
@@ -575,7 +393,7 @@ static int config_read(Region *r, uint64_t *out, uint64_t *last_seq)
 
 /* Config for a pick: a fresh copy, else this Region's last good copy, else RetryExhausted. A
  * sequence that stays at the value that already exhausted us goes straight to the copy. */
-static int config_for_pick(Region *r, uint64_t *out)
+int config_for_pick(Region *r, uint64_t *out)
 {
     uint64_t last = 0;
     int fresh = 0, ok = 1;
@@ -911,15 +729,7 @@ fail:
 
 /* ---- picks ------------------------------------------------------------------------------ */
 
-/* Index of the k-th set bit of mask (k < popcount(mask)). */
-static inline int nth_bit(uint64_t mask, uint64_t k)
-{
-    for (; k > 0; k--)
-        mask &= mask - 1;
-    return __builtin_ctzll(mask);
-}
-
-static inline void row_add_pick(char *p, int slot, int64_t tokens)
+void row_add_pick(char *p, int slot, int64_t tokens)
 {
     ADD((int32_t *)(p + W_ACTIVE_REQ) + slot, 1);
     ADD((int64_t *)(p + W_ACTIVE_TOK) + slot, tokens);
@@ -970,38 +780,56 @@ fail:
     return result;
 }
 
+int sum_loads(Region *r, const int *slots, int n, int use_tokens, int64_t *sums)
+{
+    uint32_t nrows = rows_in_use(r);
+    char *q;
+    for (int k = 0; k < n; k++)
+        sums[k] = 0;
+    for (uint32_t w = 0; w < nrows; w++) {
+        if ((q = row_at(r, w)) == NULL)
+            return -1;
+        if (LDA((uint64_t *)(q + W_TOKEN)) == TOKEN_FREE)
+            continue;
+        if (use_tokens) {
+            for (int k = 0; k < n; k++)
+                sums[k] += LD((int64_t *)(q + W_ACTIVE_TOK) + slots[k]);
+        } else {
+            for (int k = 0; k < n; k++)
+                sums[k] += LD((int32_t *)(q + W_ACTIVE_REQ) + slots[k]);
+        }
+    }
+    return 0;
+}
+
+int pick_tied(Region *r, int role, uint64_t tied)
+{
+    uint64_t ticket;
+    int slot = __builtin_ctzll(tied);
+    if ((tied & (tied - 1)) != 0) { /* a tie: rotate with the role's ticket, no herding */
+        ticket = ADD(U64(r, OFF_RR + (size_t)role * RR_STRIDE), 1);
+        slot = nth_bit(tied, ticket % (uint64_t)__builtin_popcountll(tied));
+    }
+    return slot;
+}
+
 /* pick_least_loaded(row, role, exclude_slot, tokens, use_tokens) -> slot or -1 */
 static PyObject *Region_pick_least_loaded(Region *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *result = NULL;
     int64_t role, tokens, sums[MAX_SERVERS], best = INT64_MAX;
-    uint64_t cand = 0, tied = 0, ticket;
+    uint64_t cand = 0, tied = 0;
     int use_tokens, slots[MAX_SERVERS], n = 0, slot = -1;
-    uint32_t nrows;
-    char *p, *q;
+    char *p;
     if (!nargs_ok("pick_least_loaded", nargs, 5) ||
         (p = pick_setup(self, args, &role, &cand, &tokens)) == NULL ||
         (use_tokens = PyObject_IsTrue(args[4])) < 0)
         goto fail;
-    for (uint64_t m = cand; m != 0; m &= m - 1) {
-        slots[n] = __builtin_ctzll(m);
-        sums[n++] = 0;
-    }
+    for (uint64_t m = cand; m != 0; m &= m - 1)
+        slots[n++] = __builtin_ctzll(m);
     if (n > 0) {
-        nrows = rows_in_use(self);
-        for (uint32_t w = 0; w < nrows; w++) {
-            if ((q = row_at(self, w)) == NULL)
-                goto fail;
-            if (LDA((uint64_t *)(q + W_TOKEN)) == TOKEN_FREE)
-                continue;
-            if (use_tokens) {
-                for (int k = 0; k < n; k++)
-                    sums[k] += LD((int64_t *)(q + W_ACTIVE_TOK) + slots[k]);
-            } else {
-                for (int k = 0; k < n; k++)
-                    sums[k] += LD((int32_t *)(q + W_ACTIVE_REQ) + slots[k]);
-            }
-        }
+        if (sum_loads(self, slots, n, use_tokens, sums) < 0)
+            goto fail;
         for (int k = 0; k < n; k++) {
             if (sums[k] < best) {
                 best = sums[k];
@@ -1010,11 +838,7 @@ static PyObject *Region_pick_least_loaded(Region *self, PyObject *const *args, P
             if (sums[k] == best)
                 tied |= 1ULL << slots[k];
         }
-        slot = __builtin_ctzll(tied);
-        if ((tied & (tied - 1)) != 0) { /* a tie: rotate with the role's ticket, no herding */
-            ticket = ADD(U64(self, OFF_RR + (size_t)role * RR_STRIDE), 1);
-            slot = nth_bit(tied, ticket % (uint64_t)__builtin_popcountll(tied));
-        }
+        slot = pick_tied(self, (int)role, tied);
         row_add_pick(p, slot, tokens);
     }
     result = PyLong_FromLong(slot);
@@ -1043,6 +867,157 @@ static PyObject *Region_complete(Region *self, PyObject *const *args, Py_ssize_t
     }
     result = Py_NewRef(p != NULL ? Py_True : Py_False);
 fail:
+    return result;
+}
+
+/* ---- index publication and metrics ---------------------------------------------------- */
+
+/* publish_index(generation, capacity, segment_bytes, name) (coordinator): seqlock-write which
+ * index segment workers must map. The index segment is fully built and PUBLISHED before this. */
+static PyObject *Region_publish_index(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    uint64_t gen, cap, bytes, odd, words[IP_NAME_BYTES / 8], *seq;
+    const char *name;
+    Py_ssize_t nlen;
+    if (!nargs_ok("publish_index", nargs, 4) || !need_ready(self, 1) || !arg_u64(args[0], &gen) ||
+        !arg_u64(args[1], &cap) || !arg_u64(args[2], &bytes))
+        goto fail;
+    if (!PyBytes_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "name must be bytes");
+        goto fail;
+    }
+    name = PyBytes_AS_STRING(args[3]);
+    nlen = PyBytes_GET_SIZE(args[3]);
+    if (gen == 0 || nlen == 0 || nlen >= (Py_ssize_t)IP_NAME_BYTES ||
+        memchr(name, 0, (size_t)nlen) != NULL) {
+        PyErr_Format(PyExc_ValueError, "generation must be > 0 and name 1..%u bytes without NUL",
+                     IP_NAME_BYTES - 1);
+        goto fail;
+    }
+    memset(words, 0, sizeof words);
+    memcpy(words, name, (size_t)nlen);
+    if (LD(U64(self, IP_GEN)) != 0)
+        ST(U64(self, IM_WORD(IM_RESIZES)), LD(U64(self, IM_WORD(IM_RESIZES))) + 1);
+    seq = U64(self, IP_SEQ);
+    odd = seq_write_begin(seq);
+    ST(U64(self, IP_CAP), cap);
+    ST(U64(self, IP_BYTES), bytes);
+    for (size_t i = 0; i < IP_NAME_BYTES / 8; i++)
+        ST(U64(self, IP_NAME + 8 * i), words[i]);
+    STR(U64(self, IP_GEN), gen); /* a pick's single acquire load of IP_GEN sees the new name too */
+    seq_write_end(seq, odd);
+    result = Py_NewRef(Py_None);
+fail:
+    return result;
+}
+
+/* index_publication() -> (generation, capacity, segment_bytes, name); generation 0: none yet. */
+static PyObject *Region_index_publication(Region *self, PyObject *unused)
+{
+    PyObject *result = NULL;
+    const uint64_t *seq;
+    uint64_t s0 = 0, gen = 0, cap = 0, bytes = 0, words[IP_NAME_BYTES / 8 + 1];
+    int tries, ok = 0;
+    if (!need_ready(self, 0))
+        goto fail;
+    seq = U64(self, IP_SEQ);
+    for (tries = 0; tries < SEQ_TRIES && !ok; tries++) {
+        s0 = LDA(seq);
+        if ((s0 & 1) == 0) {
+            gen = LD(U64(self, IP_GEN));
+            cap = LD(U64(self, IP_CAP));
+            bytes = LD(U64(self, IP_BYTES));
+            for (size_t i = 0; i < IP_NAME_BYTES / 8; i++)
+                words[i] = LD(U64(self, IP_NAME + 8 * i));
+            ok = seq_read_ok(seq, s0);
+        }
+        if (!ok)
+            cpu_relax();
+    }
+    self->seq_retries += (unsigned long long)(tries - 1);
+    if (!ok) {
+        PyErr_Format(RetryExhausted, "index publication: sequence stayed odd (%llu) for %d tries",
+                     (unsigned long long)s0, SEQ_TRIES);
+        goto fail;
+    }
+    words[IP_NAME_BYTES / 8] = 0;
+    result = Py_BuildValue("(KKKy)", (unsigned long long)gen, (unsigned long long)cap,
+                           (unsigned long long)bytes, (const char *)words);
+fail:
+    return result;
+}
+
+/* index_generation() -> the published generation (one acquire load, as every pick does). */
+static PyObject *Region_index_generation(Region *self, PyObject *unused)
+{
+    PyObject *result = NULL;
+    if (need_ready(self, 0))
+        result = PyLong_FromUnsignedLongLong(LDA(U64(self, IP_GEN)));
+    return result;
+}
+
+/* count_index_dropped(n) (coordinator): events the ingest dropped (unknown server, malformed). */
+static PyObject *Region_count_index_dropped(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    uint64_t n, *w;
+    if (!nargs_ok("count_index_dropped", nargs, 1) || !arg_u64(args[0], &n) || !need_ready(self, 1))
+        goto fail;
+    w = U64(self, IM_WORD(IM_DROPPED));
+    ST(w, LD(w) + n);
+    result = Py_NewRef(Py_None);
+fail:
+    return result;
+}
+
+static const char *const IM_NAMES[IM_WORDS] = {
+    "events_applied", "blocks_applied", "blocks_stored", "blocks_removed", "servers_cleared",
+    "events_dropped", "live", "dead", "used", "max_probe", "sessions", "implicit_entries",
+    "sweeps", "routed_expired", "evicted", "resizes", "last_sweep_ns", "lag_samples",
+    "lag_sum_ns",
+};
+
+/* index_metrics() -> dict of the index metrics (relaxed loads), "lag_hist" a list of 64 counts. */
+static PyObject *Region_index_metrics(Region *self, PyObject *unused)
+{
+    PyObject *result = NULL, *v = NULL, *hist = NULL;
+    if (!need_ready(self, 0) || (result = PyDict_New()) == NULL)
+        goto fail;
+    for (int i = 0; i < IM_WORDS; i++) {
+        if ((v = PyLong_FromUnsignedLongLong(LD(U64(self, IM_WORD(i))))) == NULL ||
+            PyDict_SetItemString(result, IM_NAMES[i], v) < 0)
+            goto error;
+        Py_CLEAR(v);
+    }
+    if ((v = PyLong_FromUnsignedLongLong(LD(U64(self, IC_FULL_DROPS)))) == NULL ||
+        PyDict_SetItemString(result, "index_full_drops", v) < 0)
+        goto error;
+    Py_CLEAR(v);
+    if ((v = PyLong_FromUnsignedLongLong(LD(U64(self, IC_RACE_RERUNS)))) == NULL ||
+        PyDict_SetItemString(result, "race_reruns", v) < 0)
+        goto error;
+    Py_CLEAR(v);
+    if ((v = PyLong_FromUnsignedLongLong(LD(U64(self, IP_GEN)))) == NULL ||
+        PyDict_SetItemString(result, "generation", v) < 0)
+        goto error;
+    Py_CLEAR(v);
+    if ((hist = PyList_New(LAG_BUCKETS)) == NULL)
+        goto error;
+    for (unsigned b = 0; b < LAG_BUCKETS; b++) {
+        if ((v = PyLong_FromUnsignedLongLong(LD(U64(self, OFF_LAGHIST + 8 * b)))) == NULL)
+            goto error;
+        PyList_SET_ITEM(hist, b, v);
+        v = NULL;
+    }
+    if (PyDict_SetItemString(result, "lag_hist", hist) < 0)
+        goto error;
+    goto fail;
+error:
+    Py_CLEAR(result);
+fail:
+    Py_XDECREF(v);
+    Py_XDECREF(hist);
     return result;
 }
 
@@ -1159,6 +1134,11 @@ static PyMethodDef Region_methods[] = {
     FAST(load, "load(slot) -> (active_requests, active_tokens)"),
     FAST(routed, "routed(slot) -> int"),
     NOARG(retired, "retired() -> (dispatched, completed)"),
+    FAST(publish_index, "publish_index(generation, capacity, segment_bytes, name)"),
+    NOARG(index_publication, "index_publication() -> (generation, capacity, segment_bytes, name)"),
+    NOARG(index_generation, "index_generation() -> int (0: no index published yet)"),
+    FAST(count_index_dropped, "count_index_dropped(n): events dropped by the ingest"),
+    NOARG(index_metrics, "index_metrics() -> dict of the index metrics and lag histogram"),
     {NULL, NULL, 0, NULL},
 };
 
@@ -1169,7 +1149,7 @@ static PyGetSetDef Region_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject RegionType = {
+PyTypeObject RegionType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "shmdisagg._native.Region",
     .tp_basicsize = sizeof(Region),
@@ -1185,11 +1165,25 @@ static PyTypeObject RegionType = {
 static PyMethodDef module_methods[] = {
     {"control_size", (PyCFunction)(void (*)(void))mod_control_size, METH_FASTCALL,
      "control_size(max_workers) -> logical control-segment size in bytes"},
+    {"block_hashes_v1", (PyCFunction)(void (*)(void))mod_block_hashes_v1,
+     METH_FASTCALL | METH_KEYWORDS,
+     "block_hashes_v1(tokens, tokens_per_block, salt_id=None) -> bytes of u64 LE per block"},
+    {"block_hashes_v2", (PyCFunction)(void (*)(void))mod_block_hashes_v2,
+     METH_FASTCALL | METH_KEYWORDS,
+     "block_hashes_v2(tokens, tokens_per_block, salt_id=None, lora_id=None, token_bytes=4) -> "
+     "bytes of 32-byte SHA-256 keys per block"},
+    {"block_hashes_v2_64", (PyCFunction)(void (*)(void))mod_block_hashes_v2_64,
+     METH_FASTCALL | METH_KEYWORDS,
+     "block_hashes_v2_64(tokens, tokens_per_block, salt_id=None, lora_id=None, token_bytes=4) -> "
+     "bytes of u64 LE per block (first 8 key bytes read big-endian)"},
+    {"_sha256_impl", (PyCFunction)(void (*)(void))mod_sha256_impl, METH_FASTCALL,
+     "_sha256_impl(force=None) -> 'shani' | 'portable' (tests: force the portable code)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "_native", "Atomic access to shmdisagg's shared-memory control segment.",
+    PyModuleDef_HEAD_INIT, "_native",
+    "Atomic access to shmdisagg's shared-memory segments; KV block hashing.",
     -1, module_methods, NULL, NULL, NULL, NULL,
 };
 
@@ -1202,9 +1196,12 @@ static int add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *bas
 PyMODINIT_FUNC PyInit__native(void)
 {
     PyObject *m = NULL, *magic = NULL;
-    if (PyType_Ready(&RegionType) < 0 || (m = PyModule_Create(&moduledef)) == NULL)
+    if (PyType_Ready(&RegionType) < 0 || PyType_Ready(&IndexType) < 0 ||
+        PyType_Ready(&PrefixHashCacheType) < 0 || (m = PyModule_Create(&moduledef)) == NULL)
         goto fail;
     if (PyModule_AddObjectRef(m, "Region", (PyObject *)&RegionType) < 0 ||
+        PyModule_AddObjectRef(m, "Index", (PyObject *)&IndexType) < 0 ||
+        PyModule_AddObjectRef(m, "PrefixHashCache", (PyObject *)&PrefixHashCacheType) < 0 ||
         !add_exc(m, &ShmError, "shmdisagg._native.ShmError", NULL, "Shared-memory failure.") ||
         !add_exc(m, &LayoutMismatch, "shmdisagg._native.LayoutMismatch", ShmError,
                  "The segment header does not describe this build's layout.") ||
@@ -1222,6 +1219,8 @@ PyMODINIT_FUNC PyInit__native(void)
         CONST(OFF_RETIRED) || CONST(OFF_SERVERS) || CONST(OFF_WORKERS) || CONST(SEQ_TRIES) ||
         CONST(FLAG_PRESENT) || CONST(FLAG_HEALTHY) || CONST(ROLE_SHIFT) || CONST(ADDR_BYTES) ||
         CONST(H_INIT) || CONST(H_VERSION) || CONST(S_SEQ) || CONST(CFG_SEQ) ||
+        CONST(OFF_IDXPUB) || CONST(IP_GEN) || CONST(IP_SEQ) || CONST(IP_NAME_BYTES) ||
+        CONST(OFF_IDXMET) || CONST(OFF_LAGHIST) || CONST(LAG_BUCKETS) || !index_add_constants(m) ||
         (magic = PyLong_FromUnsignedLongLong(MAGIC)) == NULL ||
         PyModule_AddObjectRef(m, "MAGIC", magic) < 0)
         goto error;

@@ -1,11 +1,18 @@
-"""Typed face of `shmdisagg._native` (built from native/_native.c; layout in native/README.md).
+"""Typed face of `shmdisagg._native` (built from native/*.c; layouts in native/README.md).
 
-Units: every `*_ns` is CLOCK_MONOTONIC nanoseconds (time.monotonic_ns) unless named `wall`;
-sizes are bytes; `tokens` are prompt tokens. Slots are 0..MAX_SERVERS-1, roles 0 (context) and
-1 (generation). All calls keep the GIL and take well under a microsecond.
+Units: every `*_ns` is CLOCK_MONOTONIC nanoseconds (time.monotonic_ns) unless named `wall` or
+`event_ts_ns` (wall clock, time.time_ns()); sizes are bytes; `tokens` are prompt tokens. Slots
+are 0..MAX_SERVERS-1, roles 0 (context) and 1 (generation). Block hashes travel as `bytes` of
+packed little-endian u64 ("hashes"). Region calls keep the GIL and take well under a microsecond;
+Index picks and hashing scale with the prompt (native/README.md, "Measured cost"); only
+`Index.sweep`, `Index.copy_into` and `Index.init_index` release the GIL, on large tables.
 """
 
+from collections.abc import Sequence
+
 from typing_extensions import Buffer
+
+Tokens = Sequence[int] | Buffer  # a list of ints, or a buffer of 4- or 8-byte integers
 
 MAGIC: int
 LAYOUT_VERSION: int
@@ -31,6 +38,20 @@ H_INIT: int
 H_VERSION: int
 S_SEQ: int
 CFG_SEQ: int
+OFF_IDXPUB: int
+IP_GEN: int
+IP_SEQ: int
+IP_NAME_BYTES: int
+OFF_IDXMET: int
+OFF_LAGHIST: int
+LAG_BUCKETS: int
+IX_MAGIC: int
+IX_VERSION: int
+IX_HEADER_BYTES: int
+IX_SLOT_BYTES: int
+IX_MIN_LOG2: int
+IX_MAX_LOG2: int
+REFRESH_NS: int
 
 class ShmError(Exception):
     """Shared-memory failure (also: region read-only, or not validated yet)."""
@@ -49,6 +70,44 @@ class RowLost(ShmError):
 
 def control_size(max_workers: int) -> int:
     """Logical control-segment size in bytes for `max_workers` rows (ValueError if not 1..4096)."""
+
+def block_hashes_v1(tokens: Tokens, tokens_per_block: int, salt_id: int | None = None) -> bytes:
+    """TensorRT-LLM v1_block_key keys of the prompt's blocks (last token excluded, final partial
+    block kept), u64 LE each. TypeError: a token that is not an int, a buffer of other items;
+    ValueError: tokens_per_block not in 1..2**20, salt_id not a u64."""
+
+def block_hashes_v2(
+    tokens: Tokens, tokens_per_block: int, salt_id: int | None = None, lora_id: int | None = None,
+    token_bytes: int = 4,
+) -> bytes:
+    """KV cache manager V2 SHA-256 block keys, 32 bytes each. ValueError: a token id that does not
+    fit token_bytes (4: 0..2**32-1), token_bytes not 4 or 8."""
+
+def block_hashes_v2_64(
+    tokens: Tokens, tokens_per_block: int, salt_id: int | None = None, lora_id: int | None = None,
+    token_bytes: int = 4,
+) -> bytes:
+    """v2_sha256_64: each V2 key's first 8 bytes read big-endian, packed u64 LE."""
+
+def _sha256_impl(force_portable: bool | None = None, /) -> str:
+    """The SHA-256 transform in use ("shani" or "portable"); True forces the portable one (tests)."""
+
+class PrefixHashCache:
+    """v1 block keys cached by prompt prefix (process-local, keeps the GIL).
+
+    `block_hashes` returns exactly block_hashes_v1(tokens, tokens_per_block, salt_id), hashing
+    only the blocks past the deepest cached prefix (checkpoints every 16 blocks).
+    """
+
+    def __init__(self, tokens_per_block: int, max_blocks: int = 2**21, seed: int | None = None) -> None:
+        """ValueError: tokens_per_block not in 1..2**20 or max_blocks not in 16..2**32."""
+    @property
+    def tokens_per_block(self) -> int: ...
+    @property
+    def stats(self) -> dict[str, int]:
+        """"calls", "full_hits", "blocks_reused", "blocks_hashed" (process-local)."""
+    def block_hashes(self, tokens: Tokens, salt_id: int | None = None) -> bytes: ...
+    def clear(self) -> None: ...
 
 class Region:
     """Atomic access to one mapped control segment.
@@ -129,3 +188,93 @@ class Region:
         """Picks of `slot` over all rows plus the retired totals."""
     def retired(self) -> tuple[int, int]:
         """(dispatched, completed) retired from reclaimed rows."""
+    # -- block index publication and metrics
+    def publish_index(self, generation: int, capacity: int, segment_bytes: int, name: bytes, /) -> None:
+        """Coordinator: seqlock-write the index generation workers must map (after its PUBLISHED
+        state). ValueError: generation 0, name empty, over 63 bytes or containing NUL."""
+    def index_publication(self) -> tuple[int, int, int, bytes]:
+        """(generation, capacity, segment_bytes, name); generation 0: none published. RetryExhausted."""
+    def index_generation(self) -> int:
+        """The published generation (one acquire load)."""
+    def count_index_dropped(self, n: int, /) -> None:
+        """Coordinator: count KV events the ingest dropped (unknown server, malformed)."""
+    def index_metrics(self) -> dict[str, object]:
+        """The index metrics (ints) plus "lag_hist": list of LAG_BUCKETS counts (log2 ns)."""
+
+class Index:
+    """One mapped KV block index segment, routing with the control `Region` it is given.
+
+    Holds a buffer export and a reference to `control` until `release()`. Coordinator-only calls
+    (init/publish/retire, apply_*, clear_server, sweep, copy_into) are not enforced here:
+    `shmdisagg.shm.index.BlockIndex` enforces them. Picks return None when the control segment
+    publishes another generation (remap and call again).
+    """
+
+    def __init__(self, buffer: Buffer, control: Region, writable: bool = True) -> None:
+        """ValueError: buffer not 8-byte aligned, control region released or not validated."""
+    @property
+    def generation(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def insert_limit(self) -> int: ...
+    @property
+    def used(self) -> int:
+        """Keys stored plus reservations in flight."""
+    @property
+    def max_probe(self) -> int: ...
+    @property
+    def state(self) -> int:
+        """0 building, 1 published, 2 retired."""
+    @property
+    def size(self) -> int: ...
+    def release(self) -> None:
+        """Drop the buffer export and the control reference. ShmError while a GIL-free call runs."""
+    # -- lifecycle (coordinator)
+    def init_index(self, generation: int, cap_log2: int, insert_limit: int, created_wall_ns: int, /) -> int:
+        """Zero and initialise a fresh segment (state BUILDING); returns its logical size.
+        SegmentFull: mapping too small. ValueError: generation 0, cap_log2 not in 4..32."""
+    def check_index(self) -> bool:
+        """True: valid and published (or retired); False: still BUILDING. LayoutMismatch."""
+    def publish(self) -> None: ...
+    def retire(self) -> None: ...
+    def observe(self, row: int, /) -> bool:
+        """Store this generation as the own row's observed_idx_gen; False if the row was lost."""
+    # -- KV events and maintenance (coordinator)
+    def apply_stored(self, slot: int, hashes: Buffer, event_ts_ns: int, /) -> int:
+        """Set slot's event bit on every hash (inserting absent ones); returns blocks marked.
+        event_ts_ns: executor wall-clock time of the event, 0 if unknown (no lag sample)."""
+    def apply_removed(self, slot: int, hashes: Buffer, /) -> int:
+        """Clear slot's event and routed bits on every hash found; returns how many were found."""
+    def apply_all_cleared(self, slot: int, /) -> int:
+        """Clear slot's bits on every block (not sessions); returns slots changed."""
+    def clear_server(self, slot: int, /) -> int:
+        """Clear slot's bits on every block and conversation session; returns slots changed."""
+    def sweep(self, now_ns: int, routed_ttl_ns: int, max_sessions: int, max_implicit: int, /) -> dict[str, int]:
+        """Expire routed bits older than routed_ttl_ns (0: never), evict the oldest sessions and
+        implicit entries beyond the bounds; returns and stores the census: used, live, dead,
+        sessions, implicit_entries, routed_expired, evicted, max_probe, reserved."""
+    def scan(self) -> dict[str, int]:
+        """The census, read-only."""
+    def copy_into(self, dst: Index, /) -> tuple[int, int]:
+        """(copied, refused): every live key with its masks and stamp into a BUILDING index."""
+    def lookup(self, hash: int, kind: int = 0, role: int = 0, /) -> tuple[int, int, int] | None:
+        """(event_mask, routed_mask, routed_ts_ns) of a block (kind 0), conversation key (1) or
+        implicit prefix hash (2), or None."""
+    # -- picks (workers; RowLost if the row is not ours)
+    def pick_kv(
+        self, row: int, role: int, exclude_slot: int, hashes: Buffer, num_tokens: int,
+        load_weight: float, load_cap: float, use_tokens: bool, track_routed: bool, /,
+    ) -> tuple[int, int] | None:
+        """(slot, matched_blocks) | (-1, 0) | None (generation changed). See the README."""
+    def match(self, hashes: Buffer, role: int = -1, /) -> list[tuple[int, int]] | None:
+        """[(slot, depth)] of present, healthy servers (of role if >= 0); None: remap."""
+    def conv_pick_explicit(
+        self, row: int, role: int, exclude_slot: int, conv_key: int, num_tokens: int, /
+    ) -> int | None:
+        """Sticky by conversation key across processes; -1 if no candidate; None: remap."""
+    def conv_pick_implicit(
+        self, row: int, role: int, exclude_slot: int, hashes: Buffer, num_tokens: int,
+        match_threshold: float, /,
+    ) -> tuple[int, int] | None:
+        """(slot, depth) by the deepest routed prefix above the threshold, else least loaded."""

@@ -8,13 +8,25 @@ integer mix; an optional salt id is mixed into the first block only. Hashes are 
 Block boundaries follow TensorRT-LLM's KvCacheManager: the prompt's **last token is excluded**,
 blocks are ``tokens[t : min(t + tokens_per_block, len - 1)]`` and a final partial block is kept.
 
-This module is the pure-Python reference. The native extension (`shmdisagg._native`) computes
-the same hashes fast; `block_hashes` picks the native one when it is built.
+The `v2_sha256` / `v2_sha256_64` variants follow KV cache manager V2
+(`kv_cache_manager_v2` `sequence_to_blockchain_keys`): a root key SHA-256(reuse scope bytes), then
+SHA-256(parent key || the block's tokens as u32 little-endian) per block, the root not emitted;
+`v2_sha256_64` keeps a key's first 8 bytes read big-endian. Releases before the 4-byte
+`TokenIdExt` layout hashed tokens as u64 (`token_bytes=8`).
+
+The `*_py` functions are the pure-Python references (tests only). `block_hashes`,
+`block_hashes_bytes` and the v2 functions call the native extension (`shmdisagg._native`,
+native/hash.c). The hot path is `block_hashes_bytes`: packed little-endian u64 per block, the
+format every native index call takes, with no list of Python ints in between.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections.abc import Sequence
+
+from shmdisagg import _native
 
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
@@ -62,8 +74,6 @@ def cache_salt_id(cache_salt: str) -> int:
     Source: TensorRT-LLM `get_cache_salt_id`. (C++ v1 workers mix `std::hash` of the salt instead,
     which cannot be reproduced; salted v1 hashes match KV cache manager V2 workers only.)
     """
-    import hashlib
-
     return int.from_bytes(hashlib.sha256(cache_salt.encode()).digest()[:8], "little")
 
 
@@ -81,12 +91,94 @@ def block_hashes_py(tokens: Sequence[int], tokens_per_block: int, salt_id: int |
 
 
 def block_hashes(tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None) -> list[int]:
-    """Same as `block_hashes_py`, computed by the native extension when it is available."""
-    try:
-        from shmdisagg import _native
-    except ImportError:  # pragma: no cover - the extension is always built by `pip install`
-        return block_hashes_py(tokens, tokens_per_block, salt_id)
-    fn = getattr(_native, "block_hashes_v1", None)
-    if fn is None:
-        return block_hashes_py(tokens, tokens_per_block, salt_id)
-    return fn(tokens, tokens_per_block, salt_id)
+    """Same as `block_hashes_py`, computed natively. `tokens`: a list of ints or a buffer of
+    int32/int64 (array, numpy)."""
+    raw = _native.block_hashes_v1(tokens, tokens_per_block, salt_id)
+    return list(struct.unpack(f"<{len(raw) // 8}Q", raw))
+
+
+def block_hashes_bytes(tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None) -> bytes:
+    """The v1 block hashes packed as little-endian u64, for the native index calls (hot path)."""
+    return _native.block_hashes_v1(tokens, tokens_per_block, salt_id)  # type: ignore[no-any-return]
+
+
+def _reuse_scope_bytes(salt_id: int | None, lora_id: int | None) -> bytes:
+    """KV cache manager V2's ReuseScope(lora_id, salt) bytes: a presence mask byte, then one u64
+    little-endian per present field."""
+    fields = (lora_id, salt_id)
+    mask = sum((v is not None) << i for i, v in enumerate(fields))
+    return bytes([mask]) + b"".join(v.to_bytes(8, "little") for v in fields if v is not None)
+
+
+def block_keys_v2_py(
+    tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None,
+    lora_id: int | None = None, token_bytes: int = 4,
+) -> list[bytes]:
+    """Reference v2_sha256 keys (32 bytes each) of a prompt's blocks, last token excluded."""
+    if tokens_per_block <= 0:
+        raise ValueError("tokens_per_block must be positive")
+    key = hashlib.sha256(_reuse_scope_bytes(salt_id, lora_id)).digest()
+    usable = list(tokens[: max(len(tokens) - 1, 0)])
+    out = []
+    for start in range(0, len(usable), tokens_per_block):
+        block = usable[start : start + tokens_per_block]
+        key = hashlib.sha256(key + b"".join(t.to_bytes(token_bytes, "little") for t in block)).digest()
+        out.append(key)
+    return out
+
+
+def block_hashes_v2_64_py(
+    tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None,
+    lora_id: int | None = None, token_bytes: int = 4,
+) -> list[int]:
+    """Reference v2_sha256_64 hashes: each v2 key's first 8 bytes as a big-endian integer."""
+    return [int.from_bytes(k[:8], "big") for k in
+            block_keys_v2_py(tokens, tokens_per_block, salt_id, lora_id, token_bytes)]
+
+
+def block_keys_v2(
+    tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None,
+    lora_id: int | None = None, token_bytes: int = 4,
+) -> list[bytes]:
+    """v2_sha256 keys (32 bytes each; TensorRT-LLM reports them as `key.hex()`), computed natively."""
+    raw = _native.block_hashes_v2(tokens, tokens_per_block, salt_id, lora_id, token_bytes)
+    return [raw[i : i + 32] for i in range(0, len(raw), 32)]
+
+
+def block_hashes_v2_64_bytes(
+    tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None,
+    lora_id: int | None = None, token_bytes: int = 4,
+) -> bytes:
+    """v2_sha256_64 hashes packed as little-endian u64 (the index format), computed natively."""
+    return _native.block_hashes_v2_64(tokens, tokens_per_block, salt_id, lora_id, token_bytes)  # type: ignore[no-any-return]
+
+
+def block_hashes_v2_64(
+    tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None,
+    lora_id: int | None = None, token_bytes: int = 4,
+) -> list[int]:
+    """v2_sha256_64 hashes as ints, computed natively."""
+    raw = block_hashes_v2_64_bytes(tokens, tokens_per_block, salt_id, lora_id, token_bytes)
+    return list(struct.unpack(f"<{len(raw) // 8}Q", raw))
+
+
+def v2_key_to_u64(key: bytes | str) -> int:
+    """Fold a v2_sha256 key (32 bytes, or its hex as reported in KV events) to the index's u64,
+    as v2_sha256_64 does: the first 8 bytes read big-endian."""
+    raw = bytes.fromhex(key) if isinstance(key, str) else key
+    return int.from_bytes(raw[:8], "big")
+
+
+PrefixHashCache = _native.PrefixHashCache
+"""PrefixHashCache(tokens_per_block, max_blocks=2**21, seed=None): v1 block keys cached by
+prompt prefix, per process. `.block_hashes(tokens, salt_id=None) -> bytes` returns exactly what
+`block_hashes_bytes` does, hashing only the blocks past the deepest cached prefix (checkpoints
+every 16 blocks). It pays off for int32/int64 buffers (a 32k-token repeat: ~11 us against ~49 us
+on the development VM); for Python lists, reading the int objects dominates either way
+(native/README.md, "Measured cost")."""
+
+
+def conversation_key(conversation_id: str) -> int:
+    """The u64 key of a conversation id for `BlockIndex.conv_pick_explicit` (BLAKE2b, 8 bytes).
+    Every fleet worker derives the same key from the same id."""
+    return int.from_bytes(hashlib.blake2b(conversation_id.encode(), digest_size=8).digest(), "little")

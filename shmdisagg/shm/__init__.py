@@ -1,6 +1,8 @@
-"""Shared-memory routing state: segment lifecycle (`segment`), layout names (`layout`) and the
-control table (`table`). See native/README.md for the layout and the concurrency model."""
+"""Shared-memory routing state: segment lifecycle (`segment`), layout names (`layout`), the
+control table (`table`) and the KV block index (`index`). See native/README.md for the layouts
+and the concurrency model."""
 
+from shmdisagg.shm.index import BlockIndex, IndexSettings, IndexStats, pack_hashes
 from shmdisagg.shm.layout import ROLE_CONTEXT, ROLE_GENERATION
 from shmdisagg.shm.segment import (
     DeploymentRunning,
@@ -19,8 +21,11 @@ from shmdisagg.shm.table import ControlTable, RowInfo, ServerInfo, process_start
 __all__ = [
     "ROLE_CONTEXT",
     "ROLE_GENERATION",
+    "BlockIndex",
     "ControlTable",
     "DeploymentRunning",
+    "IndexSettings",
+    "IndexStats",
     "LayoutMismatch",
     "RetryExhausted",
     "RowInfo",
@@ -31,6 +36,7 @@ __all__ = [
     "ServerInfo",
     "ShmError",
     "cleanup_stale",
+    "pack_hashes",
     "process_starttime",
     "segment_names",
 ]

@@ -70,3 +70,33 @@ def server_seq_offset(slot: int) -> int:
 CONFIG_SEQ_OFFSET: int = _native.CFG_SEQ
 INIT_STATE_OFFSET: int = _native.H_INIT
 VERSION_OFFSET: int = _native.H_VERSION
+INDEX_PUBLICATION_SEQ_OFFSET: int = _native.IP_SEQ
+
+# -- KV block index segments ("/{prefix}-idx-{generation:x}") ------------------------------------
+
+INDEX_MAGIC: int = _native.IX_MAGIC
+INDEX_HEADER_BYTES: int = _native.IX_HEADER_BYTES
+INDEX_SLOT_BYTES: int = _native.IX_SLOT_BYTES
+INDEX_MIN_CAPACITY: int = 1 << _native.IX_MIN_LOG2
+INDEX_MAX_CAPACITY: int = 1 << _native.IX_MAX_LOG2
+INDEX_NAME_MAX_BYTES: int = _native.IP_NAME_BYTES - 1
+LAG_BUCKETS: int = _native.LAG_BUCKETS
+
+
+def index_name(prefix: str, generation: int) -> str:
+    """POSIX name of generation `generation` of the block index: "/{prefix}-idx-{generation:x}"."""
+    return f"/{prefix.lstrip('/')}-idx-{generation:x}"
+
+
+def index_size(capacity: int) -> int:
+    """Bytes to allocate for an index of `capacity` slots (a power of two), whole pages.
+
+    Raises ValueError for a capacity that is not a power of two in the supported range.
+    """
+    if capacity & (capacity - 1) or not INDEX_MIN_CAPACITY <= capacity <= INDEX_MAX_CAPACITY:
+        raise ValueError(
+            f"index capacity must be a power of two in {INDEX_MIN_CAPACITY}..{INDEX_MAX_CAPACITY}, "
+            f"not {capacity}"
+        )
+    page = mmap.PAGESIZE
+    return -(-(INDEX_HEADER_BYTES + INDEX_SLOT_BYTES * capacity) // page) * page

@@ -326,6 +326,17 @@ class ControlTable:
         """Process-local counters: seqlock retries, picks served from the last good config copy."""
         return self._region.stats  # type: ignore[no-any-return]
 
+    def index_publication(self) -> tuple[int, int, int, str]:
+        """(generation, capacity, segment_bytes, name) of the published block index; generation 0
+        while none is published. See `shmdisagg.shm.index.BlockIndex`."""
+        gen, cap, nbytes, name = _retrying(self._region.index_publication)
+        return int(gen), int(cap), int(nbytes), name.decode(errors="replace")
+
+    def index_metrics(self) -> dict[str, Any]:
+        """The block index metrics kept in the control segment (counters are monotonic; derive
+        rates by differencing). "lag_hist" counts event-to-visibility lags in log2 ns buckets."""
+        return self._region.index_metrics()  # type: ignore[no-any-return]
+
     # -- worker only (own row) ----------------------------------------------------------------
 
     def claim_row(self, pid: int, starttime: int) -> int:

@@ -156,7 +156,7 @@ def _copy_with(table: ControlTable, prefix: str, offset: int, fmt: str, value: i
     ("offset", "fmt", "value", "message"),
     [
         (0, "<Q", 0x1122334455667788, r"bad magic 0x1122334455667788 .*not a shmdisagg control segment"),
-        (layout.VERSION_OFFSET, "<I", 9, "layout version 9, but this build reads version 1"),
+        (layout.VERSION_OFFSET, "<I", 9, "layout version 9, but this build reads version 2"),
     ],
     ids=["magic", "version"],
 )

@@ -1,0 +1,401 @@
+/*
+ * KV-cache block hashes of a prompt, computed exactly as TensorRT-LLM's executors key their
+ * blocks (shmdisagg/hashing.py holds the pure-Python references the tests compare against).
+ *
+ * Block boundaries (both algorithms): the prompt's last token is excluded, blocks are
+ * tokens[t : min(t + tpb, len - 1)] for t = 0, tpb, 2 tpb, ..., and a final partial block is kept.
+ *
+ * v1_block_key (tensorrt_llm/runtime/kv_cache_hash.py, C++ BlockKeyHasher): per block,
+ *   seed = len ^ (parent * 0xBF58476D1CE4E5B9); if parent == 0 and a salt: seed = mix64(salt, seed);
+ *   per token: seed ^= premix(token) + (seed << 6) + (seed >> 2)   (u64; premix is u32 math)
+ * premix() depends only on the token, so it runs ahead of the serial chain: the loop below is
+ * bound by the chain's four dependent ALU ops per token (about 4 cycles), measured in the README.
+ *
+ * Tokens: a list of ints (compact ints are read straight from the objects) or any buffer of
+ * 4- or 8-byte integers (array, numpy, memoryview). The GIL is kept: 32k tokens take tens of
+ * microseconds, less than the cost of handing them to another thread.
+ */
+#include "hash.h"
+
+
+/* ---- tokens ----------------------------------------------------------------------------- */
+
+int tokens_open(PyObject *o, Tokens *t)
+{
+    int ok = 0;
+    const char *fmt;
+    char code;
+    memset(t, 0, sizeof *t);
+    if (PyList_Check(o)) {
+        t->items = ((PyListObject *)o)->ob_item;
+        t->n = PyList_GET_SIZE(o);
+        ok = 1;
+    } else if (PyObject_GetBuffer(o, &t->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+        t->has_view = 1;
+        fmt = t->view.format ? t->view.format : "B";
+        if (*fmt == '<' || *fmt == '=' || *fmt == '@')
+            fmt++;
+        code = fmt[0];
+        if (fmt[0] == 0 || fmt[1] != 0 || strchr("iIlLqQ", code) == NULL ||
+            (t->view.itemsize != 4 && t->view.itemsize != 8)) {
+            PyErr_Format(PyExc_TypeError, "tokens buffer must hold 4- or 8-byte integers, not "
+                         "format %s", t->view.format ? t->view.format : "B");
+        } else {
+            t->buf = t->view.buf;
+            t->itemsize = t->view.itemsize;
+            t->is_signed = code == 'i' || code == 'l' || code == 'q';
+            t->n = t->view.len / t->itemsize;
+            ok = 1;
+        }
+    } else {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "tokens must be a list of ints or a buffer of int32/int64, "
+                     "not %.100s", Py_TYPE(o)->tp_name);
+    }
+    if (!ok && t->has_view) {
+        PyBuffer_Release(&t->view);
+        t->has_view = 0;
+    }
+    return ok;
+}
+
+void tokens_close(Tokens *t)
+{
+    if (t->has_view)
+        PyBuffer_Release(&t->view);
+    t->has_view = 0;
+}
+
+/* Low 64 bits (two's complement) of a Python int; compact ints without a call. 0 + TypeError
+ * for a non-int. */
+static inline int long_bits(PyObject *o, uint64_t *out)
+{
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "token ids must be ints, not %.100s", Py_TYPE(o)->tp_name);
+        return 0;
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+        *out = (uint64_t)(int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
+        return 1;
+    }
+#else
+    {
+        Py_ssize_t size = Py_SIZE(o);
+        const digit *d = ((PyLongObject *)o)->ob_digit;
+        if (size == 0 || size == 1 || size == -1) {
+            uint64_t v = size == 0 ? 0 : d[0];
+            *out = size < 0 ? (uint64_t)0 - v : v;
+            return 1;
+        }
+    }
+#endif
+    *out = PyLong_AsUnsignedLongLongMask(o);
+    return !(*out == (uint64_t)-1 && PyErr_Occurred());
+}
+
+/* tokens[start .. start + count) as u64 (two's complement bits); 0 with an exception set. */
+int tokens_read(const Tokens *t, Py_ssize_t start, Py_ssize_t count, uint64_t *out)
+{
+    if (t->items != NULL) {
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (!long_bits(t->items[start + i], &out[i]))
+                return 0;
+    } else if (t->itemsize == 4) {
+        const char *p = t->buf + start * 4;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint32_t v;
+            memcpy(&v, p + 4 * i, 4);
+            out[i] = t->is_signed ? (uint64_t)(int64_t)(int32_t)v : v;
+        }
+    } else {
+        memcpy(out, t->buf + start * 8, (size_t)count * 8);
+    }
+    return 1;
+}
+
+/* ---- v1_block_key ----------------------------------------------------------------------- */
+
+#define HASH32 0x45D9F3Bu
+#define HASH64_1 0xBF58476D1CE4E5B9ULL
+#define HASH64_2 0x94D049BB133111EBULL
+#define COMBINE 0x9E3779B9u
+#define PARENT_MUL 0xBF58476D1CE4E5B9ULL
+
+static inline uint64_t premix(uint64_t token)
+{
+    uint32_t v = (uint32_t)token;
+    v = ((v >> 16) ^ v) * HASH32;
+    v = ((v >> 16) ^ v) * HASH32;
+    v = (v >> 16) ^ v;
+    return (uint32_t)(v + COMBINE); /* wraps in u32 before the u64 terms, as in C++ */
+}
+
+static inline uint64_t mix64(uint64_t v, uint64_t seed)
+{
+    v = (v ^ (v >> 30)) * HASH64_1;
+    v = (v ^ (v >> 27)) * HASH64_2;
+    v ^= v >> 31;
+    return seed ^ (v + COMBINE + (seed << 6) + (seed >> 2));
+}
+
+static inline uint64_t v1_seed(uint64_t len, uint64_t parent, int salted, uint64_t salt)
+{
+    uint64_t seed = len ^ (parent * PARENT_MUL);
+    if (parent == 0 && salted)
+        seed = mix64(salt, seed);
+    return seed;
+}
+
+/* One step of the serial chain: four dependent ALU ops, the bound of the whole function. On
+ * x86-64 the shifts become LEA forms that need no register copy (5 -> 4.2 cycles a token). */
+static inline uint64_t chain_step(uint64_t seed, uint64_t v)
+{
+#if defined(__x86_64__)
+    uint64_t a, b;
+    __asm__("lea (,%[s],8), %[a]\n\t"     /* a = seed << 3 */
+            "mov %[s], %[b]\n\t"
+            "shr $2, %[b]\n\t"
+            "add %[v], %[b]\n\t"          /* b = v + (seed >> 2) */
+            "lea (%[b],%[a],8), %[a]\n\t" /* a = b + (seed << 6) */
+            "xor %[a], %[s]"
+            : [s] "+r"(seed), [a] "=&r"(a), [b] "=&r"(b)
+            : [v] "r"(v));
+    return seed;
+#else
+    return seed ^ (v + (seed << 6) + (seed >> 2));
+#endif
+}
+
+/* premix over a chunk in place; the AVX2 clone does 8 tokens per instruction. */
+static void premix_scalar(uint32_t *v, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        v[i] = (uint32_t)premix(v[i]);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"), optimize("O3"))) static void premix_avx2(uint32_t *v, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t x = v[i];
+        x = ((x >> 16) ^ x) * HASH32;
+        x = ((x >> 16) ^ x) * HASH32;
+        x = (x >> 16) ^ x;
+        v[i] = x + COMBINE;
+    }
+}
+#endif
+
+static void (*premix_chunk)(uint32_t *, Py_ssize_t) = NULL;
+
+static void premix_select(void)
+{
+    premix_chunk = premix_scalar;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2"))
+        premix_chunk = premix_avx2;
+#endif
+}
+
+/* Token bits of one list item: exact compact ints are read from the object itself. */
+#if PY_VERSION_HEX >= 0x030C0000
+#define LIST_FAST(o, out)                                                                        \
+    (Py_IS_TYPE((o), &PyLong_Type) && PyUnstable_Long_IsCompact((PyLongObject *)(o)) &&          \
+     ((out) = (uint64_t)(int64_t)PyUnstable_Long_CompactValue((PyLongObject *)(o)), 1))
+#else
+#define LIST_FAST(o, out)                                                                        \
+    (Py_IS_TYPE((o), &PyLong_Type) && Py_SIZE(o) == 1 &&                                         \
+     ((out) = ((PyLongObject *)(o))->ob_digit[0], 1))
+#endif
+
+#define V1_CHUNK 256 /* tokens premixed ahead of the chain: 1 KiB, stays in L1 */
+
+/* Raw token bits of tokens[start .. start + n) into out (u32). 0 with an exception set. */
+int fill_chunk(const Tokens *t, Py_ssize_t start, Py_ssize_t n, uint32_t *out)
+{
+    uint64_t raw;
+    Py_ssize_t i = 0;
+    if (t->items != NULL) {
+        PyObject *const *it = t->items + start;
+#if PY_VERSION_HEX < 0x030C0000
+        /* four at a time with one branch: positive single-digit ints (every token id < 2^30) */
+        for (; i + 4 <= n; i += 4) {
+            PyObject *a = it[i], *b = it[i + 1], *c = it[i + 2], *d = it[i + 3];
+            if ((Py_IS_TYPE(a, &PyLong_Type) & Py_IS_TYPE(b, &PyLong_Type) & Py_IS_TYPE(c, &PyLong_Type) &
+                 Py_IS_TYPE(d, &PyLong_Type) & (Py_SIZE(a) == 1) & (Py_SIZE(b) == 1) &
+                 (Py_SIZE(c) == 1) & (Py_SIZE(d) == 1)) == 0)
+                break;
+            out[i] = ((PyLongObject *)a)->ob_digit[0];
+            out[i + 1] = ((PyLongObject *)b)->ob_digit[0];
+            out[i + 2] = ((PyLongObject *)c)->ob_digit[0];
+            out[i + 3] = ((PyLongObject *)d)->ob_digit[0];
+        }
+#endif
+        for (; i < n; i++) {
+            PyObject *o = it[i];
+            if (!LIST_FAST(o, raw) && !long_bits(o, &raw))
+                return 0;
+            out[i] = (uint32_t)raw;
+        }
+    } else if (t->itemsize == 4) { /* signed or not, the low 32 bits are the token's */
+        memcpy(out, t->buf + 4 * start, (size_t)n * 4);
+    } else {
+        for (; i < n; i++) {
+            uint64_t v;
+            memcpy(&v, t->buf + 8 * (start + i), 8);
+            out[i] = (uint32_t)v;
+        }
+    }
+    return 1;
+}
+
+/* Chained v1 keys (see hash.h). The tokens are premixed a chunk ahead of the chain; for a
+ * list, reading chunk k + 1's ints is interleaved with chaining chunk k, so those loads and type
+ * checks fill the issue slots the serial chain leaves idle. */
+int v1_run(const Tokens *t, Py_ssize_t usable, Py_ssize_t tpb, int salted, uint64_t salt,
+           Py_ssize_t first_block, uint64_t parent, uint64_t *out, uint32_t *capture)
+{
+    uint32_t bufs[2][V1_CHUNK], *cur = bufs[0], *nxt = bufs[1], *sw;
+    uint64_t seed, raw;
+    Py_ssize_t pos = first_block * tpb, block_end, nb = first_block, cnt, ncnt, i, stop, len;
+    int ok = 1;
+    if (pos >= usable)
+        return 1;
+    if (premix_chunk == NULL)
+        premix_select();
+    block_end = pos + tpb < usable ? pos + tpb : usable;
+    seed = v1_seed((uint64_t)(block_end - pos), parent, salted, salt);
+    cnt = usable - pos < V1_CHUNK ? usable - pos : V1_CHUNK;
+    if (!fill_chunk(t, pos, cnt, cur))
+        return 0;
+    if (capture != NULL)
+        memcpy(capture + pos, cur, (size_t)cnt * 4);
+    premix_chunk(cur, cnt);
+    while (pos < usable) {
+        Py_ssize_t npos = pos + cnt;
+        ncnt = usable - npos < V1_CHUNK ? usable - npos : V1_CHUNK;
+        int interleave = t->items != NULL;
+        if (!interleave && ncnt > 0 && !fill_chunk(t, npos, ncnt, nxt))
+            return 0;
+        i = 0;
+        while (i < cnt) {
+            stop = block_end - pos < cnt ? block_end - pos : cnt;
+            if (interleave) {
+                for (; i < stop; i++) {
+                    seed = chain_step(seed, cur[i]);
+                    if (i < ncnt) {
+                        PyObject *o = t->items[npos + i];
+                        if (!LIST_FAST(o, raw) && !(ok = long_bits(o, &raw)))
+                            return 0;
+                        nxt[i] = (uint32_t)raw;
+                    }
+                }
+            } else {
+                for (; i < stop; i++)
+                    seed = chain_step(seed, cur[i]);
+            }
+            if (pos + i == block_end) {
+                out[nb++] = parent = seed;
+                len = usable - block_end < tpb ? usable - block_end : tpb;
+                block_end += len;
+                seed = v1_seed((uint64_t)len, parent, salted, salt);
+            }
+        }
+        if (interleave && ncnt > cnt && !fill_chunk(t, npos + cnt, ncnt - cnt, nxt + cnt))
+            return 0; /* only when a chunk is longer than the one before: never, kept for safety */
+        if (ncnt > 0) {
+            if (capture != NULL)
+                memcpy(capture + npos, nxt, (size_t)ncnt * 4);
+            premix_chunk(nxt, ncnt);
+        }
+        sw = cur, cur = nxt, nxt = sw;
+        pos = npos;
+        cnt = ncnt;
+    }
+    return ok;
+}
+
+int opt_u64(PyObject *o, const char *what, int *present, uint64_t *out)
+{
+    *present = o != NULL && o != Py_None;
+    if (!*present)
+        return 1;
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int or None", what);
+        return 0;
+    }
+    *out = PyLong_AsUnsignedLongLong(o);
+    if (*out == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "%s must be in 0..2**64-1", what);
+        return 0;
+    }
+    return 1;
+}
+
+int hash_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                     int v2, HashArgs *a)
+{
+    static const char *const names[] = {"tokens", "tokens_per_block", "salt_id", "lora_id",
+                                        "token_bytes"};
+    PyObject *vals[5] = {NULL, NULL, NULL, NULL, NULL};
+    Py_ssize_t nmax = v2 ? 5 : 3, nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int64_t tpb, tb = 4;
+    memset(a, 0, sizeof *a);
+    if (nargs > nmax) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %zd arguments", fn, nmax);
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        vals[i] = args[i];
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        Py_ssize_t j = 0;
+        while (j < nmax && PyUnicode_CompareWithASCIIString(key, names[j]) != 0)
+            j++;
+        if (j == nmax || vals[j] != NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected or repeated argument %R", fn, key);
+            return 0;
+        }
+        vals[j] = args[nargs + k];
+    }
+    if (vals[0] == NULL || vals[1] == NULL) {
+        PyErr_Format(PyExc_TypeError, "%s() needs tokens and tokens_per_block", fn);
+        return 0;
+    }
+    if (!arg_range(vals[1], 1, 1 << 20, "tokens_per_block", &tpb) ||
+        !opt_u64(vals[2], "salt_id", &a->salted, &a->salt) ||
+        !opt_u64(vals[3], "lora_id", &a->lora, &a->lora_id) ||
+        (vals[4] != NULL && !arg_range(vals[4], 4, 8, "token_bytes", &tb)))
+        return 0;
+    if (tb != 4 && tb != 8) {
+        PyErr_SetString(PyExc_ValueError, "token_bytes must be 4 or 8");
+        return 0;
+    }
+    if (!tokens_open(vals[0], &a->tok))
+        return 0;
+    a->tpb = (Py_ssize_t)tpb;
+    a->token_bytes = (int)tb;
+    a->usable = a->tok.n > 0 ? a->tok.n - 1 : 0;
+    a->nblocks = (a->usable + a->tpb - 1) / a->tpb;
+    return 1;
+}
+
+/* block_hashes_v1(tokens, tokens_per_block, salt_id=None) -> bytes (u64 LE per block) */
+PyObject *mod_block_hashes_v1(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
+{
+    PyObject *result = NULL;
+    HashArgs a;
+    if (!hash_args("block_hashes_v1", args, nargs, kwnames, 0, &a))
+        goto fail;
+    result = PyBytes_FromStringAndSize(NULL, a.nblocks * 8);
+    if (result != NULL && a.nblocks > 0 &&
+        !v1_run(&a.tok, a.usable, a.tpb, a.salted, a.salt, 0, 0, (uint64_t *)PyBytes_AS_STRING(result),
+                NULL))
+        Py_CLEAR(result);
+    tokens_close(&a.tok);
+fail:
+    return result;
+}

@@ -1,0 +1,395 @@
+/*
+ * PrefixHashCache: a worker-local cache of v1 block keys by prompt prefix, so a prompt that
+ * extends or repeats one seen before (a conversation's next turn, a shared system prompt or
+ * document) is not rehashed through v1's serial chain (about 1.2 ns a token).
+ *
+ * For every block the cache computes a 128-bit chained fingerprint: two NH sums of the block's
+ * tokens under random per-process keys (pairs of 32-bit adds multiplied into a 64-bit sum, eight
+ * tokens per AVX2 step: no per-token serial chain, about 0.25 ns a token against v1's 1.2), each
+ * folded into its own polynomial chain c = c * P + nh with a random odd P. The fingerprint of
+ * block j therefore stands for the whole prefix 0..j, like the v1 key it replaces. Records: the v1 keys of every prompt hashed are appended to a ring (`arena`);
+ * a direct-mapped table maps the fingerprint of every CHECKPOINT-th block and of the last block
+ * of a record to (record start, block). A lookup checks the last block first (a repeat), then
+ * binary-searches the checkpoints for the deepest cached one, copies the v1 keys up to it and
+ * hashes only the rest, then records the whole prompt.
+ *
+ * A false match needs both 64-bit chains to collide under keys the process drew at random
+ * (NH is 2^-32-almost-universal per chain and the chains use independent keys); its only effect
+ * would be one mis-scored routing decision. The cache is process-local and keeps the GIL (it is a plain C structure, no shared
+ * memory). Memory: 8 bytes per cached block plus 32 bytes per table entry.
+ */
+#include "hash.h"
+
+#include <sys/random.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define CHECKPOINT 16 /* blocks between checkpoints */
+
+typedef struct {
+    uint64_t c1, c2; /* fingerprint of blocks 0..pos of the record */
+    uint64_t start;  /* arena position (monotonic) of the record's block 0 */
+    uint64_t pos;
+} Entry;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t tpb;
+    uint32_t *keys;    /* NH keys: k1[0..tpb+2) then k2[0..tpb+2) */
+    uint64_t seed1, seed2, p1, p2;
+    uint64_t *arena;   /* ring of v1 keys */
+    uint64_t arena_len, head;
+    Entry *table;
+    uint64_t table_mask;
+    /* stats */
+    unsigned long long calls, full_hits, blocks_reused, blocks_hashed;
+} PrefixHashCache;
+
+static inline uint64_t fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xFF51AFD7ED558CCDULL;
+    k ^= k >> 33;
+    k *= 0xC4CEB9FE1A85EC53ULL;
+    k ^= k >> 33;
+    return k;
+}
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* NH sums of tokens [0, len) added to s1/s2 (an odd last token pairs with a zero token). */
+static inline void nh2_tail(const uint32_t *t, Py_ssize_t len, const uint32_t *k1, const uint32_t *k2,
+                            uint64_t *s1, uint64_t *s2)
+{
+    Py_ssize_t i = 0;
+    for (; i + 1 < len; i += 2) {
+        *s1 += (uint64_t)(uint32_t)(t[i] + k1[i]) * (uint32_t)(t[i + 1] + k1[i + 1]);
+        *s2 += (uint64_t)(uint32_t)(t[i] + k2[i]) * (uint32_t)(t[i + 1] + k2[i + 1]);
+    }
+    if (i < len) {
+        *s1 += (uint64_t)(uint32_t)(t[i] + k1[i]) * k1[i + 1];
+        *s2 += (uint64_t)(uint32_t)(t[i] + k2[i]) * k2[i + 1];
+    }
+}
+
+/* The chained fingerprints fp[2b], fp[2b+1] of every block of tok[0..usable): per block two NH
+ * sums (no serial dependency), folded into two polynomial chains c = c * P + (nh ^ len). */
+typedef struct {
+    const uint32_t *k1, *k2;
+    uint64_t p1, p2, c1, c2;
+    Py_ssize_t tpb;
+} FpArgs;
+
+static void fingerprints_scalar(const uint32_t *tok, Py_ssize_t usable, const FpArgs *f, uint64_t *fp)
+{
+    uint64_t c1 = f->c1, c2 = f->c2;
+    for (Py_ssize_t b = 0, start = 0; start < usable; b++, start += f->tpb) {
+        Py_ssize_t len = usable - start < f->tpb ? usable - start : f->tpb;
+        uint64_t a1 = 0, a2 = 0;
+        nh2_tail(tok + start, len, f->k1, f->k2, &a1, &a2);
+        fp[2 * b] = c1 = c1 * f->p1 + (a1 ^ ((uint64_t)len << 48));
+        fp[2 * b + 1] = c2 = c2 * f->p2 + (a2 ^ ((uint64_t)len << 40));
+    }
+}
+
+#if defined(__x86_64__)
+/* Eight tokens per step: vpmuludq multiplies the even lanes of (t + k) by the odd ones. */
+__attribute__((target("avx2"))) static void fingerprints_avx2(const uint32_t *tok, Py_ssize_t usable,
+                                                              const FpArgs *f, uint64_t *fp)
+{
+    uint64_t c1 = f->c1, c2 = f->c2;
+    const uint32_t *k1 = f->k1, *k2 = f->k2;
+    for (Py_ssize_t b = 0, start = 0; start < usable; b++, start += f->tpb) {
+        Py_ssize_t len = usable - start < f->tpb ? usable - start : f->tpb, i = 0;
+        const uint32_t *t = tok + start;
+        __m256i s1 = _mm256_setzero_si256(), s2 = _mm256_setzero_si256(), x, y1, y2;
+        __m128i h1, h2;
+        uint64_t a1, a2;
+        for (; i + 8 <= len; i += 8) {
+            x = _mm256_loadu_si256((const __m256i *)(t + i));
+            y1 = _mm256_add_epi32(x, _mm256_loadu_si256((const __m256i *)(k1 + i)));
+            y2 = _mm256_add_epi32(x, _mm256_loadu_si256((const __m256i *)(k2 + i)));
+            s1 = _mm256_add_epi64(s1, _mm256_mul_epu32(y1, _mm256_srli_epi64(y1, 32)));
+            s2 = _mm256_add_epi64(s2, _mm256_mul_epu32(y2, _mm256_srli_epi64(y2, 32)));
+        }
+        h1 = _mm_add_epi64(_mm256_castsi256_si128(s1), _mm256_extracti128_si256(s1, 1));
+        h2 = _mm_add_epi64(_mm256_castsi256_si128(s2), _mm256_extracti128_si256(s2, 1));
+        a1 = (uint64_t)_mm_cvtsi128_si64(h1) + (uint64_t)_mm_extract_epi64(h1, 1);
+        a2 = (uint64_t)_mm_cvtsi128_si64(h2) + (uint64_t)_mm_extract_epi64(h2, 1);
+        nh2_tail(t + i, len - i, k1 + i, k2 + i, &a1, &a2);
+        fp[2 * b] = c1 = c1 * f->p1 + (a1 ^ ((uint64_t)len << 48));
+        fp[2 * b + 1] = c2 = c2 * f->p2 + (a2 ^ ((uint64_t)len << 40));
+    }
+}
+#endif
+
+static void (*fingerprints)(const uint32_t *, Py_ssize_t, const FpArgs *, uint64_t *) =
+    fingerprints_scalar;
+
+static int Cache_init(PrefixHashCache *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"tokens_per_block", "max_blocks", "seed", NULL};
+    Py_ssize_t tpb = 0, max_blocks = 1 << 21, entries = 1;
+    PyObject *seed_obj = Py_None;
+    uint64_t state = 0;
+    int rc = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n|nO:PrefixHashCache", kwlist, &tpb, &max_blocks,
+                                     &seed_obj))
+        goto fail;
+    if (self->arena != NULL) {
+        PyErr_SetString(PyExc_TypeError, "PrefixHashCache is already initialised");
+        goto fail;
+    }
+    if (tpb < 1 || tpb > (1 << 20) || max_blocks < CHECKPOINT || max_blocks > ((Py_ssize_t)1 << 32)) {
+        PyErr_SetString(PyExc_ValueError, "need 1 <= tokens_per_block <= 2**20 and "
+                        "16 <= max_blocks <= 2**32");
+        goto fail;
+    }
+    if (seed_obj != Py_None) {
+        if (!arg_u64(seed_obj, &state))
+            goto fail;
+    } else if (getrandom(&state, sizeof state, 0) != (ssize_t)sizeof state) {
+        state = monotonic_ns() ^ (uint64_t)(uintptr_t)self;
+    }
+    while (entries < max_blocks / 4)
+        entries <<= 1;
+    self->tpb = tpb;
+    self->arena_len = (uint64_t)max_blocks;
+    self->table_mask = (uint64_t)entries - 1;
+    self->keys = PyMem_Malloc(2 * ((size_t)tpb + 2) * sizeof(uint32_t));
+    self->arena = PyMem_Malloc((size_t)max_blocks * sizeof(uint64_t));
+    self->table = PyMem_Calloc((size_t)entries, sizeof(Entry));
+    if (self->keys == NULL || self->arena == NULL || self->table == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < 2 * (tpb + 2); i++)
+        self->keys[i] = (uint32_t)splitmix64(&state);
+    self->seed1 = splitmix64(&state);
+    self->seed2 = splitmix64(&state);
+    self->head = 0;
+    self->p1 = splitmix64(&state) | 1; /* odd multipliers: each chain step is a bijection of c */
+    self->p2 = splitmix64(&state) | 1;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2"))
+        fingerprints = fingerprints_avx2;
+#endif
+    rc = 0;
+fail:
+    return rc;
+}
+
+static void Cache_dealloc(PrefixHashCache *self)
+{
+    PyMem_Free(self->keys);
+    PyMem_Free(self->arena);
+    PyMem_Free(self->table);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The table entry for fingerprint (c1, c2) if it names a record still whole in the arena. */
+static Entry *cache_find(PrefixHashCache *self, uint64_t c1, uint64_t c2, uint64_t pos)
+{
+    Entry *e = &self->table[fmix64(c1) & self->table_mask];
+    int ok = e->c1 == c1 && e->c2 == c2 && e->pos == pos && e->start + pos < self->head &&
+             self->head - e->start <= self->arena_len;
+    return ok ? e : NULL;
+}
+
+static void arena_copy_out(PrefixHashCache *self, uint64_t start, uint64_t *out, Py_ssize_t n)
+{
+    uint64_t at = start % self->arena_len, first = self->arena_len - at < (uint64_t)n ? self->arena_len - at : (uint64_t)n;
+    memcpy(out, self->arena + at, first * 8);
+    if ((uint64_t)n > first)
+        memcpy(out + first, self->arena, ((uint64_t)n - first) * 8);
+}
+
+static uint64_t arena_append(PrefixHashCache *self, const uint64_t *v, Py_ssize_t n)
+{
+    uint64_t start = self->head, at = start % self->arena_len;
+    uint64_t first = self->arena_len - at < (uint64_t)n ? self->arena_len - at : (uint64_t)n;
+    memcpy(self->arena + at, v, first * 8);
+    if ((uint64_t)n > first)
+        memcpy(self->arena, v + first, ((uint64_t)n - first) * 8);
+    self->head += (uint64_t)n;
+    return start;
+}
+
+static void cache_put(PrefixHashCache *self, uint64_t c1, uint64_t c2, uint64_t start, uint64_t pos)
+{
+    Entry *e = &self->table[fmix64(c1) & self->table_mask];
+    e->c1 = c1;
+    e->c2 = c2;
+    e->start = start;
+    e->pos = pos;
+}
+
+/* block_hashes(tokens, salt_id=None) -> bytes: v1 keys (u64 LE per block), as block_hashes_v1. */
+static PyObject *Cache_block_hashes(PrefixHashCache *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames)
+{
+    PyObject *result = NULL, *salt_obj = NULL;
+    Tokens t, view;
+    uint32_t *tok = NULL;
+    uint64_t *fp = NULL, *out, salt = 0, start;
+    FpArgs fa;
+    const uint32_t *k1 = self->keys, *k2 = self->keys + self->tpb + 2;
+    Py_ssize_t usable, nb, tpb = self->tpb, q_count, lo, hi, best = -1, reuse = 0, head_blocks;
+    Py_ssize_t head_tokens;
+    int salted = 0, opened = 0;
+    Entry *e;
+    if (nargs < 1 || nargs > 2 || (kwnames != NULL && (PyTuple_GET_SIZE(kwnames) != 1 || nargs != 1 ||
+        PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "salt_id") != 0))) {
+        PyErr_SetString(PyExc_TypeError, "block_hashes(tokens, salt_id=None)");
+        goto fail;
+    }
+    salt_obj = nargs == 2 ? args[1] : kwnames != NULL ? args[1] : NULL;
+    if (self->arena == NULL) {
+        PyErr_SetString(PyExc_ValueError, "PrefixHashCache is not initialised");
+        goto fail;
+    }
+    if (!opt_u64(salt_obj, "salt_id", &salted, &salt) || !(opened = tokens_open(args[0], &t)))
+        goto fail;
+    usable = t.n > 0 ? t.n - 1 : 0;
+    nb = (usable + tpb - 1) / tpb;
+    self->calls++;
+    if ((result = PyBytes_FromStringAndSize(NULL, nb * 8)) == NULL || nb == 0)
+        goto fail;
+    out = (uint64_t *)PyBytes_AS_STRING(result);
+    tok = PyMem_Malloc((size_t)usable * sizeof(uint32_t));
+    fp = PyMem_Malloc((size_t)nb * 2 * sizeof(uint64_t));
+    if (tok == NULL || fp == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    fa.k1 = k1;
+    fa.k2 = k2;
+    fa.p1 = self->p1;
+    fa.p2 = self->p2;
+    fa.c1 = self->seed1 ^ (salted ? fmix64(salt ^ 0x5A17ULL) : 0);
+    fa.c2 = self->seed2 ^ (salted ? fmix64(salt ^ 0xA5E1ULL) : 0);
+    fa.tpb = tpb;
+    /* Is anything cached? Fingerprint the first checkpoint's tokens (or all, if fewer) first. */
+    head_blocks = nb - 1 < CHECKPOINT ? nb : CHECKPOINT;
+    head_tokens = head_blocks * tpb < usable ? head_blocks * tpb : usable;
+    if (!fill_chunk(&t, 0, head_tokens, tok))
+        goto error;
+    fingerprints(tok, head_tokens, &fa, fp);
+    if (cache_find(self, fp[2 * (head_blocks - 1)], fp[2 * head_blocks - 1], (uint64_t)(head_blocks - 1)) == NULL) {
+        /* A miss: hash directly (its list reads overlap the v1 chain), keeping the tokens for the
+         * fingerprints that record this prompt. */
+        if (!v1_run(&t, usable, tpb, salted, salt, 0, 0, out, tok))
+            goto error;
+        fingerprints(tok, usable, &fa, fp);
+    } else {
+        if (!fill_chunk(&t, head_tokens, usable - head_tokens, tok + head_tokens))
+            goto error;
+        fingerprints(tok, usable, &fa, fp);
+        /* a repeat: the last block is cached */
+        if ((e = cache_find(self, fp[2 * (nb - 1)], fp[2 * nb - 1], (uint64_t)(nb - 1))) != NULL) {
+            arena_copy_out(self, e->start, out, nb);
+            self->full_hits++;
+            self->blocks_reused += (unsigned long long)nb;
+            goto done;
+        }
+        /* the deepest cached checkpoint strictly before the last block: at least the first */
+        q_count = (nb - 1) / CHECKPOINT;
+        lo = 0;
+        hi = q_count;
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2, b = (mid + 1) * CHECKPOINT - 1;
+            if (cache_find(self, fp[2 * b], fp[2 * b + 1], (uint64_t)b) != NULL) {
+                best = mid;
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if (best >= 0) {
+            Py_ssize_t b = (best + 1) * CHECKPOINT - 1;
+            e = cache_find(self, fp[2 * b], fp[2 * b + 1], (uint64_t)b);
+            reuse = b + 1;
+            arena_copy_out(self, e->start, out, reuse);
+        }
+        memset(&view, 0, sizeof view);
+        view.buf = (const char *)tok;
+        view.itemsize = 4;
+        view.n = usable;
+        if (!v1_run(&view, usable, tpb, salted, salt, reuse, reuse > 0 ? out[reuse - 1] : 0, out, NULL))
+            goto error;
+    }
+    self->blocks_reused += (unsigned long long)reuse;
+    self->blocks_hashed += (unsigned long long)(nb - reuse);
+    if ((uint64_t)nb <= self->arena_len) { /* record the whole prompt */
+        start = arena_append(self, out, nb);
+        for (Py_ssize_t b = CHECKPOINT - 1; b < nb - 1; b += CHECKPOINT)
+            cache_put(self, fp[2 * b], fp[2 * b + 1], start, (uint64_t)b);
+        cache_put(self, fp[2 * (nb - 1)], fp[2 * nb - 1], start, (uint64_t)(nb - 1));
+    }
+    goto done;
+error:
+    Py_CLEAR(result);
+done:
+fail:
+    PyMem_Free(tok);
+    PyMem_Free(fp);
+    if (opened)
+        tokens_close(&t);
+    return result;
+}
+
+/* clear(): forget every cached prefix. */
+static PyObject *Cache_clear(PrefixHashCache *self, PyObject *unused)
+{
+    if (self->table != NULL)
+        memset(self->table, 0, (self->table_mask + 1) * sizeof(Entry));
+    self->head += self->arena_len; /* every record falls out of the ring */
+    Py_RETURN_NONE;
+}
+
+static PyObject *Cache_get_stats(PrefixHashCache *self, void *closure)
+{
+    return Py_BuildValue("{sKsKsKsK}", "calls", self->calls, "full_hits", self->full_hits,
+                         "blocks_reused", self->blocks_reused, "blocks_hashed", self->blocks_hashed);
+}
+
+static PyObject *Cache_get_tpb(PrefixHashCache *self, void *closure)
+{
+    return PyLong_FromSsize_t(self->tpb);
+}
+
+static PyMethodDef Cache_methods[] = {
+    {"block_hashes", (PyCFunction)(void (*)(void))Cache_block_hashes, METH_FASTCALL | METH_KEYWORDS,
+     "block_hashes(tokens, salt_id=None) -> bytes: v1 keys, u64 LE per block (cached by prefix)"},
+    {"clear", (PyCFunction)(void (*)(void))Cache_clear, METH_NOARGS, "clear(): forget everything"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Cache_getset[] = {
+    {"stats", (getter)Cache_get_stats, NULL, "calls, full_hits, blocks_reused, blocks_hashed", NULL},
+    {"tokens_per_block", (getter)Cache_get_tpb, NULL, "block size it hashes with", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject PrefixHashCacheType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmdisagg._native.PrefixHashCache",
+    .tp_basicsize = sizeof(PrefixHashCache),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "PrefixHashCache(tokens_per_block, max_blocks=2**21, seed=None): v1 block keys "
+              "cached by prompt prefix (process-local).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Cache_init,
+    .tp_dealloc = (destructor)Cache_dealloc,
+    .tp_methods = Cache_methods,
+    .tp_getset = Cache_getset,
+};

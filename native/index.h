@@ -1,0 +1,194 @@
+/*
+ * Shared declarations of the KV block index (native/index.c: segment lifecycle, KV events,
+ * sweep, copy; native/picks.c: the workers' picks). Layout and concurrency: native/README.md.
+ */
+#ifndef SHMDISAGG_INDEX_H
+#define SHMDISAGG_INDEX_H
+
+#include "_native.h"
+
+/* ---- index segment layout (version 1): keep in step with native/README.md -------------- */
+
+#define IX_MAGIC 0x3158444947534453ULL /* "SDSGIDX1" little-endian */
+#define IX_VERSION 1u
+#define IX_HEADER_BYTES 4096u
+#define IX_SLOT_BYTES 32u
+#define IX_MIN_LOG2 4u
+#define IX_MAX_LOG2 32u
+
+#define X_MAGIC 0x000u
+#define X_VERSION 0x008u  /* u32 version | u32 header_bytes << 32 */
+#define X_GEN 0x010u
+#define X_CAPLOG 0x018u   /* u32 cap_log2 | u32 slot_bytes << 32 */
+#define X_SEGBYTES 0x020u
+#define X_CREATED 0x028u
+#define X_LIMIT 0x030u    /* most slots that may hold a key (insert_limit) */
+#define X_STATE 0x038u    /* 0 building, 1 published, 2 retired: release store, acquire load */
+#define X_MAXPROBE 0x080u /* own line: CAS-max by inserters */
+#define X_USED 0x100u     /* own line: keys stored + reservations in flight (fetch_add) */
+
+#define STATE_BUILDING 0u
+#define STATE_PUBLISHED 1u
+#define STATE_RETIRED 2u
+
+/* slot words */
+#define SL_KEY 0
+#define SL_EVENT 1
+#define SL_ROUTED 2
+#define SL_TS 3
+
+#define TS_KIND_SHIFT 62
+#define TS_MASK ((1ULL << TS_KIND_SHIFT) - 1)
+#define KIND_BLOCK 0ULL
+#define KIND_CONV 1ULL
+#define KIND_IMPL 2ULL
+
+#define NS_CONV 0x6E6F6973726576ULL   /* namespace constants, mixed with the role */
+#define NS_IMPL 0x7478657465727055ULL
+#define NS_ROLE 0x9E3779B97F4A7C15ULL
+
+#define REFRESH_NS 1000000000ULL /* a routed bit already set is re-stamped at most once a second */
+#define PREFETCH 16              /* probes started ahead in walks and batches (a power of two) */
+#define FOUND_STACK 2048         /* walks up to this many hashes keep their slots on the stack */
+#define NOGIL_SLOTS 65536u       /* whole-table loops over more slots release the GIL */
+#define DEFAULT_TPB 32           /* TensorRT-LLM's default when a server record has none */
+#define CLAIM_TRIES 64
+
+_Static_assert(X_STATE + 8 <= X_MAXPROBE && X_MAXPROBE + 8 <= X_USED, "index header lines");
+_Static_assert(X_USED + 8 <= IX_HEADER_BYTES, "index header overflows");
+
+typedef struct {
+    PyObject_HEAD
+    /* per-mapping */
+    Py_buffer view;
+    int has_view;
+    int writable;
+    char *base;
+    size_t len;
+    Region *ctl; /* strong reference: configuration, rows, publication, metrics */
+    /* set by init_index/check_index */
+    int ready;
+    uint64_t generation, cap, mask, limit;
+    unsigned shift; /* 64 - cap_log2: a key's home is the top bits of key * GOLDEN */
+    uint64_t *slots;
+    /* calls running without the GIL; release() refuses while > 0 */
+    int busy;
+} Index;
+
+static inline uint64_t fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xFF51AFD7ED558CCDULL;
+    k ^= k >> 33;
+    k *= 0xC4CEB9FE1A85EC53ULL;
+    k ^= k >> 33;
+    return k;
+}
+
+/* The table key of a block hash (kind 0) or of a conversation key / implicit prefix hash. */
+static inline uint64_t key_of(uint64_t h, uint64_t kind, int role)
+{
+    uint64_t k = h;
+    if (kind != KIND_BLOCK)
+        k = fmix64(h ^ (kind == KIND_CONV ? NS_CONV : NS_IMPL) ^ ((uint64_t)(role + 1) * NS_ROLE));
+    return k != 0 ? k : 1;
+}
+
+static inline uint64_t *hdr(Index *ix, size_t off) { return (uint64_t *)(ix->base + off); }
+
+/* Home slot of a key: Fibonacci hashing (one multiply; the top bits mix every key bit), cheaper
+ * than a full finalizer in the walks, which probe one key per block. */
+#define GOLDEN 0x9E3779B97F4A7C15ULL
+static inline uint64_t home_of(Index *ix, uint64_t key) { return (key * GOLDEN) >> ix->shift; }
+static inline uint64_t *slot_at(Index *ix, uint64_t i) { return ix->slots + (i & ix->mask) * 4; }
+
+static inline uint64_t max_probe(Index *ix)
+{
+    uint64_t mp = LD(hdr(ix, X_MAXPROBE));
+    return mp < ix->cap ? mp : ix->cap - 1; /* untrusted: clamp */
+}
+
+/* The slot holding `key` (whose home slot is `home`), or NULL; probes at most maxp + 1 slots. */
+static inline uint64_t *ix_find_at(Index *ix, uint64_t key, uint64_t home, uint64_t maxp)
+{
+    uint64_t *s, k;
+    for (uint64_t d = 0; d <= maxp; d++) {
+        s = slot_at(ix, home + d);
+        k = LDA(&s[SL_KEY]);
+        if (k == key)
+            return s;
+        if (k == 0)
+            break;
+    }
+    return NULL;
+}
+
+static inline uint64_t *ix_find(Index *ix, uint64_t key, uint64_t maxp)
+{
+    return ix_find_at(ix, key, home_of(ix, key), maxp);
+}
+
+static inline void count_full(Index *ix) { ADD(U64(ix->ctl, IC_FULL_DROPS), 1); }
+
+/* Insert reservations (index.c): `used` counts keys stored plus reservations, and none is
+ * granted past insert_limit. A caller inserting many keys reserves them in one fetch_add and
+ * gives back what it did not use; ix_upsert reserves one slot per insert. */
+typedef struct {
+    uint64_t left;
+} Budget;
+
+SD_HIDDEN void budget_take(Index *ix, Budget *b, uint64_t want);
+SD_HIDDEN void budget_return(Index *ix, Budget *b);
+/* The slot holding `key`, inserting it by CAS if absent; NULL (counted when `count`) when full. */
+SD_HIDDEN uint64_t *ix_upsert_b(Index *ix, uint64_t key, int count, Budget *b);
+
+static inline uint64_t *ix_upsert(Index *ix, uint64_t key, int count)
+{
+    return ix_upsert_b(ix, key, count, NULL);
+}
+
+static inline void prefetch_key(Index *ix, uint64_t key)
+{
+    __builtin_prefetch(slot_at(ix, home_of(ix, key)));
+}
+
+/* Mark `bit` routed on slot s at `now`: stamp first, then fetch_or (release), so a sweep that
+ * sees the bit sees the fresh stamp. A bit already set with a stamp under a second old is left
+ * alone, so hot prefix blocks stay shared in every core's cache. */
+static inline void routed_set(uint64_t *s, uint64_t bit, uint64_t now, uint64_t kind)
+{
+    uint64_t r = LD(&s[SL_ROUTED]), ts = LD(&s[SL_TS]), stamp = (now & TS_MASK) | kind << TS_KIND_SHIFT;
+    if ((r & bit) && (ts >> TS_KIND_SHIFT) == kind && now - (ts & TS_MASK) < REFRESH_NS)
+        return;
+    ST(&s[SL_TS], stamp);
+    if (!(r & bit))
+        __atomic_fetch_or(&s[SL_ROUTED], bit, __ATOMIC_RELEASE);
+}
+
+/* ---- shared helpers (index.c) ----------------------------------------------------------- */
+
+typedef struct {
+    Py_buffer view;
+    int has_view;
+    const uint64_t *h;
+    Py_ssize_t n;
+} Hashes;
+
+/* Packed u64 hashes from bytes or an aligned buffer; 0 with TypeError. */
+SD_HIDDEN int hashes_open(PyObject *o, Hashes *hb);
+SD_HIDDEN void hashes_close(Hashes *hb);
+SD_HIDDEN int arg_double(PyObject *o, const char *what, double *out);
+/* Usable for reads (write 0), slot writes (1), or coordinator writes to the control metrics (2). */
+SD_HIDDEN int ix_ok(Index *self, int write);
+
+/* The control segment publishes another generation: a worker's pick returns None to remap. */
+static inline int stale(Index *self) { return LDA(U64(self->ctl, IP_GEN)) != self->generation; }
+
+/* ---- picks (picks.c) -------------------------------------------------------------------- */
+
+SD_HIDDEN PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs);
+SD_HIDDEN PyObject *Index_match(Index *self, PyObject *const *args, Py_ssize_t nargs);
+SD_HIDDEN PyObject *Index_conv_pick_explicit(Index *self, PyObject *const *args, Py_ssize_t nargs);
+SD_HIDDEN PyObject *Index_conv_pick_implicit(Index *self, PyObject *const *args, Py_ssize_t nargs);
+
+#endif

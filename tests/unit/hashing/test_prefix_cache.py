@@ -1,0 +1,86 @@
+"""PrefixHashCache (native/hashcache.c): always the same keys as block_hashes_v1, whatever it has
+cached, and it reuses what it cached for repeats and extensions."""
+
+from __future__ import annotations
+
+import random
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shmdisagg import _native, hashing
+from shmdisagg.hashing import PrefixHashCache
+
+ops_st = st.lists(
+    st.tuples(
+        st.integers(0, 5),  # which earlier prompt to start from
+        st.integers(0, 1200),  # keep this many of its tokens
+        st.integers(0, 300),  # then append this many new tokens
+        st.sampled_from([None, 1, 1 << 63]),  # salt
+        st.booleans(),  # as an int32 buffer
+    ),
+    min_size=1, max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops_st, tpb=st.sampled_from([1, 3, 16, 32]), max_blocks=st.sampled_from([16, 64, 1 << 12]),
+       seed=st.integers(0, 2**64 - 1))
+def test_cached_keys_always_equal_the_direct_ones(ops: list[tuple[int, int, int, int | None, bool]],
+                                                  tpb: int, max_blocks: int, seed: int) -> None:
+    rng = random.Random(seed)
+    cache = PrefixHashCache(tpb, max_blocks=max_blocks, seed=seed)
+    prompts: list[list[int]] = [[rng.randrange(0, 1 << 31) for _ in range(700)]]
+    for which, keep, extra, salt, as_buffer in ops:
+        base = prompts[which % len(prompts)]
+        prompt = base[:keep] + [rng.randrange(0, 1 << 31) for _ in range(extra)]
+        prompts.append(prompt)
+        tokens = array("i", prompt) if as_buffer else prompt
+        assert cache.block_hashes(tokens, salt) == _native.block_hashes_v1(prompt, tpb, salt)
+
+
+def test_repeats_and_extensions_reuse_cached_blocks() -> None:
+    cache = PrefixHashCache(32, seed=7)
+    prompt = list(range(100, 100 + 32 * 100 + 1))  # 100 blocks
+    cache.block_hashes(prompt)
+    assert cache.stats["blocks_reused"] == 0
+    cache.block_hashes(prompt)
+    assert cache.stats["full_hits"] == 1 and cache.stats["blocks_reused"] == 100
+    longer = prompt + list(range(5000, 5000 + 32 * 20))
+    assert cache.block_hashes(longer) == hashing.block_hashes_bytes(longer, 32)
+    # the deepest checkpoint (every 16 blocks) of the cached prompt is block 95: 96 reused
+    assert cache.stats["blocks_reused"] == 100 + 96
+    assert cache.block_hashes(longer, 5) == hashing.block_hashes_bytes(longer, 32, 5)  # another salt
+    assert cache.stats["blocks_reused"] == 196
+
+
+def test_a_wrapped_ring_forgets_old_prompts_but_stays_correct() -> None:
+    cache = PrefixHashCache(4, max_blocks=64, seed=1)
+    a = list(range(1, 4 * 40 + 2))
+    b = list(range(1000, 1000 + 4 * 40 + 1))
+    cache.block_hashes(a)
+    cache.block_hashes(b)  # 80 blocks > 64: a's record is overwritten
+    assert cache.block_hashes(a) == hashing.block_hashes_bytes(a, 4)
+    assert cache.stats["full_hits"] == 0
+    cache.clear()
+    assert cache.block_hashes(a) == hashing.block_hashes_bytes(a, 4)
+
+
+@pytest.mark.parametrize(("args", "error"), [((0,), ValueError), ((32, 8), ValueError), (("x",), TypeError)])
+def test_bad_construction_raises(args: tuple[object, ...], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        PrefixHashCache(*args)  # type: ignore[arg-type]
+
+
+def test_bad_calls_raise() -> None:
+    cache = PrefixHashCache(4)
+    with pytest.raises(TypeError):
+        cache.block_hashes([1, "2", 3])
+    with pytest.raises(TypeError):
+        cache.block_hashes([1, 2, 3], nope=1)  # type: ignore[call-arg]
+    with pytest.raises(ValueError):
+        cache.block_hashes([1, 2, 3], -1)
+    assert cache.block_hashes([]) == b"" and cache.block_hashes([9]) == b""
+    assert cache.tokens_per_block == 4

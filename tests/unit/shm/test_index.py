@@ -1,0 +1,547 @@
+"""BlockIndex semantics in one process: KV events, prefix depths, the kv_cache_aware pick (prefix,
+load, load cap, ties, eligibility, routed tracking), conversation sessions, the sweep, a full
+index, generation swaps and the metrics. Several workers are several attached tables here."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from shmdisagg import _native, hashing
+from shmdisagg.shm import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, RowLost, ShmError, segment_names
+from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes
+
+PID = os.getpid()
+TTL_NS = 120 * 10**9
+
+
+class Worker:
+    """One fleet worker: its own attached table, claimed row and index handle."""
+
+    def __init__(self, prefix: str) -> None:
+        self.table = ControlTable.attach(prefix)
+        self.row = self.table.claim_row(PID, 1)
+        self.index = BlockIndex.attach(self.table)
+
+    def kv(self, hashes: bytes, *, role: int = ROLE_CONTEXT, exclude: int = -1, tokens: int = 100,
+           release: bool = True, **kw: object) -> tuple[int, int]:
+        slot, matched = self.index.pick_kv(self.row, role, exclude, hashes, tokens, **kw)  # type: ignore[arg-type]
+        if release and slot >= 0:
+            self.table.release(self.row, slot, tokens)
+        return slot, matched
+
+    def close(self) -> None:
+        self.index.close()
+        self.table.close()
+
+
+@pytest.fixture
+def coord(shm_prefix: str) -> Iterator[ControlTable]:
+    table = ControlTable.create(shm_prefix, max_workers=8)
+    for slot in range(4):
+        table.publish_server(slot, f"127.0.0.1:{9000 + slot}", ROLE_CONTEXT, True,
+                             max_batch_size=4, tokens_per_block=32)
+    table.publish_server(8, "127.0.0.1:9100", ROLE_GENERATION, True, max_batch_size=4)
+    yield table
+    table.unlink()
+    table.close()
+
+
+@pytest.fixture
+def index(coord: ControlTable) -> Iterator[BlockIndex]:
+    ix = BlockIndex.create(coord, IndexSettings(capacity=1 << 10, max_capacity=1 << 14, grace_s=0.0))
+    yield ix
+    ix.close()
+
+
+@pytest.fixture
+def worker(coord: ControlTable, index: BlockIndex) -> Iterator[Worker]:
+    w = Worker(coord.prefix)
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def other(coord: ControlTable, index: BlockIndex) -> Iterator[Worker]:
+    w = Worker(coord.prefix)
+    yield w
+    w.close()
+
+
+def chain(tag: int, n: int) -> list[int]:
+    """n distinct block hashes, distinct per tag (stand-ins for a prompt's chained hashes)."""
+    return [(tag << 32) | (i + 1) for i in range(n)]
+
+
+P = pack_hashes
+
+
+# -- KV events and prefix depths -------------------------------------------------------------------
+
+
+def test_stored_blocks_are_visible_to_a_worker_at_once(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(1, 5)
+    assert index.apply_stored(2, blocks) == 5
+    assert worker.index.lookup(blocks[0]) == (1 << 2, 0, 0)
+    assert dict(worker.index.match(P(blocks)))[2] == 5
+
+
+@pytest.mark.parametrize(
+    ("held", "want"),
+    [
+        ({0: [0, 1, 2, 3]}, {0: 4, 1: 0, 2: 0, 3: 0}),
+        ({0: [0, 1, 3], 1: [0]}, {0: 2, 1: 1, 2: 0, 3: 0}),  # a hole ends the prefix
+        ({0: [1, 2, 3]}, {0: 0, 1: 0, 2: 0, 3: 0}),  # no first block: no prefix
+        ({0: [0, 1], 1: [0, 1, 2], 2: [0, 1, 2, 3]}, {0: 2, 1: 3, 2: 4, 3: 0}),
+    ],
+)
+def test_match_depth_counts_leading_blocks_only(index: BlockIndex, worker: Worker,
+                                                held: dict[int, list[int]], want: dict[int, int]) -> None:
+    blocks = chain(2, 4)
+    for slot, which in held.items():
+        index.apply_stored(slot, [blocks[i] for i in which])
+    assert dict(worker.index.match(P(blocks), ROLE_CONTEXT)) == want
+
+
+def test_removed_clears_the_servers_event_and_routed_bits(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(3, 3)
+    index.apply_stored(1, blocks)
+    index.apply_stored(2, blocks)
+    assert worker.kv(P(blocks), exclude=2) == (1, 3)  # routed to 1 too
+    assert index.apply_removed(1, blocks[1:]) == 2
+    assert worker.index.lookup(blocks[1])[:2] == (1 << 2, 0)
+    assert worker.index.lookup(blocks[0])[:2] == (0b110, 0b10)
+    assert index.apply_removed(1, chain(99, 2)) == 0  # unknown blocks: nothing to do
+
+
+def test_a_zero_hash_is_stored_under_one(index: BlockIndex, worker: Worker) -> None:
+    index.apply_stored(0, [0])
+    assert worker.index.lookup(0) == worker.index.lookup(1) == (1, 0, 0)
+
+
+# -- kv_cache_aware pick ---------------------------------------------------------------------------
+
+
+def test_pick_prefers_the_server_holding_the_prefix(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(4, 6)
+    index.apply_stored(3, blocks[:4])
+    index.apply_stored(1, blocks[:2])
+    assert worker.kv(P(blocks)) == (3, 4)
+
+
+@pytest.fixture
+def load_on(coord: ControlTable, other: Worker) -> Iterator[object]:
+    """load_on(slot, n, tokens): n active requests on `slot` held by the `other` worker's row."""
+    held: list[tuple[int, int]] = []
+
+    def put(slot: int, n: int, tokens: int = 10) -> None:
+        exclude_all_but = [s for s in range(4) if s != slot]
+        for _ in range(n):
+            # least-loaded over one candidate: exclude the others by taking them down a moment
+            for s in exclude_all_but:
+                coord.set_healthy(s, False)
+            got = other.table.pick_least_loaded(other.row, ROLE_CONTEXT, -1, tokens, False)
+            for s in exclude_all_but:
+                coord.set_healthy(s, True)
+            assert got == slot
+            held.append((slot, tokens))
+
+    yield put
+    for slot, tokens in held:
+        other.table.release(other.row, slot, tokens)
+
+
+def test_load_weight_trades_matched_blocks_against_active_requests(index: BlockIndex, worker: Worker,
+                                                                   load_on) -> None:  # type: ignore[no-untyped-def]
+    blocks = chain(6, 8)
+    index.apply_stored(0, blocks[:2])
+    load_on(0, 5)  # score of 0: 2 - 0.25 * 5 = 0.75 > 0
+    assert worker.kv(P(blocks), track_routed=False) == (0, 2)
+    load_on(0, 4)  # 2 - 0.25 * 9 < 0
+    slot, matched = worker.kv(P(blocks), track_routed=False)
+    assert slot != 0 and matched == 0
+    assert worker.kv(P(blocks), load_weight=0.0, track_routed=False) == (0, 2)
+
+
+def test_use_tokens_counts_load_in_blocks_of_active_tokens(index: BlockIndex, worker: Worker,
+                                                           load_on) -> None:  # type: ignore[no-untyped-def]
+    blocks = chain(7, 8)
+    index.apply_stored(1, blocks[:3])
+    load_on(1, 1, tokens=32 * 20)  # 20 blocks of tokens (tokens_per_block 32): 3 - 0.25 * 20 < 0
+    assert worker.kv(P(blocks), track_routed=False) == (1, 3)  # by requests: 3 - 0.25 > 0
+    slot, _ = worker.kv(P(blocks), use_tokens=True, track_routed=False)
+    assert slot != 1
+
+
+def test_load_cap_excludes_servers_at_capacity_unless_all_are(coord: ControlTable, index: BlockIndex,
+                                                              worker: Worker, load_on) -> None:  # type: ignore[no-untyped-def]
+    blocks = chain(8, 4)
+    index.apply_stored(2, blocks)
+    load_on(2, 2)  # 2 / max_batch_size 4 = 0.5
+    assert worker.kv(P(blocks), load_cap=0.75, track_routed=False)[0] == 2
+    slot, _ = worker.kv(P(blocks), load_cap=0.5, track_routed=False)
+    assert slot != 2
+    for s in (0, 1, 3):  # everyone else at capacity too: all compete again, the prefix wins
+        load_on(s, 2)
+    assert worker.kv(P(blocks), load_cap=0.5, track_routed=False) == (2, 4)
+
+
+def test_ties_rotate_instead_of_favouring_the_first_server(index: BlockIndex, worker: Worker) -> None:
+    picks = [worker.kv(P(chain(9, 3)), track_routed=False)[0] for _ in range(8)]
+    assert Counter(picks) == Counter({0: 2, 1: 2, 2: 2, 3: 2})
+
+
+@pytest.mark.parametrize("how", ["unhealthy", "removed", "excluded", "other_role"])
+def test_a_non_candidate_servers_blocks_never_attract(coord: ControlTable, index: BlockIndex,
+                                                      worker: Worker, how: str) -> None:
+    blocks = chain(10, 4)
+    holder = 8 if how == "other_role" else 1
+    index.apply_stored(holder, blocks)
+    exclude = -1
+    if how == "unhealthy":
+        coord.set_healthy(1, False)
+    elif how == "removed":
+        coord.remove_server(1)
+    elif how == "excluded":
+        exclude = 1
+    for _ in range(6):
+        slot, matched = worker.kv(P(blocks), exclude=exclude, track_routed=False)
+        assert slot != holder and matched == 0
+
+
+@pytest.mark.parametrize("op", ["clear_server", "apply_all_cleared"])
+def test_cleared_servers_stop_attracting(index: BlockIndex, worker: Worker, op: str) -> None:
+    blocks = chain(11, 4)
+    index.apply_stored(3, blocks)
+    assert worker.kv(P(blocks)) == (3, 4)  # also routes: routed bits for 3
+    getattr(index, op)(3)
+    assert worker.index.lookup(blocks[0])[:2] == (0, 0)
+    assert dict(worker.index.match(P(blocks)))[3] == 0
+
+
+def test_a_routed_request_counts_for_every_worker_before_any_event(index: BlockIndex, worker: Worker,
+                                                                   other: Worker) -> None:
+    blocks = chain(12, 10)
+    first, matched = worker.kv(P(blocks))
+    assert matched == 0
+    assert other.kv(P(blocks)) == (first, 10)
+    assert other.kv(P(blocks[:6] + chain(13, 4))) == (first, 6)  # a shared prefix follows too
+
+
+def test_without_tracking_nothing_is_marked(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(14, 3)
+    worker.kv(P(blocks), track_routed=False)
+    assert worker.index.lookup(blocks[0]) is None
+
+
+def test_pick_adds_load_to_the_own_row_and_release_removes_it(coord: ControlTable, worker: Worker) -> None:
+    slot, _ = worker.kv(P(chain(15, 2)), tokens=77, release=False)
+    assert coord.load(slot) == (1, 77)
+    worker.table.release(worker.row, slot, 77)
+    assert coord.load(slot) == (0, 0)
+
+
+def test_no_candidate_gives_minus_one(coord: ControlTable, worker: Worker) -> None:
+    for s in range(4):
+        coord.set_healthy(s, False)
+    assert worker.kv(P(chain(16, 2))) == (-1, 0)
+    assert worker.index.conv_pick_explicit(worker.row, ROLE_CONTEXT, -1, 5, 1) == -1
+    assert worker.index.conv_pick_implicit(worker.row, ROLE_CONTEXT, -1, P(chain(16, 2)), 1) == (-1, 0)
+
+
+def test_a_lost_row_raises(coord: ControlTable, worker: Worker) -> None:
+    coord.reclaim_row(worker.row)
+    with pytest.raises(RowLost):
+        worker.kv(P(chain(17, 2)))
+
+
+def test_bad_hash_buffers_are_refused(worker: Worker) -> None:
+    with pytest.raises(TypeError):
+        worker.kv(b"1234567")  # not a multiple of 8 bytes
+    with pytest.raises(TypeError):
+        worker.index.match("abc")  # type: ignore[arg-type]
+
+
+def test_workers_cannot_write_events_or_maintain(worker: Worker) -> None:
+    for call in (lambda: worker.index.apply_stored(0, [1]), lambda: worker.index.clear_server(0),
+                 lambda: worker.index.sweep(), lambda: worker.index.resize()):
+        with pytest.raises(ShmError):
+            call()
+
+
+# -- routed-bit expiry -----------------------------------------------------------------------------
+
+
+def test_sweep_expires_routed_bits_after_the_ttl_but_keeps_event_bits(index: BlockIndex, worker: Worker) -> None:
+    routed_only, confirmed = chain(18, 3), chain(19, 3)
+    worker.kv(P(routed_only), exclude=0)
+    index.apply_stored(0, confirmed)
+    worker.kv(P(confirmed))  # routed to 0 as well
+    census = index.sweep(time.monotonic_ns())
+    assert census["routed_expired"] == 0 and census["live"] == 6
+    census = index.sweep(time.monotonic_ns() + TTL_NS + 10**9)
+    assert census["routed_expired"] == 6 and (census["live"], census["dead"]) == (3, 3)
+    assert dict(worker.index.match(P(routed_only), ROLE_CONTEXT)) == {0: 0, 1: 0, 2: 0, 3: 0}
+    assert dict(worker.index.match(P(confirmed)))[0] == 3
+
+
+# -- conversations ---------------------------------------------------------------------------------
+
+
+def test_an_explicit_conversation_is_sticky_across_workers(index: BlockIndex, worker: Worker,
+                                                           other: Worker) -> None:
+    key = hashing.conversation_key("conv-a")
+    first = worker.index.conv_pick_explicit(worker.row, ROLE_CONTEXT, -1, key, 100)
+    for w in (other, worker, other):
+        assert w.index.conv_pick_explicit(w.row, ROLE_CONTEXT, -1, key, 100) == first
+
+
+def test_new_conversations_go_to_the_fewest_active_tokens(index: BlockIndex, worker: Worker, load_on) -> None:  # type: ignore[no-untyped-def]
+    for s in (0, 1, 3):
+        load_on(s, 1, tokens=500)
+    assert worker.index.conv_pick_explicit(worker.row, ROLE_CONTEXT, -1, 1, 10) == 2
+
+
+def test_a_session_reroutes_when_its_server_is_no_longer_a_candidate(coord: ControlTable, index: BlockIndex,
+                                                                     worker: Worker, other: Worker) -> None:
+    key = hashing.conversation_key("conv-b")
+    first = worker.index.conv_pick_explicit(worker.row, ROLE_CONTEXT, -1, key, 1)
+    coord.set_healthy(first, False)
+    moved = other.index.conv_pick_explicit(other.row, ROLE_CONTEXT, -1, key, 1)
+    assert moved not in (first, -1)
+    coord.set_healthy(first, True)
+    assert worker.index.conv_pick_explicit(worker.row, ROLE_CONTEXT, -1, key, 1) == moved  # stays moved
+    assert worker.index._ix.lookup(key, 1, ROLE_CONTEXT)[1] == 1 << moved
+    index.clear_server(moved)  # a removed server's sessions are dropped and decided anew
+    assert worker.index._ix.lookup(key, 1, ROLE_CONTEXT)[1] == 0
+    again = other.index.conv_pick_explicit(other.row, ROLE_CONTEXT, -1, key, 1)
+    assert worker.index._ix.lookup(key, 1, ROLE_CONTEXT)[1] == 1 << again
+
+
+def test_roles_keep_separate_sessions(index: BlockIndex, worker: Worker) -> None:
+    ctx = worker.index.conv_pick_explicit(worker.row, ROLE_CONTEXT, -1, 42, 1)
+    gen = worker.index.conv_pick_explicit(worker.row, ROLE_GENERATION, -1, 42, 1)
+    assert (ctx, gen) != (-1, -1) and gen == 8
+    assert worker.index.conv_pick_explicit(worker.row, ROLE_CONTEXT, -1, 42, 1) == ctx
+
+
+def test_sessions_beyond_max_sessions_are_evicted_oldest_first(coord: ControlTable, worker: Worker) -> None:
+    index = BlockIndex.create(coord, IndexSettings(capacity=1 << 10, max_sessions=2))
+    try:
+        w = Worker(coord.prefix)
+        try:
+            for key in (1, 2, 3):
+                w.index.conv_pick_explicit(w.row, ROLE_CONTEXT, -1, key, 1)
+            w.index.conv_pick_explicit(w.row, ROLE_CONTEXT, -1, 1, 1)  # 1 is now the newest
+            census = index.sweep()
+            assert (census["sessions"], census["evicted"]) == (3, 1)
+            alive = {k: w.index._ix.lookup(k, 1, ROLE_CONTEXT)[1] != 0 for k in (1, 2, 3)}
+            assert alive == {1: True, 2: False, 3: True}
+            assert index.sweep()["sessions"] == 2
+        finally:
+            w.close()
+    finally:
+        index.close()
+
+
+def test_implicit_entries_beyond_max_implicit_are_evicted_oldest_first(coord: ControlTable) -> None:
+    index = BlockIndex.create(coord, IndexSettings(capacity=1 << 10, max_implicit=4))
+    try:
+        w = Worker(coord.prefix)
+        try:
+            old, new = chain(25, 3), chain(26, 3)
+            first, _ = w.index.conv_pick_implicit(w.row, ROLE_CONTEXT, -1, P(old), 1, 0.75)
+            w.index.conv_pick_implicit(w.row, ROLE_CONTEXT, -1, P(new), 1, 0.75)
+            census = index.sweep()
+            assert (census["implicit_entries"], census["evicted"]) == (6, 2)
+            def alive(h: int) -> bool:
+                got = w.index._ix.lookup(h, 2, ROLE_CONTEXT)
+                return got is not None and got[1] != 0
+
+            # one pick stamps its blocks alike: two of the older request's three entries go
+            assert [alive(h) for h in new] == [True] * 3 and sum(alive(h) for h in old) == 1
+        finally:
+            w.close()
+    finally:
+        index.close()
+
+
+def test_implicit_matching_follows_the_prefix_above_the_threshold(index: BlockIndex, worker: Worker,
+                                                                  load_on) -> None:  # type: ignore[no-untyped-def]
+    a = chain(20, 4)
+    first, depth = worker.index.conv_pick_implicit(worker.row, ROLE_CONTEXT, -1, P(a), 10, 0.75)
+    assert depth == 0
+    load_on(first, 3)  # the first server is now the busiest: only the prefix can bring us back
+    follow = a[:3] + chain(21, 1)  # 3 / 4 >= 0.75
+    assert worker.index.conv_pick_implicit(worker.row, ROLE_CONTEXT, -1, P(follow), 10, 0.75) == (first, 3)
+    half = a[:2] + chain(22, 2)  # 2 / 4 >= 0.5
+    assert worker.index.conv_pick_implicit(worker.row, ROLE_CONTEXT, -1, P(half), 10, 0.5) == (first, 2)
+    diverge = a[:1] + chain(23, 3)  # 1 / 4 < 0.75: the least loaded instead
+    slot, depth = worker.index.conv_pick_implicit(worker.row, ROLE_CONTEXT, -1, P(diverge), 10, 0.75)
+    assert slot != first and depth == 0
+
+
+def test_implicit_entries_are_separate_from_kv_blocks(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(24, 3)
+    worker.index.conv_pick_implicit(worker.row, ROLE_CONTEXT, -1, P(blocks), 1, 0.75)
+    assert worker.index.lookup(blocks[0]) is None
+    assert dict(worker.index.match(P(blocks), ROLE_CONTEXT)) == {0: 0, 1: 0, 2: 0, 3: 0}
+
+
+# -- bounded size ----------------------------------------------------------------------------------
+
+
+def test_a_full_index_refuses_inserts_counts_them_and_keeps_what_it_has(coord: ControlTable) -> None:
+    index = BlockIndex.create(coord, IndexSettings(capacity=16, max_capacity=16, max_load=0.6, grow_at=0.5))
+    w = Worker(coord.prefix)
+    try:
+        limit = int(16 * 0.6)
+        blocks = chain(30, 20)
+        assert index.apply_stored(1, blocks) == limit
+        assert index.stats().index_full_drops == 20 - limit
+        for i, h in enumerate(blocks):
+            assert (w.index.lookup(h) is not None) == (i < limit)
+            if i < limit:
+                assert w.index.lookup(h)[:2] == (2, 0)
+        slot, matched = w.kv(P(chain(31, 5)))  # nothing fits: still a valid pick
+        assert slot in range(4) and matched == 0
+        assert dict(w.index.match(P(blocks)))[1] == limit
+        census = index.sweep()
+        assert census["used"] == limit == index.stats().used
+        assert index.resize_target(census) is None  # at max capacity, nothing dead to drop
+    finally:
+        w.close()
+        index.close()
+
+
+# -- generations -----------------------------------------------------------------------------------
+
+
+def test_resize_keeps_live_keys_drops_dead_ones_and_workers_follow(coord: ControlTable, index: BlockIndex,
+                                                                   worker: Worker) -> None:
+    keep, drop = chain(40, 5), chain(41, 5)
+    index.apply_stored(2, keep)
+    index.apply_stored(1, drop)
+    index.apply_removed(1, drop)
+    old_name = index.name
+    assert worker.kv(P(keep)) == (2, 5)
+    generation = index.resize(1 << 12)
+    assert generation == 2 and index.capacity == 1 << 12
+    assert coord.index_publication()[:2] == (2, 1 << 12)
+    assert worker.kv(P(keep)) == (2, 5)  # remapped on this pick
+    assert worker.index.generation == 2
+    assert worker.index.lookup(drop[0]) is None and worker.index.lookup(keep[0])[:2] == (4, 4)
+    assert index.stats().resizes == 1
+    assert old_name in segment_names(coord.prefix)
+    index.unlink_retired(now=math.inf)
+    assert old_name not in segment_names(coord.prefix)
+
+
+def test_events_applied_during_a_resize_reach_the_new_generation(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(42, 3)
+    real_copy = type(index._ix).copy_into
+
+    class Spy:
+        def __init__(self, ix: _native.Index) -> None:
+            self.ix = ix
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.ix, name)
+
+        def copy_into(self, dst: _native.Index) -> tuple[int, int]:
+            got = real_copy(self.ix, dst)
+            index.apply_stored(3, blocks)  # as if another thread applied it after the copy
+            return got
+
+    index._ix = Spy(index._ix)  # type: ignore[assignment]
+    index.resize()
+    assert worker.kv(P(blocks), track_routed=False) == (3, 3)
+
+
+def test_maintain_grows_a_crowded_table(coord: ControlTable) -> None:
+    index = BlockIndex.create(coord, IndexSettings(capacity=64, max_capacity=1 << 10, grace_s=0.0))
+    try:
+        index.apply_stored(0, chain(43, 32))  # 32 of 64 slots: past grow_at 0.45
+        census = index.maintain()
+        assert census["live"] == 32
+        assert index.capacity == 128 and index.generation == 2  # next_pow2(32 / 0.35)
+        assert index.maintain()["live"] == 32 and index.capacity == 128
+        assert len([n for n in segment_names(coord.prefix) if "-idx-" in n]) == 1
+    finally:
+        index.close()
+
+
+def test_control_table_unlink_removes_every_index_generation(shm_prefix: str) -> None:
+    table = ControlTable.create(shm_prefix)
+    index = BlockIndex.create(table, IndexSettings(capacity=64, grace_s=3600.0))
+    index.resize(128)
+    index.resize(256)
+    assert len([n for n in segment_names(shm_prefix) if "-idx-" in n]) == 3
+    index.close()
+    table.unlink()
+    table.close()
+    assert segment_names(shm_prefix) == ()
+
+
+def test_attach_waits_for_a_publication(coord: ControlTable) -> None:
+    with pytest.raises(ShmError):
+        BlockIndex.attach(coord, timeout=0.01)
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+
+
+def test_metrics_count_events_blocks_drops_and_lag(index: BlockIndex, worker: Worker) -> None:
+    index.apply_stored(0, chain(50, 4), time.time_ns() - 3_000_000)  # emitted 3 ms ago
+    index.apply_stored(1, chain(51, 2))  # no executor timestamp: no lag sample
+    index.apply_removed(0, chain(50, 1))
+    index.count_dropped(2)
+    s = index.stats()
+    assert (s.events_applied, s.blocks_applied, s.blocks_stored, s.blocks_removed) == (3, 7, 6, 1)
+    assert (s.events_dropped, s.lag_samples, s.generation) == (2, 1, 1)
+    assert 3_000_000 <= s.lag_sum_ns < 10**9
+    assert 2**21 < s.lag_quantile_ns(0.99) <= 2**30
+    assert worker.table.index_metrics()["events_applied"] == 3  # any process reads them
+
+
+# -- layout validation -----------------------------------------------------------------------------
+
+
+def test_check_index_refuses_foreign_bytes_and_waits_for_building_ones(coord: ControlTable) -> None:
+    buf = bytearray(8192)
+    ix = _native.Index(buf, coord._region)
+    assert ix.check_index() is False  # state 0: still BUILDING
+    buf[0x38] = 1
+    with pytest.raises(_native.LayoutMismatch, match="magic"):
+        ix.check_index()
+    ix.init_index(1, 4, 9, 0)
+    ix.publish()
+    assert ix.check_index() is True
+    buf[0x18] = 40  # cap_log2 40: out of range
+    with pytest.raises(_native.LayoutMismatch):
+        ix.check_index()
+    ix.release()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"capacity": 1000}, {"capacity": 8}, {"max_capacity": 1 << 40}, {"capacity": 1 << 12, "max_capacity": 1 << 10},
+     {"max_load": 1.0}, {"grow_at": 0.7}, {"routed_ttl_s": -1}],
+)
+def test_bad_index_settings_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        IndexSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_index_names_and_sizes() -> None:
+    from shmdisagg.shm.layout import index_name, index_size
+
+    assert index_name("p", 26) == "/p-idx-1a"
+    assert index_size(16) == max(8192, 4096 + 32 * 16) and index_size(1 << 20) == 4096 + (32 << 20)
+    with pytest.raises(ValueError):
+        index_size(100)
