@@ -14,6 +14,12 @@ generation POST is started *before* the context leg is awaited, because the cont
 waits for the generation executor's receive session (awaiting the context first deadlocks).
 When either leg fails, the other is cancelled.
 
+Conditional disaggregation (§2.9, `conditional_disagg_config.max_local_prefill_length` > 0,
+with a `kv_cache_aware` generation router): the generation server is picked first; if it already
+holds all but at most that many prompt tokens, the request goes to it alone as a plain request
+(prefill and decode there, no `disaggregated_params`); otherwise both legs run, with the
+generation leg on the server picked first. The decision uses the chosen server's own match.
+
 Streams are relayed chunk by chunk as bytes. Each leg's pick is released exactly once.
 """
 
@@ -38,20 +44,79 @@ CONTINUE_ON_GENERATION = ("length", "not_finished")
 SCHEDULE_STYLE = {"context_first": 0, "generation_first": 1}  # TensorRT-LLM DisaggScheduleStyle
 
 
+class Reserved:
+    """A generation pick made before the flow needs it; whoever `take()`s it owns its release."""
+
+    __slots__ = ("policy", "key", "slot")
+
+    def __init__(self, policy: Policy, key: RoutingKey, slot: int) -> None:
+        self.policy, self.key, self.slot = policy, key, slot
+
+    def take(self) -> int:
+        slot, self.slot = self.slot, -1
+        return slot
+
+    def release_unused(self) -> None:
+        if self.slot >= 0:
+            self.policy.release(self.take(), self.key)
+
+
 class Flows:
     """Both schedule styles for one worker. `ctx_server_info(slot)` returns the context server's
-    `/server_info` (as published by the coordinator)."""
+    `/server_info` (as published by the coordinator). Counters: `local_prefills` (requests
+    conditional disaggregation kept on one generation server), `disaggregated`."""
 
-    def __init__(self, legs: LegRunner, ctx_policy: Policy, gen_policy: Policy, new_id: Callable[[], int], ctx_server_info: Callable[[int], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        legs: LegRunner,
+        ctx_policy: Policy,
+        gen_policy: Policy,
+        new_id: Callable[[], int],
+        ctx_server_info: Callable[[int], dict[str, Any]],
+        schedule_style: str = "context_first",
+        max_local_prefill_length: int = 0,
+    ) -> None:
         self.legs = legs
         self.ctx_policy = ctx_policy
         self.gen_policy = gen_policy
         self.new_id = new_id
         self.ctx_server_info = ctx_server_info
+        self._style = self.generation_first if schedule_style == "generation_first" else self.context_first
+        tpb = getattr(gen_policy, "tokens_per_block", None)
+        self.max_local_prefill = max_local_prefill_length if tpb is not None else 0
+        self._gen_tpb = tpb
+        self.local_prefills = 0
+        self.disaggregated = 0
+
+    async def run(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str) -> None:
+        """One request, with conditional disaggregation when configured."""
+        reserved = Reserved(self.gen_policy, key, -1)
+        try:
+            if self.max_local_prefill:
+                reserved.slot = self.gen_policy.pick(key, -1)
+                if reserved.slot < 0:
+                    raise RequestError(503, "no healthy generation server", "no_generation_servers")
+                matched = key.matched_blocks * self._gen_tpb()  # type: ignore[misc]
+                total = len(key.token_ids or ())
+                if matched and total - matched <= self.max_local_prefill:
+                    self.local_prefills += 1
+                    plain = orjson.dumps(req)
+                    opened = await self.legs.open(self.gen_policy, key, path, lambda _: plain, "generation", picked=reserved.take())
+                    await relay(ex, opened)
+                    return
+            self.disaggregated += 1
+            await self._style(ex, req, chat, key, path, reserved)
+        finally:
+            reserved.release_unused()
+
+    async def _open_generation(self, reserved: Reserved, key: RoutingKey, path: str, body: bytes) -> Opened:
+        # take() runs when this coroutine starts: a task cancelled before that leaves the
+        # reservation to release_unused().
+        return await self.legs.open(self.gen_policy, key, path, lambda _: body, "generation", picked=reserved.take())
 
     # -- context-first ---------------------------------------------------------------------
 
-    async def context_first(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str) -> None:
+    async def context_first(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str, reserved: Reserved) -> None:
         style = SCHEDULE_STYLE["context_first"]
         ex.ctx_dispatch = time.time()
         status, raw, ex.ctx_slot = await self.legs.call(self.ctx_policy, key, path, self._ctx_body(ex, req, style), "context", retry_5xx=True, retry_sent=True)
@@ -68,8 +133,7 @@ class Flows:
         if isinstance(params.get("disagg_request_id"), int):
             ex.disagg_request_id = params["disagg_request_id"]
         gen_body = orjson.dumps(generation_request(req, chat, ctx, ex.disagg_request_id, style))
-        opened = await self.legs.open(self.gen_policy, key, path, lambda _: gen_body, "generation")
-        await relay(ex, opened)
+        await relay(ex, await self._open_generation(reserved, key, path, gen_body))
 
     def _ctx_body(self, ex: Exchange, req: dict[str, Any], style: int) -> Callable[[int], bytes]:
         def make(attempt: int) -> bytes:
@@ -85,7 +149,7 @@ class Flows:
 
     # -- generation-first ------------------------------------------------------------------
 
-    async def generation_first(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str) -> None:
+    async def generation_first(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str, reserved: Reserved) -> None:
         style = SCHEDULE_STYLE["generation_first"]
         rid = ex.disagg_request_id
         ctx_slot = self.ctx_policy.pick(key, -1)
@@ -101,7 +165,7 @@ class Flows:
             raise
         # The generation POST goes out first; the context leg is awaited only after it started.
         # The context leg is not retried elsewhere: the generation request names its server.
-        gen_task = asyncio.ensure_future(self.legs.open(self.gen_policy, key, path, lambda _: gen_body, "generation"))
+        gen_task = asyncio.ensure_future(self._open_generation(reserved, key, path, gen_body))
         started = False
 
         async def ctx_leg() -> tuple[int, bytes, int]:

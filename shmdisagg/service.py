@@ -28,7 +28,10 @@ from shmdisagg.errors import RequestError
 from shmdisagg.exchange import Exchange
 from shmdisagg.flows import Flows
 from shmdisagg.ids import DisaggIdGenerator
+from shmdisagg.hashing import cache_salt_id
 from shmdisagg.routing import RoutingKey
+from shmdisagg.routing.conversation import canonical_text, conversation_id
+from shmdisagg.tokenization import RoutingTokenizer, prompt_token_ids
 from shmdisagg.upstream import UpstreamError
 from shmdisagg.validation import parse_body, prompt_load_tokens, validate
 
@@ -68,7 +71,7 @@ class DisaggService:
         self.timeout_s = config.shmdisagg.request_timeout_s
         self.body_limit = config.shmdisagg.max_request_body_bytes
         self.schedule_style = schedule_style
-        self._flow = flows.generation_first if schedule_style == "generation_first" else flows.context_first
+        self.keys: KeyBuilder | None = None  # set when a policy needs token ids or conversation ids
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
         """Serve one POST to `/v1/completions` (chat=False) or `/v1/chat/completions`."""
@@ -85,13 +88,17 @@ class DisaggService:
             return
         except ClientDisconnected:
             return
+        try:
+            key = await self.keys.build(req, chat, scope) if self.keys else RoutingKey(prompt_load_tokens(req, chat))
+        except ValueError as err:  # a chat the template cannot render
+            await send_bytes(send, 400, RequestError(400, str(err), "invalid_request", "messages").body())
+            return
         ex = Exchange(send, self.ids.next_id(), bool(req.get("stream")), extra, chat=chat, arrival=arrival)
-        key = RoutingKey(prompt_load_tokens(req, chat))
         watch = DisconnectWatch(receive)
         try:
             with watch:
                 async with asyncio.timeout(self.timeout_s):
-                    await self._flow(ex, req, chat, key, _PATHS[chat])
+                    await self.flows.run(ex, req, chat, key, _PATHS[chat])
         except asyncio.CancelledError:
             if not watch.disconnected:
                 raise
@@ -110,6 +117,29 @@ class DisaggService:
                 ex.error_code = ex.error_code or "client_disconnected"
             for sink in self.sinks:
                 sink(ex)
+
+
+class KeyBuilder:
+    """Builds the routing key when a policy needs more than the load: token ids (tokenized as
+    the executor will, written back into the request) and the conversation id."""
+
+    def __init__(self, tokenizer: RoutingTokenizer | None, conversations: bool) -> None:
+        self.tokenizer = tokenizer
+        self.conversations = conversations
+
+    async def build(self, req: dict[str, Any], chat: bool, scope: Scope) -> RoutingKey:
+        ids = await prompt_token_ids(self.tokenizer, req, chat) if self.tokenizer else None
+        salt = req.get("cache_salt")
+        key = RoutingKey(
+            len(ids) if ids is not None else prompt_load_tokens(req, chat),
+            ids,
+            salt_id=cache_salt_id(salt) if isinstance(salt, str) and salt else None,
+        )
+        if self.conversations:
+            key.conversation_id = conversation_id(req, scope.get("headers", []))
+            if key.conversation_id is None:
+                key.text = canonical_text(req, chat)
+        return key
 
 
 def _request_id_header(scope: Scope) -> list[tuple[bytes, bytes]]:

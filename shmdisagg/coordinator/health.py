@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,7 @@ class HealthMonitor:
         self.interval_s = interval_s
         self.breaker_failures = breaker_failures
         self.breaker_cooldown_s = breaker_cooldown_s
+        self.on_unhealthy: Callable[[int], object] = lambda slot: None
         self._session: aiohttp.ClientSession | None = None
         for ex in executors:
             table.publish_server(ex.slot, ex.addr, ex.role, False)
@@ -171,6 +173,7 @@ class HealthMonitor:
         ex.healthy = False
         ex.server_info = None  # prepare again when it comes back (it may have restarted)
         self.table.set_healthy(ex.slot, False)
+        self.on_unhealthy(ex.slot)
         log.warning("%s server %s is unhealthy", ROLE_NAMES[ex.role], ex.addr)
 
     def _mark(self, ex: Executor, ok: bool, refused: bool = False) -> None:

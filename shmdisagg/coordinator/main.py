@@ -23,14 +23,19 @@ import uvicorn
 from shmdisagg.config import DisaggConfig
 from shmdisagg.coordinator.api import internal_app
 from shmdisagg.coordinator.health import HealthMonitor, executors_from_config
+from shmdisagg.coordinator.kv_events import KvEventIngestor
 from shmdisagg.coordinator.supervisor import FleetSupervisor
+from shmdisagg.metrics.perf import PerfStore
+from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
 from shmdisagg.procutil import starttime
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
-from shmdisagg.shm.table import ControlTable
+from shmdisagg.shm.index import BlockIndex, IndexSettings
+from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
 
 log = logging.getLogger("shmdisagg.coordinator")
 
 HEARTBEAT_S = 0.1
+INDEX_MAINTENANCE_S = 1.0
 COORD_RUNNING, COORD_STOPPING = 1, 2
 
 
@@ -47,16 +52,35 @@ class Coordinator:
         try:
             self.table.set_coordinator(os.getpid(), starttime(os.getpid()), secrets.randbits(63))
             sd = config.shmdisagg
+            self.index = BlockIndex.create(self.table, index_settings(config))
             self.health = HealthMonitor(self.table, executors_from_config(config), sd.health_check_interval_s, sd.breaker_failures, sd.breaker_cooldown_s)
+            self.health.on_unhealthy = self.index.clear_server  # its cache may be gone: stop attracting traffic
+            ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
+            tpb = {ROLE_CONTEXT: ctx_args.tokens_per_block or 0, ROLE_GENERATION: gen_args.tokens_per_block or 0}
+            self.kv_events = KvEventIngestor(self.index, self.health.executors, tpb.__getitem__) if "kv_cache_aware" in (ctx_args.type, gen_args.type) else None
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
             self.schedule_style = schedule_style or os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE") or config.schedule_style
             env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style}
             self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env)
+            # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
+            # are folded into the retired row before its replacement starts
+            self.metrics = MetricsSegment.create(config.shm_prefix, config.num_workers)
+            self.supervisor.on_exit = lambda index: self.metrics.fold(worker_row(index))
+            self.perf = PerfStore({e.slot: e.addr for e in self.health.executors}, config.perf_metrics_max_requests, self.metrics.row(ROW_COORDINATOR))
         except BaseException:
             self.table.unlink()
             self.table.close()
             raise
         self._stop = asyncio.Event()
+
+    async def _maintain_index(self) -> None:
+        """Sweep routed-bit TTLs and session LRU, resize/compact, retire old generations."""
+        while True:
+            await asyncio.sleep(INDEX_MAINTENANCE_S)
+            try:
+                self.index.maintain()
+            except Exception:  # keep serving; the next round retries
+                log.exception("index maintenance failed")
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -82,8 +106,11 @@ class Coordinator:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)  # a stale socket of a dead coordinator (we hold the table's lock)
         api = EmbeddedServer(uvicorn.Config(internal_app(self), uds=sock_path, lifespan="off", access_log=False, log_level="warning", loop="none"))
-        tasks = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.health.run())]
+        tasks = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.health.run()), asyncio.ensure_future(self._maintain_index())]
+        if self.kv_events is not None:
+            tasks.append(asyncio.ensure_future(self.kv_events.run()))
         api_task = asyncio.ensure_future(api.serve())
+        self.perf.start()
         try:
             await self._wait_ready()
             self.table.set_coord_state(COORD_RUNNING)
@@ -99,12 +126,29 @@ class Coordinator:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self.perf.stop()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock_path)
 
     def close(self) -> None:
+        self.metrics.close()
+        self.metrics.unlink()
+        self.index.unlink()
+        self.index.close()
         self.table.unlink()
         self.table.close()
+
+
+def index_settings(config: DisaggConfig) -> IndexSettings:
+    """Index sizing: `shmdisagg.index` plus the conversation router's `max_sessions`."""
+    sessions = [a.max_sessions for a in (config.context_servers.router, config.generation_servers.router) if a.type == "conversation"]
+    ix = config.shmdisagg.index
+    return IndexSettings(
+        capacity=ix.capacity,
+        max_capacity=ix.max_capacity,
+        routed_ttl_s=ix.routed_ttl_s,
+        max_sessions=max(sessions) if sessions else IndexSettings.max_sessions,
+    )
 
 
 async def run_coordinator(config: DisaggConfig, config_path: str, schedule_style: str | None = None) -> None:

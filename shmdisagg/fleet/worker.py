@@ -1,8 +1,8 @@
 """One fleet worker process: serves one SO_REUSEPORT listener on the public port.
 
 Owns this worker's counter row in the shared table (claimed at start, heart-beaten every
-250 ms). Never writes another worker's row, the server records or the block index: the
-coordinator does. Started by the coordinator's supervisor with the environment variables below;
+250 ms), and row 2 + index of the metrics segment (`shmdisagg/metrics/`). Never writes another
+worker's row, the server records or the block index: the coordinator does. Started by the coordinator's supervisor with the environment variables below;
 `python -m shmdisagg.fleet.worker` is the entry point.
 
 - `SHMDISAGG_CONFIG`: path of the deployment config file
@@ -28,12 +28,15 @@ from shmdisagg.directory import ServerDirectory
 from shmdisagg.fleet.app import FleetApp, control_app
 from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.procutil import bind_reuseport, starttime
-from shmdisagg.routing import make_policy
+from shmdisagg.routing import USES_INDEX, make_policy
+from shmdisagg.shm.index import BlockIndex
+from shmdisagg.tokenization import load_tokenizer
 from shmdisagg.fleet.cluster import ClusterView, fetch_cluster_info
 from shmdisagg.flows import SCHEDULE_STYLE, Flows
 from shmdisagg.legs import LegRunner
+from shmdisagg.metrics.fleet import FleetMetrics
 from shmdisagg.reporting import FailureReporter
-from shmdisagg.service import Admission, DisaggService
+from shmdisagg.service import DisaggService, KeyBuilder
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
 from shmdisagg.upstream import UpstreamPool
@@ -81,20 +84,35 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
     row = table.claim_row(os.getpid(), starttime(os.getpid()))
     upstream = UpstreamPool()
     reporter = FailureReporter(config.coordinator_socket)
+    index: BlockIndex | None = None
+    metrics: FleetMetrics | None = None
     try:
+        metrics = FleetMetrics(config, worker_index, table)
         directory = ServerDirectory(table)
         view = ClusterView(directory)
         version = table.servers_version()
         view.apply(await fetch_cluster_info(config.coordinator_socket, config.shmdisagg.server_start_timeout_s), version)
-        ctx_policy = make_policy(table, row, ROLE_CONTEXT, config.context_servers.router_args())
-        gen_policy = make_policy(table, row, ROLE_GENERATION, config.generation_servers.router_args())
+        ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
+        if {ctx_args.type, gen_args.type} & USES_INDEX:
+            index = BlockIndex.attach(table, timeout=config.shmdisagg.server_start_timeout_s)
+        ctx_policy = make_policy(table, row, ROLE_CONTEXT, ctx_args, index, lambda: directory.tokens_per_block(ROLE_CONTEXT))
+        gen_policy = make_policy(table, row, ROLE_GENERATION, gen_args, index, lambda: directory.tokens_per_block(ROLE_GENERATION))
+        ctx_policy, gen_policy = metrics.wrap_policy(ctx_policy, False), metrics.wrap_policy(gen_policy, True)
         ids = DisaggIdGenerator(_node_id(config), worker_index % 64)
         legs = LegRunner(directory, upstream, reporter, config.max_retries)
-        flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info)
-        admission = Admission(config.shmdisagg.max_inflight_requests, lambda: sum(table.load(s.slot)[0] for s in directory.servers()))
-        service = DisaggService(config, flows, ids, admission, resolve_schedule_style(config))
+        style = resolve_schedule_style(config)
+        local_prefill = config.conditional_disagg_config.max_local_prefill_length if config.conditional_disagg_config else 0
+        flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info, style, local_prefill)
+        admission = metrics.admission(config.shmdisagg.max_inflight_requests, lambda: sum(table.load(s.slot)[0] for s in directory.servers()))
+        service = DisaggService(config, flows, ids, admission, style)
+        metrics.install(service)
+        needs_tokens = ctx_policy.needs_tokens or gen_policy.needs_tokens
+        conversations = "conversation" in (ctx_args.type, gen_args.type)
+        if needs_tokens or conversations:
+            tokenizer = load_tokenizer(gen_args.tokenizer_dir or ctx_args.tokenizer_dir) if needs_tokens else None
+            service.keys = KeyBuilder(tokenizer, conversations)
         service.models = view.models
-        app = FleetApp(service, control_app(service, directory, table, worker_index))
+        app = FleetApp(service, control_app(service, directory, table, worker_index, metrics), metrics.request)
         sock = bind_reuseport(config.hostname, config.port)
         uv = uvicorn.Config(
             app,
@@ -107,6 +125,7 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
         )
         gc.freeze()  # start-up objects are permanent: keep them out of every collection
         reporter.start()
+        metrics.start()
         house = asyncio.ensure_future(_housekeeping(table, row, view, service, config.coordinator_socket))
         server = EmbeddedServer(uv)
         on_stop_signals(lambda: setattr(server, "should_exit", True))
@@ -116,7 +135,12 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
             house.cancel()
     finally:
         await reporter.stop()
+        if metrics is not None:
+            await metrics.stop()
+            metrics.close()
         await upstream.close()
+        if index is not None:
+            index.close()
         table.close()
 
 

@@ -2,21 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from shmdisagg.config import ConfigError, RouterConfig
+from shmdisagg.routing.conversation import ConversationPolicy
+from shmdisagg.routing.kv_cache_aware import KvCacheAwarePolicy
 from shmdisagg.routing.load_balancing import LoadBalancingPolicy
 from shmdisagg.routing.policy import Policy, RoutingKey, TablePolicy
 from shmdisagg.routing.round_robin import RoundRobinPolicy
+from shmdisagg.shm.index import BlockIndex
 from shmdisagg.shm.table import ControlTable
 
-POLICIES: dict[str, type[TablePolicy]] = {p.name: p for p in (RoundRobinPolicy, LoadBalancingPolicy)}
+POLICIES: dict[str, type[TablePolicy]] = {
+    p.name: p for p in (RoundRobinPolicy, LoadBalancingPolicy, KvCacheAwarePolicy, ConversationPolicy)
+}
+USES_INDEX = frozenset({KvCacheAwarePolicy.name, ConversationPolicy.name})
 
-__all__ = ["POLICIES", "Policy", "RoutingKey", "make_policy"]
+__all__ = ["POLICIES", "USES_INDEX", "Policy", "RoutingKey", "make_policy"]
 
 
-def make_policy(table: ControlTable, row: int, role: int, args: RouterConfig) -> Policy:
-    """The policy named by `args.type` for one role. Raises `ConfigError` for a type this
-    version does not implement."""
-    cls = POLICIES.get(args.type)
-    if cls is None:
-        raise ConfigError(f"router.type: {args.type!r} is not available in this version (have: {', '.join(POLICIES)})")
-    return cls(table, row, role, args)
+def make_policy(
+    table: ControlTable,
+    row: int,
+    role: int,
+    args: RouterConfig,
+    index: BlockIndex | None = None,
+    tokens_per_block: Callable[[], int] | None = None,
+) -> Policy:
+    """The policy named by `args.type` for one role. The index-backed policies need `index`
+    (and `kv_cache_aware` the role's executor `tokens_per_block`). Raises `ConfigError`."""
+    if args.type not in POLICIES:
+        raise ConfigError(f"router.type: {args.type!r} is not one of {', '.join(POLICIES)}")
+    if args.type in USES_INDEX and index is None:
+        raise ConfigError(f"router.type: {args.type!r} needs the shared block index")
+    if args.type == KvCacheAwarePolicy.name:
+        return KvCacheAwarePolicy(table, row, role, args, index, tokens_per_block or (lambda: 0))  # type: ignore[arg-type]
+    if args.type == ConversationPolicy.name:
+        return ConversationPolicy(table, row, role, args, index)  # type: ignore[arg-type]
+    return POLICIES[args.type](table, row, role, args)

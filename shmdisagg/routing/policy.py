@@ -9,23 +9,46 @@ before scoring.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from shmdisagg.config import RouterConfig
+from shmdisagg.hashing import block_hashes_bytes
 from shmdisagg.shm.table import ControlTable
 
 
-@dataclass(frozen=True, slots=True)
 class RoutingKey:
-    """What a policy may look at: the load the request adds (tokens) and, when known, its ids."""
+    """What a policy may look at for one request.
 
-    num_tokens: int
-    token_ids: list[int] | None = None
+    `num_tokens`: the load it adds (tokens, or characters for untokenised text);
+    `token_ids`: its prompt ids when a policy needed them (see `Policy.needs_tokens`);
+    `conversation_id`: from the body's `conversation_params` or the session headers;
+    `text`: the canonical text the conversation router hashes when it has no ids.
+    Block hashes are computed once per `tokens_per_block` and cached here.
+    """
+
+    __slots__ = ("num_tokens", "token_ids", "conversation_id", "text", "salt_id", "_hashes", "matched_blocks")
+
+    def __init__(self, num_tokens: int, token_ids: list[int] | None = None, conversation_id: str | None = None, text: str | None = None, salt_id: int | None = None) -> None:
+        self.num_tokens = num_tokens
+        self.token_ids = token_ids
+        self.conversation_id = conversation_id
+        self.text = text
+        self.salt_id = salt_id
+        self._hashes: dict[int, bytes] = {}
+        self.matched_blocks = 0  # the chosen server's match on the last KV-aware pick
+
+    def block_hashes(self, tokens_per_block: int) -> bytes:
+        """Packed u64 v1 block hashes of `token_ids` (empty without ids)."""
+        cached = self._hashes.get(tokens_per_block)
+        if cached is None:
+            ids = self.token_ids or []
+            cached = self._hashes[tokens_per_block] = block_hashes_bytes(ids, tokens_per_block, self.salt_id) if ids else b""
+        return cached
 
 
 class Policy(Protocol):
     name: ClassVar[str]
+    needs_tokens: ClassVar[bool]
 
     def pick(self, key: RoutingKey, exclude_slot: int) -> int:
         """Slot of the chosen server with its load already added, or -1 when none is eligible."""
@@ -40,6 +63,7 @@ class TablePolicy:
     """Shared plumbing: which table, row and role a policy works on."""
 
     name: ClassVar[str] = ""
+    needs_tokens: ClassVar[bool] = False
 
     def __init__(self, table: ControlTable, row: int, role: int, args: RouterConfig) -> None:
         self.table = table

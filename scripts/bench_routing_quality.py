@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Routing quality side by side: KV cache hit rate, TTFT and per-server balance for each router at
+several fleet sizes, replaying a Mooncake trace against simulated executors.
+
+For every (router, fleet size) it launches the same deployment (4 context + 2 generation
+simulated executors by default; the router under test on both roles), replays the first N
+requests of the trace with `shmdisagg bench`, then reads from the shared table how many requests
+each context server received. The infinite-cache ideal hit rate of the same slice is computed
+from the trace itself (a request can reuse its leading `hash_ids` seen before, 512 tokens each).
+
+    .venv/bin/python scripts/bench_routing_quality.py --trace ../shared/traces/conversation_trace.jsonl \\
+        --num-requests 1000 --speedup 10 --routers round_robin load_balancing kv_cache_aware conversation \\
+        --fleet 1 2 4 --json runs/routing_quality.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from shmdisagg.config import load_config  # noqa: E402
+from shmdisagg.launch import Deployment  # noqa: E402
+from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+
+
+def ideal_hit_rate(trace: Path, n: int) -> float:
+    """Share of prompt tokens an infinite cache shared by every server could serve."""
+    seen: set[int] = set()
+    hit = total = 0
+    with trace.open() as f:
+        for i, line in enumerate(f):
+            if i >= n:
+                break
+            r = json.loads(line)
+            ids = r["hash_ids"]
+            k = 0
+            while k < len(ids) and ids[k] in seen:
+                k += 1
+            hit += min(k * 512, r["input_length"] - 1)
+            total += r["input_length"]
+            seen.update(ids)
+    return hit / total
+
+
+def router_spec(router: str) -> dict:
+    """'kv_cache_aware+use_tokens' -> {"type": "kv_cache_aware", "use_tokens": True}."""
+    name, *flags = router.split("+")
+    return {"type": name, **{f: True for f in flags}}
+
+
+def config_for(router: str, fleet: int, args: argparse.Namespace, tmp: Path) -> Path:
+    port = free_port()
+    ctx = [f"127.0.0.1:{free_port()}" for _ in range(args.ctx)]
+    gen = [f"127.0.0.1:{free_port()}" for _ in range(args.gen)]
+    cfg = {
+        "hostname": "127.0.0.1",
+        "port": port,
+        "num_workers": fleet,
+        "context_servers": {"urls": ctx, "router": router_spec(router), "max_batch_size": 16, "max_num_tokens": 16384},
+        "generation_servers": {"urls": gen, "router": router_spec(router), "max_batch_size": 64},
+        "shmdisagg": {
+            "shm": {"prefix": f"shmdisagg-rq{uuid.uuid4().hex[:8]}"},
+            "coordinator_socket": str(tmp / f"{router}-{fleet}.sock"),
+            "request_timeout_s": 600,
+            "executors": {"backend": "sim", "sim": {"speedup": args.sim_speedup, "num_blocks": args.num_blocks}},
+        },
+    }
+    path = tmp / f"{router}-{fleet}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_one(router: str, fleet: int, args: argparse.Namespace, tmp: Path) -> dict:
+    path = config_for(router, fleet, args, tmp)
+    config = load_config(path)
+    out = tmp / f"{router}-{fleet}.json"
+    with Deployment(config, str(path), str(tmp / f"logs-{router}-{fleet}")) as dep:
+        cmd = [sys.executable, "-m", "shmdisagg.bench", "--url", dep.url, "--trace", str(args.trace),
+               "--num-requests", str(args.num_requests), "--speedup", str(args.speedup), "--json", str(out), "--no-progress"]
+        if args.max_output_tokens:
+            cmd += ["--max-output-tokens", str(args.max_output_tokens)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with ControlTable.attach(config.shm_prefix) as table:
+            routed = [table.routed(s.slot) for s in table.servers() if s.role == ROLE_CONTEXT]
+    summary = json.loads(out.read_text())
+    return {
+        "router": router,
+        "fleet": fleet,
+        "hit_rate": summary["kv_cache_hit_rate"],
+        "ttft_p50_ms": summary["ttft_ms"]["p50"],
+        "ttft_p99_ms": summary["ttft_ms"]["p99"],
+        "e2e_p50_ms": summary["e2e_ms"]["p50"],
+        "errors": summary["errors"]["count"],
+        "ctx_routed": routed,
+        "load_max_min": max(routed) / max(min(routed), 1),
+        "cpu_ms_per_request": summary.get("orchestrator_cpu_ms_per_request"),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", type=Path, default=REPO / "data" / "mooncake_conversation_300.jsonl")
+    p.add_argument("--num-requests", type=int, default=300)
+    p.add_argument("--speedup", type=float, default=10.0, help="trace arrival speed-up")
+    p.add_argument("--sim-speedup", type=float, default=20.0, help="executor timing speed-up")
+    p.add_argument("--num-blocks", type=int, default=131072, help="KV blocks per simulated executor")
+    p.add_argument("--max-output-tokens", type=int, default=32)
+    p.add_argument("--ctx", type=int, default=4)
+    p.add_argument("--gen", type=int, default=2)
+    p.add_argument("--routers", nargs="+", default=["round_robin", "load_balancing", "kv_cache_aware", "conversation"])
+    p.add_argument("--fleet", nargs="+", type=int, default=[1, 2, 4])
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    ideal = ideal_hit_rate(args.trace, args.num_requests)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="shmdisagg-rq-") as d:
+        for router in args.routers:
+            for fleet in args.fleet:
+                t0 = time.monotonic()
+                row = run_one(router, fleet, args, Path(d))
+                row["seconds"] = round(time.monotonic() - t0, 1)
+                rows.append(row)
+                print(f"{router:15s} fleet {fleet}: hit {row['hit_rate']:.4f} ({row['hit_rate'] / ideal:.2f}x ideal) "
+                      f"TTFT p50/p99 {row['ttft_p50_ms']:.0f}/{row['ttft_p99_ms']:.0f} ms  ctx load max/min {row['load_max_min']:.2f} "
+                      f"{row['ctx_routed']}  errors {row['errors']}", flush=True)
+    print(f"\ntrace {args.trace.name}, first {args.num_requests} requests, ideal (infinite cache) hit rate {ideal:.4f}")
+    print(f"| router | fleet | KV hit rate | x ideal | TTFT p50 ms | TTFT p99 ms | ctx load max/min | errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['router']} | {r['fleet']} | {r['hit_rate']:.4f} | {r['hit_rate'] / ideal:.2f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['load_max_min']:.2f} | {r['errors']} |")
+    rr = {r["fleet"]: r for r in rows if r["router"] == "round_robin"}
+    for r in rows:
+        if r["router"] != "round_robin" and r["fleet"] in rr:
+            print(f"TTFT p50 ratio round_robin / {r['router']} at fleet {r['fleet']}: {rr[r['fleet']]['ttft_p50_ms'] / max(r['ttft_p50_ms'], 1e-9):.2f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"ideal_hit_rate": ideal, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
