@@ -137,14 +137,68 @@ class SimSettings(_Strict):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class TrtllmSettings(_Strict):
+    """How `shmdisagg launch` runs `trtllm-serve` (backend `trtllm`); see docs/deploy.md.
+
+    What each instance serves (parallel sizes, `kv_cache_config`, `cache_transceiver_config`,
+    `max_batch_size`, ...) is written in TensorRT-LLM's own keys in `context_servers` /
+    `generation_servers`; these are only the settings TensorRT-LLM's file has no place for.
+    """
+
+    command: list[str] = Field(default_factory=lambda: ["trtllm-serve"], min_length=1)
+    backend: Literal["pytorch", "tensorrt", "_autodeploy"] | None = None  # --backend; default: top-level `backend`, else pytorch
+    log_level: Literal["internal_error", "error", "warning", "info", "verbose", "debug", "trace"] = "info"
+    extra_llm_api_options: dict[str, Any] = Field(default_factory=dict)  # merged into every instance's YAML
+    env: dict[str, str] = Field(default_factory=dict)  # extra environment for every instance
+    extra_args: list[str] = Field(default_factory=list)  # appended to every command line
+
+
 class ExecutorsSection(_Strict):
-    """Which executors `shmdisagg launch` starts, one per url of each section."""
+    """Which executors `shmdisagg launch` starts, one per url of each section.
+
+    `gpus` (backend `trtllm`): the node's GPUs the instances get, handed out in this order,
+    context instances first, tensor x pipeline x context parallel size each. Unset: the
+    launcher's `CUDA_VISIBLE_DEVICES` if set, else 0, 1, 2, ...
+    """
 
     backend: Literal["sim", "trtllm"] = "sim"
     model: str = "sim-llama-3.1-8b"
     startup_timeout_s: float = Field(180.0, gt=0)
+    stop_timeout_s: float = Field(15.0, gt=0)
     log_dir: str | None = None
+    gpus: list[int | str] | None = None
     sim: SimSettings = Field(default_factory=SimSettings)
+    trtllm: TrtllmSettings = Field(default_factory=TrtllmSettings)
+
+    @field_validator("gpus")
+    @classmethod
+    def _check_gpus(cls, gpus: list[int | str] | None) -> list[int | str] | None:
+        if gpus is None:
+            return None
+        seen: set[str] = set()
+        for gpu in gpus:
+            name = str(gpu).strip()
+            if not name or (isinstance(gpu, int) and gpu < 0) or "," in name:
+                raise ValueError(f"{gpu!r} is not a GPU id (an index or a UUID)")
+            if name in seen:
+                raise ValueError(f"GPU {name} is listed twice; instances must not share a GPU")
+            seen.add(name)
+        return gpus
+
+
+class IndexSection(_Strict):
+    """The shared KV block index (slots of 32 B; a resize briefly holds two generations)."""
+
+    capacity: int = Field(1 << 16, ge=64)
+    max_capacity: int = Field(1 << 22, ge=64)
+    routed_ttl_s: float = Field(120.0, gt=0)
+
+    @field_validator("capacity", "max_capacity")
+    @classmethod
+    def _pow2(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError("must be a power of two")
+        return v
 
 
 class ShmSection(_Strict):
@@ -157,6 +211,7 @@ class ShmSection(_Strict):
 class ShmdisaggSection(_Strict):
     executors: ExecutorsSection | None = None
     shm: ShmSection = Field(default_factory=ShmSection)
+    index: IndexSection = Field(default_factory=IndexSection)
     request_timeout_s: float = Field(180.0, gt=0)
     server_start_timeout_s: float = Field(180.0, gt=0)
     health_check_interval_s: float = Field(0.5, gt=0)
