@@ -1,10 +1,12 @@
 """`shmdisagg` command line. Only this module turns exceptions into exit codes.
 
     shmdisagg launch -c CONFIG      start executors, coordinator and fleet; stop on SIGINT/SIGTERM
+                                    (--dry-run: print the plan, start nothing)
     shmdisagg serve -c CONFIG       coordinator and fleet only, for executors already running
                                     (what `trtllm-serve disaggregated -c CONFIG` does)
     shmdisagg bench [...]           replay a trace or run a fixed-concurrency load
     shmdisagg check-config -c CONFIG
+    shmdisagg stats -c CONFIG       live view of a running deployment's shared table (--once --json)
     shmdisagg sim [...]             one executor simulator (see `shmdisagg sim --help`)
 
 Exit codes: 0 success, 1 runtime failure, 2 bad config or usage.
@@ -33,9 +35,22 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from shmdisagg.executors.plan import build_plan, describe_plan
     from shmdisagg.launch import Deployment, LaunchError
 
     config = _load(args.config)
+    spec = config.shmdisagg.executors
+    log_dir = args.log_dir or (spec.log_dir if spec else None)
+    try:
+        plan = build_plan(config, Path(log_dir) if log_dir else None)
+    except ConfigError as err:
+        print(f"shmdisagg: config error: {args.config}: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(describe_plan(plan, config, args.config))
+        return 0
     dep = Deployment(config, args.config, args.log_dir)
     # SIGTERM during start-up stops what was started, like Ctrl-C (Deployment.wait() then takes over).
     signal.signal(signal.SIGTERM, _interrupt)
@@ -51,7 +66,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
         gen = ", ".join(config.generation_servers.urls)
         print(f"shmdisagg listening on {dep.url} ({config.num_workers} fleet workers; context: {ctx}; generation: {gen}; executor logs: {dep.log_dir})", flush=True)
         return dep.wait()
+    except KeyboardInterrupt:  # SIGINT/SIGTERM that came before wait() took over the handlers
+        return 0
     finally:
+        # A second signal must not cut the ordered, bounded stop short.
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
         dep.stop()
         print("shmdisagg stopped", flush=True)
 
@@ -99,13 +119,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         dep.stop()
 
 
+def cmd_stats(args: argparse.Namespace) -> int:
+    from shmdisagg.stats.cli import resolve_prefix, run
+
+    return run(args, resolve_prefix(args, _load))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shmdisagg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("launch", help="start a single-node deployment")
     p.add_argument("-c", "--config", required=True)
-    p.add_argument("--log-dir", help="where executor logs go (default: a new temporary directory)")
+    p.add_argument("--log-dir", help="where executor logs and option files go (default: a new temporary directory)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (commands, environment, option files, ports, GPUs) and start nothing")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("serve", help="coordinator and fleet for executors already running")
@@ -124,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launch", action="store_true", help="bring up the deployment of -c/--config around the run")
     p.add_argument("-c", "--config", help="deployment config (with --launch)")
     p.set_defaults(func=cmd_bench)
+
+    from shmdisagg.stats.cli import add_arguments as stats_arguments
+
+    p = sub.add_parser("stats", help="watch a running deployment (read-only, from shared memory)")
+    stats_arguments(p)
+    p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("sim", help="run one executor simulator", add_help=False)
     p.set_defaults(func=None)

@@ -1,12 +1,20 @@
 """Single-node launch: executors, then the coordinator (which starts the fleet).
 
-`Deployment.start()` starts one executor per url of each section (the simulator or
-`trtllm-serve`, per `shmdisagg.executors.backend`), waits until each answers `/health` with 200,
-starts the coordinator and waits until the public port answers `/health` with 200. Any failure
-on the way stops everything already started and raises `LaunchError`. `Deployment.stop()` stops
-the coordinator (which stops its fleet and unlinks the shared memory), then the executors, then
-removes any segment a hard-killed coordinator left. Every child gets a parent-death signal, so
-even a SIGKILLed launcher leaves no process behind.
+`Deployment.start()` builds the launch plan (`executors/plan.py`: one instance per url of each
+section, the simulator or `trtllm-serve` per `shmdisagg.executors.backend`), writes each
+instance's option file, starts every instance with its own log file (`<log dir>/<name>.log`,
+headed by its command line) and waits for all of them at once until each answers `/health`
+with 200. While an instance loads it may answer 503 with `x-trtllm-server-state: starting`, or
+refuse connections: both mean "keep waiting", but only while its process is alive and only
+until `shmdisagg.executors.startup_timeout_s`. Then it starts the coordinator and waits until
+the public port answers `/health` with 200. Any failure on the way stops everything already
+started and raises `LaunchError` naming the instance, its log and what it last answered.
+
+`Deployment.stop()` stops the coordinator (which stops its fleet and unlinks the shared memory),
+then the executors, then removes any segment a hard-killed coordinator left. Each executor runs
+in its own process group, so the processes a `trtllm-serve` starts (MPI ranks for TP > 1) are
+signalled with it; SIGTERM first, SIGKILL after `stop_timeout_s`. Every child gets a
+parent-death signal, so even a SIGKILLed launcher leaves no executor or coordinator behind.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -26,13 +35,14 @@ from pathlib import Path
 from typing import IO
 
 from shmdisagg.config import DisaggConfig
-from shmdisagg.executors.plan import executor_command
+from shmdisagg.executors.plan import LaunchPlan, PlanError, build_plan
 from shmdisagg.procutil import die_with_parent
 from shmdisagg.shm.segment import cleanup_stale
 
 log = logging.getLogger("shmdisagg.launch")
 
 STOP_TIMEOUT_S = 15.0
+POLL_INTERVAL_S = 0.1
 
 
 class LaunchError(RuntimeError):
@@ -46,17 +56,45 @@ class Child:
     log_path: Path | None
     log_file: IO[bytes] | None = None
     reported: bool = False  # its unexpected exit was logged
+    own_group: bool = False  # leads its own process group: signals go to the whole group
+    health_url: str = ""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One `GET /health`: the status (None when nothing answered) and TensorRT-LLM's
+    `x-trtllm-server-state` header (`starting` while the model loads)."""
+
+    status: int | None
+    state: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.status == 200
+
+    def describe(self) -> str:
+        if self.status is None:
+            return "no answer (connection refused or timed out)"
+        if self.state:
+            return f"still {self.state} (HTTP {self.status}, x-trtllm-server-state: {self.state})"
+        return f"last answered HTTP {self.status}"
+
+
+def probe(url: str, timeout_s: float = 1.0) -> Probe:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return Probe(int(r.status), r.headers.get("x-trtllm-server-state"))
+    except urllib.error.HTTPError as err:
+        state = err.headers.get("x-trtllm-server-state") if err.headers else None
+        err.close()
+        return Probe(err.code, state)
+    except (urllib.error.URLError, OSError):
+        return Probe(None)
 
 
 def http_status(url: str, timeout_s: float = 1.0) -> int | None:
     """Status of a GET, or None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as err:
-        return err.code
-    except (urllib.error.URLError, OSError):
-        return None
+    return probe(url, timeout_s).status
 
 
 def public_url(config: DisaggConfig) -> str:
@@ -74,6 +112,7 @@ class Deployment:
         self.config_path = os.path.abspath(config_path)
         base = log_dir or (config.shmdisagg.executors.log_dir if config.shmdisagg.executors else None)
         self.log_dir = Path(base or tempfile.mkdtemp(prefix=f"{config.shm_prefix}-logs-"))
+        self.plan: LaunchPlan | None = None
         self.executors: list[Child] = []
         self.coordinator: Child | None = None
 
@@ -98,56 +137,89 @@ class Deployment:
             self.stop()
             raise
 
-    def _spawn(self, name: str, argv: list[str], log_to_file: bool, env: dict[str, str] | None = None) -> Child:
+    def _spawn(
+        self, name: str, argv: list[str], log_to_file: bool, env: dict[str, str] | None = None, own_group: bool = False
+    ) -> Child:
         log_path = self.log_dir / f"{name}.log" if log_to_file else None
         out: IO[bytes] | None = open(log_path, "ab") if log_path else None
-        proc = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT if out else None,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-            env={**os.environ, **(env or {})},
-        )
-        return Child(name, proc, log_path, out)
+        try:
+            if out is not None:
+                out.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} shmdisagg launch: {_shell_line(argv, env)}\n".encode())
+                out.flush()
+            proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
+                start_new_session=own_group,
+                env={**os.environ, **(env or {})},
+            )
+        except OSError as err:
+            if out is not None:
+                out.close()
+            raise LaunchError(f"{name}: cannot run {argv[0]}: {err.strerror or err}") from None
+        return Child(name, proc, log_path, out, own_group=own_group)
 
     def _start_executors(self) -> None:
         spec = self.config.shmdisagg.executors
         if spec is None:
             return
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for role, section in (("context", self.config.context_servers), ("generation", self.config.generation_servers)):
-            for i, (host, port) in enumerate(section.addresses()):
-                argv, env = executor_command(spec, role, section, host, port)
-                self.executors.append(self._spawn(f"{role}-{i}", argv, log_to_file=True, env=env))
-        deadline = time.monotonic() + spec.startup_timeout_s
-        for child, (host, port) in zip(self.executors, self._addresses()):
-            self._wait_healthy(child, f"http://{host}:{port}/health", deadline)
-
-    def _addresses(self) -> list[tuple[str, int]]:
-        return self.config.context_servers.addresses() + self.config.generation_servers.addresses()
+        try:
+            self.plan = build_plan(self.config, self.log_dir.absolute())
+        except PlanError as err:
+            raise LaunchError(f"config error: {err}") from None
+        for inst in self.plan.instances:
+            inst.write_options()
+            child = self._spawn(inst.name, inst.argv, log_to_file=True, env=inst.env, own_group=True)
+            child.health_url = f"http://{inst.addr}/health"
+            self.executors.append(child)
+            log.info("started %s (pid %d) on %s%s", inst.name, child.proc.pid, inst.addr, f", GPUs {','.join(inst.gpus)}" if inst.gpus else "")
+        self._wait_ready(self.executors, spec.startup_timeout_s)
 
     def _start_coordinator(self) -> None:
         argv = [sys.executable, "-m", "shmdisagg.coordinator", "-c", self.config_path]
         self.coordinator = self._spawn("coordinator", argv, log_to_file=False)
-        deadline = time.monotonic() + self.config.shmdisagg.server_start_timeout_s + 30
-        self._wait_healthy(self.coordinator, f"{self.url}/health", deadline)
+        self.coordinator.health_url = f"{self.url}/health"
+        self._wait_ready([self.coordinator], self.config.shmdisagg.server_start_timeout_s + 30)
 
-    def _wait_healthy(self, child: Child, url: str, deadline: float) -> None:
-        """Poll `url` until it answers 200; raise LaunchError if `child` exits or time runs out."""
+    def _wait_ready(self, children: list[Child], timeout_s: float) -> None:
+        """Poll every child's health URL until each answers 200. Raise LaunchError as soon as one
+        exits, or when `timeout_s` passes, naming what the first unready one last answered."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(children)
+        last: dict[str, Probe] = {}
         while True:
-            code = child.proc.poll()
-            if code is not None:
-                raise LaunchError(f"{child.name} exited with code {code} during start-up{self._log_hint(child)}")
-            if http_status(url) == 200:
+            for child in list(pending):
+                code = child.proc.poll()
+                if code is not None:
+                    raise LaunchError(f"{child.name} exited with code {code} during start-up{self._log_hint(child)}")
+                p = probe(child.health_url)
+                if p.ready:
+                    pending.remove(child)
+                    log.info("%s is ready", child.name)
+                    continue
+                if p.state and (child.name not in last or last[child.name].state != p.state):
+                    log.info("%s is %s", child.name, p.state)
+                last[child.name] = p
+            if not pending:
                 return
             if time.monotonic() > deadline:
-                raise LaunchError(f"{child.name} not healthy at {url} in time{self._log_hint(child)}")
-            time.sleep(0.1)
+                child = pending[0]
+                others = f"; {len(pending) - 1} more not ready" if len(pending) > 1 else ""
+                raise LaunchError(
+                    f"{child.name} not healthy at {child.health_url} within {timeout_s:g} s: "
+                    f"{last[child.name].describe()}{others}{self._log_hint(child)}"
+                )
+            time.sleep(POLL_INTERVAL_S)
 
     @staticmethod
     def _log_hint(child: Child) -> str:
-        return f" (log: {child.log_path})" if child.log_path else ""
+        if not child.log_path:
+            return ""
+        tail = _last_line(child.log_path)
+        return f" (log: {child.log_path}" + (f"; last line: {tail}" if tail else "") + ")"
 
     # -- run / stop -------------------------------------------------------------------------
 
@@ -178,9 +250,10 @@ class Deployment:
     def stop(self) -> None:
         """Stop everything this deployment started; idempotent."""
         if self.coordinator is not None:
-            _terminate([self.coordinator.proc])
+            _terminate([self.coordinator])
             self.coordinator = None
-        _terminate([c.proc for c in self.executors])
+        spec = self.config.shmdisagg.executors
+        _terminate(self.executors, spec.stop_timeout_s if spec else STOP_TIMEOUT_S)
         for child in self.executors:
             if child.log_file:
                 child.log_file.close()
@@ -194,16 +267,48 @@ class Deployment:
             os.unlink(self.config.coordinator_socket)
 
 
-def _terminate(procs: list[subprocess.Popen[bytes]], timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM, wait up to `timeout_s` in total, SIGKILL whatever is left, reap everything."""
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.send_signal(signal.SIGTERM)
+def _signal(child: Child, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if child.own_group:
+            os.killpg(child.proc.pid, sig)
+        elif child.proc.poll() is None:
+            child.proc.send_signal(sig)
+
+
+def _terminate(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM, wait up to `timeout_s` in total, SIGKILL whatever is left, reap everything.
+    A child that leads its own group takes the whole group with it (what it started, too)."""
+    for child in children:
+        if child.proc.poll() is None:
+            _signal(child, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    for p in procs:
+    for child in children:
         try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+            log.warning("%s did not stop within %g s; killing it", child.name, timeout_s)
+            _signal(child, signal.SIGKILL)
+            child.proc.kill()
+            child.proc.wait()
+        if child.own_group:
+            _signal(child, signal.SIGKILL)  # anything of its group still running once it is gone
+
+
+def _shell_line(argv: list[str], env: dict[str, str] | None) -> str:
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    return f"{prefix} {shlex.join(argv)}" if prefix else shlex.join(argv)
+
+
+def _last_line(path: Path, limit: int = 200) -> str:
+    """The last non-empty line of a log file, shortened to `limit` characters ('' if none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    if not lines or lines[-1].startswith("# "):
+        return ""
+    line = lines[-1]
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,24 +1,111 @@
-"""The command line that starts one executor for the launcher.
+"""The launch plan: what `shmdisagg launch` starts for each executor, decided before anything runs.
+
+`build_plan(config, run_dir)` turns the config into one `InstancePlan` per url of
+`context_servers` and `generation_servers` (context first): the command line, the extra
+environment, the GPUs and, for `trtllm-serve`, the extra LLM-API options YAML. It starts
+nothing and writes nothing, so `shmdisagg launch --dry-run` prints exactly what a launch would
+do (`describe_plan`). A plan that cannot work raises `PlanError`, one line naming the key.
 
 Backend `sim`: the executor simulator (`python -m shmdisagg.executors.sim`), with the
 `shmdisagg.executors.sim` settings of the config and the section's `max_batch_size`,
 `max_num_tokens` and `kv_cache_config.tokens_per_block` when the section sets them (so the
-simulator serves what a real executor with that config would).
+simulator serves what a real executor with that config would). Backend `trtllm`: see
+`executors/trtllm.py`.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from shmdisagg.config import ExecutorsSection, ServerSection
+import yaml
+
+from shmdisagg.config import ConfigError, DisaggConfig, ExecutorsSection, ServerSection
+
+ROLE_SECTIONS = (("context", "context_servers"), ("generation", "generation_servers"))
+UNSET_RUN_DIR = Path("<log-dir>")  # where files would go when a dry run has no --log-dir
+
+
+class PlanError(ConfigError):
+    """The executors cannot be planned from this config; the message names the key."""
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    """One executor process: `name` is `<role>-<index>` (also its log file's stem)."""
+
+    name: str
+    role: str  # "context" | "generation"
+    host: str
+    port: int
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # added to the launcher's environment
+    gpus: tuple[str, ...] = ()
+    options: dict[str, Any] | None = None  # the extra LLM-API options YAML (trtllm-serve only)
+    options_path: Path | None = None
+
+    @property
+    def addr(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def options_yaml(self) -> str:
+        return yaml.safe_dump(self.options, sort_keys=False, default_flow_style=False) if self.options is not None else ""
+
+    def write_options(self) -> None:
+        """Write the options YAML where the command line expects it (at launch, never in a dry run)."""
+        if self.options is not None and self.options_path is not None:
+            self.options_path.write_text(self.options_yaml())
+
+    def shell_line(self) -> str:
+        """The instance as one shell command line, environment first."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return f"{env} {shlex.join(self.argv)}" if env else shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    backend: str  # "sim" | "trtllm" | "" (no executors section: executors run elsewhere)
+    model: str
+    instances: tuple[InstancePlan, ...]
+    run_dir: Path | None
+    gpu_note: str = ""  # where the GPU ids came from
+
+
+def build_plan(config: DisaggConfig, run_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+    """The plan for `config`'s executors. `run_dir` holds logs and option files (None in a dry
+    run without --log-dir); `environ` is the launcher's environment (default `os.environ`).
+    Raises `PlanError`."""
+    spec = config.shmdisagg.executors
+    if spec is None:
+        return LaunchPlan("", "", (), run_dir)
+    for role, key in ROLE_SECTIONS:
+        section: ServerSection = getattr(config, key)
+        if section.num_instances and not section.urls:
+            raise PlanError(f"{key}.urls: the launcher starts one executor per url; list {section.num_instances} host:port")
+    if spec.backend == "trtllm":
+        from shmdisagg.executors.trtllm import trtllm_plan
+
+        return trtllm_plan(config, spec, run_dir, os.environ if environ is None else environ)
+    instances = []
+    for role, key in ROLE_SECTIONS:
+        section = getattr(config, key)
+        for i, (host, port) in enumerate(section.addresses()):
+            argv, env = executor_command(spec, role, section, host, port)
+            instances.append(InstancePlan(f"{role}-{i}", role, host, port, argv, env))
+    return LaunchPlan("sim", spec.model, tuple(instances), run_dir)
 
 
 def executor_command(
     spec: ExecutorsSection, role: str, section: ServerSection, host: str, port: int
 ) -> tuple[list[str], dict[str, str]]:
-    """(argv, extra environment) for one executor of `role` listening on host:port."""
+    """(argv, extra environment) for one simulated executor of `role` listening on host:port."""
     if spec.backend != "sim":
-        raise NotImplementedError(f"executor backend {spec.backend!r} is not available in this version")
+        raise ValueError(f"executor_command builds simulator commands; backend {spec.backend!r} goes through build_plan")
     sim = spec.sim
     tpb = section.kv_cache_config.get("tokens_per_block") or sim.tokens_per_block
     argv = [
@@ -34,5 +121,38 @@ def executor_command(
         "--max-num-tokens", str(section.max_num_tokens or sim.max_num_tokens),
         "--speedup", str(sim.speedup),
         *sim.extra_args,
-    ]
+    ]  # fmt: skip
     return argv, {}
+
+
+def describe_plan(plan: LaunchPlan, config: DisaggConfig, config_path: str) -> str:
+    """The plan as `shmdisagg launch --dry-run` prints it: copy-pasteable command lines."""
+    out = [f"shmdisagg launch plan for {config_path} (dry run: nothing started, nothing written)", ""]
+    if not plan.instances:
+        out.append("executors: none (no shmdisagg.executors section: the urls must already be serving)")
+    else:
+        what = {"sim": "executor simulator", "trtllm": "trtllm-serve"}[plan.backend]
+        n_ctx = sum(1 for i in plan.instances if i.role == "context")
+        out.append(f"executors: {len(plan.instances)} x {what} ({n_ctx} context, {len(plan.instances) - n_ctx} generation), model {plan.model}")
+        gpus = [g for inst in plan.instances for g in inst.gpus]
+        if gpus:
+            out.append(f"GPUs: {', '.join(gpus)} ({plan.gpu_note})")
+        run_dir = plan.run_dir or UNSET_RUN_DIR
+        note = "" if plan.run_dir else " (a new temporary directory at launch unless --log-dir is given)"
+        out.append(f"logs and option files: {run_dir}{note}")
+    for inst in plan.instances:
+        out.append("")
+        gpus = f"GPUs {','.join(inst.gpus)}" if inst.gpus else "no GPU"
+        out.append(f"[{inst.name}] {inst.role} on {inst.addr}, {gpus}, log {(plan.run_dir or UNSET_RUN_DIR) / (inst.name + '.log')}")
+        out.append(f"  $ {inst.shell_line()}")
+        if inst.options is not None:
+            out.append(f"  {inst.options_path}:")
+            out.extend(f"    {line}" for line in inst.options_yaml().rstrip("\n").split("\n"))
+    out.append("")
+    out.append(f"then: {shlex.join([sys.executable, '-m', 'shmdisagg.coordinator', '-c', os.path.abspath(config_path)])}")
+    out.append(
+        f"      coordinator + {config.num_workers} fleet workers on {config.hostname}:{config.port} "
+        f"(routers {config.context_servers.router.type}/{config.generation_servers.router.type}, "
+        f"schedule {config.schedule_style}, shared memory /dev/shm/{config.shm_prefix}-*)"
+    )
+    return "\n".join(out)

@@ -1,0 +1,230 @@
+"""The trtllm-serve launch plan: commands, environment, GPUs and option files from the config,
+and one-line refusals naming the key when the plan cannot work."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shmdisagg.config import ConfigError, parse_config
+from shmdisagg.executors.plan import PlanError, build_plan, executor_command
+from shmdisagg.executors.trtllm import assign_gpus
+from tests.fakes.trtllm_shim import EXAMPLE_8GPU, MODEL, small_config
+
+RUN = Path("/run/dir")
+
+
+def example() -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLE_8GPU.read_text())
+
+
+def plan_of(cfg: dict[str, Any], environ: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    return build_plan(parse_config(cfg, "cfg.yaml"), RUN, environ or {})
+
+
+def refusal(cfg: dict[str, Any], environ: dict[str, str] | None = None) -> str:
+    with pytest.raises(PlanError) as info:
+        plan_of(cfg, environ)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert isinstance(info.value, ConfigError)  # the CLI exits 2 on it
+    return msg
+
+
+def test_the_8gpu_example_gives_each_instance_its_own_gpus_port_and_command() -> None:
+    plan = plan_of(example())
+    assert plan.backend == "trtllm" and plan.model == MODEL
+    got = [(i.name, i.port, i.gpus, i.env["CUDA_VISIBLE_DEVICES"]) for i in plan.instances]
+    assert got == [
+        ("context-0", 8001, ("0",), "0"),
+        ("context-1", 8002, ("1",), "1"),
+        ("context-2", 8003, ("2",), "2"),
+        ("context-3", 8004, ("3",), "3"),
+        ("generation-0", 8005, ("4", "5"), "4,5"),
+        ("generation-1", 8006, ("6", "7"), "6,7"),
+    ]
+    gen = plan.instances[4]
+    assert gen.argv == [
+        "trtllm-serve", MODEL,
+        "--host", "127.0.0.1", "--port", "8005",
+        "--backend", "pytorch",
+        "--tp_size", "2", "--pp_size", "1",
+        "--max_batch_size", "256", "--max_num_tokens", "8192",
+        "--extra_llm_api_options", str(RUN / "generation-0.yaml"),
+        "--log_level", "info",
+    ]  # fmt: skip
+    assert gen.options_path == RUN / "generation-0.yaml"
+
+
+def test_generated_options_carry_what_disaggregation_and_kv_events_need() -> None:
+    plan = plan_of(example())
+    ctx, gen = plan.instances[0].options, plan.instances[4].options
+    assert ctx is not None and gen is not None
+    assert ctx["cache_transceiver_config"] == gen["cache_transceiver_config"] == {"backend": "NIXL"}
+    assert ctx["kv_cache_config"] == {
+        "enable_block_reuse": True, "event_buffer_max_size": 4096, "tokens_per_block": 32, "free_gpu_memory_fraction": 0.85,
+    }  # fmt: skip
+    assert (ctx["max_batch_size"], ctx["max_num_tokens"]) == (16, 16384)
+    assert (gen["max_batch_size"], gen["max_num_tokens"]) == (256, 8192)
+    assert ctx["disable_overlap_scheduler"] is True
+    assert "disable_overlap_scheduler" not in gen  # TensorRT-LLM's default (overlap on) for generation
+    assert ctx["return_perf_metrics"] is gen["return_perf_metrics"] is True
+    assert gen["tensor_parallel_size"] == 2
+    # the YAML written at launch is exactly these options
+    assert yaml.safe_load(plan.instances[0].options_yaml()) == ctx
+
+
+def test_generated_defaults_fill_what_a_minimal_section_leaves_out() -> None:
+    cfg = small_config()
+    cfg["context_servers"].pop("kv_cache_config")
+    plan = plan_of(cfg)
+    ctx = plan.instances[0].options
+    assert ctx is not None
+    assert ctx["kv_cache_config"] == {
+        "enable_block_reuse": True, "event_buffer_max_size": 4096, "tokens_per_block": 32, "free_gpu_memory_fraction": 0.9,
+    }  # fmt: skip
+    assert (ctx["max_batch_size"], ctx["max_num_tokens"]) == (2048, 8192)
+    # a section that sets one kv_cache_config key keeps the other generated ones
+    gen = plan.instances[1].options
+    assert gen is not None and gen["kv_cache_config"]["event_buffer_max_size"] == 256
+    assert gen["kv_cache_config"]["enable_block_reuse"] is True
+
+
+def test_config_values_win_over_generated_ones() -> None:
+    cfg = small_config(context_servers={"disable_overlap_scheduler": False, "return_perf_metrics": False})
+    ctx = plan_of(cfg).instances[0].options
+    assert ctx is not None and ctx["disable_overlap_scheduler"] is False and ctx["return_perf_metrics"] is False
+    # ...except that a top-level return_perf_metrics forces it on, as in TensorRT-LLM
+    cfg["return_perf_metrics"] = True
+    ctx = plan_of(cfg).instances[0].options
+    assert ctx is not None and ctx["return_perf_metrics"] is True
+
+
+def test_extra_options_and_environment_reach_every_instance() -> None:
+    cfg = small_config(executors={"trtllm": {"extra_llm_api_options": {"sim": {"speedup": 5.0}, "kv_cache_config": {"tokens_per_block": 64}},
+                                             "env": {"NCCL_DEBUG": "WARN"}, "extra_args": ["--trust_remote_code"],
+                                             "command": ["/opt/bin/trtllm-serve"], "log_level": "warning"}})
+    plan = plan_of(cfg)
+    for inst in plan.instances:
+        assert inst.options is not None
+        assert inst.options["sim"] == {"speedup": 5.0}
+        assert inst.options["kv_cache_config"]["tokens_per_block"] == 64
+        assert inst.env["NCCL_DEBUG"] == "WARN"
+        assert inst.argv[0] == "/opt/bin/trtllm-serve" and inst.argv[-1] == "--trust_remote_code"
+        assert inst.argv[inst.argv.index("--log_level") + 1] == "warning"
+
+
+@pytest.mark.parametrize("role", ["context_servers", "generation_servers"])
+def test_a_role_without_a_transceiver_backend_is_refused_naming_the_key(role: str) -> None:
+    cfg = small_config()
+    del cfg[role]["cache_transceiver_config"]
+    assert refusal(cfg).startswith(f"{role}.cache_transceiver_config.backend: not set")
+    cfg[role]["cache_transceiver_config"] = {"backend": ""}
+    assert refusal(cfg).startswith(f"{role}.cache_transceiver_config.backend")
+
+
+def test_an_explicit_gpu_list_must_match_what_the_instances_need() -> None:
+    cfg = example()
+    cfg["shmdisagg"]["executors"]["gpus"] = [0, 1, 2, 3, 4, 5, 6]
+    msg = refusal(cfg)
+    assert msg == "shmdisagg.executors.gpus: lists 7 GPUs but the instances need 8 (4 context x 1 + 2 generation x 2)"
+    cfg["shmdisagg"]["executors"]["gpus"] = list(range(9))
+    assert "lists 9 GPUs but the instances need 8" in refusal(cfg)
+
+
+def test_overlapping_gpus_are_refused_when_the_config_loads() -> None:
+    cfg = example()
+    cfg["shmdisagg"]["executors"]["gpus"] = [0, 1, 2, 3, 4, 5, 6, 6]
+    with pytest.raises(ConfigError, match=r"shmdisagg\.executors\.gpus: GPU 6 is listed twice"):
+        parse_config(cfg, "cfg.yaml")
+
+
+def test_the_gpu_list_order_decides_who_gets_what() -> None:
+    cfg = example()
+    cfg["shmdisagg"]["executors"]["gpus"] = [4, 5, 6, 7, 0, 1, 2, 3]  # generation on the low GPUs
+    assert [i.env["CUDA_VISIBLE_DEVICES"] for i in plan_of(cfg).instances] == ["4", "5", "6", "7", "0,1", "2,3"]
+
+
+def test_without_a_gpu_list_the_launchers_cuda_visible_devices_is_the_pool() -> None:
+    cfg = example()
+    del cfg["shmdisagg"]["executors"]["gpus"]
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d,GPU-e,GPU-f,GPU-g,GPU-h,GPU-i"}
+    plan = plan_of(cfg, env)
+    assert plan.instances[5].env["CUDA_VISIBLE_DEVICES"] == "GPU-g,GPU-h"
+    assert "GPU-i left unused" in plan.gpu_note
+    assert "offers 3 GPUs but the instances need 8" in refusal(cfg, {"CUDA_VISIBLE_DEVICES": "0,1,2"})
+    # and with neither, GPUs 0..N-1
+    assert [g for i in plan_of(cfg).instances for g in i.gpus] == [str(n) for n in range(8)]
+
+
+def test_pipeline_and_context_parallel_sizes_count_toward_an_instances_gpus() -> None:
+    cfg = small_config(generation_servers={"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "context_parallel_size": 1},
+                       executors={"gpus": list(range(5))})
+    gen = plan_of(cfg).instances[1]
+    assert gen.gpus == ("1", "2", "3", "4")
+    assert gen.argv[gen.argv.index("--pp_size") + 1] == "2"
+    cfg["generation_servers"]["tensor_parallel_size"] = 0
+    assert refusal(cfg).startswith("generation_servers.tensor_parallel_size: must be a positive integer")
+
+
+def test_assign_gpus_hands_out_consecutive_ids_in_order() -> None:
+    gpus, note = assign_gpus([("context", 2, 1), ("generation", 1, 3)], None, {})
+    assert gpus == [("0",), ("1",), ("2", "3", "4")]
+    assert "first 5" in note
+
+
+def test_top_level_llm_arguments_are_inherited_and_may_not_conflict() -> None:
+    cfg = small_config()
+    cfg["disable_overlap_scheduler"] = True  # inherited by both roles, as TensorRT-LLM does
+    plan = plan_of(cfg)
+    assert all(i.options and i.options["disable_overlap_scheduler"] is True for i in plan.instances)
+    cfg["generation_servers"]["disable_overlap_scheduler"] = False
+    assert refusal(cfg).startswith("generation_servers.disable_overlap_scheduler: differs from the top-level disable_overlap_scheduler")
+
+
+def test_the_model_comes_from_the_executors_section_or_the_top_level() -> None:
+    cfg = small_config()
+    del cfg["shmdisagg"]["executors"]["model"]
+    assert refusal(cfg).startswith("shmdisagg.executors.model: backend trtllm needs the model")
+    cfg["model"] = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
+    plan = plan_of(cfg)
+    assert plan.model == "TinyLlama/TinyLlama-1.1B-Chat-v1.0" and plan.instances[0].argv[1] == plan.model
+    assert all(i.options is not None and "model" not in i.options for i in plan.instances)  # on the command line
+
+
+def test_the_kv_cache_aware_router_needs_kv_events() -> None:
+    cfg = small_config(context_servers={"router": {"type": "kv_cache_aware"}, "kv_cache_config": {"event_buffer_max_size": 0}})
+    assert refusal(cfg).startswith("context_servers.kv_cache_config.event_buffer_max_size: 0 turns KV events off")
+
+
+def test_the_launcher_owns_cuda_visible_devices() -> None:
+    cfg = small_config(executors={"trtllm": {"env": {"CUDA_VISIBLE_DEVICES": "3"}}})
+    assert refusal(cfg).startswith("shmdisagg.executors.trtllm.env.CUDA_VISIBLE_DEVICES")
+
+
+def test_a_section_without_urls_cannot_be_launched() -> None:
+    cfg = small_config()
+    del cfg["context_servers"]["urls"]
+    assert refusal(cfg).startswith("context_servers.urls: the launcher starts one executor per url")
+
+
+def test_the_simulator_backend_plan_is_the_simulator_command_line() -> None:
+    cfg = small_config(executors={"backend": "sim", "gpus": None})
+    config = parse_config(cfg, "cfg.yaml")
+    plan = build_plan(config, RUN, {})
+    assert plan.backend == "sim"
+    assert [(i.name, i.options, i.gpus) for i in plan.instances] == [("context-0", None, ()), ("generation-0", None, ())]
+    spec = config.shmdisagg.executors
+    assert spec is not None
+    assert plan.instances[0].argv == executor_command(spec, "context", config.context_servers, "127.0.0.1", 1)[0]
+
+
+def test_without_an_executors_section_nothing_is_planned() -> None:
+    cfg = copy.deepcopy(small_config())
+    del cfg["shmdisagg"]
+    plan = plan_of(cfg)
+    assert plan.instances == () and plan.backend == ""
