@@ -1,0 +1,411 @@
+#!/usr/bin/env python
+"""Orchestrator CPU per request: shmdisagg (one fleet worker) against a TensorRT-LLM-style stack.
+
+Both orchestrators run at once against the same recording fake executors
+(`tests/fakes/executor.py`, one process per server):
+
+- **shmdisagg**: `num_workers: 1`, started through its own launcher and coordinator
+  (`tests/integration/harness.py`: `write_config` + `deployment`); the fleet worker's pid comes
+  from `GET /cluster_info` (`fleet_pids`). Its proxy CPU is that worker's alone; the
+  coordinator's is reported in its own column (it receives the worker's per-request records).
+- **baseline**: `scripts/baseline_trtllm_orchestrator.py`, one process rebuilding TensorRT-LLM's
+  `OpenAIDisaggServer` request path (FastAPI + pydantic models + aiohttp client, context-first).
+
+A load generator runs in its own process (aiohttp on uvloop, bounded concurrency). A cell is one
+system in one mode: a warm-up, then N measured requests. Every response is checked: status 200,
+non-streaming JSON with `choices`, streams with exactly chunks+1 `data:` events ending in
+`data: [DONE]`. CPU is utime+stime from `/proc/<pid>/stat` (10 ms ticks) before and after the
+measured part, divided by N; the ns column sums `/proc/<pid>/task/*/schedstat` over threads.
+Rounds cycle through every mode and alternate which system goes first, so drift hits both alike;
+the tables show the median round (min-max in brackets).
+
+Modes: `nonstream`; `stream16` (16 SSE chunks + [DONE], sent back to back); `stream16_paced5ms`
+(the same, 5 ms apart, one write per chunk, as an engine paces tokens).
+
+    .venv/bin/python scripts/bench_orchestrator_cpu.py [--n 2000] [--warmup 300] [--concurrency 32]
+        [--rounds 3] [--modes nonstream,stream16,stream16_paced5ms] [--prompt-tokens 0] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+MODES: dict[str, dict[str, Any]] = {
+    "nonstream": {"stream": False, "chunks": 16, "chunk_interval_s": 0.0},
+    "stream16": {"stream": True, "chunks": 16, "chunk_interval_s": 0.0},
+    "stream16_paced5ms": {"stream": True, "chunks": 16, "chunk_interval_s": 0.005},
+}
+MODEL = "fake-model"
+
+
+# -- load generator (its own process) -------------------------------------------------------
+
+
+def _body(i: int, stream: bool, prompt_tokens: int) -> bytes:
+    import orjson
+
+    if prompt_tokens > 0:
+        prompt: Any = [1000 + (i * 7 + k) % 30000 for k in range(prompt_tokens)]
+    else:
+        prompt = f"request {i}: " + "lorem ipsum " * 20
+    return orjson.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 16, "stream": stream})
+
+
+def _check(status: int, raw: bytes, stream: bool, chunks: int) -> str | None:
+    """None when the response is good, else a short reason."""
+    import orjson
+
+    if status != 200:
+        return f"status {status}: {raw[:120]!r}"
+    if not stream:
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return f"bad json: {raw[:120]!r}"
+        if not isinstance(doc, dict) or not doc.get("choices"):
+            return f"no choices: {raw[:120]!r}"
+        return None
+    events = [e for e in raw.split(b"\n\n") if e.strip()]
+    if not events or events[-1].strip() != b"data: [DONE]":
+        return f"stream does not end with [DONE]: {raw[-120:]!r}"
+    if any(not e.startswith(b"data: ") for e in events):
+        return f"non-data event: {raw[:120]!r}"
+    if len(events) != chunks + 1:
+        return f"{len(events)} events, expected {chunks + 1}"
+    if any(b'"error"' in e for e in events):
+        return f"error event: {raw[:160]!r}"
+    return None
+
+
+async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
+    import aiohttp
+
+    url, n, warmup, conc = cmd["url"], cmd["n"], cmd["warmup"], cmd["concurrency"]
+    mode = MODES[cmd["mode"]]
+    stream, chunks, ptoks = mode["stream"], mode["chunks"], cmd["prompt_tokens"]
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+        async def phase(count: int, base: int) -> tuple[list[float], list[str], float, float]:
+            lat: list[float] = []
+            bad: list[str] = []
+            nxt = 0
+
+            async def worker() -> None:
+                nonlocal nxt
+                while nxt < count:
+                    i = base + nxt
+                    nxt += 1
+                    body = _body(i, stream, ptoks)
+                    t0 = time.perf_counter()
+                    try:
+                        async with session.post(url, data=body, headers=headers) as r:
+                            raw = await r.read()
+                            status = r.status
+                    except Exception as err:  # noqa: BLE001 - a failed request is a bad response
+                        bad.append(f"{type(err).__name__}: {err}")
+                        continue
+                    lat.append(time.perf_counter() - t0)
+                    why = _check(status, raw, stream, chunks)
+                    if why is not None:
+                        bad.append(why)
+
+            c0, t0 = time.process_time(), time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(conc)))
+            return lat, bad, time.perf_counter() - t0, time.process_time() - c0
+
+        _, wbad, _, _ = await phase(warmup, 10_000_000)
+        out.write(json.dumps({"event": "warm", "bad": len(wbad), "bad_samples": wbad[:3]}) + "\n")
+        out.flush()
+        go = await asyncio.get_running_loop().run_in_executor(None, inp.readline)
+        if not go.strip():
+            return
+        lat, bad, wall, cpu = await phase(n, 0)
+    lat.sort()
+
+    def pct(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else float("nan")
+
+    out.write(json.dumps({"event": "done", "n": n, "ok": n - len(bad), "bad": len(bad), "bad_samples": bad[:5], "wall_s": wall, "client_cpu_s": cpu, "p50_ms": pct(0.50), "p99_ms": pct(0.99)}) + "\n")
+    out.flush()
+
+
+def loadgen_main() -> None:
+    import uvloop
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line.strip():
+                return
+            await _run_cell(json.loads(line), sys.stdout, sys.stdin)
+
+    uvloop.run(serve())
+
+
+# -- process CPU -------------------------------------------------------------------------------
+
+
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """(utime, stime) in clock ticks: fields 14 and 15 of /proc/<pid>/stat, all threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
+
+
+def cpu_ns(pid: int) -> int:
+    total = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        with contextlib.suppress(OSError):
+            with open(path) as f:
+                total += int(f.read().split()[0])
+    return total
+
+
+def sample(pids: dict[str, list[int]]) -> dict[str, tuple[int, int, int]]:
+    """Per group: (utime + stime ticks, ns on CPU, stime ticks)."""
+    out = {}
+    for k, v in pids.items():
+        ticks = [cpu_ticks(p) for p in v]
+        out[k] = (sum(u + s for u, s in ticks), sum(cpu_ns(p) for p in v), sum(s for _, s in ticks))
+    return out
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def http_json(method: str, url: str, body: Any = None, timeout: float = 5.0) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+            return r.status, (json.loads(raw) if raw else None)
+    except urllib.error.HTTPError as err:
+        return err.code, None
+    except (urllib.error.URLError, OSError):
+        return 0, None
+
+
+def wait_health(url: str, proc: subprocess.Popen[bytes] | None, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while http_json("GET", url, timeout=1.0)[0] != 200:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} during start-up")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not healthy after {timeout_s:g} s ({url})")
+        time.sleep(0.1)
+
+
+def stop_proc(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def median_row(rows: list[dict[str, Any]], key: str) -> tuple[float, float, float]:
+    vals = [r[key] for r in rows]
+    return statistics.median(vals), min(vals), max(vals)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=2000, help="measured requests per cell")
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default="nonstream,stream16,stream16_paced5ms")
+    ap.add_argument("--systems", default="shmdisagg,baseline")
+    ap.add_argument("--ctx-servers", type=int, default=1)
+    ap.add_argument("--gen-servers", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=0, help="send a list of this many token ids as the prompt instead of the text prompt")
+    ap.add_argument("--baseline-log-level", default="warning")
+    ap.add_argument("--json", default=None, help="write every cell's numbers here")
+    ap.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.loadgen:
+        loadgen_main()
+        return 0
+
+    from tests.conftest import free_port
+    from tests.integration.harness import deployment, write_config
+
+    modes = [m for m in args.modes.split(",") if m]
+    systems = [s for s in args.systems.split(",") if s]
+    for m in modes:
+        if m not in MODES:
+            ap.error(f"unknown mode {m}")
+    py = sys.executable
+    fakes: list[tuple[str, int, subprocess.Popen[bytes]]] = []
+    baseline: subprocess.Popen[bytes] | None = None
+    loadgen: subprocess.Popen[bytes] | None = None
+    tmp = Path(tempfile.mkdtemp(prefix="bench-orch-"))
+    shm_prefix = f"shmdisagg-b{uuid.uuid4().hex[:10]}"
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    try:
+        for role, count in (("ctx", args.ctx_servers), ("gen", args.gen_servers)):
+            for k in range(count):
+                port = free_port()
+                proc = subprocess.Popen([py, "-m", "tests.fakes.executor", "--port", str(port), "--name", f"{role}{k}"], cwd=REPO, stdin=subprocess.DEVNULL)
+                fakes.append((role, port, proc))
+        for role, port, proc in fakes:
+            wait_health(f"http://127.0.0.1:{port}/health", proc, f"fake {role} :{port}")
+        ctx_urls = [f"127.0.0.1:{p}" for r, p, _ in fakes if r == "ctx"]
+        gen_urls = [f"127.0.0.1:{p}" for r, p, _ in fakes if r == "gen"]
+
+        cfg = write_config(tmp, shm_prefix, ctx_urls, gen_urls, num_workers=1, shmdisagg={"health_check_interval_s": 0.5, "request_timeout_s": 180})
+        with deployment(cfg) as dep:
+            shm_url = dep.url
+            status, info = http_json("GET", f"{shm_url}/cluster_info")
+            if status != 200 or not info.get("fleet_pids"):
+                raise RuntimeError(f"shmdisagg /cluster_info answered {status}: {info}")
+            fleet_pid, coord_pid = info["fleet_pids"][0], info["coordinator_pid"]
+
+            base_port = free_port()
+            argv = [py, str(REPO / "scripts" / "baseline_trtllm_orchestrator.py"), "--port", str(base_port), "--log-level", args.baseline_log_level]
+            for u in ctx_urls:
+                argv += ["--ctx", u]
+            for u in gen_urls:
+                argv += ["--gen", u]
+            baseline = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL)
+            base_url = f"http://127.0.0.1:{base_port}"
+            wait_health(f"{base_url}/health", baseline, "baseline")
+
+            loadgen = subprocess.Popen([py, str(Path(__file__).resolve()), "--loadgen"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert loadgen.stdin is not None and loadgen.stdout is not None
+
+            targets = {
+                "shmdisagg": {"url": f"{shm_url}/v1/completions", "pids": {"proxy": [fleet_pid], "coord": [coord_pid]}},
+                "baseline": {"url": f"{base_url}/v1/completions", "pids": {"proxy": [baseline.pid]}},
+            }
+            backend_pids = [p.pid for _, _, p in fakes]
+            print(f"# fakes ctx={ctx_urls} gen={gen_urls}; shmdisagg fleet pid {fleet_pid}, coordinator pid {coord_pid}; baseline pid {baseline.pid}; loadgen pid {loadgen.pid}", flush=True)
+
+            for rnd in range(args.rounds):
+                for mode in modes:
+                    for fk in fakes:
+                        s, _ = http_json("POST", f"http://127.0.0.1:{fk[1]}/_script", {k: v for k, v in MODES[mode].items() if k != "stream"})
+                        if s != 200:
+                            raise RuntimeError(f"fake :{fk[1]} refused /_script ({s})")
+                    order = systems if rnd % 2 == 0 else list(reversed(systems))
+                    for system in order:
+                        t = targets[system]
+                        pids = {**t["pids"], "backends": backend_pids, "client": [loadgen.pid]}
+                        loadgen.stdin.write(json.dumps({"url": t["url"], "mode": mode, "n": args.n, "warmup": args.warmup, "concurrency": args.concurrency, "prompt_tokens": args.prompt_tokens}) + "\n")
+                        loadgen.stdin.flush()
+                        warm = json.loads(loadgen.stdout.readline())
+                        before = sample(pids)
+                        loadgen.stdin.write("go\n")
+                        loadgen.stdin.flush()
+                        done = json.loads(loadgen.stdout.readline())
+                        after = sample(pids)
+                        n = done["n"]
+                        row: dict[str, Any] = {
+                            "round": rnd,
+                            "system": system,
+                            "mode": mode,
+                            "n": n,
+                            "bad": done["bad"] + warm["bad"],
+                            "bad_samples": done["bad_samples"] + warm["bad_samples"],
+                            "req_s": n / done["wall_s"],
+                            "p50_ms": done["p50_ms"],
+                            "p99_ms": done["p99_ms"],
+                            "client_cpu_ms": done["client_cpu_s"] * 1000 / n,
+                        }
+                        for k in pids:
+                            row[f"{k}_ms"] = (after[k][0] - before[k][0]) * 1000 / CLK_TCK / n
+                            row[f"{k}_ns_ms"] = (after[k][1] - before[k][1]) / 1e6 / n
+                            row[f"{k}_sys_ms"] = (after[k][2] - before[k][2]) * 1000 / CLK_TCK / n
+                        results.setdefault((system, mode), []).append(row)
+                        print(
+                            f"round {rnd} {mode:<18} {system:<9}  proxy {row['proxy_ms']:.3f} ms/req (ns {row['proxy_ns_ms']:.3f}, kernel {row['proxy_sys_ms']:.3f})"
+                            + (f"  coord {row['coord_ms']:.3f}" if "coord_ms" in row else "")
+                            + f"  {row['req_s']:.0f} req/s  p50 {row['p50_ms']:.1f}  p99 {row['p99_ms']:.1f} ms  bad {row['bad']}"
+                            + (f"  e.g. {row['bad_samples'][0]}" if row["bad_samples"] else ""),
+                            flush=True,
+                        )
+            loadgen.stdin.write("\n")
+            loadgen.stdin.flush()
+            loadgen.wait(timeout=30)
+            stop_proc(baseline)
+    finally:
+        stop_proc(loadgen)
+        stop_proc(baseline)
+        for _, _, proc in fakes:
+            stop_proc(proc)
+        for path in glob.glob(f"/dev/shm/{shm_prefix}*"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    report(results, modes, systems, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps([r for rows in results.values() for r in rows], indent=1))
+    bad = sum(r["bad"] for rows in results.values() for r in rows)
+    return 1 if bad else 0
+
+
+def report(results: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str], systems: list[str], args: argparse.Namespace) -> None:
+    print()
+    print(f"N={args.n} per cell after {args.warmup} warm-up, c={args.concurrency}, {args.rounds} rounds (median, min-max); "
+          f"prompt={'%d token ids' % args.prompt_tokens if args.prompt_tokens else 'text'}; {args.ctx_servers} ctx + {args.gen_servers} gen fakes")
+    print()
+    print("| system | mode | proxy CPU ms/req (/proc ticks) | of which kernel | proxy CPU ms/req (ns) | coordinator ms/req | req/s | p50 ms | p99 ms | backends CPU ms/req | client CPU ms/req | bad |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for mode in modes:
+        for system in systems:
+            rows = results.get((system, mode))
+            if not rows:
+                continue
+            cpu, lo, hi = median_row(rows, "proxy_ms")
+            ns, nlo, nhi = median_row(rows, "proxy_ns_ms")
+            coord = f"{median_row(rows, 'coord_ms')[0]:.3f}" if "coord_ms" in rows[0] else "–"
+            print(
+                f"| {system} | {mode} | {cpu:.3f} ({lo:.3f}–{hi:.3f}) | {median_row(rows, 'proxy_sys_ms')[0]:.3f} | {ns:.3f} ({nlo:.3f}–{nhi:.3f}) | {coord} | "
+                f"{median_row(rows, 'req_s')[0]:.0f} | {median_row(rows, 'p50_ms')[0]:.1f} | {median_row(rows, 'p99_ms')[0]:.1f} | "
+                f"{median_row(rows, 'backends_ms')[0]:.3f} | {median_row(rows, 'client_cpu_ms')[0]:.3f} | {sum(r['bad'] for r in rows)} |"
+            )
+    if set(systems) >= {"shmdisagg", "baseline"}:
+        print()
+        print("| mode | baseline / shmdisagg, proxy CPU (ns) | same, shmdisagg worker + coordinator | baseline / shmdisagg, req/s |")
+        print("|---|---|---|---|")
+        for mode in modes:
+            b, s = results.get(("baseline", mode)), results.get(("shmdisagg", mode))
+            if not b or not s:
+                continue
+            bc = median_row(b, "proxy_ns_ms")[0]
+            sc = median_row(s, "proxy_ns_ms")[0]
+            sct = statistics.median(r["proxy_ns_ms"] + r["coord_ns_ms"] for r in s)
+            print(f"| {mode} | {bc / sc:.2f}× ({bc:.3f} / {sc:.3f}) | {bc / sct:.2f}× ({bc:.3f} / {sct:.3f}) | {median_row(b, 'req_s')[0] / median_row(s, 'req_s')[0]:.2f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
