@@ -230,15 +230,20 @@ def note_usage(ex: Exchange, ctx: dict[str, Any]) -> None:
 
 
 async def relay(ex: Exchange, opened: Opened) -> None:
-    """Relay a generation response to the client, then release its pick."""
+    """Relay a generation response to the client. Its pick is released as soon as the executor's
+    answer is complete, before the client is sent the end of it, so a client that sees the end
+    also sees the load gone."""
     resp = opened.response
     ex.gen_slot = opened.slot
     try:
         if resp.status != 200:
-            await relay_error(ex, resp.status, await resp.read())
+            raw = await resp.read()
+            opened.close()
+            await relay_error(ex, resp.status, raw)
         elif not ex.stream:
             body = await resp.read()
             ex.first_token = ex.last_token = time.time()
+            opened.close()  # the executor's work is done: release before the client sees the end
             await ex.start(200, JSON_HEADERS)
             await ex.body(body, False)
         else:
@@ -248,6 +253,7 @@ async def relay(ex: Exchange, opened: Opened) -> None:
                     ex.first_token = time.time()
                 await ex.body(chunk, True)
             ex.last_token = time.time()
+            opened.close()
             await ex.body(b"", False)
     except UpstreamError as err:
         opened.close(abort=True)

@@ -33,6 +33,8 @@ FAILURES_TO_UNHEALTHY = 2
 BREAKER_WINDOW_S = 10.0
 BREAKER_MAX_COOLDOWN_S = 30.0
 SERVER_INFO_REFRESH_S = 10.0
+LAG_TICK_S = 0.05
+LAG_LIMIT_S = 0.2  # the coordinator's loop running this late makes its own timeouts suspect
 ROLE_NAMES = {ROLE_CONTEXT: "context", ROLE_GENERATION: "generation"}
 
 
@@ -84,6 +86,7 @@ class HealthMonitor:
         self.breaker_failures = breaker_failures
         self.breaker_cooldown_s = breaker_cooldown_s
         self.on_unhealthy: Callable[[int], object] = lambda slot: None
+        self._late_until = 0.0  # loop time until which health-check timeouts are not trusted
         self._session: aiohttp.ClientSession | None = None
         for ex in executors:
             table.publish_server(ex.slot, ex.addr, ex.role, False)
@@ -97,11 +100,25 @@ class HealthMonitor:
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=max(self.interval_s * 2, 1.0))
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            self._session = session
-            while True:
-                await self.poll_once()
-                await asyncio.sleep(self.interval_s)
+        lag = asyncio.ensure_future(self._watch_lag())
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                self._session = session
+                while True:
+                    await self.poll_once()
+                    await asyncio.sleep(self.interval_s)
+        finally:
+            lag.cancel()
+
+    async def _watch_lag(self) -> None:
+        """Notes when this process's own event loop runs late: a health check that timed out
+        then says more about us than about the executor, and is not held against it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(LAG_TICK_S)
+            if loop.time() - before - LAG_TICK_S > LAG_LIMIT_S:
+                self._late_until = loop.time() + max(self.interval_s * 2, 1.0)
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._check(e) for e in self.executors))
@@ -125,7 +142,11 @@ class HealthMonitor:
         except (aiohttp.ClientConnectorError, ConnectionRefusedError):
             self._mark(ex, False, refused=True)
             return
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError) as err:
+        except asyncio.TimeoutError:
+            if loop.time() < self._late_until:
+                return  # our loop was late, not necessarily the executor
+            ok = False
+        except (aiohttp.ClientError, OSError, ValueError, KeyError) as err:
             log.debug("health check of %s failed: %r", ex.addr, err)
             ok = False
         self._mark(ex, ok)

@@ -6,6 +6,11 @@ when a request finishes, which is what left TensorRT-LLM's table empty (issue #1
 applies `stored` / `removed` / `all_cleared` to that executor's bit in the index. It polls again
 at once while events keep coming and backs off to `IDLE_POLL_S` when an executor is quiet.
 
+Payloads are decoded with msgspec into just the fields we use (event type, block hashes,
+timestamp), skipping the per-token lists TensorRT-LLM puts in every `stored` block: measured on
+an 884 KB payload of 440 blocks, 1.4 ms against 9.9 ms for orjson into dicts. A payload that does
+not fit that shape falls back to a tolerant per-event path.
+
 Malformed events, and events from an executor whose `tokens_per_block` does not match the
 router's (their hashes cannot align; TensorRT-LLM skips such servers too), are dropped and
 counted, never applied; nothing an executor sends can crash the coordinator. Event-to-visibility
@@ -22,6 +27,7 @@ import time
 from typing import Any
 
 import aiohttp
+import msgspec
 import orjson
 
 from shmdisagg.coordinator.health import Executor
@@ -31,6 +37,25 @@ log = logging.getLogger("shmdisagg.coordinator")
 
 BUSY_POLL_S = 0.005
 IDLE_POLL_S = 0.05
+
+
+class _Block(msgspec.Struct):
+    block_hash: int
+
+
+class _Data(msgspec.Struct):
+    type: str
+    blocks: list[_Block] | None = None
+    block_hashes: list[int] | None = None
+    timestamp: float | None = None
+
+
+class _Event(msgspec.Struct):
+    data: _Data
+    timestamp: float | None = None
+
+
+_DECODE = msgspec.json.Decoder(list[_Event])
 
 
 class KvEventIngestor:
@@ -58,8 +83,8 @@ class KvEventIngestor:
                 try:
                     async with session.post(f"{ex.base}/kv_cache_events") as r:
                         raw = await r.read() if r.status == 200 else b""
-                    got = self.apply(ex.slot, orjson.loads(raw) if raw else [], time.time())
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, orjson.JSONDecodeError) as err:
+                    got = self.apply_raw(ex.slot, raw, time.time()) if raw else 0
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
                     log.debug("kv events from %s: %r", ex.addr, err)
             await asyncio.sleep(BUSY_POLL_S if got else IDLE_POLL_S)
 
@@ -72,6 +97,37 @@ class KvEventIngestor:
                 log.warning("%s reports tokens_per_block %d but the router uses %d: its KV events cannot align and are not applied", ex.addr, have, want)
             return False
         return True
+
+    def apply_raw(self, slot: int, raw: bytes, received: float) -> int:
+        """Decode and apply one `/kv_cache_events` body; returns how many events it held."""
+        try:
+            typed = _DECODE.decode(raw)
+        except msgspec.DecodeError:
+            try:
+                loose = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                self._drop(1)
+                return 1
+            return self.apply(slot, loose, received)
+        if slot not in self._slots:
+            self._drop(len(typed))
+            return len(typed)
+        for event in typed:
+            d = event.data
+            ts = event.timestamp or d.timestamp or received
+            try:
+                if d.type == "stored" and d.blocks is not None:
+                    self.index.apply_stored(slot, [b.block_hash for b in d.blocks], int(ts * 1e9))
+                elif d.type == "removed" and d.block_hashes is not None:
+                    self.index.apply_removed(slot, d.block_hashes)
+                elif d.type in ("all_cleared", "cleared", "all_blocks_cleared"):
+                    self.index.apply_all_cleared(slot)
+                elif d.type not in ("created", "updated"):
+                    raise ValueError(d.type)
+                self.applied_events += 1
+            except (ValueError, OverflowError, TypeError):
+                self._drop(1)
+        return len(typed)
 
     def apply(self, slot: int, events: Any, received: float) -> int:
         """Apply one drained list for server `slot`; returns how many events it held. Events for

@@ -177,3 +177,32 @@ def test_bad_and_unknown_kv_events_are_dropped_and_counted(shm_prefix: str) -> N
             assert ing.apply(5, [good], 0.0) == 1 and ing.dropped_events == len(bad) + 2
             index.unlink()
         table.unlink()
+
+
+def test_the_fast_event_decoder_applies_what_the_tolerant_one_does(shm_prefix: str) -> None:
+    import orjson
+
+    from shmdisagg.coordinator.health import Executor
+    from shmdisagg.coordinator.kv_events import KvEventIngestor
+
+    events = [
+        {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [10, 0]}, "window_size": 64},
+        {"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [
+            {"type": "stored_block", "block_hash": 111, "tokens": [{"type": "unique_token", "token_id": 5, "token_extra_id": 0}], "cache_level": 0, "priority": 35},
+            {"type": "stored_block", "block_hash": 222, "tokens": [], "cache_level": 0, "priority": 35}]}, "window_size": 64, "timestamp": 1.5},
+        {"event_id": 2, "data": {"type": "removed", "block_hashes": [111]}, "window_size": 64},
+    ]
+    with ControlTable.create(shm_prefix) as table:
+        table.publish_server(0, "127.0.0.1:1", 0, True, tokens_per_block=32)
+        with BlockIndex.create(table) as index:
+            ing = KvEventIngestor(index, [Executor(0, 0, "127.0.0.1", 1)], lambda role: 0)
+            assert ing.apply_raw(0, orjson.dumps(events), 2.0) == 3
+            assert ing.applied_events == 3 and ing.dropped_events == 0
+            assert index.lookup(111)[0] == 0 and index.lookup(222)[0] == 1  # stored then removed; stored
+            # one malformed event: the tolerant path still applies the others
+            bad = events + [{"event_id": 3, "data": {"type": "stored", "blocks": [{"block_hash": "x"}]}}]
+            assert ing.apply_raw(0, orjson.dumps(bad), 2.0) == 4
+            assert ing.dropped_events == 1
+            assert ing.apply_raw(0, b"{not json", 2.0) == 1 and ing.dropped_events == 2
+            index.unlink()
+        table.unlink()
