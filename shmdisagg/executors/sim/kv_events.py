@@ -12,6 +12,11 @@ Events are kept in TensorRT-LLM's `KVCacheEventSerializer` shape:
     all_cleared: {"type": "all_cleared"}   (simulator extension, only from POST /sim/clear_cache;
                                            Dynamo's AllBlocksCleared, TensorRT-LLM never sends it)
 
+Every event also carries `"timestamp"` (wall-clock seconds when the executor emitted it), a
+simulator extension like the `ts` of Dynamo's event batches, so the coordinator can measure the
+event-to-visibility lag end to end. TensorRT-LLM's serializer has no such field; consumers must
+not require it.
+
 `stored` blocks keep their token lists as plain ints until drained; the dicts are built only
 when a client reads them. When the buffer holds `max_size` events the oldest is dropped and
 `dropped` counts it (TensorRT-LLM's `event_buffer_max_size`; 0 disables events entirely).
@@ -19,6 +24,7 @@ when a client reads them. When the buffer holds `max_size` events the oldest is 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +34,7 @@ DEFAULT_PRIORITY = 35  # TensorRT-LLM KvCacheRetentionConfig's default retention
 
 class KvEventBuffer:
     """Fields: `max_size`, `window_size` (stamped on every event), `dropped` (events lost to a
-    full buffer), `next_event_id`; `_events` holds (event_id, kind, payload) tuples."""
+    full buffer), `next_event_id`; `_events` holds (event_id, kind, payload, emitted_at) tuples."""
 
     def __init__(self, max_size: int, window_size: int, include_tokens: bool = True) -> None:
         self.max_size = max_size
@@ -36,7 +42,7 @@ class KvEventBuffer:
         self.include_tokens = include_tokens
         self.dropped = 0
         self.next_event_id = 0
-        self._events: deque[tuple[int, str, Any]] = deque()
+        self._events: deque[tuple[int, str, Any, float]] = deque()
 
     @property
     def enabled(self) -> bool:
@@ -51,7 +57,7 @@ class KvEventBuffer:
         if len(self._events) >= self.max_size:
             self._events.popleft()
             self.dropped += 1
-        self._events.append((self.next_event_id, kind, payload))
+        self._events.append((self.next_event_id, kind, payload, time.time()))
         self.next_event_id += 1
 
     def created(self, num_blocks: int) -> None:
@@ -73,7 +79,7 @@ class KvEventBuffer:
         events, self._events = self._events, deque()
         return [self._serialize(*e) for e in events]
 
-    def _serialize(self, event_id: int, kind: str, payload: Any) -> dict[str, Any]:
+    def _serialize(self, event_id: int, kind: str, payload: Any, ts: float) -> dict[str, Any]:
         data: dict[str, Any]
         if kind == "stored":
             parent, blocks = payload
@@ -84,7 +90,7 @@ class KvEventBuffer:
             data = {"type": "created", "num_blocks_per_cache_level": [payload, 0]}
         else:
             data = {"type": kind}
-        return {"event_id": event_id, "data": data, "window_size": self.window_size}
+        return {"event_id": event_id, "data": data, "window_size": self.window_size, "timestamp": ts}
 
     def _block(self, block_hash: int, tokens: Sequence[int]) -> dict[str, Any]:
         toks = (
