@@ -115,7 +115,7 @@ def main() -> int:
     p.add_argument("--num-requests", type=int, default=300)
     p.add_argument("--speedup", type=float, default=10.0, help="trace arrival speed-up")
     p.add_argument("--sim-speedup", type=float, default=20.0, help="executor timing speed-up")
-    p.add_argument("--num-blocks", type=int, default=131072, help="KV blocks per simulated executor")
+    p.add_argument("--num-blocks", type=int, default=524288, help="KV blocks per simulated executor")
     p.add_argument("--max-output-tokens", type=int, default=32)
     p.add_argument("--ctx", type=int, default=4)
     p.add_argument("--gen", type=int, default=2)
