@@ -165,7 +165,8 @@ def test_client_disconnect_cancels_upstream_and_releases_within_100ms(pair, stre
     sock.close()
     closed_at = time.monotonic()
     wait_until(lambda: _idle(dep), timeout_s=5, what="load released")
-    assert time.monotonic() - closed_at < 0.1 + 0.05  # the poll's own step is 20 ms
+    # 100 ms for the release itself, plus slack for this polling test process on a busy machine
+    assert time.monotonic() - closed_at < 0.1 + 0.1
     if stream:
         gen = g0 if g0.recorded() else g1
         wait_until(lambda: any(e.startswith("cancelled") for e in gen.events()), timeout_s=2, what="the upstream stream cancelled")
@@ -235,13 +236,13 @@ def test_generation_first_from_the_environment_dispatches_generation_before_cont
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], schedule_style="context_first")
         with deployment(cfg) as dep:
             assert request_json("127.0.0.1", dep.config.port, "GET", "/server_info")[1]["schedule_style"] == "generation_first"
-            ctx.script(delay_s=1.0)
+            ctx.script(delay_s=3.0)
             result: dict = {}
             t = threading.Thread(target=lambda: result.update(r=stream_lines(dep, "/v1/completions", {**COMPLETION, "stream": True})))
             t0 = time.monotonic()
             t.start()
             wait_until(lambda: len(gen.recorded()) == 1, what="the generation leg")
-            assert time.monotonic() - t0 < 0.9  # sent while the context leg was still running
+            assert time.monotonic() - t0 < 2.5  # sent while the context leg was still running
             t.join(timeout=20)
             assert result["r"][0] == 200 and result["r"][1][-1] == b"[DONE]"
             [c], [g] = ctx.recorded(), gen.recorded()
