@@ -5,7 +5,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
-if ! "$VENV/bin/python" -c "import shmdisagg._native, pytest, xdist" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import shmdisagg._native, pytest, xdist, prometheus_client, matplotlib" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q -e ".[test]"
 else
   # Keep the extension in step with native/ when the sources changed.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
@@ -64,7 +65,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     try:
         ctx = ", ".join(config.context_servers.urls)
         gen = ", ".join(config.generation_servers.urls)
-        print(f"shmdisagg listening on {dep.url} ({config.num_workers} fleet workers; context: {ctx}; generation: {gen}; executor logs: {dep.log_dir})", flush=True)
+        print(f"shmdisagg listening on {dep.url} ({config.num_workers} fleet worker{'s' if config.num_workers != 1 else ''}; context: {ctx}; generation: {gen}; executor logs: {dep.log_dir})", flush=True)
         return dep.wait()
     except KeyboardInterrupt:  # SIGINT/SIGTERM that came before wait() took over the handlers
         return 0
@@ -87,7 +88,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     config = _load(args.config)
     print(
         f"{args.config}: ok — {len(config.context_servers.urls)} context and "
-        f"{len(config.generation_servers.urls)} generation servers, {config.num_workers} fleet workers, "
+        f"{len(config.generation_servers.urls)} generation servers, {config.num_workers} fleet worker{'s' if config.num_workers != 1 else ''}, "
         f"routers {config.context_servers.router.type}/{config.generation_servers.router.type}, "
         f"shared memory /dev/shm/{config.shm_prefix}-*"
     )
@@ -171,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(sim_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:  # e.g. `shmdisagg launch --dry-run | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 ROUTER_TYPES = ("round_robin", "load_balancing", "kv_cache_aware", "conversation")
 _URL = re.compile(r"^(?:https?://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})/?$")
@@ -129,6 +129,15 @@ class SimSettings(_Strict):
     """Simulator options for every executor the launcher starts (see executors/sim/README.md)."""
 
     profile: str = "h100-sxm-llama-3.1-8b"
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, name: str) -> str:
+        from shmdisagg.executors.sim.profiles import PROFILES
+
+        if name not in PROFILES:
+            raise ValueError(f"unknown simulator profile {name!r}; known: {', '.join(sorted(PROFILES))}")
+        return name
     num_blocks: int = Field(8192, ge=1)
     tokens_per_block: int = Field(32, ge=1)
     max_batch_size: int = Field(64, ge=1)
@@ -230,11 +239,11 @@ class DisaggConfig(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     hostname: str = "localhost"
-    port: int = Field(8000, ge=1, le=65535)
-    num_workers: int = Field(1, ge=1, le=64)
+    port: StrictInt = Field(8000, ge=1, le=65535)
+    num_workers: StrictInt = Field(1, ge=1, le=64)
     context_servers: ServerSection = Field(default_factory=ServerSection)
     generation_servers: ServerSection
-    max_retries: int = Field(1, ge=0)
+    max_retries: StrictInt = Field(1, ge=0)
     schedule_style: Literal["context_first", "generation_first"] = "context_first"
     conditional_disagg_config: ConditionalDisaggConfig | None = None
     node_id: int | None = Field(None, ge=0, lt=256)

@@ -24,6 +24,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -111,7 +112,9 @@ class Deployment:
         self.config = config
         self.config_path = os.path.abspath(config_path)
         base = log_dir or (config.shmdisagg.executors.log_dir if config.shmdisagg.executors else None)
-        self.log_dir = Path(base or tempfile.mkdtemp(prefix=f"{config.shm_prefix}-logs-"))
+        # One log directory per deployment (named by its shared-memory prefix), reused by the
+        # next launch of the same deployment rather than a new temporary directory each time.
+        self.log_dir = Path(base or Path(tempfile.gettempdir()) / f"{config.shm_prefix}-logs")
         self.plan: LaunchPlan | None = None
         self.executors: list[Child] = []
         self.coordinator: Child | None = None
@@ -170,6 +173,10 @@ class Deployment:
             self.plan = build_plan(self.config, self.log_dir.absolute())
         except PlanError as err:
             raise LaunchError(f"config error: {err}") from None
+        busy = [inst.addr for inst in self.plan.instances if not _port_free(inst.addr)]
+        if busy:
+            # Otherwise another deployment's executor would answer our readiness checks.
+            raise LaunchError(f"executor address already in use: {', '.join(busy)} (is another deployment running?)")
         for inst in self.plan.instances:
             inst.write_options()
             child = self._spawn(inst.name, inst.argv, log_to_file=True, env=inst.env, own_group=True)
@@ -273,6 +280,18 @@ def _signal(child: Child, sig: int) -> None:
             os.killpg(child.proc.pid, sig)
         elif child.proc.poll() is None:
             child.proc.send_signal(sig)
+
+
+def _port_free(addr: str) -> bool:
+    """Whether host:port can be bound right now (nothing listens there)."""
+    host, _, port = addr.rpartition(":")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host.strip("[]"), int(port)))
+    except OSError:
+        return False
+    return True
 
 
 def _terminate(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:

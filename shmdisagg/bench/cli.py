@@ -27,8 +27,10 @@ from shmdisagg.bench import BenchError, procstat
 from shmdisagg.bench.client import Client, RequestRecord, cluster_pids, first_model
 from shmdisagg.bench.load import LoadCounters, LoadInterrupted, closed_loop, jobs, open_loop
 from shmdisagg.bench.metrics import Slo, parse_slo, summarize
+from shmdisagg.bench.plot import load_runs, plot_runs
 from shmdisagg.bench.progress import progress_for
 from shmdisagg.bench.report import aiperf_view, print_table, write_json, write_records
+from shmdisagg.bench.timeline import LoadSampler, timeline
 from shmdisagg.bench.trace import (
     DEFAULT_VOCAB,
     SHIPPED_TRACE,
@@ -82,6 +84,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--records", metavar="PATH", help="write one JSON line per request here")
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
+    plots = parser.add_argument_group("plots")
+    plots.add_argument("--plot", metavar="DIR",
+                       help="write PNG plots to DIR (TTFT/E2E CDFs, throughput, hit rate and per-server "
+                            "load over time); also records the run's timeline in --json for later comparison")
+    plots.add_argument("--compare", nargs="+", metavar="RUN_JSON", default=[],
+                       help="earlier runs' --json summaries (recorded with --plot) to draw beside this one")
+    plots.add_argument("--plot-only", action="store_true",
+                       help="send no load: just draw the --compare runs into --plot DIR")
+    plots.add_argument("--label", help="this run's name in the plots (default: the --json file name, else 'run')")
+
 
 def _workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
     """The requests to send and the source's description."""
@@ -126,6 +138,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
     """Benchmark the server at `args.url`; print the table, write `--json`/`--records`, and
     return the summary. Setting `stop` ends the run early: requests in flight are cancelled and
     the summary covers the finished ones (`was_cancelled: true`)."""
+    compare = load_runs(args.compare) if getattr(args, "compare", None) else []
     slo = _slo(args.goodput or [])
     requests, source = _workload(args)
     low, high = args.vocab_range
@@ -152,10 +165,17 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
         before = procstat.sample(pids)
         client_cpu0 = _self_cpu_s()
         start_time = datetime.now(UTC)
-        async with progress_for(counters, not args.no_progress):
-            load = (closed_loop(work, client.send, args.concurrency, counters) if closed
-                    else open_loop(work, client.send, counters))
-            records, interrupted = await _drive(load, stop)
+        sampler = LoadSampler(session, args.url) if getattr(args, "plot", None) else None
+        if sampler is not None:
+            sampler.start()
+        try:
+            async with progress_for(counters, not args.no_progress):
+                load = (closed_loop(work, client.send, args.concurrency, counters) if closed
+                        else open_loop(work, client.send, counters))
+                records, interrupted = await _drive(load, stop)
+        finally:
+            if sampler is not None:
+                await sampler.stop()
         client_cpu_s = _self_cpu_s() - client_cpu0
         end_time = datetime.now(UTC)
         after = procstat.sample(pids)
@@ -194,12 +214,27 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
             "timeout_s": args.timeout,
         },
     )
+    if getattr(args, "plot", None):
+        summary["label"] = args.label or (os.path.splitext(os.path.basename(args.json))[0] if args.json else "run")
+        summary["timeline"] = timeline(records, origin, sampler)
     if args.json:
         write_json(args.json, summary)
     if args.records:
         write_records(args.records, records, origin)
     print_table(summary)
+    if getattr(args, "plot", None):
+        files = plot_runs([(summary["label"], summary), *compare], args.plot)
+        print(f"plots: {', '.join(str(f) for f in files)}", file=sys.stderr)
     return summary
+
+
+def plot_only(args: argparse.Namespace) -> list[str]:
+    """`--plot-only`: draw the `--compare` runs into `--plot DIR`; returns the files."""
+    if not args.plot or not args.compare:
+        raise BenchError("--plot-only needs --plot DIR and --compare RUN_JSON [RUN_JSON ...]")
+    files = [str(f) for f in plot_runs(load_runs(args.compare), args.plot)]
+    print(f"plots: {', '.join(files)}", file=sys.stderr)
+    return files
 
 
 async def _drive(
@@ -269,6 +304,9 @@ def run_cli(args: argparse.Namespace) -> int:
     """`main` after parsing, for a parser that took `add_arguments` (the `shmdisagg bench`
     subcommand): runs `run` under uvloop, first Ctrl-C stops and reports, returns the status."""
     try:
+        if getattr(args, "plot_only", False):
+            plot_only(args)
+            return 0
         summary = uvloop.run(_main(args))
     except BenchError as exc:
         print(f"shmdisagg bench: error: {exc}", file=sys.stderr)

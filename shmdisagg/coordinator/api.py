@@ -2,6 +2,9 @@
 
 `GET /health`: 200 when every role has a healthy server, else 503.
 `GET /cluster_info`: servers with their `/server_info`, model names, fleet pids, restarts.
+`POST /perf_records`: fleet workers' per-request records (`shmdisagg/metrics/shipper.py`).
+`GET /perf_metrics`: those records joined with the executors' (`shmdisagg/metrics/perf.py`);
+drained on read unless `?keep=1`.
 """
 
 from __future__ import annotations
@@ -9,8 +12,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 
 if TYPE_CHECKING:
     from shmdisagg.coordinator.main import Coordinator
@@ -46,5 +50,18 @@ def internal_app(coord: "Coordinator") -> FastAPI:
                 coord.health.report(slot, kind)
                 n += 1
         return {"accepted": n}
+
+    @api.post("/perf_records")
+    async def perf_records(request: Request) -> dict[str, int]:
+        # async: the store lives on the coordinator's event loop (FastAPI runs `def` in threads)
+        try:
+            payload = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return {"accepted": 0}
+        return {"accepted": coord.perf.add_batch(payload) if isinstance(payload, dict) else 0}
+
+    @api.get("/perf_metrics")
+    async def perf_metrics(keep: bool = False) -> Response:
+        return Response(orjson.dumps(await coord.perf.read(drain=not keep)), media_type="application/json")
 
     return api

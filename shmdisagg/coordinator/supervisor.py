@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shmdisagg.procutil import die_with_parent
@@ -56,6 +57,7 @@ class FleetSupervisor:
         self._stopping = False
         self._exited: dict[int, asyncio.Event] = {}
         self._standby: subprocess.Popen[bytes] | None = None
+        self.on_exit: Callable[[int], None] | None = None  # called with the index of a worker that exited, before any replacement
 
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers.values()]
@@ -107,6 +109,11 @@ class FleetSupervisor:
         os.close(w.pidfd)
         code = w.proc.wait()  # already exited: reaps the zombie without blocking
         rows = self.table.reclaim_rows_of_pid(w.proc.pid)
+        if self.on_exit is not None:
+            try:
+                self.on_exit(index)
+            except Exception:  # metrics must not stop supervision
+                log.exception("on_exit hook failed for fleet worker %d", index)
         self._exited[index].set()
         if self._stopping:
             return

@@ -151,7 +151,7 @@ def describe_plan(plan: LaunchPlan, config: DisaggConfig, config_path: str) -> s
     out.append("")
     out.append(f"then: {shlex.join([sys.executable, '-m', 'shmdisagg.coordinator', '-c', os.path.abspath(config_path)])}")
     out.append(
-        f"      coordinator + {config.num_workers} fleet workers on {config.hostname}:{config.port} "
+        f"      coordinator + {config.num_workers} fleet worker{'s' if config.num_workers != 1 else ''} on {config.hostname}:{config.port} "
         f"(routers {config.context_servers.router.type}/{config.generation_servers.router.type}, "
         f"schedule {config.schedule_style}, shared memory /dev/shm/{config.shm_prefix}-*)"
     )

@@ -3,29 +3,37 @@
 The two hot routes (`POST /v1/completions`, `POST /v1/chat/completions`) go straight to
 `DisaggService.handle` as plain ASGI: no request model, no response model, bodies relayed as
 bytes (shared/reference/stack_calibration.md: FastAPI + pydantic doubles the proxy's CPU).
-Everything else (`/health`, `/v1/models`, `/cluster_info`, the OpenAPI docs) is a FastAPI app.
+Everything else (`/health`, `/v1/models`, `/cluster_info`, `/metrics`, `/perf_metrics`, the
+OpenAPI docs) is a FastAPI app. `/metrics` and `/perf_metrics` answer for the whole fleet
+(`shmdisagg/metrics/`), whichever worker the kernel hands the connection to.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from shmdisagg.asgi import Receive, Scope, Send
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.service import DisaggService
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable
 
+if TYPE_CHECKING:
+    from shmdisagg.metrics.fleet import FleetMetrics
+    from shmdisagg.metrics.request import RequestMetrics
+
 _HOT = {"/v1/completions": False, "/v1/chat/completions": True}
 
 
-def control_app(service: DisaggService, directory: ServerDirectory, table: ControlTable, worker_index: int) -> FastAPI:
+def control_app(service: DisaggService, directory: ServerDirectory, table: ControlTable, worker_index: int, metrics: FleetMetrics | None = None) -> FastAPI:
     """The FastAPI app for everything but the two hot routes."""
     api = FastAPI(title="shmdisagg", version="0.1.0", docs_url="/docs", redoc_url=None)
+    if metrics is not None:
+        _metrics_routes(api, metrics)
 
     @api.get("/health")
     def health() -> JSONResponse:
@@ -85,6 +93,25 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
     return api
 
 
+def _metrics_routes(api: FastAPI, metrics: FleetMetrics) -> None:
+    from shmdisagg.metrics.exposition import CONTENT_TYPE
+
+    async def prometheus() -> Response:
+        """Prometheus text exposition for the whole deployment (every fleet worker)."""
+        return Response(metrics.scrape(), media_type=CONTENT_TYPE)
+
+    # `/prometheus/metrics` is where TensorRT-LLM's disaggregated server serves it
+    api.add_api_route("/metrics", prometheus, methods=["GET"], summary="Prometheus metrics of the whole fleet")
+    api.add_api_route("/prometheus/metrics", prometheus, methods=["GET"], include_in_schema=False)
+
+    @api.get("/perf_metrics")
+    async def perf_metrics(keep: bool = False) -> Response:
+        """Per-request timing records of the whole fleet joined with the executors' records;
+        drained on read like TensorRT-LLM's (`?keep=true` reads without draining)."""
+        status, body = await metrics.perf_metrics(keep)
+        return Response(body, status_code=status, media_type="application/json")
+
+
 async def _documented_only() -> None:  # pragma: no cover - FleetApp intercepts these paths
     raise RuntimeError("served by FleetApp")
 
@@ -92,14 +119,18 @@ async def _documented_only() -> None:  # pragma: no cover - FleetApp intercepts 
 class FleetApp:
     """ASGI entry: hot routes to the service, the rest to the control app."""
 
-    def __init__(self, service: DisaggService, control: FastAPI) -> None:
+    def __init__(self, service: DisaggService, control: FastAPI, metrics: RequestMetrics | None = None) -> None:
         self.service = service
         self.control = control
+        self.metrics = metrics  # request-path counting (None: off)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             chat = _HOT.get(scope["path"])
             if chat is not None:
-                await self.service.handle(scope, receive, send, chat)
+                if self.metrics is None:
+                    await self.service.handle(scope, receive, send, chat)
+                else:
+                    await self.metrics.serve(self.service.handle, scope, receive, send, chat)
                 return
         await self.control(scope, receive, send)

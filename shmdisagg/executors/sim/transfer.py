@@ -150,7 +150,9 @@ class KvPuller:
         import aiohttp
 
         if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            # Idle connections are dropped well before the peer's 5 s keep-alive closes them, so a
+            # pull never goes out on a connection the server is closing (seen as a reset).
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0))
 
     async def pull(self, endpoint: str, ctx_request_id: int, hold_s: float, prompt_digest: int) -> dict[str, Any]:
         if endpoint == self.own_endpoint:

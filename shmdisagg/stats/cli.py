@@ -1,0 +1,114 @@
+"""`shmdisagg stats`: watch a running deployment from its shared memory, like `top`.
+
+    shmdisagg stats -c CONFIG             live view, refreshed every --interval seconds (Ctrl-C quits;
+                                          not a terminal: one frame printed per interval)
+    shmdisagg stats --port 8000           the deployment on that port (default prefix shmdisagg-<uid>-<port>)
+    shmdisagg stats --prefix NAME         by shared-memory prefix
+    shmdisagg stats ... --once --json     one snapshot as JSON (two reads --interval apart, for the rates)
+
+Exit codes: 0, 1 when no deployment runs under that prefix (or it stopped), 2 bad usage/config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from shmdisagg.stats.snapshot import NotRunning, StatsReader, snapshot
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-c", "--config", help="the deployment's config file (its port and shmdisagg.shm.prefix)")
+    where.add_argument("--port", type=int, help="the deployment's public port (default prefix shmdisagg-<uid>-<port>)")
+    where.add_argument("--prefix", help="the deployment's shared-memory prefix")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes, and the window of the rates (default: %(default)s)")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--json", action="store_true", help="with --once: JSON instead of the table")
+
+
+def resolve_prefix(args: argparse.Namespace, load_config: Any) -> str:
+    """The prefix named by -c/--port/--prefix (port 8000 when none is given)."""
+    if args.prefix:
+        return str(args.prefix)
+    if args.config:
+        return str(load_config(args.config).shm_prefix)
+    return f"shmdisagg-{os.getuid()}-{args.port or 8000}"
+
+
+def take(reader: StatsReader, interval: float) -> dict[str, Any]:
+    """One snapshot with rates over `interval` seconds."""
+    first = reader.sample()
+    time.sleep(interval)
+    return snapshot(first, reader.sample(), reader.prefix)
+
+
+def run(args: argparse.Namespace, prefix: str) -> int:
+    if args.interval <= 0:
+        print("shmdisagg stats: --interval must be > 0", file=sys.stderr)
+        return 2
+    if args.json and not args.once:
+        print("shmdisagg stats: --json needs --once", file=sys.stderr)
+        return 2
+    try:
+        reader = StatsReader(prefix)
+    except NotRunning as err:
+        print(f"shmdisagg stats: {err}", file=sys.stderr)
+        return 1
+    with reader:
+        if args.once:
+            snap = take(reader, args.interval)
+            if args.json:
+                sys.stdout.buffer.write(orjson.dumps(snap, option=orjson.OPT_INDENT_2) + b"\n")
+            else:
+                from rich.console import Console
+
+                from shmdisagg.stats.view import render
+
+                Console().print(render(snap))
+            return 0
+        return _live(reader, args.interval)
+
+
+def _live(reader: StatsReader, interval: float) -> int:
+    """Refresh in place on a terminal (rich `Live`); print one frame per interval otherwise
+    (like `top -b`), so the view can be piped or logged."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from shmdisagg.stats.view import render
+
+    console = Console()
+    prev = reader.sample()
+    first = render(snapshot(None, prev, reader.prefix))
+    try:
+        live = Live(first, console=console, auto_refresh=False) if console.is_terminal else None
+        if live is None:
+            console.print(first)
+            sys.stdout.flush()
+        else:
+            live.start(refresh=True)
+        try:
+            while True:
+                time.sleep(interval)
+                if not reader.alive():
+                    print(f"shmdisagg stats: the deployment {reader.prefix} stopped", file=sys.stderr)
+                    return 0
+                cur = reader.sample()
+                frame = render(snapshot(prev, cur, reader.prefix))
+                prev = cur
+                if live is None:
+                    console.print(frame)
+                    sys.stdout.flush()
+                else:
+                    live.update(frame, refresh=True)
+        finally:
+            if live is not None:
+                live.stop()
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,259 @@
+"""What `shmdisagg stats` reads, and the snapshot it turns two reads into.
+
+`StatsReader` maps the deployment's control segment and metrics segment **read-only**
+(`PROT_READ`: a stray store would fault, never write), and `sample()` copies what it needs with
+the table's lock-free reads (seqlocked records, relaxed counter loads): the coordinator and the
+workers never wait for a reader, so watching a deployment cannot slow it down.
+
+`snapshot(prev, cur)` is one JSON-able dict: current values plus rates over the interval
+between the two samples (requests/s per worker, picks/s per server, index events/s and the
+mean event-to-visibility lag of the events applied in that interval). Numbers a deployment does
+not have (no metrics segment, no block index yet, no per-server block counts in the index) are
+None, which the views show as "-".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from shmdisagg.metrics.rows import FIRST_WORKER_ROW, ROW_RETIRED, MetricsSegment
+from shmdisagg.metrics.schema import LAYOUT, MAX_SERVERS
+from shmdisagg.shm.segment import SHM_DIR, SegmentNotReady, ShmError
+from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable, RowInfo, ServerInfo
+
+SCHEMA = "shmdisagg.stats/1"
+COORD_STATES = {0: "starting", 1: "running", 2: "stopping"}
+
+_C = LAYOUT.counter
+_FINISHED = ("stream_requests", "nonstream_requests", "validation_exceptions", "shmdisagg_admission_rejections")
+
+
+class NotRunning(RuntimeError):
+    """No deployment with this prefix (its control segment does not exist or is not ready)."""
+
+
+@dataclass
+class Sample:
+    """One read of the table (and metrics segment), at `t_ns` (CLOCK_MONOTONIC)."""
+
+    t_ns: int
+    coordinator: dict[str, int]
+    servers: list[ServerInfo]
+    loads: dict[int, tuple[int, int]]
+    routed: dict[int, int]
+    rows: list[RowInfo]
+    retired: tuple[int, int]
+    index: dict[str, Any] | None
+    metric_rows: list[list[float]] | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+class StatsReader:
+    """Read-only view of one deployment, by its shared-memory prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        try:
+            self.table = ControlTable.attach(prefix, read_only=True, timeout=0.5)
+        except (FileNotFoundError, SegmentNotReady) as err:
+            raise NotRunning(f"no running deployment with shared-memory prefix {prefix!r} ({err})") from None
+        except ShmError as err:  # another build's layout, another user's segment
+            raise NotRunning(f"cannot read the deployment with prefix {prefix!r}: {err}") from None
+        self.metrics: MetricsSegment | None = None
+        try:
+            self.metrics = MetricsSegment.attach(prefix, read_only=True)
+        except (FileNotFoundError, ShmError):
+            pass  # an older deployment: everything but the per-request counters
+        self._servers: list[ServerInfo] = []
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        self.table.close()
+
+    def __enter__(self) -> StatsReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def alive(self) -> bool:
+        """False once the coordinator unlinked the control segment (our mapping outlives it)."""
+        return os.path.exists(os.path.join(SHM_DIR, f"{self.prefix}-ctl"))
+
+    def sample(self) -> Sample:
+        t = self.table
+        errors = []
+        try:
+            self._servers = t.servers()
+        except Exception as err:  # a coordinator stopped mid-write: keep the last list
+            errors.append(f"server table: {err}")
+        servers = self._servers
+        index = None
+        try:
+            generation, capacity, _, _ = t.index_publication()
+            if generation:
+                index = {**t.index_metrics(), "generation": generation, "capacity": capacity}
+        except Exception:  # no block index in this deployment or build
+            index = None
+        return Sample(
+            t_ns=time.monotonic_ns(),
+            coordinator=t.coordinator(),
+            servers=servers,
+            loads={s.slot: t.load(s.slot) for s in servers},
+            routed={s.slot: t.routed(s.slot) for s in servers},
+            rows=t.rows(),
+            retired=t.retired(),
+            index=index,
+            metric_rows=self.metrics.snapshot() if self.metrics is not None else None,
+            errors=errors,
+        )
+
+
+def _rate(now: float, before: float | None, dt: float) -> float | None:
+    if before is None or dt <= 0:
+        return None
+    return max(now - before, 0.0) / dt
+
+
+def _role(role: int) -> str:
+    return "context" if role == ROLE_CONTEXT else "generation"
+
+
+def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
+    """The JSON snapshot of `cur`, with rates against `prev` (None: no rates)."""
+    dt = (cur.t_ns - prev.t_ns) / 1e9 if prev is not None else 0.0
+    coord = cur.coordinator
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "prefix": prefix,
+        "time": datetime.now(UTC).isoformat(),
+        "interval_s": dt or None,
+        "coordinator": {
+            "pid": coord["pid"],
+            "incarnation": coord["incarnation"],
+            "state": COORD_STATES.get(coord["state"], str(coord["state"])),
+            "heartbeat_age_s": max(cur.t_ns - coord["heartbeat_ns"], 0) / 1e9,
+            "events_applied_per_s": None,
+            "event_lag_ms": None,
+        },
+    }
+
+    totals = _sum(cur.metric_rows) if cur.metric_rows is not None else None
+    prev_totals = _sum(prev.metric_rows) if prev is not None and prev.metric_rows is not None else None
+    servers = []
+    for s in cur.servers:
+        reqs, toks = cur.loads.get(s.slot, (0, 0))
+        prompt = cached = None
+        if totals is not None and s.slot < MAX_SERVERS:
+            prompt = totals[LAYOUT.per_server["shmdisagg_server_prompt_tokens"] + s.slot]
+            cached = totals[LAYOUT.per_server["shmdisagg_server_cached_tokens"] + s.slot]
+        routed = cur.routed.get(s.slot, 0)
+        servers.append({
+            "slot": s.slot,
+            "addr": s.addr,
+            "role": _role(s.role),
+            "healthy": s.healthy,
+            "incarnation": s.incarnation,
+            "active_requests": reqs,
+            "active_tokens": toks,
+            "routed": routed,
+            "routed_per_s": _rate(routed, prev.routed.get(s.slot) if prev else None, dt),
+            "kv_blocks": None,  # the block index keeps no per-server count (yet)
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "hit_rate": cached / prompt if prompt else None,
+        })
+    out["servers"] = servers
+
+    by_pid = _rows_by_pid(cur.metric_rows)
+    prev_by_pid = _rows_by_pid(prev.metric_rows) if prev is not None else {}
+    prev_rows = {(r.row, r.pid): r for r in prev.rows} if prev is not None else {}
+    workers = []
+    for r in cur.rows:
+        before = prev_rows.get((r.row, r.pid))
+        m = by_pid.get(r.pid)
+        pm = prev_by_pid.get(r.pid)
+        workers.append({
+            "row": r.row,
+            "pid": r.pid,
+            "heartbeat_age_s": max(cur.t_ns - r.heartbeat_ns, 0) / 1e9,
+            "legs_in_flight": r.dispatched - r.completed,
+            "legs_dispatched": r.dispatched,
+            "legs_per_s": _rate(r.completed, before.completed if before else None, dt),
+            "requests": m[_C["total_requests"]] if m else None,
+            "requests_in_flight": _in_flight(m) if m else None,
+            "requests_per_s": _rate(m[_C["total_requests"]], pm[_C["total_requests"]] if pm else None, dt) if m else None,
+        })
+    out["workers"] = workers
+    disp = sum(r.dispatched for r in cur.rows) + cur.retired[0]
+    prev_disp = sum(r.dispatched for r in prev.rows) + prev.retired[0] if prev is not None else None
+    out["fleet"] = {
+        "workers": len(cur.rows),
+        "legs_in_flight": sum(r.dispatched - r.completed for r in cur.rows),
+        "legs_dispatched": disp,
+        "legs_per_s": _rate(disp, prev_disp, dt),
+    }
+    out["requests"] = None
+    if totals is not None:
+        req = {name: totals[_C[name]] for name in (
+            "total_requests", "total_responses", "validation_exceptions", "http_exceptions", "internal_errors",
+            "shmdisagg_admission_rejections", "ctx_retry_requests", "gen_retry_requests")}
+        req["in_flight"] = _in_flight(totals)
+        req["requests_per_s"] = _rate(totals[_C["total_requests"]], prev_totals[_C["total_requests"]] if prev_totals else None, dt)
+        prompt = sum(totals[LAYOUT.per_server["shmdisagg_server_prompt_tokens"] + i] for i in range(MAX_SERVERS))
+        cached = sum(totals[LAYOUT.per_server["shmdisagg_server_cached_tokens"] + i] for i in range(MAX_SERVERS))
+        req["hit_rate"] = cached / prompt if prompt else None
+        out["requests"] = req
+
+    out["index"] = None
+    if cur.index is not None:
+        ix = cur.index
+        pix = prev.index if prev is not None else None
+        cap = ix.get("capacity") or 0
+        idx = {
+            "generation": ix.get("generation"),
+            "capacity": cap,
+            "entries": ix.get("live"),
+            "used": ix.get("used"),
+            "load_factor": (ix.get("used") or 0) / cap if cap else None,
+            "max_probe": ix.get("max_probe"),
+            "events_applied": ix.get("events_applied"),
+            "events_dropped": ix.get("events_dropped"),
+            "events_applied_per_s": _rate(ix.get("events_applied", 0), pix.get("events_applied") if pix else None, dt),
+            "event_lag_ms": None,
+        }
+        if pix is not None:
+            samples = ix.get("lag_samples", 0) - pix.get("lag_samples", 0)
+            if samples > 0:
+                idx["event_lag_ms"] = (ix.get("lag_sum_ns", 0) - pix.get("lag_sum_ns", 0)) / samples / 1e6
+        elif ix.get("lag_samples"):
+            idx["event_lag_ms"] = ix.get("lag_sum_ns", 0) / ix["lag_samples"] / 1e6
+        out["index"] = idx
+        out["coordinator"]["events_applied_per_s"] = idx["events_applied_per_s"]
+        out["coordinator"]["event_lag_ms"] = idx["event_lag_ms"]
+    if cur.errors:
+        out["errors"] = cur.errors
+    return out
+
+
+def _sum(rows: list[list[float]]) -> list[float]:
+    total = [0.0] * LAYOUT.words
+    for r in rows:
+        total = [a + b for a, b in zip(total, r)]
+    return total
+
+
+def _rows_by_pid(rows: list[list[float]] | None) -> dict[int, list[float]]:
+    if rows is None:
+        return {}
+    return {int(r[LAYOUT.pid]): r for i, r in enumerate(rows) if i >= FIRST_WORKER_ROW and i != ROW_RETIRED and r[LAYOUT.pid]}
+
+
+def _in_flight(row: list[float]) -> float:
+    """Requests received and not yet finished (routed ones end at their sink; refused ones at once)."""
+    return max(row[_C["total_requests"]] - sum(row[_C[n]] for n in _FINISHED), 0.0)

@@ -1,0 +1,89 @@
+"""The live view of a stats snapshot (rich renderables); formats only, computes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+
+def _n(value: Any, fmt: str = "{:,.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def _age(seconds: float) -> Text:
+    style = "red" if seconds > 2.0 else ("yellow" if seconds > 0.75 else "")
+    return Text(f"{seconds:.2f} s", style=style)
+
+
+def render(snap: dict[str, Any]) -> RenderableType:
+    c = snap["coordinator"]
+    head = Text()
+    head.append("shmdisagg stats", style="bold")
+    head.append(f"  {snap['prefix']}  {snap['time'][11:19]} UTC  every {_n(snap['interval_s'], '{:.1f}')} s\n")
+    head.append(f"coordinator  pid {c['pid']}  incarnation {c['incarnation']:#x}  ")
+    head.append(c["state"], style="green" if c["state"] == "running" else "yellow")
+    head.append("  heartbeat ")
+    head.append_text(_age(c["heartbeat_age_s"]))
+    head.append(f"  events {_rate(c['events_applied_per_s'])}/s  lag {_n(c['event_lag_ms'], '{:.2f}')} ms")
+    req = snap.get("requests")
+    if req is not None:
+        head.append(
+            f"\nrequests     {_n(req['total_requests'])} total  {_rate(req['requests_per_s'])}/s  "
+            f"{_n(req['in_flight'])} in flight  {_n(req['total_responses'])} ok  "
+            f"{_n(req['validation_exceptions'])} 4xx  {_n(req['http_exceptions'] + req['internal_errors'])} failed  "
+            f"{_n(req['shmdisagg_admission_rejections'])} 429  "
+            f"{_n(req['ctx_retry_requests'] + req['gen_retry_requests'])} retries  hit {_pct(req['hit_rate'])}"
+        )
+    else:
+        head.append("\nrequests     - (no metrics segment)")
+
+    servers = Table(title="servers", title_justify="left", expand=False, pad_edge=False)
+    for col, just in (("slot", "right"), ("role", "left"), ("server", "left"), ("health", "left"),
+                      ("active req", "right"), ("active tok", "right"), ("routed", "right"),
+                      ("routed/s", "right"), ("KV blocks", "right"), ("hit", "right")):
+        servers.add_column(col, justify=just)  # type: ignore[arg-type]
+    for s in snap["servers"]:
+        servers.add_row(
+            str(s["slot"]), ("ctx" if s["role"] == "context" else "gen"), s["addr"],
+            Text("ok", style="green") if s["healthy"] else Text("DOWN", style="bold red"),
+            _n(s["active_requests"]), _n(s["active_tokens"]), _n(s["routed"]), _rate(s["routed_per_s"]),
+            _n(s["kv_blocks"]), _pct(s["hit_rate"]),
+        )
+
+    fleet = snap["fleet"]
+    workers = Table(title=f"fleet workers ({fleet['workers']}; {_n(fleet['legs_in_flight'])} legs in flight, {_rate(fleet['legs_per_s'])} legs/s)",
+                    title_justify="left", pad_edge=False)
+    for col in ("row", "pid", "heartbeat", "req in flight", "req/s", "requests", "legs in flight", "legs/s"):
+        workers.add_column(col, justify="right")
+    for w in snap["workers"]:
+        workers.add_row(
+            str(w["row"]), str(w["pid"]), _age(w["heartbeat_age_s"]), _n(w["requests_in_flight"]),
+            _rate(w["requests_per_s"]), _n(w["requests"]), _n(w["legs_in_flight"]), _rate(w["legs_per_s"]),
+        )
+
+    ix = snap.get("index")
+    if ix is None:
+        index = Text("index        - (no block index published)")
+    else:
+        index = Text(
+            f"index        generation {ix['generation']}  entries {_n(ix['entries'])}  "
+            f"load factor {_n(ix['load_factor'], '{:.3f}')}  longest probe {_n(ix['max_probe'])}  "
+            f"capacity {_n(ix['capacity'])}\n"
+            f"             events {_n(ix['events_applied'])} ({_rate(ix['events_applied_per_s'])}/s, "
+            f"{_n(ix['events_dropped'])} dropped)  lag {_n(ix['event_lag_ms'], '{:.2f}')} ms"
+        )
+    parts: list[RenderableType] = [head, servers, workers, index]
+    for err in snap.get("errors", []):
+        parts.append(Text(f"warning: {err}", style="yellow"))
+    return Group(*parts)

@@ -1,0 +1,70 @@
+"""`shmdisagg stats` options and exit codes."""
+
+from __future__ import annotations
+
+import os
+
+import orjson
+import pytest
+
+from shmdisagg.cli import main
+from shmdisagg.metrics.rows import MetricsSegment
+from shmdisagg.shm.table import ControlTable, process_starttime
+
+
+def test_no_deployment_exits_1(shm_prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["stats", "--prefix", shm_prefix, "--once", "--json"]) == 1
+    assert "no running deployment" in capsys.readouterr().err
+
+
+def test_json_needs_once(shm_prefix: str) -> None:
+    assert main(["stats", "--prefix", shm_prefix, "--json"]) == 2
+
+
+def test_once_json_prints_one_snapshot(shm_prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
+    coord = ControlTable.create(shm_prefix, max_workers=2)
+    seg = MetricsSegment.create(shm_prefix, 1)
+    try:
+        coord.set_coordinator(os.getpid(), process_starttime(os.getpid()), 1)
+        assert main(["stats", "--prefix", shm_prefix, "--once", "--json", "--interval", "0.01"]) == 0
+    finally:
+        seg.close()
+        coord.unlink()
+        coord.close()
+    snap = orjson.loads(capsys.readouterr().out)
+    assert snap["schema"] == "shmdisagg.stats/1" and snap["prefix"] == shm_prefix and snap["interval_s"] > 0
+
+
+def test_a_port_names_the_default_prefix() -> None:
+    from shmdisagg.cli import build_parser
+    from shmdisagg.stats.cli import resolve_prefix
+
+    args = build_parser().parse_args(["stats", "--port", "9123"])
+    assert resolve_prefix(args, None) == f"shmdisagg-{os.getuid()}-9123"
+
+
+def test_the_live_view_runs_until_the_deployment_stops(shm_prefix: str) -> None:
+    import select
+    import subprocess
+    import sys
+
+    coord = ControlTable.create(shm_prefix, max_workers=2)
+    seg = MetricsSegment.create(shm_prefix, 1)
+    coord.set_coordinator(os.getpid(), process_starttime(os.getpid()), 1)
+    proc = subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--interval", "0.05"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "120"})
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)  # never hang the suite
+        assert ready and b"shmdisagg stats" in proc.stdout.readline()  # a frame, printed (not a terminal)
+    finally:
+        seg.close()
+        coord.unlink()  # what a stopping coordinator does: the view notices and exits
+        coord.close()
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    assert proc.returncode == 0 and b"stopped" in err

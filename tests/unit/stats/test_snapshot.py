@@ -1,0 +1,86 @@
+"""`shmdisagg stats` reads a deployment read-only and turns two reads into rates."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from shmdisagg.metrics.rows import MetricsSegment, worker_row
+from shmdisagg.metrics.schema import LAYOUT
+from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
+from shmdisagg.stats.snapshot import NotRunning, StatsReader, snapshot
+
+PID = os.getpid()
+C = LAYOUT.counter
+
+
+@pytest.fixture
+def live(shm_prefix: str) -> Iterator[tuple[ControlTable, ControlTable, MetricsSegment]]:
+    coord = ControlTable.create(shm_prefix, max_workers=4)
+    coord.set_coordinator(PID, process_starttime(PID), 0xABC)
+    coord.coord_heartbeat()
+    coord.publish_server(0, "127.0.0.1:1001", ROLE_CONTEXT, True)
+    coord.publish_server(1, "127.0.0.1:2001", ROLE_GENERATION, True)
+    worker = ControlTable.attach(shm_prefix)
+    segment = MetricsSegment.create(shm_prefix, num_workers=1)
+    yield coord, worker, segment
+    segment.close()
+    worker.close()
+    coord.unlink()
+    coord.close()
+
+
+def test_two_samples_give_counters_and_rates(live, shm_prefix: str) -> None:  # type: ignore[no-untyped-def]
+    coord, worker, segment = live
+    row = worker.claim_row(PID, process_starttime(PID))
+    worker.heartbeat(row)
+    mrow = segment.row(worker_row(0))
+    mrow[LAYOUT.pid] = PID
+    with StatsReader(shm_prefix) as reader:
+        first = reader.sample()
+        for _ in range(4):
+            worker.pick_round_robin(row, ROLE_CONTEXT, -1, 100)
+            mrow[C["total_requests"]] += 1
+        worker.release(row, 0, 100)
+        mrow[C["nonstream_requests"]] += 1
+        mrow[LAYOUT.per_server["shmdisagg_server_prompt_tokens"]] += 400
+        mrow[LAYOUT.per_server["shmdisagg_server_cached_tokens"]] += 100
+        second = reader.sample()
+    second.t_ns = first.t_ns + 2_000_000_000  # a 2 s window, whatever the test machine's speed
+    snap = snapshot(first, second, shm_prefix)
+
+    assert snap["coordinator"]["pid"] == PID and snap["coordinator"]["incarnation"] == 0xABC
+    assert snap["coordinator"]["state"] == "starting"
+    ctx = next(s for s in snap["servers"] if s["slot"] == 0)
+    assert ctx["role"] == "context" and ctx["healthy"] and ctx["active_requests"] == 3 and ctx["active_tokens"] == 300
+    assert ctx["routed"] == 4 and ctx["routed_per_s"] == 2.0
+    assert ctx["hit_rate"] == 0.25 and ctx["kv_blocks"] is None
+    (w,) = snap["workers"]
+    assert w["pid"] == PID and w["legs_in_flight"] == 3 and w["legs_per_s"] == 0.5
+    assert w["requests"] == 4 and w["requests_per_s"] == 2.0 and w["requests_in_flight"] == 3
+    assert snap["fleet"]["legs_dispatched"] == 4 and snap["requests"]["total_requests"] == 4
+    assert snap["requests"]["hit_rate"] == 0.25
+    assert snap["index"] is None  # no block index published in this table
+
+
+def test_the_reader_maps_read_only(live, shm_prefix: str) -> None:  # type: ignore[no-untyped-def]
+    with StatsReader(shm_prefix) as reader:
+        with pytest.raises(TypeError):
+            reader.table._segment.mm[0] = 0  # PROT_READ: the mapping refuses stores
+        assert reader.metrics is not None
+        with pytest.raises(TypeError):
+            reader.metrics.row(0)[0] = 1.0
+        assert reader.alive()
+
+
+def test_no_deployment_is_not_running(shm_prefix: str) -> None:
+    with pytest.raises(NotRunning):
+        StatsReader(shm_prefix)
+
+
+def test_a_first_snapshot_has_no_rates(live, shm_prefix: str) -> None:  # type: ignore[no-untyped-def]
+    with StatsReader(shm_prefix) as reader:
+        snap = snapshot(None, reader.sample(), shm_prefix)
+    assert snap["interval_s"] is None and all(s["routed_per_s"] is None for s in snap["servers"])
