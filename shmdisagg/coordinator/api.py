@@ -41,7 +41,7 @@ def internal_app(coord: "Coordinator") -> FastAPI:
         }
 
     @api.post("/report")
-    def report(items: list[dict[str, Any]]) -> dict[str, int]:
+    async def report(items: list[dict[str, Any]]) -> dict[str, int]:  # async: runs on the loop the monitor uses
         """Failure reports from fleet workers: `[{"slot": int, "kind": str}, ...]`."""
         n = 0
         for item in items:

@@ -44,6 +44,14 @@ class WorkerProc:
     quick_deaths: int = 0
 
 
+def _worker_preexec() -> None:
+    """In the child before exec: die with the coordinator, and ignore a terminal's Ctrl-C (the
+    coordinator stops workers with SIGTERM; a worker serving requests re-installs its own
+    SIGINT handler, a standby waiting on stdin must not print a traceback)."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class FleetSupervisor:
     """Owns the fleet worker processes. Signal handlers only call `stop()` via the loop."""
 
@@ -70,7 +78,7 @@ class FleetSupervisor:
     def _popen(self, index: str, stdin: int | None = None) -> subprocess.Popen[bytes]:
         env = {**os.environ, **self.env, "SHMDISAGG_CONFIG": self.config_path, "SHMDISAGG_WORKER_INDEX": index}
         return subprocess.Popen(
-            [sys.executable, "-m", "shmdisagg.fleet.worker"], env=env, stdin=stdin, preexec_fn=die_with_parent, close_fds=True
+            [sys.executable, "-m", "shmdisagg.fleet.worker"], env=env, stdin=stdin, preexec_fn=_worker_preexec, close_fds=True
         )
 
     def _start_standby(self) -> None:

@@ -14,10 +14,12 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shmdisagg.asgi import Receive, Scope, Send
+from shmdisagg.errors import error_body
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.service import DisaggService
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable
@@ -32,6 +34,12 @@ _HOT = {"/v1/completions": False, "/v1/chat/completions": True}
 def control_app(service: DisaggService, directory: ServerDirectory, table: ControlTable, worker_index: int, metrics: FleetMetrics | None = None) -> FastAPI:
     """The FastAPI app for everything but the two hot routes."""
     api = FastAPI(title="shmdisagg", version="0.1.0", docs_url="/docs", redoc_url=None)
+
+    @api.exception_handler(StarletteHTTPException)
+    async def openai_error(_: Request, exc: StarletteHTTPException) -> Response:
+        """404/405 and the like in the OpenAI error shape, like every other error we send."""
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, f"http_{exc.status_code}")
+        return Response(error_body(exc.status_code, str(exc.detail), code), status_code=exc.status_code, media_type="application/json", headers=getattr(exc, "headers", None))
     if metrics is not None:
         _metrics_routes(api, metrics)
 

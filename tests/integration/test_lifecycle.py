@@ -266,3 +266,36 @@ def test_generation_first_context_failure_cancels_the_generation_leg(tmp_path: P
             assert status == 400
             wait_until(lambda: any(e.startswith("cancelled") for e in gen.events()), timeout_s=3, what="the generation leg cancelled")
             assert _idle(dep)
+
+
+def test_reported_request_failures_open_the_breaker_then_the_server_is_readmitted(tmp_path: Path, shm_prefix: str) -> None:
+    import asyncio
+
+    import aiohttp
+
+    with fake_executors(["c0", "g0", "g1"]) as (ctx, g0, g1):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], shmdisagg={"breaker_failures": 3, "breaker_cooldown_s": 1.0})
+        with deployment(cfg) as dep:
+            slot = next(s.slot for s in ControlTable.attach(dep.config.shm_prefix).servers() if s.addr == g1.addr)
+
+            async def report() -> dict:
+                conn = aiohttp.UnixConnector(path=dep.config.coordinator_socket)
+                async with aiohttp.ClientSession(connector=conn) as session:
+                    async with session.post("http://coordinator/report", json=[{"slot": slot, "kind": "error"}] * 3) as r:
+                        assert r.status == 200
+                        return await r.json()
+
+            assert asyncio.run(report()) == {"accepted": 3}
+            assert _unhealthy(dep, g1.addr)  # the breaker opened at once, for the whole fleet
+            for _ in range(3):
+                status, resp = post(dep, "/v1/completions", COMPLETION)
+                assert status == 200 and resp["id"] == "cmpl-g0"
+            wait_until(lambda: not _unhealthy(dep, g1.addr), timeout_s=10, what="re-admission after the cool-down")
+
+
+def test_unknown_routes_and_methods_get_openai_error_bodies(pair) -> None:  # type: ignore[no-untyped-def]
+    dep, *_ = pair
+    status, body = request_json("127.0.0.1", dep.config.port, "GET", "/v1/completions")
+    assert status == 405 and body["object"] == "error" and body["code"] == "method_not_allowed"
+    status, body = request_json("127.0.0.1", dep.config.port, "GET", "/no/such/route")
+    assert status == 404 and body["object"] == "error" and body["code"] == "not_found"
