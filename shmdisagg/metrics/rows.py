@@ -23,7 +23,7 @@ import operator
 import struct
 from collections.abc import Iterator
 
-from shmdisagg.metrics.schema import LAYOUT, LAYOUT_HASH
+from shmdisagg.metrics.schema import FINISHED, LAYOUT, LAYOUT_HASH
 from shmdisagg.shm.segment import Segment, SegmentNotReady
 
 MAGIC = 0x5348_4D44_4D45_5431  # "SHMDMET1"
@@ -120,6 +120,12 @@ class MetricsSegment:
         dst = self.row(ROW_RETIRED)
         try:
             src[LAYOUT.pid] = 0.0
+            # its requests still in flight will never finish: count them as lost, so the
+            # fleet's in-flight figure (received minus finished) comes back to zero
+            c = LAYOUT.counter
+            lost = src[c["total_requests"]] - sum(src[c[n]] for n in FINISHED)
+            if lost > 0:
+                src[c["shmdisagg_worker_lost_requests"]] += lost
             for i, x in enumerate(src.tolist()):
                 if x:
                     dst[i] += x

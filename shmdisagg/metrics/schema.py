@@ -63,7 +63,11 @@ COUNTERS = (
     Counter("shmdisagg_admission_rejections", "Requests refused with 429 at max_inflight_requests"),
     Counter("shmdisagg_client_disconnects", "Routed requests whose client went away before the end"),
     Counter("shmdisagg_perf_records_dropped", "Per-request records a fleet worker could not hand to the coordinator"),
+    Counter("shmdisagg_worker_lost_requests", "Requests in flight on a fleet worker that died (counted when it is reaped)"),
 )
+
+# Counters that end a received request; total_requests minus their sum is what is in flight.
+FINISHED = ("stream_requests", "nonstream_requests", "validation_exceptions", "shmdisagg_admission_rejections", "shmdisagg_worker_lost_requests")
 
 HISTOGRAMS = (
     Histogram("queue_latency_seconds", "Arrival to context dispatch in the fleet worker", SHORT_BUCKETS),

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shmdisagg.metrics.rows import FIRST_WORKER_ROW, ROW_RETIRED, MetricsSegment
-from shmdisagg.metrics.schema import LAYOUT, MAX_SERVERS
+from shmdisagg.metrics.schema import FINISHED, LAYOUT, MAX_SERVERS
 from shmdisagg.shm.segment import SHM_DIR, SegmentNotReady, ShmError
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable, RowInfo, ServerInfo
 
@@ -29,7 +29,7 @@ SCHEMA = "shmdisagg.stats/1"
 COORD_STATES = {0: "starting", 1: "running", 2: "stopping"}
 
 _C = LAYOUT.counter
-_FINISHED = ("stream_requests", "nonstream_requests", "validation_exceptions", "shmdisagg_admission_rejections")
+_FINISHED = FINISHED
 
 
 class NotRunning(RuntimeError):

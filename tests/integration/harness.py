@@ -158,9 +158,14 @@ def stream_lines(dep: Deployment, path: str, body: Any, conn: http.client.HTTPCo
             c.close()
 
 
-def connection_to_worker(dep: Deployment, index: int, attempts: int = 200) -> http.client.HTTPConnection:
-    """A keep-alive connection that the kernel's SO_REUSEPORT hash gave to fleet worker `index`."""
-    for _ in range(attempts):
+def connection_to_worker(dep: Deployment, index: int, attempts: int = 200, timeout_s: float = 20.0) -> http.client.HTTPConnection:
+    """A keep-alive connection that the kernel's SO_REUSEPORT hash gave to fleet worker `index`.
+    Tries `attempts` connections, and keeps trying until `timeout_s` while that worker may still
+    be starting (it listens a moment after the first one)."""
+    deadline = time.monotonic() + timeout_s
+    tried = 0
+    while tried < attempts or time.monotonic() < deadline:
+        tried += 1
         c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
         status, info = request_json("", 0, "GET", "/cluster_info", conn=c)
         if status == 200 and info["worker_index"] == index:

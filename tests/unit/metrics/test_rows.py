@@ -84,3 +84,15 @@ def test_folding_a_row_equal_to_another_keeps_the_other_releasable(segment: Metr
     segment.row(ROW_COORDINATOR)
     segment.fold(worker_row(0))
     segment.close()  # must not raise
+
+
+def test_requests_in_flight_on_a_dead_worker_are_counted_lost_so_in_flight_returns_to_zero(segment: MetricsSegment) -> None:
+    # pins a bug: after kill -9, `shmdisagg stats` showed the dead worker's 7 requests in flight forever
+    c = LAYOUT.counter
+    row = segment.row(worker_row(0))
+    row[c["total_requests"]] += 10
+    row[c["stream_requests"]] += 3  # 3 finished, 7 still in flight when it died
+    segment.fold(worker_row(0))
+    totals = segment.totals()
+    assert totals[c["shmdisagg_worker_lost_requests"]] == 7
+    assert totals[c["total_requests"]] == 10  # totals never drop
