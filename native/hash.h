@@ -46,4 +46,15 @@ SD_HIDDEN int opt_u64(PyObject *o, const char *what, int *present, uint64_t *out
 
 #define TOKEN_CHUNK 512 /* tokens converted per step where a chunk buffer is used */
 
+/* MurmurHash3's 64-bit finalizer (fmix64): spreads a key over every bit before masking. */
+static inline uint64_t fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xFF51AFD7ED558CCDULL;
+    k ^= k >> 33;
+    k *= 0xC4CEB9FE1A85EC53ULL;
+    k ^= k >> 33;
+    return k;
+}
+
 #endif

@@ -47,15 +47,6 @@ typedef struct {
     unsigned long long calls, full_hits, blocks_reused, blocks_hashed;
 } PrefixHashCache;
 
-static inline uint64_t fmix64(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xFF51AFD7ED558CCDULL;
-    k ^= k >> 33;
-    k *= 0xC4CEB9FE1A85EC53ULL;
-    k ^= k >> 33;
-    return k;
-}
 
 static uint64_t splitmix64(uint64_t *state)
 {

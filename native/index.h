@@ -6,6 +6,7 @@
 #define SHMDISAGG_INDEX_H
 
 #include "_native.h"
+#include "hash.h"
 
 /* ---- index segment layout (version 1): keep in step with native/README.md -------------- */
 
@@ -75,15 +76,6 @@ typedef struct {
     int busy;
 } Index;
 
-static inline uint64_t fmix64(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xFF51AFD7ED558CCDULL;
-    k ^= k >> 33;
-    k *= 0xC4CEB9FE1A85EC53ULL;
-    k ^= k >> 33;
-    return k;
-}
 
 /* The table key of a block hash (kind 0) or of a conversation key / implicit prefix hash. */
 static inline uint64_t key_of(uint64_t h, uint64_t kind, int role)
