@@ -20,15 +20,18 @@ import os
 import signal
 import sys
 
-from shmdisagg.config import ConfigError, DisaggConfig, load_config
+from shmdisagg.config import ConfigError, DisaggConfig, config_warnings, load_config
 
 
 def _load(path: str) -> DisaggConfig:
     try:
-        return load_config(path)
+        config = load_config(path)
     except ConfigError as err:
         print(f"shmdisagg: config error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    for warning in config_warnings(config):
+        print(f"shmdisagg: warning: {path}: {warning}", file=sys.stderr)
+    return config
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -316,6 +316,35 @@ def _normalise(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_SECTION_KEYS = ("num_instances", "urls", "router", "max_batch_size", "max_num_tokens", "kv_cache_config",
+                 "cache_transceiver_config", "tensor_parallel_size", "pipeline_parallel_size",
+                 "context_parallel_size", "disable_overlap_scheduler", "max_seq_len", "enable_chunked_prefill")
+
+
+def config_warnings(config: DisaggConfig) -> list[str]:
+    """Keys that are probably typos: unknown to us and a near miss of a key we know.
+
+    TensorRT-LLM passes unknown keys to the executors as LLM arguments, so they cannot be
+    errors; a near miss (`num_workrs`) is almost always a mistake that silently changes
+    behaviour, so it is reported.
+    """
+    import difflib
+
+    out = []
+    top = list(DisaggConfig.model_fields)
+    for key in config.model_extra or {}:
+        close = difflib.get_close_matches(key, top, n=1, cutoff=0.8)
+        if close:
+            out.append(f"{key}: unknown key, did you mean {close[0]}? (it is passed to the executors as an LLM argument)")
+    for name in ("context_servers", "generation_servers"):
+        section = getattr(config, name)
+        for key in section.model_extra or {}:
+            close = difflib.get_close_matches(key, _SECTION_KEYS, n=1, cutoff=0.8)
+            if close and close[0] != key:
+                out.append(f"{name}.{key}: unknown key, did you mean {close[0]}? (it is passed to the executors as an LLM argument)")
+    return out
+
+
 def load_config(path: str | os.PathLike[str]) -> DisaggConfig:
     """Read and validate a config file. Raises `ConfigError`."""
     p = Path(path)

@@ -99,3 +99,20 @@ def test_cli_exits_2_with_one_line_for_a_bad_config(tmp_path: Path) -> None:
         assert out.returncode == 2, (command, out)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and "generation_servers.router.type" in lines[0], out.stderr
+
+
+def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path) -> None:
+    from shmdisagg.config import config_warnings
+
+    data = yaml.safe_load(TRTLLM_EXAMPLE)
+    data["num_workrs"] = 2
+    data["generation_servers"]["max_batch_siz"] = 8
+    warnings = config_warnings(parse_config(data))
+    assert any("num_workrs" in w and "num_workers" in w for w in warnings)
+    assert any("generation_servers.max_batch_siz" in w and "max_batch_size" in w for w in warnings)
+    # genuine LLM arguments are not flagged
+    assert not config_warnings(parse_config(yaml.safe_load(TRTLLM_EXAMPLE)))
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 0 and "did you mean num_workers" in out.stderr
