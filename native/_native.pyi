@@ -278,3 +278,6 @@ class Index:
         match_threshold: float, /,
     ) -> tuple[int, int] | None:
         """(slot, depth) by the deepest routed prefix above the threshold, else least loaded."""
+
+def token_ids_ok(obj: object) -> bool:
+    """True if `obj` is a non-empty list of ints in [0, 2**31) (a token-id prompt)."""

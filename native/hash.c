@@ -399,3 +399,27 @@ PyObject *mod_block_hashes_v1(PyObject *m, PyObject *const *args, Py_ssize_t nar
 fail:
     return result;
 }
+
+/* token_ids_ok(obj) -> bool: obj is a non-empty list of exact ints in [0, 2**31).
+ * The hot path's check of a token-id prompt: ~1 ns a token here against ~40 ns in Python. */
+PyObject *mod_token_ids_ok(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "token_ids_ok(obj) takes one argument");
+        return NULL;
+    }
+    PyObject *obj = args[0];
+    if (!PyList_CheckExact(obj) || PyList_GET_SIZE(obj) == 0)
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PyList_GET_SIZE(obj);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(obj, i);
+        if (!PyLong_CheckExact(item))
+            Py_RETURN_FALSE;
+        int overflow = 0;
+        long v = PyLong_AsLongAndOverflow(item, &overflow);
+        if (overflow || v < 0 || v >= (1L << 31))
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from shmdisagg._native import token_ids_ok
 from shmdisagg.errors import RequestError
 
 # Fields only the orchestrator may set on executor requests; a client's copy is dropped
@@ -35,7 +36,8 @@ def parse_body(body: bytes) -> dict[str, Any]:
 
 
 def _is_token_list(value: Any) -> bool:
-    return isinstance(value, list) and all(type(t) is int and t >= 0 for t in value)
+    # In C: a 14k-token prompt took ~0.6 ms to check in Python, on every request.
+    return token_ids_ok(value)
 
 
 def normalise_prompt(req: dict[str, Any]) -> str | list[int]:
