@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from shmdisagg.errors import RequestError, error_body
+from shmdisagg.errors import RequestError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -46,14 +46,6 @@ async def send_bytes(
     """A complete response in two ASGI messages."""
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-async def send_error(send: Send, err: RequestError, extra: list[tuple[bytes, bytes]] = []) -> None:
-    await send_bytes(send, err.status, err.body(), JSON_HEADERS + extra)
-
-
-async def send_error_status(send: Send, status: int, message: str, code: str) -> None:
-    await send_bytes(send, status, error_body(status, message, code))
 
 
 class DisconnectWatch:

@@ -1,39 +1,12 @@
-"""Process helpers: start time (pid-reuse guard), parent-death signal, socket binding."""
+"""Process helpers: parent-death signal, SO_REUSEPORT socket binding."""
 
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import socket
 
 _PR_SET_PDEATHSIG = 1
-
-
-def starttime(pid: int) -> int:
-    """Field 22 of /proc/<pid>/stat (clock ticks since boot); 0 if the process is gone.
-
-    Two processes with the same pid have different start times, so (pid, starttime) names one
-    process for good.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return 0
-    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    return int(data[data.rindex(b")") + 2 :].split()[19])
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of a process in seconds, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:

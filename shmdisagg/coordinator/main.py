@@ -27,10 +27,9 @@ from shmdisagg.coordinator.kv_events import KvEventIngestor
 from shmdisagg.coordinator.supervisor import FleetSupervisor
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
-from shmdisagg.procutil import starttime
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.index import BlockIndex, IndexSettings
-from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
+from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
 
 log = logging.getLogger("shmdisagg.coordinator")
 
@@ -50,7 +49,7 @@ class Coordinator:
         self.config = config
         self.table = ControlTable.create(config.shm_prefix, config.shmdisagg.shm.max_workers)
         try:
-            self.table.set_coordinator(os.getpid(), starttime(os.getpid()), secrets.randbits(63))
+            self.table.set_coordinator(os.getpid(), process_starttime(os.getpid()), secrets.randbits(63))
             sd = config.shmdisagg
             self.index = BlockIndex.create(self.table, index_settings(config))
             self.health = HealthMonitor(self.table, executors_from_config(config), sd.health_check_interval_s, sd.breaker_failures, sd.breaker_cooldown_s)

@@ -27,7 +27,7 @@ from shmdisagg.config import ConfigError, DisaggConfig, load_config
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.fleet.app import FleetApp, control_app
 from shmdisagg.ids import DisaggIdGenerator
-from shmdisagg.procutil import bind_reuseport, starttime
+from shmdisagg.procutil import bind_reuseport
 from shmdisagg.routing import USES_INDEX, make_policy
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.tokenization import load_tokenizer
@@ -38,7 +38,7 @@ from shmdisagg.metrics.fleet import FleetMetrics
 from shmdisagg.reporting import FailureReporter
 from shmdisagg.service import DisaggService, KeyBuilder
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
-from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
+from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
 from shmdisagg.upstream import UpstreamPool
 
 log = logging.getLogger("shmdisagg.fleet")
@@ -81,7 +81,7 @@ def _node_id(config: DisaggConfig) -> int:
 
 async def serve(config: DisaggConfig, worker_index: int) -> None:
     table = ControlTable.attach(config.shm_prefix)
-    row = table.claim_row(os.getpid(), starttime(os.getpid()))
+    row = table.claim_row(os.getpid(), process_starttime(os.getpid()))
     upstream = UpstreamPool()
     reporter = FailureReporter(config.coordinator_socket)
     index: BlockIndex | None = None

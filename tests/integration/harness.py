@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +108,10 @@ def _router(spec: str | dict[str, Any]) -> dict[str, Any]:
 def deployment(config_path: Path) -> Iterator[Deployment]:
     dep = Deployment(load_config(config_path), str(config_path), str(config_path.parent / "logs"))
     dep.start()
+    # /health answers once one worker listens; tests start with the whole fleet up.
+    want = dep.config.num_workers
     try:
+        wait_until(lambda: len(request_json("127.0.0.1", dep.config.port, "GET", "/cluster_info")[1]["fleet_pids"]) >= want, what="every fleet worker")
         yield dep
     finally:
         dep.stop()
@@ -172,14 +174,3 @@ def connection_to_worker(dep: Deployment, index: int, attempts: int = 200, timeo
             return c
         c.close()
     raise AssertionError(f"no connection reached fleet worker {index}")
-
-
-@dataclass
-class Loads:
-    """Sums over every counter row of the table, per server slot."""
-
-    per_slot: dict[int, tuple[int, int]] = field(default_factory=dict)
-
-    @property
-    def all_zero(self) -> bool:
-        return all(v == (0, 0) for v in self.per_slot.values())
