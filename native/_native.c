@@ -1167,6 +1167,9 @@ static PyMethodDef module_methods[] = {
      "control_size(max_workers) -> logical control-segment size in bytes"},
     {"token_ids_ok", (PyCFunction)(void (*)(void))mod_token_ids_ok, METH_FASTCALL,
      "token_ids_ok(obj) -> True if obj is a non-empty list of ints in [0, 2**31)"},
+    {"token_ids_int32", (PyCFunction)(void (*)(void))mod_token_ids_int32, METH_FASTCALL,
+     "token_ids_int32(obj) -> bytes of native int32 if obj is a non-empty list of ints in "
+     "[0, 2**31), else None"},
     {"block_hashes_v1", (PyCFunction)(void (*)(void))mod_block_hashes_v1,
      METH_FASTCALL | METH_KEYWORDS,
      "block_hashes_v1(tokens, tokens_per_block, salt_id=None) -> bytes of u64 LE per block"},

@@ -286,6 +286,7 @@ SD_HIDDEN int index_add_constants(PyObject *m);
 
 /* hash.c, sha256.c */
 SD_HIDDEN PyObject *mod_token_ids_ok(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
+SD_HIDDEN PyObject *mod_token_ids_int32(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 SD_HIDDEN PyObject *mod_block_hashes_v1(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
                                         PyObject *kwnames);
 SD_HIDDEN PyObject *mod_block_hashes_v2(PyObject *m, PyObject *const *args, Py_ssize_t nargs,

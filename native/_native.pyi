@@ -281,3 +281,7 @@ class Index:
 
 def token_ids_ok(obj: object) -> bool:
     """True if `obj` is a non-empty list of ints in [0, 2**31) (a token-id prompt)."""
+
+def token_ids_int32(obj: object) -> bytes | None:
+    """The ids of a token-id prompt (as `token_ids_ok` accepts) as native-order int32 bytes, checked
+    and converted in one pass; None for anything else."""

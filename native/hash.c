@@ -400,8 +400,51 @@ fail:
     return result;
 }
 
-/* token_ids_ok(obj) -> bool: obj is a non-empty list of exact ints in [0, 2**31).
- * The hot path's check of a token-id prompt: ~1 ns a token here against ~40 ns in Python. */
+/* ---- token-id prompts ------------------------------------------------------------------- */
+
+/* Token ids of a validated prompt: items[0..n) must be exact ints in [0, 2**31). Writes their
+ * values to out (unless NULL) and returns 1, or returns 0 at the first item that is not one.
+ * The hot path's check of every token-id prompt: 32k fresh ints from orjson in about 35 us. */
+static int ids_u31(PyObject *const *items, Py_ssize_t n, uint32_t *out)
+{
+    Py_ssize_t i = 0;
+#if PY_VERSION_HEX < 0x030C0000
+    /* four at a time with one branch: positive single-digit ints (every id below 2**30) */
+    for (; i + 4 <= n; i += 4) {
+        PyObject *a = items[i], *b = items[i + 1], *c = items[i + 2], *d = items[i + 3];
+        if ((Py_IS_TYPE(a, &PyLong_Type) & Py_IS_TYPE(b, &PyLong_Type) & Py_IS_TYPE(c, &PyLong_Type) &
+             Py_IS_TYPE(d, &PyLong_Type) & (Py_SIZE(a) == 1) & (Py_SIZE(b) == 1) & (Py_SIZE(c) == 1) &
+             (Py_SIZE(d) == 1)) == 0)
+            break;
+        if (out != NULL) {
+            out[i] = ((PyLongObject *)a)->ob_digit[0];
+            out[i + 1] = ((PyLongObject *)b)->ob_digit[0];
+            out[i + 2] = ((PyLongObject *)c)->ob_digit[0];
+            out[i + 3] = ((PyLongObject *)d)->ob_digit[0];
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        PyObject *o = items[i];
+        long v;
+        int overflow = 0;
+        if (!PyLong_CheckExact(o))
+            return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+        if (PyUnstable_Long_IsCompact((PyLongObject *)o))
+            v = (long)PyUnstable_Long_CompactValue((PyLongObject *)o);
+        else
+#endif
+            v = PyLong_AsLongAndOverflow(o, &overflow); /* exact int: no Python code runs */
+        if (overflow || v < 0 || v >= (1L << 31))
+            return 0;
+        if (out != NULL)
+            out[i] = (uint32_t)v;
+    }
+    return 1;
+}
+
+/* token_ids_ok(obj) -> bool: obj is a non-empty list of exact ints in [0, 2**31). */
 PyObject *mod_token_ids_ok(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 1) {
@@ -409,17 +452,31 @@ PyObject *mod_token_ids_ok(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *obj = args[0];
-    if (!PyList_CheckExact(obj) || PyList_GET_SIZE(obj) == 0)
+    if (!PyList_CheckExact(obj) || PyList_GET_SIZE(obj) == 0 ||
+        !ids_u31(((PyListObject *)obj)->ob_item, PyList_GET_SIZE(obj), NULL))
         Py_RETURN_FALSE;
-    Py_ssize_t n = PyList_GET_SIZE(obj);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(obj, i);
-        if (!PyLong_CheckExact(item))
-            Py_RETURN_FALSE;
-        int overflow = 0;
-        long v = PyLong_AsLongAndOverflow(item, &overflow);
-        if (overflow || v < 0 || v >= (1L << 31))
-            Py_RETURN_FALSE;
-    }
     Py_RETURN_TRUE;
+}
+
+/* token_ids_int32(obj) -> bytes | None: the ids of a token-id prompt (a non-empty list of exact
+ * ints in [0, 2**31)) as native-order int32, in the same pass that checks them; None otherwise.
+ * The fleet's hot path hashes from these bytes (cast to an 'i' memoryview) instead of the list. */
+PyObject *mod_token_ids_int32(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *obj, *out;
+    Py_ssize_t n;
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "token_ids_int32(obj) takes one argument");
+        return NULL;
+    }
+    obj = args[0];
+    if (!PyList_CheckExact(obj) || (n = PyList_GET_SIZE(obj)) == 0)
+        Py_RETURN_NONE;
+    if ((out = PyBytes_FromStringAndSize(NULL, n * 4)) == NULL)
+        return NULL;
+    if (!ids_u31(((PyListObject *)obj)->ob_item, n, (uint32_t *)PyBytes_AS_STRING(out))) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
 }

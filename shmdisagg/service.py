@@ -79,7 +79,7 @@ class DisaggService:
         try:
             extra = _request_id_header(scope)
             req = parse_body(await read_body(receive, self.body_limit))
-            validate(req, chat, self.models)
+            ids32 = validate(req, chat, self.models, want_ids=self.keys is not None and self.keys.tokenizer is not None)
             if not self.admission.admit():
                 raise RequestError(429, "the deployment is at its in-flight request limit; retry shortly", "overloaded")
         except RequestError as err:
@@ -89,7 +89,7 @@ class DisaggService:
         except ClientDisconnected:
             return
         try:
-            key = await self.keys.build(req, chat, scope) if self.keys else RoutingKey(prompt_load_tokens(req, chat))
+            key = await self.keys.build(req, chat, scope, ids32) if self.keys else RoutingKey(prompt_load_tokens(req, chat))
         except ValueError as err:  # a chat the template cannot render
             await send_bytes(send, 400, RequestError(400, str(err), "invalid_request", "messages").body())
             return
@@ -127,13 +127,16 @@ class KeyBuilder:
         self.tokenizer = tokenizer
         self.conversations = conversations
 
-    async def build(self, req: dict[str, Any], chat: bool, scope: Scope) -> RoutingKey:
+    async def build(self, req: dict[str, Any], chat: bool, scope: Scope, ids32: bytes | None = None) -> RoutingKey:
+        """`ids32`: the prompt's ids as int32 bytes from `validate(..., want_ids=True)` (token-id
+        prompts), so the block hashes need not read the list again."""
         ids = await prompt_token_ids(self.tokenizer, req, chat) if self.tokenizer else None
         salt = req.get("cache_salt")
         key = RoutingKey(
             len(ids) if ids is not None else prompt_load_tokens(req, chat),
             ids,
             salt_id=cache_salt_id(salt) if isinstance(salt, str) and salt else None,
+            ids32=ids32 if ids is not None else None,
         )
         if self.conversations:
             key.conversation_id = conversation_id(req, scope.get("headers", []))

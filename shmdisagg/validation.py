@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from shmdisagg._native import token_ids_ok
+from shmdisagg._native import token_ids_int32, token_ids_ok
 from shmdisagg.errors import RequestError
 
 # Fields only the orchestrator may set on executor requests; a client's copy is dropped
@@ -46,6 +46,12 @@ def normalise_prompt(req: dict[str, Any]) -> str | list[int]:
     A one-element batch is unwrapped (as TensorRT-LLM does); a batch of several prompts is
     refused because disaggregated serving handles one prompt per request.
     """
+    return _normalise_prompt(req, False)[0]
+
+
+def _normalise_prompt(req: dict[str, Any], want_ids: bool) -> tuple[str | list[int], bytes | None]:
+    """`normalise_prompt`, plus the ids of a token-id prompt as int32 bytes when `want_ids`
+    (checked and converted in the same native pass)."""
     if "prompt" not in req:
         raise _bad("'prompt' is required", "prompt")
     prompt = req["prompt"]
@@ -54,14 +60,18 @@ def normalise_prompt(req: dict[str, Any]) -> str | list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise _bad("'prompt' must not be empty", "prompt")
-        return prompt
+        return prompt, None
     if isinstance(prompt, list):
         if not prompt:
             raise _bad("'prompt' must not be empty", "prompt")
         if all(isinstance(p, (str, list)) for p in prompt):
             raise _bad("a batch of prompts is not supported; send one prompt per request", "prompt")
-        if _is_token_list(prompt):
-            return prompt
+        if want_ids:
+            ids = token_ids_int32(prompt)
+            if ids is not None:
+                return prompt, ids
+        elif _is_token_list(prompt):
+            return prompt, None
     raise _bad("'prompt' must be a string or a list of non-negative token ids", "prompt")
 
 
@@ -82,9 +92,12 @@ def _check_positive_int(req: dict[str, Any], key: str) -> None:
         raise _bad(f"'{key}' must be a positive integer", key)
 
 
-def validate(req: dict[str, Any], chat: bool, models: frozenset[str]) -> None:
+def validate(req: dict[str, Any], chat: bool, models: frozenset[str], want_ids: bool = False) -> bytes | None:
     """Check a request in place and drop internal fields. Raises `RequestError` (400, or 404
-    for a model no executor serves)."""
+    for a model no executor serves).
+
+    With `want_ids` (a router hashes the prompt), returns a token-id prompt's ids as native int32
+    bytes, produced by the same pass that checks them (`_native.token_ids_int32`); else None."""
     for key in INTERNAL_FIELDS:
         req.pop(key, None)
     model = req.get("model")
@@ -92,10 +105,11 @@ def validate(req: dict[str, Any], chat: bool, models: frozenset[str]) -> None:
         raise _bad("'model' is required", "model")
     if models and model not in models:
         raise RequestError(404, f"The model '{model}' does not exist", "model_not_found", "model")
+    ids = None
     if chat:
         _check_messages(req)
     else:
-        req["prompt"] = normalise_prompt(req)
+        req["prompt"], ids = _normalise_prompt(req, want_ids)
     for key in ("n", "best_of"):
         value = req.get(key)
         if value is not None and (type(value) is not int or value < 1):
@@ -107,6 +121,7 @@ def validate(req: dict[str, Any], chat: bool, models: frozenset[str]) -> None:
     stream = req.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise _bad("'stream' must be true or false", "stream")
+    return ids
 
 
 def prompt_load_tokens(req: dict[str, Any], chat: bool) -> int:

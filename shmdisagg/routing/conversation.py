@@ -16,7 +16,7 @@ Sessions and prefixes live in the shared index with LRU eviction (`max_sessions`
 from __future__ import annotations
 
 from shmdisagg.config import RouterConfig
-from shmdisagg.hashing import block_hashes_bytes, conversation_key
+from shmdisagg.hashing import block_hashes_bytes, cached_block_hashes_bytes, conversation_key
 from shmdisagg.routing.policy import RoutingKey, TablePolicy
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.shm.table import ControlTable
@@ -68,6 +68,10 @@ class ConversationPolicy(TablePolicy):
 
     def _hashes(self, key: RoutingKey) -> bytes:
         if self.args.use_token_ids and key.token_ids:
+            view = key.ids_view()
+            if view is not None:  # int32 ids through the process's prefix hash cache
+                tail = view[self.args.hash_skip_count :]
+                return cached_block_hashes_bytes(tail, self.tpb) if len(tail) > 1 else b""
             ids = key.token_ids[self.args.hash_skip_count :]
         else:
             ids = [ord(c) for c in (key.text or "")[self.args.hash_skip_count * CHARS_PER_TOKEN :]]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Protocol
 
+from shmdisagg._native import token_ids_int32
 from shmdisagg.config import RouterConfig
-from shmdisagg.hashing import block_hashes_bytes
+from shmdisagg.hashing import block_hashes_bytes, cached_block_hashes_bytes
 from shmdisagg.shm.table import ControlTable
 
 
@@ -21,28 +22,48 @@ class RoutingKey:
 
     `num_tokens`: the load it adds (tokens, or characters for untokenised text);
     `token_ids`: its prompt ids when a policy needed them (see `Policy.needs_tokens`);
+    `ids32`: the same ids as native int32 bytes when validation produced them (token-id prompts);
     `conversation_id`: from the body's `conversation_params` or the session headers;
     `text`: the canonical text the conversation router hashes when it has no ids.
-    Block hashes are computed once per `tokens_per_block` and cached here.
+    Block hashes are computed once per `tokens_per_block` and cached here; they are hashed from
+    the int32 ids through this process's prefix hash cache, so a conversation's next turn only
+    chains its new blocks.
     """
 
-    __slots__ = ("num_tokens", "token_ids", "conversation_id", "text", "salt_id", "_hashes", "matched_blocks")
+    __slots__ = ("num_tokens", "token_ids", "ids32", "conversation_id", "text", "salt_id", "_hashes", "_view", "matched_blocks")
 
-    def __init__(self, num_tokens: int, token_ids: list[int] | None = None, conversation_id: str | None = None, text: str | None = None, salt_id: int | None = None) -> None:
+    def __init__(self, num_tokens: int, token_ids: list[int] | None = None, conversation_id: str | None = None, text: str | None = None, salt_id: int | None = None, ids32: bytes | None = None) -> None:
         self.num_tokens = num_tokens
         self.token_ids = token_ids
+        self.ids32 = ids32
         self.conversation_id = conversation_id
         self.text = text
         self.salt_id = salt_id
         self._hashes: dict[int, bytes] = {}
+        self._view: memoryview | None = None
         self.matched_blocks = 0  # the chosen server's match on the last KV-aware pick
+
+    def ids_view(self) -> memoryview | None:
+        """The token ids as an int32 memoryview (from `ids32`, else converted once from
+        `token_ids`, e.g. tokenizer output); None without ids or with ids outside [0, 2**31)."""
+        if self._view is None:
+            raw = self.ids32 if self.ids32 is not None else token_ids_int32(self.token_ids) if self.token_ids else None
+            if raw is not None:
+                self.ids32 = raw
+                self._view = memoryview(raw).cast("i")
+        return self._view
 
     def block_hashes(self, tokens_per_block: int) -> bytes:
         """Packed u64 v1 block hashes of `token_ids` (empty without ids)."""
         cached = self._hashes.get(tokens_per_block)
         if cached is None:
-            ids = self.token_ids or []
-            cached = self._hashes[tokens_per_block] = block_hashes_bytes(ids, tokens_per_block, self.salt_id) if ids else b""
+            view = self.ids_view()
+            if view is not None:
+                cached = cached_block_hashes_bytes(view, tokens_per_block, self.salt_id)
+            else:
+                ids = self.token_ids or []
+                cached = block_hashes_bytes(ids, tokens_per_block, self.salt_id) if ids else b""
+            self._hashes[tokens_per_block] = cached
         return cached
 
 

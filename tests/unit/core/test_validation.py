@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from array import array
+from enum import IntEnum
+
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from shmdisagg._native import token_ids_int32, token_ids_ok
 from shmdisagg.errors import RequestError
 from shmdisagg.validation import parse_body, prompt_load_tokens, validate
 
 MODELS = frozenset({"m"})
 
 
-def _check(body: bytes, chat: bool = False) -> dict:
+def _check(body: bytes, chat: bool = False, want_ids: bool = False) -> dict:
     req = parse_body(body)
-    validate(req, chat, MODELS)
+    validate(req, chat, MODELS, want_ids)
     return req
 
 
@@ -39,9 +45,10 @@ def _check(body: bytes, chat: bool = False) -> dict:
         (b'{"model":"m","messages":["hi"]}', True, "messages"),
     ],
 )
-def test_bad_requests_are_400_with_openai_error_body(body: bytes, chat: bool, param: str | None) -> None:
+@pytest.mark.parametrize("want_ids", [False, True])
+def test_bad_requests_are_400_with_openai_error_body(body: bytes, chat: bool, param: str | None, want_ids: bool) -> None:
     with pytest.raises(RequestError) as info:
-        _check(body, chat)
+        _check(body, chat, want_ids)
     err = info.value
     assert err.status == 400
     parsed = orjson.loads(err.body())
@@ -69,3 +76,55 @@ def test_single_prompt_batches_are_unwrapped_and_counted() -> None:
     assert prompt_load_tokens(_check(b'{"model":"m","prompt":[1,2,3,4]}'), False) == 4
     chat = _check(b'{"model":"m","messages":[{"role":"user","content":"hello"},{"role":"user","content":[{"type":"text","text":"ab"}]}]}', True)
     assert prompt_load_tokens(chat, True) == 7
+
+
+class _Tok(IntEnum):
+    A = 5
+
+
+def _token_ids_ref(value: object) -> bool:
+    return isinstance(value, list) and len(value) > 0 and all(type(v) is int and 0 <= v < 2**31 for v in value)
+
+
+_item = st.one_of(
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([0, 1, 2**30 - 1, 2**30, 2**31 - 1, 2**31, -1, -(2**30), 2**62, 2**64, -(2**64)]),
+    st.sampled_from([True, False, 1.0, "1", None, _Tok.A]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(items=st.lists(st.integers(0, 2**31 - 1), max_size=40), bad=st.lists(st.tuples(st.integers(0, 40), _item), max_size=3))
+def test_token_id_checks_agree_with_python(items: list[int], bad: list[tuple[int, object]]) -> None:
+    """token_ids_ok and token_ids_int32 accept exactly the non-empty lists of exact ints in
+    [0, 2**31), whatever the position of an offending item (the native loop reads four at a time)."""
+    value: list[object] = list(items)
+    for at, item in bad:
+        value.insert(min(at, len(value)), item)
+    ok = _token_ids_ref(value)
+    assert token_ids_ok(value) is ok
+    ids = token_ids_int32(value)
+    assert (ids is not None) is ok
+    if ok:
+        assert ids == array("i", value).tobytes()  # type: ignore[arg-type]
+
+
+def test_token_id_checks_refuse_non_lists() -> None:
+    for value in ([], (1, 2), array("i", [1, 2]), "12", None, {1: 2}):
+        assert token_ids_ok(value) is False
+        assert token_ids_int32(value) is None
+
+
+def test_validate_returns_the_int32_ids_only_when_asked() -> None:
+    prompt = [0, 7, 2**30 - 1, 2**30, 2**31 - 1, 123456]
+    body = orjson.dumps({"model": "m", "prompt": prompt})
+    req = parse_body(body)
+    assert validate(req, False, MODELS) is None
+    req = parse_body(body)
+    assert validate(req, False, MODELS, want_ids=True) == array("i", prompt).tobytes()
+    assert req["prompt"] == prompt
+    req = parse_body(orjson.dumps({"model": "m", "prompt": [prompt]}))  # one-element batch
+    assert validate(req, False, MODELS, want_ids=True) == array("i", prompt).tobytes()
+    assert validate(parse_body(b'{"model":"m","prompt":"hi"}'), False, MODELS, want_ids=True) is None
+    chat = parse_body(b'{"model":"m","messages":[{"role":"user","content":"hi"}]}')
+    assert validate(chat, True, MODELS, want_ids=True) is None
