@@ -128,7 +128,7 @@ static void (*fingerprints)(const uint32_t *, Py_ssize_t, const FpArgs *, uint64
 static int Cache_init(PrefixHashCache *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"tokens_per_block", "max_blocks", "seed", NULL};
-    Py_ssize_t tpb = 0, max_blocks = 1 << 21, entries = 1;
+    Py_ssize_t tpb = 0, max_blocks = 1 << 21, entries = 2;
     PyObject *seed_obj = Py_None;
     uint64_t state = 0;
     int rc = -1;
@@ -157,11 +157,13 @@ static int Cache_init(PrefixHashCache *self, PyObject *args, PyObject *kwds)
     self->table_mask = (uint64_t)entries - 1;
     self->keys = PyMem_Malloc(2 * ((size_t)tpb + 2) * sizeof(uint32_t));
     self->arena = PyMem_Malloc((size_t)max_blocks * sizeof(uint64_t));
-    self->table = PyMem_Calloc((size_t)entries, sizeof(Entry));
+    if (posix_memalign((void **)&self->table, 64, (size_t)entries * sizeof(Entry)) != 0)
+        self->table = NULL; /* 64-byte aligned: a bucket is one cache line */
     if (self->keys == NULL || self->arena == NULL || self->table == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
+    memset(self->table, 0, (size_t)entries * sizeof(Entry));
     for (Py_ssize_t i = 0; i < 2 * (tpb + 2); i++)
         self->keys[i] = (uint32_t)splitmix64(&state);
     self->seed1 = splitmix64(&state);
@@ -183,17 +185,31 @@ static void Cache_dealloc(PrefixHashCache *self)
 {
     PyMem_Free(self->keys);
     PyMem_Free(self->arena);
-    PyMem_Free(self->table);
+    free(self->table);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A record is usable while it is whole in the arena ring. */
+static inline int entry_whole(const PrefixHashCache *self, const Entry *e)
+{
+    return (e->c1 | e->c2) != 0 && e->start + e->pos < self->head && self->head - e->start <= self->arena_len;
+}
+
+/* The bucket of fingerprint (c1, c2): two entries in one 64-byte line (2-way associative, so a
+ * checkpoint is lost only when two newer ones land in its bucket). */
+static inline Entry *bucket_of(PrefixHashCache *self, uint64_t c1)
+{
+    return &self->table[(fmix64(c1) & self->table_mask) & ~(uint64_t)1];
 }
 
 /* The table entry for fingerprint (c1, c2) if it names a record still whole in the arena. */
 static Entry *cache_find(PrefixHashCache *self, uint64_t c1, uint64_t c2, uint64_t pos)
 {
-    Entry *e = &self->table[fmix64(c1) & self->table_mask];
-    int ok = e->c1 == c1 && e->c2 == c2 && e->pos == pos && e->start + pos < self->head &&
-             self->head - e->start <= self->arena_len;
-    return ok ? e : NULL;
+    Entry *e = bucket_of(self, c1);
+    for (int w = 0; w < 2; w++, e++)
+        if (e->c1 == c1 && e->c2 == c2 && e->pos == pos && entry_whole(self, e))
+            return e;
+    return NULL;
 }
 
 static void arena_copy_out(PrefixHashCache *self, uint64_t start, uint64_t *out, Py_ssize_t n)
@@ -215,9 +231,17 @@ static uint64_t arena_append(PrefixHashCache *self, const uint64_t *v, Py_ssize_
     return start;
 }
 
+/* Record (c1, c2) -> (start, pos): over the same fingerprint, else over an entry whose record
+ * left the ring, else over the older of the two. */
 static void cache_put(PrefixHashCache *self, uint64_t c1, uint64_t c2, uint64_t start, uint64_t pos)
 {
-    Entry *e = &self->table[fmix64(c1) & self->table_mask];
+    Entry *b = bucket_of(self, c1), *e;
+    if ((b[0].c1 == c1 && b[0].c2 == c2) || !entry_whole(self, &b[0]))
+        e = &b[0];
+    else if ((b[1].c1 == c1 && b[1].c2 == c2) || !entry_whole(self, &b[1]))
+        e = &b[1];
+    else
+        e = b[0].start <= b[1].start ? &b[0] : &b[1];
     e->c1 = c1;
     e->c2 = c2;
     e->start = start;
@@ -230,13 +254,14 @@ static PyObject *Cache_block_hashes(PrefixHashCache *self, PyObject *const *args
 {
     PyObject *result = NULL, *salt_obj = NULL;
     Tokens t, view;
-    uint32_t *tok = NULL;
+    const uint32_t *tok;
+    uint32_t *own = NULL; /* a copy of the tokens' low 32 bits, unless the buffer is int32 already */
     uint64_t *fp = NULL, *out, salt = 0, start;
     FpArgs fa;
     const uint32_t *k1 = self->keys, *k2 = self->keys + self->tpb + 2;
     Py_ssize_t usable, nb, tpb = self->tpb, q_count, lo, hi, best = -1, reuse = 0, head_blocks;
     Py_ssize_t head_tokens;
-    int salted = 0, opened = 0;
+    int salted = 0, opened = 0, direct;
     Entry *e;
     if (nargs < 1 || nargs > 2 || (kwnames != NULL && (PyTuple_GET_SIZE(kwnames) != 1 || nargs != 1 ||
         PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "salt_id") != 0))) {
@@ -256,7 +281,10 @@ static PyObject *Cache_block_hashes(PrefixHashCache *self, PyObject *const *args
     if ((result = PyBytes_FromStringAndSize(NULL, nb * 8)) == NULL || nb == 0)
         goto fail;
     out = (uint64_t *)PyBytes_AS_STRING(result);
-    tok = PyMem_Malloc((size_t)usable * sizeof(uint32_t));
+    direct = t.items == NULL && t.itemsize == 4 && ((uintptr_t)t.buf & 3) == 0;
+    if (!direct)
+        own = PyMem_Malloc((size_t)usable * sizeof(uint32_t));
+    tok = direct ? (const uint32_t *)t.buf : own;
     fp = PyMem_Malloc((size_t)nb * 2 * sizeof(uint64_t));
     if (tok == NULL || fp == NULL) {
         PyErr_NoMemory();
@@ -272,17 +300,17 @@ static PyObject *Cache_block_hashes(PrefixHashCache *self, PyObject *const *args
     /* Is anything cached? Fingerprint the first checkpoint's tokens (or all, if fewer) first. */
     head_blocks = nb - 1 < CHECKPOINT ? nb : CHECKPOINT;
     head_tokens = head_blocks * tpb < usable ? head_blocks * tpb : usable;
-    if (!fill_chunk(&t, 0, head_tokens, tok))
+    if (!direct && !fill_chunk(&t, 0, head_tokens, own))
         goto error;
     fingerprints(tok, head_tokens, &fa, fp);
     if (cache_find(self, fp[2 * (head_blocks - 1)], fp[2 * head_blocks - 1], (uint64_t)(head_blocks - 1)) == NULL) {
         /* A miss: hash directly (its list reads overlap the v1 chain), keeping the tokens for the
          * fingerprints that record this prompt. */
-        if (!v1_run(&t, usable, tpb, salted, salt, 0, 0, out, tok))
+        if (!v1_run(&t, usable, tpb, salted, salt, 0, 0, out, own))
             goto error;
         fingerprints(tok, usable, &fa, fp);
     } else {
-        if (!fill_chunk(&t, head_tokens, usable - head_tokens, tok + head_tokens))
+        if (!direct && !fill_chunk(&t, head_tokens, usable - head_tokens, own + head_tokens))
             goto error;
         fingerprints(tok, usable, &fa, fp);
         /* a repeat: the last block is cached */
@@ -331,7 +359,7 @@ error:
     Py_CLEAR(result);
 done:
 fail:
-    PyMem_Free(tok);
+    PyMem_Free(own);
     PyMem_Free(fp);
     if (opened)
         tokens_close(&t);

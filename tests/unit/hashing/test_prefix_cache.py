@@ -19,25 +19,38 @@ ops_st = st.lists(
         st.integers(0, 1200),  # keep this many of its tokens
         st.integers(0, 300),  # then append this many new tokens
         st.sampled_from([None, 1, 1 << 63]),  # salt
-        st.booleans(),  # as an int32 buffer
+        st.sampled_from(["list", "int32", "int64", "unaligned int32"]),  # how the tokens come
     ),
     min_size=1, max_size=25,
 )
 
 
+def _as(form: str, prompt: list[int]) -> object:
+    """The tokens as a list, an int32 buffer (hashed in place), an int64 buffer or an int32
+    view at an odd address (both copied first)."""
+    if form == "list":
+        return prompt
+    if form == "int64":
+        return array("q", prompt)
+    raw = array("i", prompt).tobytes()
+    if form == "int32":
+        return memoryview(raw).cast("i")
+    return memoryview(bytearray(b"x") + raw)[1:].cast("i")
+
+
 @settings(max_examples=150, deadline=None)
 @given(ops=ops_st, tpb=st.sampled_from([1, 3, 16, 32]), max_blocks=st.sampled_from([16, 64, 1 << 12]),
        seed=st.integers(0, 2**64 - 1))
-def test_cached_keys_always_equal_the_direct_ones(ops: list[tuple[int, int, int, int | None, bool]],
+def test_cached_keys_always_equal_the_direct_ones(ops: list[tuple[int, int, int, int | None, str]],
                                                   tpb: int, max_blocks: int, seed: int) -> None:
     rng = random.Random(seed)
     cache = PrefixHashCache(tpb, max_blocks=max_blocks, seed=seed)
     prompts: list[list[int]] = [[rng.randrange(0, 1 << 31) for _ in range(700)]]
-    for which, keep, extra, salt, as_buffer in ops:
+    for which, keep, extra, salt, form in ops:
         base = prompts[which % len(prompts)]
         prompt = base[:keep] + [rng.randrange(0, 1 << 31) for _ in range(extra)]
         prompts.append(prompt)
-        tokens = array("i", prompt) if as_buffer else prompt
+        tokens = _as(form, prompt)
         assert cache.block_hashes(tokens, salt) == _native.block_hashes_v1(prompt, tpb, salt)
 
 
