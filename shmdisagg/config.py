@@ -210,6 +210,16 @@ class IndexSection(_Strict):
         return v
 
 
+class KvEventsSection(_Strict):
+    """How the coordinator drains the executors' KV events (`coordinator/kv_events.py`): at once
+    when a fleet worker hints that a server has new events, plus a fallback poll."""
+
+    hints: bool = True  # fleet workers send a poll hint when a leg ends (a datagram to the coordinator)
+    busy_poll_s: float = Field(0.02, gt=0)  # fallback poll while events keep coming without hints
+    idle_poll_s: float = Field(0.2, gt=0)  # fallback poll of a quiet server, no hints flowing
+    hinted_poll_s: float = Field(1.0, gt=0)  # fallback poll while hints flow for that server
+
+
 class ShmSection(_Strict):
     """The shared-memory table. `prefix` names the segments (`/dev/shm/<prefix>-ctl`, ...)."""
 
@@ -221,6 +231,7 @@ class ShmdisaggSection(_Strict):
     executors: ExecutorsSection | None = None
     shm: ShmSection = Field(default_factory=ShmSection)
     index: IndexSection = Field(default_factory=IndexSection)
+    kv_events: KvEventsSection = Field(default_factory=KvEventsSection)
     request_timeout_s: float = Field(180.0, gt=0)
     server_start_timeout_s: float = Field(180.0, gt=0)
     health_check_interval_s: float = Field(0.5, gt=0)
@@ -281,6 +292,11 @@ class DisaggConfig(BaseModel):
     def coordinator_socket(self) -> str:
         """Path of the coordinator's internal API Unix socket."""
         return self.shmdisagg.coordinator_socket or f"/tmp/{self.shm_prefix}.sock"
+
+    @property
+    def kv_hint_socket(self) -> str:
+        """Path of the coordinator's Unix datagram socket for fleet workers' KV poll hints."""
+        return self.coordinator_socket + ".kvhint"
 
 
 def _one_line(err: ValidationError) -> str:

@@ -21,6 +21,14 @@ holds all but at most that many prompt tokens, the request goes to it alone as a
 generation leg on the server picked first. The decision uses the chosen server's own match.
 
 Streams are relayed chunk by chunk as bytes. Each leg's pick is released exactly once.
+
+KV poll hints: an executor emits its KV events at known moments of a request (the simulator and
+TensorRT-LLM alike): evictions (`removed`) when a request's blocks are allocated, the prompt's
+blocks (`stored`) when its KV is complete, which on a context server is just before its
+response and on a generation server just before its first token, and the output's blocks when
+the request finishes. So the coordinator is hinted to drain a server when a context leg's
+response has been read (`LegRunner.call`), when a generation leg's first chunk arrives, and when
+its answer is complete (`relay`).
 """
 
 from __future__ import annotations
@@ -243,6 +251,7 @@ async def relay(ex: Exchange, opened: Opened) -> None:
         elif not ex.stream:
             body = await resp.read()
             ex.first_token = ex.last_token = time.time()
+            opened.hint_kv()
             opened.close()  # the executor's work is done: release before the client sees the end
             await ex.start(200, JSON_HEADERS)
             await ex.body(body, False)
@@ -251,8 +260,10 @@ async def relay(ex: Exchange, opened: Opened) -> None:
             async for chunk in resp:
                 if not ex.first_token:
                     ex.first_token = time.time()
+                    opened.hint_kv()  # its prompt blocks were stored just before the first token
                 await ex.body(chunk, True)
             ex.last_token = time.time()
+            opened.hint_kv()  # and its output blocks just before the end
             opened.close()
             await ex.body(b"", False)
     except UpstreamError as err:

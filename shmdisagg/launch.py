@@ -270,8 +270,9 @@ class Deployment:
             removed = cleanup_stale(self.config.shm_prefix)
             if removed:
                 log.warning("removed stale shared memory: %s", ", ".join(removed))
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.config.coordinator_socket)
+        for path in (self.config.coordinator_socket, self.config.kv_hint_socket):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 def _signal(child: Child, sig: int) -> None:

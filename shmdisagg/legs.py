@@ -11,7 +11,9 @@ Retry rules (shared/reference/trtllm_protocol.md §2.11, without its known fault
 - a generation leg is retried only when nothing was sent: once a generation executor received
   the handoff it may have pulled the context KV, which cannot be pulled twice.
 Every failure is reported to the coordinator (`FailureReporter`), which marks a refusing server
-unhealthy for the whole fleet at once.
+unhealthy for the whole fleet at once. A leg whose executor answered (200) hints the coordinator
+to drain that server's KV events (`KvHints`; `call` does it when the body is read, streaming
+relays call `Opened.hint_kv` themselves).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.errors import RequestError
-from shmdisagg.reporting import FailureReporter
+from shmdisagg.reporting import FailureReporter, KvHints
 from shmdisagg.routing import Policy, RoutingKey
 from shmdisagg.upstream import UpstreamConnectError, UpstreamDisconnected, UpstreamPool, UpstreamResponse
 
@@ -38,7 +40,13 @@ class Opened:
     response: UpstreamResponse
     policy: Policy
     key: RoutingKey
+    hints: KvHints | None = None
     _open: bool = True
+
+    def hint_kv(self) -> None:
+        """Tell the coordinator this leg's server has new KV events (one datagram, never blocks)."""
+        if self.hints is not None:
+            self.hints.hint(self.slot)
 
     def close(self, abort: bool = False) -> None:
         """Release the pick (and drop the connection if the body was not read to the end)."""
@@ -52,11 +60,12 @@ class Opened:
 class LegRunner:
     """Sends legs for one fleet worker."""
 
-    def __init__(self, directory: ServerDirectory, upstream: UpstreamPool, reporter: FailureReporter, max_retries: int) -> None:
+    def __init__(self, directory: ServerDirectory, upstream: UpstreamPool, reporter: FailureReporter, max_retries: int, hints: KvHints | None = None) -> None:
         self.directory = directory
         self.upstream = upstream
         self.reporter = reporter
         self.max_retries = max_retries
+        self.hints = hints
 
     async def open(
         self,
@@ -88,7 +97,7 @@ class LegRunner:
             try:
                 host, port = self.directory.address(slot)
                 resp = await self.upstream.request(host, port, "POST", path, make_body(attempt))
-                opened = Opened(slot, resp, policy, key)
+                opened = Opened(slot, resp, policy, key, self.hints)
             except UpstreamConnectError:
                 self.reporter.report(slot, "refused")
                 if attempt >= max_retries:
@@ -122,4 +131,6 @@ class LegRunner:
             opened.close(abort=True)
             raise
         opened.close()
+        if opened.response.status == 200:
+            opened.hint_kv()
         return opened.response.status, body, opened.slot

@@ -1,7 +1,8 @@
 """The coordinator's internal API, served on a Unix socket (never on the request path).
 
 `GET /health`: 200 when every role has a healthy server, else 503.
-`GET /cluster_info`: servers with their `/server_info`, model names, fleet pids, restarts.
+`GET /cluster_info`: servers with their `/server_info`, model names, fleet pids, restarts, KV
+event and poll-hint counters.
 `POST /perf_records`: fleet workers' per-request records (`shmdisagg/metrics/shipper.py`).
 `GET /perf_metrics`: those records joined with the executors' (`shmdisagg/metrics/perf.py`);
 drained on read unless `?keep=1`.
@@ -38,6 +39,7 @@ def internal_app(coord: "Coordinator") -> FastAPI:
             "fleet_restarts": coord.supervisor.restarts,
             "schedule_style": coord.schedule_style,
             "shm_prefix": coord.config.shm_prefix,
+            "kv_events": coord.kv_events.counters() if coord.kv_events is not None else None,
         }
 
     @api.post("/report")

@@ -1,11 +1,21 @@
-"""KV-cache events from every executor into the shared block index, continuously.
+"""KV-cache events from every executor into the shared block index, drained when hinted.
 
 The coordinator drains each healthy executor's `POST /kv_cache_events` (TensorRT-LLM's
-`KVCacheEventSerializer` list, shared/reference/trtllm_protocol.md §3.7) in a loop — not only
-when a request finishes, which is what left TensorRT-LLM's table empty (issue #14882) — and
-applies `stored` / `removed` / `all_cleared` to that executor's bit in the index. It polls again
-again after `BUSY_POLL_S` while events keep coming and backs off to `IDLE_POLL_S` when an
-executor is quiet.
+`KVCacheEventSerializer` list, shared/reference/trtllm_protocol.md §3.7; a non-blocking drain,
+so it cannot be waited on) and applies `stored` / `removed` / `all_cleared` to that executor's
+bit in the index. When to drain: executors emit events at known moments of a request (evictions
+when its blocks are allocated, the prompt's blocks when its KV is complete, i.e. just before a
+context server's response or a generation server's first token, the output's blocks when it
+finishes), so fleet workers send a *poll hint* naming the server at those moments (one Unix
+datagram, `reporting.KvHints`; see `flows.py`) and the coordinator drains that server at once
+(`KvHintProtocol` on `config.kv_hint_socket`). Drains are coalesced per server: one in flight,
+and any number of hints arriving during it re-arm exactly one more drain after it. This is
+TensorRT-LLM's "poll on finish" (§3.4 (a)), but fleet-wide, immediate, and at the first token
+too. A fallback poll catches events no hint announced (an executor that emits them later than
+the response, faults, `/sim/clear_cache`): after `busy_poll_s` while un-hinted events keep
+coming, after `hinted_poll_s` while hints flow for that server, else after `idle_poll_s`
+(`shmdisagg.kv_events` in the config). Malformed hint datagrams, or hints naming no registered
+server, are counted (`bad_hints`) and ignored.
 
 Payloads are decoded with msgspec into just the fields we use (event type, block hashes,
 timestamp), skipping the per-token lists TensorRT-LLM puts in every `stored` block: measured on
@@ -23,24 +33,31 @@ the native apply made it visible to every worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 import time
 from typing import Any
 
-import aiohttp
 import msgspec
 import orjson
 
+from shmdisagg.config import KvEventsSection
 from shmdisagg.coordinator.health import Executor
+from shmdisagg.reporting import HINT_MAGIC
 from shmdisagg.shm.index import BlockIndex
+from shmdisagg.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("shmdisagg.coordinator")
 
 # Each poll is an HTTP exchange (~0.5 ms of coordinator CPU). Measured on the demo: polling at
-# 5 ms / 50 ms cost the coordinator 18 ms of CPU per request. Blocks routed in the meantime are
-# already in the index (routed-block tracking), so the events only confirm or correct them.
-BUSY_POLL_S = 0.02
-IDLE_POLL_S = 0.2
+# 5 ms / 50 ms cost the coordinator 18 ms of CPU per request, so the fallback poll is slow and the
+# hints do the fast part. Blocks routed in the meantime are already in the index (routed-block
+# tracking), so the events only confirm or correct them.
+DRAIN_TIMEOUT_S = 5.0
+HINTS_FLOWING_S = 10.0  # a server hinted within this long gets the slower `hinted_poll_s` fallback
+_HINT_LEN = len(HINT_MAGIC) + 4
 
 
 class _Block(msgspec.Struct):
@@ -63,34 +80,96 @@ _DECODE = msgspec.json.Decoder(list[_Event])
 
 
 class KvEventIngestor:
-    """Per-executor drain loops. `expected_tpb(role)` is the router's tokens_per_block for that
-    role (0 = adopt the executor's). Counters: `applied_events`, `dropped_events`."""
+    """Per-executor drain loops, woken by `hint(slot)` or their fallback timer.
+    `expected_tpb(role)` is the router's tokens_per_block for that role (0 = adopt the
+    executor's). Counters: `applied_events`, `dropped_events`, `hints` (accepted),
+    `bad_hints`, `hinted_drains`, `polled_drains` (by the fallback timer)."""
 
-    def __init__(self, index: BlockIndex, executors: list[Executor], expected_tpb: Any) -> None:
+    def __init__(self, index: BlockIndex, executors: list[Executor], expected_tpb: Any, settings: KvEventsSection | None = None) -> None:
         self.index = index
         self.executors = executors
         self._slots = {ex.slot for ex in executors}
         self.expected_tpb = expected_tpb
+        self.settings = settings or KvEventsSection()
         self.applied_events = 0
         self.dropped_events = 0
+        self.hints = 0
+        self.bad_hints = 0
+        self.hinted_drains = 0
+        self.polled_drains = 0
         self._warned: set[int] = set()
+        self._wake = {ex.slot: asyncio.Event() for ex in executors}
+        self._last_hint = {ex.slot: -HINTS_FLOWING_S for ex in executors}  # time.monotonic()
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "applied_events": self.applied_events, "dropped_events": self.dropped_events,
+            "hints": self.hints, "bad_hints": self.bad_hints,
+            "hinted_drains": self.hinted_drains, "polled_drains": self.polled_drains,
+        }
+
+    def hint(self, slot: int) -> bool:
+        """Drain server `slot` now, or once more after the drain in flight. False (counted in
+        `bad_hints`) if no registered executor has that slot."""
+        wake = self._wake.get(slot)
+        if wake is None:
+            self.bad_hints += 1
+            return False
+        self.hints += 1
+        self._last_hint[slot] = time.monotonic()
+        wake.set()
+        return True
+
+    def hint_datagram(self, data: bytes) -> None:
+        """One datagram from a fleet worker (`reporting.hint_message`); anything else is counted
+        in `bad_hints` and ignored."""
+        if len(data) == _HINT_LEN and data.startswith(HINT_MAGIC):
+            self.hint(int.from_bytes(data[len(HINT_MAGIC):], "little"))
+        else:
+            self.bad_hints += 1
 
     async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=5.0)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            await asyncio.gather(*(self._drain(session, ex) for ex in self.executors))
+        async with UpstreamPool(max_idle_per_host=2) as pool:
+            await asyncio.gather(*(self._drain(pool, ex) for ex in self.executors))
 
-    async def _drain(self, session: aiohttp.ClientSession, ex: Executor) -> None:
+    def _fallback_s(self, slot: int, got: int, hinted: bool) -> float:
+        """How long to wait for a hint before polling `slot` anyway."""
+        st = self.settings
+        if got and not hinted:  # events arrive that no hint announced: keep up with them
+            return st.busy_poll_s
+        if time.monotonic() - self._last_hint[slot] < HINTS_FLOWING_S:
+            return st.hinted_poll_s
+        return st.busy_poll_s if got else st.idle_poll_s
+
+    async def _drain(self, pool: UpstreamPool, ex: Executor) -> None:
+        wake = self._wake[ex.slot]
+        hinted = False
         while True:
-            got = 0
-            if ex.healthy and self._aligned(ex):
-                try:
-                    async with session.post(f"{ex.base}/kv_cache_events") as r:
-                        raw = await r.read() if r.status == 200 else b""
-                    got = self.apply_raw(ex.slot, raw, time.time()) if raw else 0
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-                    log.debug("kv events from %s: %r", ex.addr, err)
-            await asyncio.sleep(BUSY_POLL_S if got else IDLE_POLL_S)
+            got = await self._drain_once(pool, ex)
+            if not wake.is_set():  # a hint during the drain re-arms exactly one more drain
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._fallback_s(ex.slot, got, hinted)):
+                        await wake.wait()
+            hinted = wake.is_set()
+            wake.clear()
+            if hinted:
+                self.hinted_drains += 1
+            else:
+                self.polled_drains += 1
+
+    async def _drain_once(self, pool: UpstreamPool, ex: Executor) -> int:
+        """One `POST /kv_cache_events` (on the fleet's lean HTTP client: a tenth of aiohttp's
+        CPU per exchange), applied; returns how many events it held."""
+        if not (ex.healthy and self._aligned(ex)):
+            return 0
+        try:
+            async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                r = await pool.request(ex.host, ex.port, "POST", "/kv_cache_events")
+                raw = await r.read()
+        except (UpstreamError, TimeoutError, OSError) as err:
+            log.debug("kv events from %s: %r", ex.addr, err)
+            return 0
+        return self.apply_raw(ex.slot, raw, time.time()) if raw and r.status == 200 else 0
 
     def _aligned(self, ex: Executor) -> bool:
         want = self.expected_tpb(ex.role)
@@ -167,3 +246,38 @@ class KvEventIngestor:
     def _drop(self, n: int) -> None:
         self.dropped_events += n
         self.index.count_dropped(n)
+
+
+class KvHintProtocol(asyncio.DatagramProtocol):
+    """Receives fleet workers' poll hints on the coordinator's Unix datagram socket."""
+
+    def __init__(self, ingestor: KvEventIngestor) -> None:
+        self.ingestor = ingestor
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.ingestor.hint_datagram(data)
+
+    def error_received(self, exc: Exception) -> None:  # pragma: no cover - nothing is ever sent
+        log.debug("kv hint socket: %r", exc)
+
+
+async def listen_for_hints(path: str, ingestor: KvEventIngestor) -> asyncio.BaseTransport:
+    """Bind the hint socket at `path` (mode 0600; a stale file is replaced) and feed it to
+    `ingestor`. The caller closes the transport and unlinks `path`."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        sock.setblocking(False)
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: KvHintProtocol(ingestor), sock=sock)
+    except BaseException:
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+    return transport

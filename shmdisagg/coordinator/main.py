@@ -3,9 +3,10 @@
 Start-up, in order: create the table (cleaning a dead deployment's stale segments; a live one
 holds the segment's flock and makes this fail), register the executors of the config, wait until
 every role has a healthy executor (up to `server_start_timeout_s`), serve the internal API on a
-Unix socket, start the fleet. Then it heart-beats the table, polls executor health and supervises
-the fleet until SIGTERM/SIGINT, and shuts down in a fixed, bounded order: stop the fleet, stop
-the API, unlink every segment and the socket.
+Unix socket and, with a `kv_cache_aware` router, listen for the fleet's KV poll hints on a Unix
+datagram socket (`kv_events.py`), start the fleet. Then it heart-beats the table, polls executor
+health, drains KV events and supervises the fleet until SIGTERM/SIGINT, and shuts down in a
+fixed, bounded order: stop the fleet, stop the API, unlink every segment and both sockets.
 
 `python -m shmdisagg.coordinator -c CONFIG` (or `shmdisagg serve -c CONFIG`).
 """
@@ -23,7 +24,7 @@ import uvicorn
 from shmdisagg.config import DisaggConfig
 from shmdisagg.coordinator.api import internal_app
 from shmdisagg.coordinator.health import HealthMonitor, executors_from_config
-from shmdisagg.coordinator.kv_events import KvEventIngestor
+from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
 from shmdisagg.coordinator.supervisor import FleetSupervisor
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
@@ -56,7 +57,7 @@ class Coordinator:
             self.health.on_unhealthy = self.index.clear_server  # its cache may be gone: stop attracting traffic
             ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
             tpb = {ROLE_CONTEXT: ctx_args.tokens_per_block or 0, ROLE_GENERATION: gen_args.tokens_per_block or 0}
-            self.kv_events = KvEventIngestor(self.index, self.health.executors, tpb.__getitem__) if "kv_cache_aware" in (ctx_args.type, gen_args.type) else None
+            self.kv_events = KvEventIngestor(self.index, self.health.executors, tpb.__getitem__, sd.kv_events) if "kv_cache_aware" in (ctx_args.type, gen_args.type) else None
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
             self.schedule_style = schedule_style or os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE") or config.schedule_style
             env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style}
@@ -104,6 +105,12 @@ class Coordinator:
         sock_path = self.config.coordinator_socket
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)  # a stale socket of a dead coordinator (we hold the table's lock)
+        hints: asyncio.BaseTransport | None = None
+        if self.kv_events is not None and self.config.shmdisagg.kv_events.hints:
+            try:  # before the fleet starts, so no worker's hint is lost to a missing socket
+                hints = await listen_for_hints(self.config.kv_hint_socket, self.kv_events)
+            except OSError as err:
+                log.warning("no KV poll hints (%s: %s): KV events are only polled", self.config.kv_hint_socket, err)
         api = EmbeddedServer(uvicorn.Config(internal_app(self), uds=sock_path, lifespan="off", access_log=False, log_level="warning", loop="none"))
         tasks = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.health.run()), asyncio.ensure_future(self._maintain_index())]
         if self.kv_events is not None:
@@ -128,6 +135,10 @@ class Coordinator:
             await self.perf.stop()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock_path)
+            if hints is not None:
+                hints.close()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.config.kv_hint_socket)
 
     def close(self) -> None:
         self.metrics.close()

@@ -79,6 +79,7 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
             "fleet_pids": sorted(r.pid for r in table.rows()),
             "worker_index": worker_index,
             "worker_pid": os.getpid(),
+            "kv_hints": {"sent": hints.sent, "failed": hints.failed} if (hints := service.flows.legs.hints) else None,
         }
 
     @api.get("/server_info")

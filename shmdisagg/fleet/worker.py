@@ -35,7 +35,7 @@ from shmdisagg.fleet.cluster import ClusterView, fetch_cluster_info
 from shmdisagg.flows import SCHEDULE_STYLE, Flows
 from shmdisagg.legs import LegRunner
 from shmdisagg.metrics.fleet import FleetMetrics
-from shmdisagg.reporting import FailureReporter
+from shmdisagg.reporting import FailureReporter, KvHints
 from shmdisagg.service import DisaggService, KeyBuilder
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
@@ -84,6 +84,7 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
     row = table.claim_row(os.getpid(), process_starttime(os.getpid()))
     upstream = UpstreamPool()
     reporter = FailureReporter(config.coordinator_socket)
+    hints: KvHints | None = None
     index: BlockIndex | None = None
     metrics: FleetMetrics | None = None
     try:
@@ -93,13 +94,15 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
         version = table.servers_version()
         view.apply(await fetch_cluster_info(config.coordinator_socket, config.shmdisagg.server_start_timeout_s), version)
         ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
+        if config.shmdisagg.kv_events.hints and "kv_cache_aware" in (ctx_args.type, gen_args.type):
+            hints = KvHints(config.kv_hint_socket)  # the coordinator drains KV events only then
         if {ctx_args.type, gen_args.type} & USES_INDEX:
             index = BlockIndex.attach(table, timeout=config.shmdisagg.server_start_timeout_s)
         ctx_policy = make_policy(table, row, ROLE_CONTEXT, ctx_args, index, lambda: directory.tokens_per_block(ROLE_CONTEXT))
         gen_policy = make_policy(table, row, ROLE_GENERATION, gen_args, index, lambda: directory.tokens_per_block(ROLE_GENERATION))
         ctx_policy, gen_policy = metrics.wrap_policy(ctx_policy, False), metrics.wrap_policy(gen_policy, True)
         ids = DisaggIdGenerator(_node_id(config), worker_index % 64)
-        legs = LegRunner(directory, upstream, reporter, config.max_retries)
+        legs = LegRunner(directory, upstream, reporter, config.max_retries, hints)
         style = resolve_schedule_style(config)
         local_prefill = config.conditional_disagg_config.max_local_prefill_length if config.conditional_disagg_config else 0
         flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info, style, local_prefill)
@@ -135,6 +138,8 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
             house.cancel()
     finally:
         await reporter.stop()
+        if hints is not None:
+            hints.close()
         if metrics is not None:
             await metrics.stop()
             metrics.close()
