@@ -133,3 +133,18 @@ def test_fallback_poll_interval(got: int, hinted: bool, recently_hinted: bool, e
     if recently_hinted:
         assert ing.hint(0)
     assert ing._fallback_s(0, got, hinted) == expected
+
+
+def test_the_launcher_removes_a_hard_killed_coordinators_sockets(tmp_path: Path, shm_prefix: str) -> None:
+    from shmdisagg.config import parse_config
+    from shmdisagg.launch import Deployment
+
+    config = parse_config({
+        "generation_servers": {"urls": ["127.0.0.1:1"]},
+        "shmdisagg": {"shm": {"prefix": shm_prefix}, "coordinator_socket": str(tmp_path / "coord.sock")},
+    })
+    assert config.kv_hint_socket == str(tmp_path / "coord.sock.kvhint")
+    for path in (config.coordinator_socket, config.kv_hint_socket):
+        Path(path).write_text("left by a SIGKILLed coordinator")
+    Deployment(config, str(tmp_path / "cfg.yaml"), str(tmp_path / "logs")).stop()
+    assert not os.path.exists(config.coordinator_socket) and not os.path.exists(config.kv_hint_socket)
