@@ -11,6 +11,11 @@ from the trace itself (a request can reuse its leading `hash_ids` seen before, 5
     .venv/bin/python scripts/bench_routing_quality.py --trace ../shared/traces/conversation_trace.jsonl \\
         --num-requests 1000 --speedup 10 --routers round_robin load_balancing kv_cache_aware conversation \\
         --fleet 1 2 4 --json runs/routing_quality.json
+
+Several `--sim-speedup` values sweep the offered load at a fixed arrival rate (a lower speed-up
+means slower executors, so a more loaded deployment), and the TTFT ratio against round-robin is
+printed for each load level. A router spec takes `+flag` and `+key=value` router arguments, for
+example `kv_cache_aware+use_tokens+load_weight=1`.
 """
 
 from __future__ import annotations
@@ -55,12 +60,17 @@ def ideal_hit_rate(trace: Path, n: int) -> float:
 
 
 def router_spec(router: str) -> dict:
-    """'kv_cache_aware+use_tokens' -> {"type": "kv_cache_aware", "use_tokens": True}."""
+    """'kv_cache_aware+use_tokens+load_weight=1' -> {"type": "kv_cache_aware", "use_tokens": True,
+    "load_weight": 1.0}: a bare flag is True, `key=value` is parsed as YAML."""
     name, *flags = router.split("+")
-    return {"type": name, **{f: True for f in flags}}
+    spec: dict = {"type": name}
+    for f in flags:
+        key, eq, value = f.partition("=")
+        spec[key] = yaml.safe_load(value) if eq else True
+    return spec
 
 
-def config_for(router: str, fleet: int, args: argparse.Namespace, tmp: Path) -> Path:
+def config_for(router: str, fleet: int, sim_speedup: float, args: argparse.Namespace, tmp: Path) -> Path:
     port = free_port()
     ctx = [f"127.0.0.1:{free_port()}" for _ in range(args.ctx)]
     gen = [f"127.0.0.1:{free_port()}" for _ in range(args.gen)]
@@ -74,19 +84,19 @@ def config_for(router: str, fleet: int, args: argparse.Namespace, tmp: Path) -> 
             "shm": {"prefix": f"shmdisagg-rq{uuid.uuid4().hex[:8]}"},
             "coordinator_socket": str(tmp / f"{router}-{fleet}.sock"),
             "request_timeout_s": 600,
-            "executors": {"backend": "sim", "sim": {"speedup": args.sim_speedup, "num_blocks": args.num_blocks}},
+            "executors": {"backend": "sim", "sim": {"speedup": sim_speedup, "num_blocks": args.num_blocks}},
         },
     }
-    path = tmp / f"{router}-{fleet}.yaml"
+    path = tmp / f"{router}-{fleet}-{sim_speedup}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
-def run_one(router: str, fleet: int, args: argparse.Namespace, tmp: Path) -> dict:
-    path = config_for(router, fleet, args, tmp)
+def run_one(router: str, fleet: int, sim_speedup: float, args: argparse.Namespace, tmp: Path) -> dict:
+    path = config_for(router, fleet, sim_speedup, args, tmp)
     config = load_config(path)
-    out = tmp / f"{router}-{fleet}.json"
-    with Deployment(config, str(path), str(tmp / f"logs-{router}-{fleet}")) as dep:
+    out = tmp / f"{router}-{fleet}-{sim_speedup}.json"
+    with Deployment(config, str(path), str(tmp / f"logs-{router}-{fleet}-{sim_speedup}")) as dep:
         cmd = [sys.executable, "-m", "shmdisagg.bench", "--url", dep.url, "--trace", str(args.trace),
                "--num-requests", str(args.num_requests), "--speedup", str(args.speedup), "--json", str(out), "--no-progress"]
         if args.max_output_tokens:
@@ -98,6 +108,7 @@ def run_one(router: str, fleet: int, args: argparse.Namespace, tmp: Path) -> dic
     return {
         "router": router,
         "fleet": fleet,
+        "sim_speedup": sim_speedup,
         "hit_rate": summary["kv_cache_hit_rate"],
         "ttft_p50_ms": summary["ttft_ms"]["p50"],
         "ttft_p99_ms": summary["ttft_ms"]["p99"],
@@ -114,7 +125,8 @@ def main() -> int:
     p.add_argument("--trace", type=Path, default=REPO / "data" / "mooncake_conversation_300.jsonl")
     p.add_argument("--num-requests", type=int, default=300)
     p.add_argument("--speedup", type=float, default=10.0, help="trace arrival speed-up")
-    p.add_argument("--sim-speedup", type=float, default=20.0, help="executor timing speed-up")
+    p.add_argument("--sim-speedup", type=float, nargs="+", default=[20.0],
+                   help="executor timing speed-up; several values sweep the offered load (lower = more loaded)")
     p.add_argument("--num-blocks", type=int, default=524288, help="KV blocks per simulated executor")
     p.add_argument("--max-output-tokens", type=int, default=32)
     p.add_argument("--ctx", type=int, default=4)
@@ -126,24 +138,28 @@ def main() -> int:
     ideal = ideal_hit_rate(args.trace, args.num_requests)
     rows = []
     with tempfile.TemporaryDirectory(prefix="shmdisagg-rq-") as d:
-        for router in args.routers:
-            for fleet in args.fleet:
-                t0 = time.monotonic()
-                row = run_one(router, fleet, args, Path(d))
-                row["seconds"] = round(time.monotonic() - t0, 1)
-                rows.append(row)
-                print(f"{router:15s} fleet {fleet}: hit {row['hit_rate']:.4f} ({row['hit_rate'] / ideal:.2f}x ideal) "
-                      f"TTFT p50/p99 {row['ttft_p50_ms']:.0f}/{row['ttft_p99_ms']:.0f} ms  ctx load max/min {row['load_max_min']:.2f} "
-                      f"{row['ctx_routed']}  errors {row['errors']}", flush=True)
+        for sim_speedup in args.sim_speedup:
+            for router in args.routers:
+                for fleet in args.fleet:
+                    t0 = time.monotonic()
+                    row = run_one(router, fleet, sim_speedup, args, Path(d))
+                    row["seconds"] = round(time.monotonic() - t0, 1)
+                    rows.append(row)
+                    print(f"{router:15s} fleet {fleet} sim x{sim_speedup:g}: hit {row['hit_rate']:.4f} ({row['hit_rate'] / ideal:.2f}x ideal) "
+                          f"TTFT p50/p99 {row['ttft_p50_ms']:.0f}/{row['ttft_p99_ms']:.0f} ms  ctx load max/min {row['load_max_min']:.2f} "
+                          f"{row['ctx_routed']}  errors {row['errors']}", flush=True)
     print(f"\ntrace {args.trace.name}, first {args.num_requests} requests, ideal (infinite cache) hit rate {ideal:.4f}")
-    print(f"| router | fleet | KV hit rate | x ideal | TTFT p50 ms | TTFT p99 ms | ctx load max/min | errors |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| router | fleet | sim speed-up | KV hit rate | x ideal | TTFT p50 ms | TTFT p99 ms | ctx load max/min | errors |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['router']} | {r['fleet']} | {r['hit_rate']:.4f} | {r['hit_rate'] / ideal:.2f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['load_max_min']:.2f} | {r['errors']} |")
-    rr = {r["fleet"]: r for r in rows if r["router"] == "round_robin"}
+        print(f"| {r['router']} | {r['fleet']} | {r['sim_speedup']:g} | {r['hit_rate']:.4f} | {r['hit_rate'] / ideal:.2f} | {r['ttft_p50_ms']:.0f} "
+              f"| {r['ttft_p99_ms']:.0f} | {r['load_max_min']:.2f} | {r['errors']} |")
+    rr = {(r["fleet"], r["sim_speedup"]): r for r in rows if r["router"] == "round_robin"}
     for r in rows:
-        if r["router"] != "round_robin" and r["fleet"] in rr:
-            print(f"TTFT p50 ratio round_robin / {r['router']} at fleet {r['fleet']}: {rr[r['fleet']]['ttft_p50_ms'] / max(r['ttft_p50_ms'], 1e-9):.2f}")
+        base = rr.get((r["fleet"], r["sim_speedup"]))
+        if r["router"] != "round_robin" and base is not None:
+            print(f"TTFT ratio round_robin / {r['router']} at fleet {r['fleet']}, sim x{r['sim_speedup']:g}: "
+                  f"p50 {base['ttft_p50_ms'] / max(r['ttft_p50_ms'], 1e-9):.2f}, p99 {base['ttft_p99_ms'] / max(r['ttft_p99_ms'], 1e-9):.2f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"ideal_hit_rate": ideal, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
