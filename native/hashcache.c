@@ -7,20 +7,26 @@
  * tokens under random per-process keys (pairs of 32-bit adds multiplied into a 64-bit sum, eight
  * tokens per AVX2 step: no per-token serial chain, about 0.25 ns a token against v1's 1.2), each
  * folded into its own polynomial chain c = c * P + nh with a random odd P. The fingerprint of
- * block j therefore stands for the whole prefix 0..j, like the v1 key it replaces. Records: the v1 keys of every prompt hashed are appended to a ring (`arena`);
- * a direct-mapped table maps the fingerprint of every CHECKPOINT-th block and of the last block
- * of a record to (record start, block). A lookup checks the last block first (a repeat), then
- * binary-searches the checkpoints for the deepest cached one, copies the v1 keys up to it and
- * hashes only the rest, then records the whole prompt.
+ * block j therefore stands for the whole prefix 0..j, like the v1 key it replaces. Records: the
+ * v1 keys of every prompt hashed are appended to a ring (`arena`); a 2-way table (buckets of two
+ * entries in one cache line) maps the fingerprint of every CHECKPOINT-th block and of the last
+ * block of a record to (record start, block). A lookup checks the last block first (a repeat),
+ * then binary-searches the checkpoints for the deepest cached one, copies the v1 keys up to it and
+ * hashes only the rest, then records the whole prompt. An aligned int32 buffer is read in place;
+ * lists and int64 buffers are copied to u32 first.
  *
  * A false match needs both 64-bit chains to collide under keys the process drew at random
  * (NH is 2^-32-almost-universal per chain and the chains use independent keys); its only effect
- * would be one mis-scored routing decision. The cache is process-local and keeps the GIL (it is a plain C structure, no shared
- * memory). Memory: 8 bytes per cached block plus 32 bytes per table entry.
+ * would be one mis-scored routing decision. The cache is process-local and keeps the GIL (it is
+ * a plain C structure, no shared memory). Memory: 8 bytes per cached block plus 32 bytes per
+ * table entry (max_blocks / 4 entries, rounded up to a power of two), in one private mapping
+ * advised for transparent huge pages (map_zeroed).
  */
 #include "hash.h"
 
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -43,6 +49,8 @@ typedef struct {
     uint64_t arena_len, head;
     Entry *table;
     uint64_t table_mask;
+    void *map;         /* one private mapping: the table, then the arena */
+    size_t map_len;
     /* stats */
     unsigned long long calls, full_hits, blocks_reused, blocks_hashed;
 } PrefixHashCache;
@@ -125,6 +133,33 @@ __attribute__((target("avx2"))) static void fingerprints_avx2(const uint32_t *to
 static void (*fingerprints)(const uint32_t *, Py_ssize_t, const FpArgs *, uint64_t *) =
     fingerprints_scalar;
 
+/* Zeroed private memory for the table and the arena. From 1 MiB on it is 2 MiB-aligned and
+ * advised for transparent huge pages: a lookup then costs no page walk, where the 4 KiB pages of a
+ * few MiB, pushed out of the TLB by the index walk of every pick, cost a serialised walk each
+ * (about 85 ns on the development VM). Without THP (or MADV_HUGEPAGE) it is plain pages. */
+static void *map_zeroed(size_t bytes, size_t *mapped)
+{
+    const size_t huge = (size_t)2 << 20, page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t len = bytes >= huge / 2 ? (bytes + huge - 1) & ~(huge - 1) : (bytes + page - 1) & ~(page - 1);
+    size_t extra = len >= huge ? huge : 0;
+    char *p = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), *a;
+    if (p == MAP_FAILED)
+        return NULL;
+    a = p;
+    if (extra != 0) {
+        a = (char *)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
+        if (a > p)
+            munmap(p, (size_t)(a - p));
+        if (a + len < p + len + extra)
+            munmap(a + len, (size_t)(p + len + extra - (a + len)));
+#ifdef MADV_HUGEPAGE
+        madvise(a, len, MADV_HUGEPAGE);
+#endif
+    }
+    *mapped = len;
+    return a;
+}
+
 static int Cache_init(PrefixHashCache *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"tokens_per_block", "max_blocks", "seed", NULL};
@@ -135,7 +170,7 @@ static int Cache_init(PrefixHashCache *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "n|nO:PrefixHashCache", kwlist, &tpb, &max_blocks,
                                      &seed_obj))
         goto fail;
-    if (self->arena != NULL) {
+    if (self->map != NULL) {
         PyErr_SetString(PyExc_TypeError, "PrefixHashCache is already initialised");
         goto fail;
     }
@@ -156,14 +191,14 @@ static int Cache_init(PrefixHashCache *self, PyObject *args, PyObject *kwds)
     self->arena_len = (uint64_t)max_blocks;
     self->table_mask = (uint64_t)entries - 1;
     self->keys = PyMem_Malloc(2 * ((size_t)tpb + 2) * sizeof(uint32_t));
-    self->arena = PyMem_Malloc((size_t)max_blocks * sizeof(uint64_t));
-    if (posix_memalign((void **)&self->table, 64, (size_t)entries * sizeof(Entry)) != 0)
-        self->table = NULL; /* 64-byte aligned: a bucket is one cache line */
-    if (self->keys == NULL || self->arena == NULL || self->table == NULL) {
+    self->map = map_zeroed((size_t)entries * sizeof(Entry) + (size_t)max_blocks * sizeof(uint64_t),
+                           &self->map_len);
+    if (self->keys == NULL || self->map == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
-    memset(self->table, 0, (size_t)entries * sizeof(Entry));
+    self->table = self->map; /* page-aligned: a bucket is one cache line */
+    self->arena = (uint64_t *)(self->table + entries);
     for (Py_ssize_t i = 0; i < 2 * (tpb + 2); i++)
         self->keys[i] = (uint32_t)splitmix64(&state);
     self->seed1 = splitmix64(&state);
@@ -184,8 +219,8 @@ fail:
 static void Cache_dealloc(PrefixHashCache *self)
 {
     PyMem_Free(self->keys);
-    PyMem_Free(self->arena);
-    free(self->table);
+    if (self->map != NULL)
+        munmap(self->map, self->map_len);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
