@@ -79,7 +79,7 @@ class DisaggService:
         try:
             extra = _request_id_header(scope)
             req = parse_body(await read_body(receive, self.body_limit))
-            ids32 = validate(req, chat, self.models, want_ids=self.keys is not None and self.keys.tokenizer is not None)
+            ids32 = validate(req, chat, self.models, want_ids=self.keys is not None and self.keys.wants_ids)
             if not self.admission.admit():
                 raise RequestError(429, "the deployment is at its in-flight request limit; retry shortly", "overloaded")
         except RequestError as err:
@@ -126,11 +126,19 @@ class KeyBuilder:
     def __init__(self, tokenizer: RoutingTokenizer | None, conversations: bool) -> None:
         self.tokenizer = tokenizer
         self.conversations = conversations
+        # Token-id prompts are read as ids when something routes on them: a tokenizing policy,
+        # or the conversation router, which hashes a request's pre-existing token ids even in
+        # text mode (TensorRT-LLM's ConversationRouter, trtllm_protocol.md §3.5).
+        self.wants_ids = tokenizer is not None or conversations
 
     async def build(self, req: dict[str, Any], chat: bool, scope: Scope, ids32: bytes | None = None) -> RoutingKey:
         """`ids32`: the prompt's ids as int32 bytes from `validate(..., want_ids=True)` (token-id
         prompts), so the block hashes need not read the list again."""
-        ids = await prompt_token_ids(self.tokenizer, req, chat) if self.tokenizer else None
+        given = not chat and isinstance(req.get("prompt"), list)  # validated: token ids
+        if self.tokenizer is not None:
+            ids = await prompt_token_ids(self.tokenizer, req, chat)
+        else:
+            ids = req["prompt"] if given and self.conversations else None
         salt = req.get("cache_salt")
         key = RoutingKey(
             len(ids) if ids is not None else prompt_load_tokens(req, chat),
@@ -138,6 +146,7 @@ class KeyBuilder:
             salt_id=cache_salt_id(salt) if isinstance(salt, str) and salt else None,
             ids32=ids32 if ids is not None else None,
         )
+        key.ids_given = given
         if self.conversations:
             key.conversation_id = conversation_id(req, scope.get("headers", []))
             if key.conversation_id is None:

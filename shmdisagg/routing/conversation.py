@@ -6,7 +6,8 @@
   header) is sticky: the first decision for it, by any worker, wins; a session whose server is
   gone or unhealthy re-routes; new sessions go to the server with the fewest active tokens.
 - Without an id, the request's prefix is matched against earlier requests (v1 block hashes of
-  its token ids with `use_token_ids`, else of the code points of its canonical text, at
+  its token ids when the prompt is token ids or with `use_token_ids`, else of the code points
+  of its canonical text, at
   `tokens_per_block`, after skipping `hash_skip_count` tokens — x5 code points in text mode — so
   a shared system prompt does not match everything); a match of at least `match_threshold` of
   the request's blocks routes there, anything less goes least-loaded.
@@ -67,7 +68,7 @@ class ConversationPolicy(TablePolicy):
         self.needs_tokens = args.use_token_ids  # type: ignore[misc]  # per-instance override
 
     def _hashes(self, key: RoutingKey) -> bytes:
-        if self.args.use_token_ids and key.token_ids:
+        if (self.args.use_token_ids or key.ids_given) and key.token_ids:
             view = key.ids_view()
             if view is not None:  # int32 ids through the process's prefix hash cache
                 tail = view[self.args.hash_skip_count :]

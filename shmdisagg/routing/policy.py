@@ -21,7 +21,8 @@ class RoutingKey:
     """What a policy may look at for one request.
 
     `num_tokens`: the load it adds (tokens, or characters for untokenised text);
-    `token_ids`: its prompt ids when a policy needed them (see `Policy.needs_tokens`);
+    `token_ids`: its prompt ids when a policy needed them (see `Policy.needs_tokens`) or, for
+    the conversation router, when the request was a token-id prompt (`ids_given`);
     `ids32`: the same ids as native int32 bytes when validation produced them (token-id prompts);
     `conversation_id`: from the body's `conversation_params` or the session headers;
     `text`: the canonical text the conversation router hashes when it has no ids.
@@ -30,7 +31,7 @@ class RoutingKey:
     chains its new blocks.
     """
 
-    __slots__ = ("num_tokens", "token_ids", "ids32", "conversation_id", "text", "salt_id", "_hashes", "_view", "matched_blocks")
+    __slots__ = ("num_tokens", "token_ids", "ids32", "conversation_id", "text", "salt_id", "_hashes", "_view", "matched_blocks", "ids_given")
 
     def __init__(self, num_tokens: int, token_ids: list[int] | None = None, conversation_id: str | None = None, text: str | None = None, salt_id: int | None = None, ids32: bytes | None = None) -> None:
         self.num_tokens = num_tokens
@@ -42,6 +43,7 @@ class RoutingKey:
         self._hashes: dict[int, bytes] = {}
         self._view: memoryview | None = None
         self.matched_blocks = 0  # the chosen server's match on the last KV-aware pick
+        self.ids_given = False  # the request itself carried `token_ids` (a token-id prompt)
 
     def ids_view(self) -> memoryview | None:
         """The token ids as an int32 memoryview (from `ids32`, else converted once from

@@ -130,6 +130,24 @@ def test_implicit_conversation_follows_its_prefix(tmp_path: Path, shm_prefix: st
             assert len(homes) == 1
 
 
+def test_implicit_conversation_of_token_id_prompts_follows_its_prefix(tmp_path: Path, shm_prefix: str) -> None:
+    """Without `use_token_ids`, a token-id prompt is still matched on its ids (TensorRT-LLM hashes
+    pre-existing token ids in text mode too); two interleaved conversations each keep a home."""
+    with fake_executors(["c0", "g0", "g1", "g2"]) as (ctx, *gens):
+        router = {"type": "conversation", "match_threshold": 0.5}
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g.addr for g in gens], routers=("round_robin", router))
+        with deployment(cfg) as dep:
+            prompts = {"a": list(range(1000, 1400)), "b": list(range(5000, 5400))}
+            homes: dict[str, set[str]] = {"a": set(), "b": set()}
+            for turn in range(4):
+                for conv, ids in prompts.items():
+                    ids.extend(range(20_000 + 100 * turn, 20_000 + 100 * turn + 60))
+                    status, resp = post(dep, "/v1/completions", {"model": "fake-model", "prompt": ids, "max_tokens": 2})
+                    assert status == 200
+                    homes[conv].add(_server_of(resp))
+            assert len(homes["a"]) == 1 and len(homes["b"]) == 1
+
+
 def test_conditional_disaggregation_keeps_cached_prompts_on_the_generation_server(tmp_path: Path, shm_prefix: str) -> None:
     with fake_executors(["c0", "g0", "g1"]) as (ctx, g0, g1):
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], routers=("round_robin", "kv_cache_aware"),
