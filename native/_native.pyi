@@ -9,6 +9,7 @@ Index picks and hashing scale with the prompt (native/README.md, "Measured cost"
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 from typing_extensions import Buffer
 
@@ -254,8 +255,9 @@ class Index:
         """Expire routed bits older than routed_ttl_ns (0: never), evict the oldest sessions and
         implicit entries beyond the bounds; returns and stores the census: used, live, dead,
         sessions, implicit_entries, routed_expired, evicted, max_probe, reserved."""
-    def scan(self) -> dict[str, int]:
-        """The census, read-only."""
+    def scan(self) -> dict[str, Any]:
+        """The census, read-only, plus "server_blocks": a list of MAX_SERVERS counts of block
+        entries a KV event confirmed on each server slot."""
     def copy_into(self, dst: Index, /) -> tuple[int, int]:
         """(copied, refused): every live key with its masks and stamp into a BUILDING index."""
     def lookup(self, hash: int, kind: int = 0, role: int = 0, /) -> tuple[int, int, int] | None:

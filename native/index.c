@@ -698,12 +698,13 @@ fail:
     return result;
 }
 
-/* scan() -> census dict, read-only (nothing expires or is evicted). */
+/* scan() -> census dict, read-only (nothing expires or is evicted), plus "server_blocks": per
+ * server slot, how many block entries a KV event confirmed on it (a list of MAX_SERVERS). */
 static PyObject *Index_scan(Index *self, PyObject *unused)
 {
-    PyObject *result = NULL;
+    PyObject *result = NULL, *blocks = NULL;
     Census c;
-    uint64_t *s, r, e, ts;
+    uint64_t *s, r, e, ts, per_server[MAX_SERVERS] = {0};
     if (!ix_ok(self, 0))
         goto fail;
     memset(&c, 0, sizeof c);
@@ -717,6 +718,8 @@ static PyObject *Index_scan(Index *self, PyObject *unused)
         ts = LD(&s[SL_TS]);
         if ((ts >> TS_KIND_SHIFT) != KIND_BLOCK)
             e = 0;
+        for (uint64_t m = e; m != 0; m &= m - 1)
+            per_server[__builtin_ctzll(m)]++;
         if (r | e) {
             c.live++;
             c.sessions += r && (ts >> TS_KIND_SHIFT) == KIND_CONV;
@@ -725,9 +728,23 @@ static PyObject *Index_scan(Index *self, PyObject *unused)
             c.dead++;
         }
     }
-    result = census_dict(&c, max_probe(self), LD(hdr(self, X_USED)));
-fail:
+    if ((result = census_dict(&c, max_probe(self), LD(hdr(self, X_USED)))) == NULL ||
+        (blocks = PyList_New(MAX_SERVERS)) == NULL)
+        goto fail;
+    for (Py_ssize_t k = 0; k < (Py_ssize_t)MAX_SERVERS; k++) {
+        PyObject *n = PyLong_FromUnsignedLongLong(per_server[k]);
+        if (n == NULL)
+            goto fail;
+        PyList_SET_ITEM(blocks, k, n);
+    }
+    if (PyDict_SetItemString(result, "server_blocks", blocks) < 0)
+        goto fail;
+    Py_DECREF(blocks);
     return result;
+fail:
+    Py_XDECREF(blocks);
+    Py_XDECREF(result);
+    return NULL;
 }
 
 static uint64_t copy_live(Index *src, Index *dst, uint64_t *refused)

@@ -465,6 +465,30 @@ def _discard(segment: Segment, ix: Index | None, unlink: bool = True) -> None:
         segment.unlink()
 
 
+def server_blocks(table: ControlTable) -> dict[int, int] | None:
+    """{slot: block entries a KV event confirmed on that server} for the slots holding any, read
+    from the published generation mapped read-only for the call; None when no index is published
+    (or it was replaced mid-call). A scan of the whole index (tens of ms at millions of slots):
+    for tools such as `shmdisagg stats`, not for the request path. Works on a table attached
+    read-only."""
+    try:
+        generation, _, nbytes, name = table.index_publication()
+        if generation == 0:
+            return None
+        segment = Segment.attach(name, read_only=True, min_size=nbytes)
+    except (RetryExhausted, FileNotFoundError, SegmentNotReady):
+        return None
+    ix = None
+    try:
+        ix = Index(segment.mm, table._region, False)
+        if not ix.check_index() or ix.generation != generation:
+            return None
+        counts = ix.scan()["server_blocks"]
+        return {slot: n for slot, n in enumerate(counts) if n}
+    finally:
+        _discard(segment, ix, unlink=False)
+
+
 def _map_published(table: ControlTable) -> tuple[Segment, Index] | None:
     """Map the published generation read-write, or None if none is published yet or it was
     retired and unlinked between reading the publication and opening it (read it again)."""

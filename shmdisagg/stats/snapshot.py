@@ -7,9 +7,10 @@ workers never wait for a reader, so watching a deployment cannot slow it down.
 
 `snapshot(prev, cur)` is one JSON-able dict: current values plus rates over the interval
 between the two samples (requests/s per worker, picks/s per server, index events/s and the
-mean event-to-visibility lag of the events applied in that interval). Numbers a deployment does
-not have (no metrics segment, no block index yet, no per-server block counts in the index) are
-None, which the views show as "-".
+mean event-to-visibility lag of the events applied in that interval). Per-server KV blocks are
+the index's event-confirmed block entries per server, from a read-only scan of the index
+(`shm.index.server_blocks`). Numbers a deployment does not have (no metrics segment, no block
+index yet) are None, which the views show as "-".
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from shmdisagg.metrics.rows import FIRST_WORKER_ROW, ROW_RETIRED, MetricsSegment
 from shmdisagg.metrics.schema import FINISHED, LAYOUT, MAX_SERVERS
+from shmdisagg.shm.index import server_blocks
 from shmdisagg.shm.segment import SHM_DIR, SegmentNotReady, ShmError
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable, RowInfo, ServerInfo
 
@@ -48,6 +50,7 @@ class Sample:
     rows: list[RowInfo]
     retired: tuple[int, int]
     index: dict[str, Any] | None
+    kv_blocks: dict[int, int] | None = None
     metric_rows: list[list[float]] | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -93,11 +96,12 @@ class StatsReader:
         except Exception as err:  # a coordinator stopped mid-write: keep the last list
             errors.append(f"server table: {err}")
         servers = self._servers
-        index = None
+        index = kv_blocks = None
         try:
             generation, capacity, _, _ = t.index_publication()
             if generation:
                 index = {**t.index_metrics(), "generation": generation, "capacity": capacity}
+                kv_blocks = server_blocks(t)
         except Exception:  # no block index in this deployment or build
             index = None
         return Sample(
@@ -109,6 +113,7 @@ class StatsReader:
             rows=t.rows(),
             retired=t.retired(),
             index=index,
+            kv_blocks=kv_blocks,
             metric_rows=self.metrics.snapshot() if self.metrics is not None else None,
             errors=errors,
         )
@@ -163,7 +168,7 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
             "active_tokens": toks,
             "routed": routed,
             "routed_per_s": _rate(routed, prev.routed.get(s.slot) if prev else None, dt),
-            "kv_blocks": None,  # the block index keeps no per-server count (yet)
+            "kv_blocks": None if cur.kv_blocks is None else cur.kv_blocks.get(s.slot, 0),
             "prompt_tokens": prompt,
             "cached_tokens": cached,
             "hit_rate": cached / prompt if prompt else None,

@@ -9,6 +9,7 @@ import pytest
 
 from shmdisagg.metrics.rows import MetricsSegment, worker_row
 from shmdisagg.metrics.schema import LAYOUT
+from shmdisagg.shm.index import BlockIndex, IndexSettings
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
 from shmdisagg.stats.snapshot import NotRunning, StatsReader, snapshot
 
@@ -84,3 +85,23 @@ def test_a_first_snapshot_has_no_rates(live, shm_prefix: str) -> None:  # type: 
     with StatsReader(shm_prefix) as reader:
         snap = snapshot(None, reader.sample(), shm_prefix)
     assert snap["interval_s"] is None and all(s["routed_per_s"] is None for s in snap["servers"])
+
+
+def test_kv_blocks_per_server_follow_the_events_and_survive_a_resize(live, shm_prefix: str) -> None:  # type: ignore[no-untyped-def]
+    coord, _, _ = live
+    index = BlockIndex.create(coord, IndexSettings(capacity=1 << 10, max_capacity=1 << 14, grace_s=0.0))
+    try:
+        index.apply_stored(0, [11, 12, 13])
+        index.apply_stored(1, [11, 21])  # block 11 is on both servers
+        index.apply_removed(0, [13])
+        with StatsReader(shm_prefix) as reader:
+            first = reader.sample()
+            blocks = {s["slot"]: s["kv_blocks"] for s in snapshot(None, first, shm_prefix)["servers"]}
+            assert blocks == {0: 2, 1: 2}
+            index.resize(1 << 12)  # a new generation: the reader maps the published one
+            index.apply_stored(1, [22])
+            second = reader.sample()
+            blocks = {s["slot"]: s["kv_blocks"] for s in snapshot(first, second, shm_prefix)["servers"]}
+            assert blocks == {0: 2, 1: 3}
+    finally:
+        index.close()
