@@ -17,7 +17,8 @@ Each group of rows runs on its own fresh deployment, so no group's picks warm an
   before, and `token_ids_int32`, which also produces the int32 ids; half the decisions each), then
   v1 hashing from the list (now read a second time), from the int32 ids, and through a
   PrefixHashCache (next turn: its family prefix cached; repeat: the same prompt again). No picks.
-- before: the fleet's hot path before int32 ids: token_ids_ok, `block_hashes_bytes(list)`, pick.
+- before: the fleet's hot path before int32 ids: `validate` (its list check, `token_ids_ok`),
+  `RoutingKey`, `block_hashes_bytes(list)` (what `RoutingKey.block_hashes` called), pick.
 - after: the fleet's hot path now: `validation.validate(req, want_ids=True)` (the whole request
   check, producing the int32 ids), `RoutingKey.block_hashes` (the process's PrefixHashCache),
   pick.
@@ -148,24 +149,25 @@ def parts(families: list[list[int]], size: int, reps: int, tpb: int, rng: random
 
 def before(args: argparse.Namespace, families: list[list[int]], size: int, rng: random.Random) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {k: [] for k in (
-        "token_ids_ok", "hash, list", "pick_kv", "hash + pick", "check + hash + pick")}
+        "validate (list check) + RoutingKey", "hash, list", "pick_kv", "hash + pick", "validate + hash + pick")}
     dep = Deployment(args, families)
     clock = time.perf_counter_ns
     try:
         for record, req in requests(families, size, args.reps + WARMUP, rng):
-            tokens = req["prompt"]
             t0 = clock()
-            _native.token_ids_ok(tokens)
+            validate(req, False, MODELS)  # token_ids_ok
+            tokens = req["prompt"]
+            key = RoutingKey(len(tokens), tokens)
             t1 = clock()
-            hashes = hashing.block_hashes_bytes(tokens, args.tpb)
+            hashes = hashing.block_hashes_bytes(key.token_ids, args.tpb)  # what RoutingKey did
             t2 = clock()
-            slot, _ = dep.wix.pick_kv(dep.row, ROLE_CONTEXT, -1, hashes, len(tokens))
+            slot, _ = dep.wix.pick_kv(dep.row, ROLE_CONTEXT, -1, hashes, key.num_tokens)
             t3 = clock()
-            dep.worker.release(dep.row, slot, len(tokens))
+            dep.worker.release(dep.row, slot, key.num_tokens)
             if record:
                 for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0)):
                     out[k].append(v)
-            del tokens, hashes, req
+            del tokens, key, hashes, req
     finally:
         dep.close()
     return out
@@ -174,7 +176,8 @@ def before(args: argparse.Namespace, families: list[list[int]], size: int, rng: 
 def after(args: argparse.Namespace, families: list[list[int]], size: int, rng: random.Random,
           fresh: bool) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {k: [] for k in (
-        "validate (int32 ids)", "RoutingKey.block_hashes", "pick_kv", "hash + pick", "validate + hash + pick")}
+        "validate (int32 ids) + RoutingKey", "RoutingKey.block_hashes", "pick_kv", "hash + pick",
+        "validate + hash + pick")}
     dep = Deployment(args, families)
     hashing._process_caches.clear()
     clock = time.perf_counter_ns
@@ -260,7 +263,7 @@ def main() -> None:
         print(f"{size} tokens ({(size - 1 + args.tpb - 1) // args.tpb} blocks, 3/4 of them a cached family prefix):")
         print(f"    {'':38} {'p50':>9} {'p99':>9} {'min':>9}")
         show("parts (no picks)", parts(families, size, args.reps, args.tpb, rng))
-        show("before: token_ids_ok, block_hashes_bytes(list), pick_kv", before(args, families, size, rng))
+        show("before: validate -> block_hashes_bytes(list) -> pick_kv", before(args, families, size, rng))
         a = after(args, families, size, rng, fresh=False)
         reused, hashed = a.pop("_reuse")
         show(f"after: validate -> int32 ids -> PrefixHashCache -> pick_kv ({reused * 100 // max(1, reused + hashed)}% "

@@ -64,14 +64,14 @@ def _normalise_prompt(req: dict[str, Any], want_ids: bool) -> tuple[str | list[i
     if isinstance(prompt, list):
         if not prompt:
             raise _bad("'prompt' must not be empty", "prompt")
-        if all(isinstance(p, (str, list)) for p in prompt):
-            raise _bad("a batch of prompts is not supported; send one prompt per request", "prompt")
         if want_ids:
             ids = token_ids_int32(prompt)
             if ids is not None:
                 return prompt, ids
         elif _is_token_list(prompt):
             return prompt, None
+        if all(isinstance(p, (str, list)) for p in prompt):  # only once it is not token ids
+            raise _bad("a batch of prompts is not supported; send one prompt per request", "prompt")
     raise _bad("'prompt' must be a string or a list of non-negative token ids", "prompt")
 
 
