@@ -325,7 +325,7 @@ class SimApp:
 
     async def _kv_cache_events(self, scope: Scope, receive: Receive, send: Send) -> None:
         await _read_body(receive)
-        await _send_json(send, 200, self.events.drain())
+        await _send_json(send, 200, orjson.Fragment(self.events.drain_json()))
 
     async def _perf_metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         await _send_json(send, 200, self.perf.drain() if self.perf is not None else [])

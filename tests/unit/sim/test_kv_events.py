@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
 from shmdisagg.executors.sim.kv_events import KvEventBuffer
 
 
@@ -38,3 +42,22 @@ def test_stored_blocks_can_omit_token_lists():
     assert event["data"]["parent_hash"] == 7
     assert [b["tokens"] for b in event["data"]["blocks"]] == [[], []]
     assert [b["block_hash"] for b in event["data"]["blocks"]] == [11, 12]
+
+
+@given(
+    blocks=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.lists(st.integers(0, 2**31 - 1), max_size=40)), max_size=6),
+    parent=st.none() | st.integers(0, 2**64 - 1),
+    include_tokens=st.booleans(),
+)
+def test_the_fast_json_drain_sends_exactly_the_events_drain_returns(blocks, parent, include_tokens):
+    bufs = [KvEventBuffer(10, window_size=64, include_tokens=include_tokens) for _ in range(2)]
+    for buf in bufs:
+        buf.created(100)
+        buf.stored(parent, blocks)
+        buf.removed([h for h, _ in blocks])
+        buf.all_cleared()
+    as_dicts, as_json = bufs[0].drain(), orjson.loads(bufs[1].drain_json())
+    for event in as_dicts + as_json:
+        event.pop("timestamp")  # each buffer stamped its own emission time
+    assert as_json == as_dicts
+    assert bufs[1].drain_json() == b"[]"
