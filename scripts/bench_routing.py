@@ -12,18 +12,19 @@ is new, so every pick walks a long match and then inserts and marks fresh blocks
 conversation's next turn. time.perf_counter_ns() brackets each timed call; p50/p99/min over
 `--reps` decisions after 100 unrecorded ones (which also fill the prefix hash cache).
 
-Each group of rows runs on its own fresh deployment, so no group's picks warm another's:
+Groups of rows:
 - parts: the validation pass over the freshly parsed list (`token_ids_ok`, which the fleet ran
   before, and `token_ids_int32`, which also produces the int32 ids; half the decisions each), then
   v1 hashing from the list (now read a second time), from the int32 ids, and through a
   PrefixHashCache (next turn: its family prefix cached; repeat: the same prompt again). No picks.
-- before: the fleet's hot path before int32 ids: `validate` (its list check, `token_ids_ok`),
-  `RoutingKey`, `block_hashes_bytes(list)` (what `RoutingKey.block_hashes` called), pick.
-- after: the fleet's hot path now: `validation.validate(req, want_ids=True)` (the whole request
-  check, producing the int32 ids), `RoutingKey.block_hashes` (the process's PrefixHashCache),
-  pick.
-- after, new prompts: the same path for prompts that share nothing with earlier ones (no cached
-  prefix, no match: the pick inserts every block; a fresh deployment every ~600k inserted blocks).
+- decisions, before and after, for next turns (the families) and for new prompts (sharing
+  nothing with earlier ones: no cached prefix, no match, the pick inserts every block). Before:
+  `validate` (its list check, `token_ids_ok`), `RoutingKey`, `block_hashes_bytes(list)` (what
+  `RoutingKey.block_hashes` called), pick. After: `validate(..., want_ids=True)` (one pass that
+  checks the list and writes int32 ids), `RoutingKey.block_hashes` (the process's
+  PrefixHashCache), pick. Every request goes through both paths (parsed once for each), each path
+  on its own deployment, taking turns at going first, so both see the same prompts and the same
+  interference from other load on the host.
 
 KV events: `BlockIndex.apply_stored` / `apply_removed` of random block hashes in events of
 `--event-blocks` blocks (bytes ready, the C apply path), then the same from Python int lists
@@ -40,8 +41,8 @@ import time
 import uuid
 from array import array
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -96,16 +97,14 @@ class Deployment:
 
 
 def requests(families: list[list[int]], size: int, n: int, rng: random.Random,
-             fresh: bool = False) -> Iterator[tuple[bool, dict[str, Any]]]:
-    """n request bodies parsed by orjson: a family prefix plus a new quarter (or all new)."""
+             fresh: bool = False) -> Iterator[tuple[bool, bytes]]:
+    """n request bodies: a family prefix plus a new quarter (or all new tokens)."""
     for i in range(n):
         if fresh:
             prompt = [rng.randrange(100, 150_000) for _ in range(size)]
         else:
             prompt = families[i % len(families)] + [rng.randrange(100, 150_000) for _ in range(size - size * 3 // 4)]
-        body = orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 16})
-        del prompt
-        yield i >= WARMUP, orjson.loads(body)
+        yield i >= WARMUP, orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 16})
 
 
 def parts(families: list[list[int]], size: int, reps: int, tpb: int, rng: random.Random) -> dict[str, list[int]]:
@@ -114,7 +113,8 @@ def parts(families: list[list[int]], size: int, reps: int, tpb: int, rng: random
         "hash, int32, no cache", "hash, int32, cache: next turn", "hash, int32, cache: repeat")}
     cache = hashing.PrefixHashCache(tpb, hashing.PROCESS_CACHE_BLOCKS)
     clock = time.perf_counter_ns
-    for record, req in requests(families, size, reps + WARMUP, rng):
+    for record, body in requests(families, size, reps + WARMUP, rng):
+        req = orjson.loads(body)
         tokens = req["prompt"]
         # The first pass over a freshly parsed list pays for reading its int objects; the two
         # checks take turns at going first, and only that first pass is recorded.
@@ -147,67 +147,72 @@ def parts(families: list[list[int]], size: int, reps: int, tpb: int, rng: random
     return out
 
 
-def before(args: argparse.Namespace, families: list[list[int]], size: int, rng: random.Random) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {k: [] for k in (
-        "validate (list check) + RoutingKey", "hash, list", "pick_kv", "hash + pick", "validate + hash + pick")}
-    dep = Deployment(args, families)
+ROWS = ("validate + RoutingKey", "hash", "pick_kv", "hash + pick", "validate + hash + pick")
+
+
+def path_before(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ...]:
+    """The fleet's hot path before int32 ids: validate() checks the list (token_ids_ok), the
+    RoutingKey hashes the list (block_hashes_bytes, what RoutingKey.block_hashes called), pick."""
     clock = time.perf_counter_ns
-    try:
-        for record, req in requests(families, size, args.reps + WARMUP, rng):
-            t0 = clock()
-            validate(req, False, MODELS)  # token_ids_ok
-            tokens = req["prompt"]
-            key = RoutingKey(len(tokens), tokens)
-            t1 = clock()
-            hashes = hashing.block_hashes_bytes(key.token_ids, args.tpb)  # what RoutingKey did
-            t2 = clock()
-            slot, _ = dep.wix.pick_kv(dep.row, ROLE_CONTEXT, -1, hashes, key.num_tokens)
-            t3 = clock()
-            dep.worker.release(dep.row, slot, key.num_tokens)
-            if record:
-                for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0)):
-                    out[k].append(v)
-            del tokens, key, hashes, req
-    finally:
-        dep.close()
-    return out
+    t0 = clock()
+    validate(req, False, MODELS)
+    key = RoutingKey(len(req["prompt"]), req["prompt"])
+    t1 = clock()
+    hashes = hashing.block_hashes_bytes(key.token_ids, tpb)
+    t2 = clock()
+    slot, _ = dep.wix.pick_kv(dep.row, ROLE_CONTEXT, -1, hashes, key.num_tokens)
+    t3 = clock()
+    dep.worker.release(dep.row, slot, key.num_tokens)
+    return t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0
 
 
-def after(args: argparse.Namespace, families: list[list[int]], size: int, rng: random.Random,
-          fresh: bool) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {k: [] for k in (
-        "validate (int32 ids) + RoutingKey", "RoutingKey.block_hashes", "pick_kv", "hash + pick",
-        "validate + hash + pick")}
-    dep = Deployment(args, families)
+def path_after(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ...]:
+    """The fleet's hot path now: validate() produces the int32 ids (token_ids_int32), the
+    RoutingKey hashes them through the process's PrefixHashCache, pick."""
+    clock = time.perf_counter_ns
+    t0 = clock()
+    ids32 = validate(req, False, MODELS, want_ids=True)
+    key = RoutingKey(len(req["prompt"]), req["prompt"], ids32=ids32)
+    t1 = clock()
+    hashes = key.block_hashes(tpb)
+    t2 = clock()
+    slot, _ = dep.wix.pick_kv(dep.row, ROLE_CONTEXT, -1, hashes, key.num_tokens)
+    t3 = clock()
+    dep.worker.release(dep.row, slot, key.num_tokens)
+    return t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0
+
+
+def decisions(args: argparse.Namespace, families: list[list[int]], size: int, rng: random.Random,
+              fresh: bool) -> tuple[dict[str, list[int]], dict[str, list[int]], int]:
+    """Both paths on every request (parsed once for each), each on its own deployment, taking
+    turns at going first: both see the same prompts and the same interference from other load.
+    Returns their timings and the share (%) of blocks the after path took from its cache."""
+    out = ({k: [] for k in ROWS}, {k: [] for k in ROWS})
+    paths = (path_before, path_after)
+    deps = [Deployment(args, families), Deployment(args, families)]
     hashing._process_caches.clear()
-    clock = time.perf_counter_ns
-    # New prompts insert every block: a fresh deployment every ~600k inserted blocks keeps the
+    # New prompts insert every block: fresh deployments every ~600k inserted blocks keep the
     # index's load (0.1-0.25) in the range the other groups see, and far from its insert limit.
     rotate = max(1, 600_000 // ((size + args.tpb - 2) // args.tpb)) if fresh else 1 << 62
     try:
-        for n, (record, req) in enumerate(requests(families, size, args.reps + WARMUP, rng, fresh)):
+        for n, (record, body) in enumerate(requests(families, size, args.reps + WARMUP, rng, fresh)):
             if n and n % rotate == 0:
-                dep.close()
-                dep = Deployment(args, families)
-            t0 = clock()
-            ids32 = validate(req, False, MODELS, want_ids=True)
-            tokens = req["prompt"]
-            key = RoutingKey(len(tokens), tokens, ids32=ids32)
-            t1 = clock()
-            hashes = key.block_hashes(args.tpb)
-            t2 = clock()
-            slot, _ = dep.wix.pick_kv(dep.row, ROLE_CONTEXT, -1, hashes, key.num_tokens)
-            t3 = clock()
-            dep.worker.release(dep.row, slot, key.num_tokens)
-            if record:
-                for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0)):
-                    out[k].append(v)
-            del ids32, tokens, key, hashes, req  # the request's objects die with it, untimed
+                for i in range(2):
+                    deps[i].close()
+                    deps[i] = Deployment(args, families)
+            for i in (n % 2, 1 - n % 2):
+                req = orjson.loads(body)
+                times = paths[i](deps[i], req, args.tpb)
+                del req  # the request's objects die with it, untimed
+                if record:
+                    for k, v in zip(ROWS, times):
+                        out[i][k].append(v)
         stats = hashing._process_caches[args.tpb].stats
-        out["_reuse"] = [stats["blocks_reused"], stats["blocks_hashed"]]
+        reused = stats["blocks_reused"] * 100 // max(1, stats["blocks_reused"] + stats["blocks_hashed"])
     finally:
-        dep.close()
-    return out
+        for d in deps:
+            d.close()
+    return out[0], out[1], reused
 
 
 def show(title: str, rows: dict[str, list[int]]) -> None:
@@ -263,14 +268,12 @@ def main() -> None:
         print(f"{size} tokens ({(size - 1 + args.tpb - 1) // args.tpb} blocks, 3/4 of them a cached family prefix):")
         print(f"    {'':38} {'p50':>9} {'p99':>9} {'min':>9}")
         show("parts (no picks)", parts(families, size, args.reps, args.tpb, rng))
-        show("before: validate -> block_hashes_bytes(list) -> pick_kv", before(args, families, size, rng))
-        a = after(args, families, size, rng, fresh=False)
-        reused, hashed = a.pop("_reuse")
-        show(f"after: validate -> int32 ids -> PrefixHashCache -> pick_kv ({reused * 100 // max(1, reused + hashed)}% "
-             "of blocks from the cache)", a)
-        a = after(args, families, size, rng, fresh=True)
-        reused, hashed = a.pop("_reuse")
-        show(f"after, new prompts (no shared prefix; {reused * 100 // max(1, reused + hashed)}% from the cache)", a)
+        for fresh in (False, True):
+            b, a, reused = decisions(args, families, size, rng, fresh)
+            what = "new prompts (no shared prefix, no match)" if fresh else "next turns (3/4 a cached prefix)"
+            show(f"{what}, before: validate (token_ids_ok) -> block_hashes_bytes(list) -> pick_kv", b)
+            show(f"{what}, after: validate (token_ids_int32) -> PrefixHashCache ({reused}% of blocks "
+                 "reused) -> pick_kv", a)
     if args.events:
         dep = Deployment(args, [])
         try:

@@ -180,6 +180,10 @@ on the development VM); for Python lists, reading the int objects dominates eith
 PROCESS_CACHE_BLOCKS = 1 << 18
 """Blocks each of this process's caches remembers: 8.4M tokens at 32 tokens a block (256 prompts
 of 32k), in 2 MiB of keys plus a 2 MiB table."""
+CACHE_MIN_BLOCKS = 64
+"""Shorter prompts are hashed directly: the cache reuses whole checkpoints of 16 blocks, so below
+four of them a hit saves under a microsecond and a miss (fingerprinting and recording the prompt)
+costs about two (scripts/bench_routing.py, 1k tokens)."""
 _PROCESS_CACHES_MAX = 4  # block sizes cached at once (executors report one or two)
 _process_caches: dict[int, PrefixHashCache] = {}
 
@@ -187,8 +191,11 @@ _process_caches: dict[int, PrefixHashCache] = {}
 def cached_block_hashes_bytes(tokens: memoryview, tokens_per_block: int, salt_id: int | None = None) -> bytes:
     """`block_hashes_bytes` of an int32/int64 buffer through this process's `PrefixHashCache` for
     `tokens_per_block` (created on first use, PROCESS_CACHE_BLOCKS blocks): a prompt that repeats
-    or extends one this process hashed before is chained only past the shared prefix. The fleet
-    workers' hot path (`RoutingKey.block_hashes`)."""
+    or extends one this process hashed before is chained only past the shared prefix. Prompts of
+    fewer than CACHE_MIN_BLOCKS blocks are hashed directly. The fleet workers' hot path
+    (`RoutingKey.block_hashes`)."""
+    if len(tokens) <= CACHE_MIN_BLOCKS * tokens_per_block:
+        return _native.block_hashes_v1(tokens, tokens_per_block, salt_id)  # type: ignore[no-any-return]
     cache = _process_caches.get(tokens_per_block)
     if cache is None:
         if len(_process_caches) >= _PROCESS_CACHES_MAX:

@@ -53,21 +53,25 @@ def test_keys_without_usable_int32_ids_hash_the_list() -> None:
 
 
 def test_process_caches_are_bounded_and_reused() -> None:
-    prompt = list(range(1000, 1000 + 32 * 40 + 1))
+    prompt = list(range(1000, 1000 + 32 * 100 + 1))  # 100 blocks of 32
     for tpb in (3, 5, 7, 9, 11, 32):
         assert RoutingKey(len(prompt), prompt, ids32=_ids32(prompt)).block_hashes(tpb) == hashing.block_hashes_bytes(prompt, tpb)
     assert len(hashing._process_caches) <= hashing._PROCESS_CACHES_MAX
     cache = hashing._process_caches[32]
     before = cache.stats["blocks_reused"]
     RoutingKey(len(prompt), prompt, ids32=_ids32(prompt)).block_hashes(32)  # a repeat
-    assert cache.stats["blocks_reused"] == before + 40
+    assert cache.stats["blocks_reused"] == before + 100
+    short = prompt[: 32 * hashing.CACHE_MIN_BLOCKS]  # hashed directly, not recorded
+    calls = cache.stats["calls"]
+    assert RoutingKey(len(short), short, ids32=_ids32(short)).block_hashes(32) == hashing.block_hashes_bytes(short, 32)
+    assert cache.stats["calls"] == calls
 
 
 def test_conversation_hashes_from_int32_ids_equal_the_list_ones() -> None:
     rng = random.Random(3)
-    prompt = [rng.randrange(0, 2**31) for _ in range(1000)]
+    prompt = [rng.randrange(0, 2**31) for _ in range(3000)]  # 187 blocks of 16: through the cache
     policy = object.__new__(ConversationPolicy)
-    for skip in (0, 5, 999, 1000, 2000):
+    for skip in (0, 5, 2000, 2999, 3000, 4000):
         policy.args = RouterConfig(type="conversation", use_token_ids=True, hash_skip_count=skip)
         policy.tpb = 16
         tail = prompt[skip:]
