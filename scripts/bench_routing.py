@@ -207,7 +207,8 @@ def decisions(args: argparse.Namespace, families: list[list[int]], size: int, rn
                 if record:
                     for k, v in zip(ROWS, times):
                         out[i][k].append(v)
-        stats = hashing._process_caches[args.tpb].stats
+        cache = hashing._process_caches.get(args.tpb)  # none below CACHE_MIN_BLOCKS blocks
+        stats = cache.stats if cache is not None else {"blocks_reused": 0, "blocks_hashed": 0}
         reused = stats["blocks_reused"] * 100 // max(1, stats["blocks_reused"] + stats["blocks_hashed"])
     finally:
         for d in deps:
@@ -272,8 +273,9 @@ def main() -> None:
             b, a, reused = decisions(args, families, size, rng, fresh)
             what = "new prompts (no shared prefix, no match)" if fresh else "next turns (3/4 a cached prefix)"
             show(f"{what}, before: validate (token_ids_ok) -> block_hashes_bytes(list) -> pick_kv", b)
-            show(f"{what}, after: validate (token_ids_int32) -> PrefixHashCache ({reused}% of blocks "
-                 "reused) -> pick_kv", a)
+            cached = (f"PrefixHashCache ({reused}% of blocks reused)" if size > hashing.CACHE_MIN_BLOCKS * args.tpb
+                      else "block_hashes_bytes(int32, under CACHE_MIN_BLOCKS)")
+            show(f"{what}, after: validate (token_ids_int32) -> {cached} -> pick_kv", a)
     if args.events:
         dep = Deployment(args, [])
         try:
