@@ -6,20 +6,28 @@
     shmdisagg stats --prefix NAME         by shared-memory prefix
     shmdisagg stats ... --once --json     one snapshot as JSON (two reads --interval apart, for the rates)
 
-Exit codes: 0, 1 when no deployment runs under that prefix (or it stopped), 2 bad usage/config.
+Exit codes: 0, 1 when no deployment runs under that prefix (or it stopped), 2 bad usage/config
+(an invalid --prefix included).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from typing import Any
 
 import orjson
 
+from shmdisagg.shm.layout import INDEX_NAME_MAX_BYTES
 from shmdisagg.stats.snapshot import NotRunning, StatsReader, snapshot
+
+# A prefix names files directly under /dev/shm ("/{prefix}-ctl", "/{prefix}-idx-{generation:x}", ...):
+# the config's characters, and short enough that the index segment's name fits the table's slot.
+MAX_PREFIX_CHARS = INDEX_NAME_MAX_BYTES - len("/-idx-ffffffff")
+_PREFIX = re.compile(rf"^[A-Za-z0-9_.\-]{{1,{MAX_PREFIX_CHARS}}}$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +49,15 @@ def resolve_prefix(args: argparse.Namespace, load_config: Any) -> str:
     return f"shmdisagg-{os.getuid()}-{args.port or 8000}"
 
 
+def prefix_error(prefix: str) -> str | None:
+    """Why `prefix` cannot name a deployment's shared memory, or None when it can."""
+    if _PREFIX.match(prefix):
+        return None
+    shown = prefix if len(prefix) <= 60 else f"{prefix[:40]}... ({len(prefix)} characters)"
+    return (f"invalid shared-memory prefix {shown!r}: use 1-{MAX_PREFIX_CHARS} letters, digits, "
+            f"'_', '.' or '-'")
+
+
 def take(reader: StatsReader, interval: float) -> dict[str, Any]:
     """One snapshot with rates over `interval` seconds."""
     first = reader.sample()
@@ -54,6 +71,10 @@ def run(args: argparse.Namespace, prefix: str) -> int:
         return 2
     if args.json and not args.once:
         print("shmdisagg stats: --json needs --once", file=sys.stderr)
+        return 2
+    bad = prefix_error(prefix)
+    if bad is not None:
+        print(f"shmdisagg stats: {bad}", file=sys.stderr)
         return 2
     try:
         reader = StatsReader(prefix)
