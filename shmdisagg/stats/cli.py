@@ -6,6 +6,8 @@
     shmdisagg stats --prefix NAME         by shared-memory prefix
     shmdisagg stats ... --once --json     one snapshot as JSON (two reads --interval apart, for the rates)
 
+Not a terminal (piped, logged): printed at the view's full width, or $COLUMNS when set.
+
 Exit codes: 0, 1 when no deployment runs under that prefix (or it stopped), 2 bad usage/config
 (an invalid --prefix included).
 """
@@ -58,6 +60,16 @@ def prefix_error(prefix: str) -> str | None:
             f"'_', '.' or '-'")
 
 
+def fit_width(console: Any, renderable: Any) -> None:
+    """Not a terminal and no $COLUMNS: widen `console` to the renderable's natural width, so a piped
+    or logged view is neither wrapped nor truncated (rich would otherwise assume 80 columns)."""
+    from rich.measure import Measurement
+
+    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return
+    console.width = max(1, Measurement.get(console, console.options.update_width(100_000), renderable).maximum)
+
+
 def take(reader: StatsReader, interval: float) -> dict[str, Any]:
     """One snapshot with rates over `interval` seconds."""
     first = reader.sample()
@@ -91,7 +103,9 @@ def run(args: argparse.Namespace, prefix: str) -> int:
 
                 from shmdisagg.stats.view import render
 
-                Console().print(render(snap))
+                console, view = Console(), render(snap)
+                fit_width(console, view)
+                console.print(view)
             return 0
         return _live(reader, args.interval)
 
@@ -110,6 +124,7 @@ def _live(reader: StatsReader, interval: float) -> int:
     try:
         live = Live(first, console=console, auto_refresh=False) if console.is_terminal else None
         if live is None:
+            fit_width(console, first)
             console.print(first)
             sys.stdout.flush()
         else:
@@ -124,6 +139,7 @@ def _live(reader: StatsReader, interval: float) -> int:
                 frame = render(snapshot(prev, cur, reader.prefix))
                 prev = cur
                 if live is None:
+                    fit_width(console, frame)
                     console.print(frame)
                     sys.stdout.flush()
                 else:

@@ -77,3 +77,48 @@ def test_an_invalid_prefix_is_a_one_line_usage_error(prefix: str, capsys: pytest
     assert err.count("\n") == 1 and "invalid shared-memory prefix" in err and prefix[:40] in err
     assert "Traceback" not in err
 
+
+def _serving_table(prefix: str) -> tuple[ControlTable, MetricsSegment]:
+    from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION
+
+    coord = ControlTable.create(prefix, max_workers=2)
+    seg = MetricsSegment.create(prefix, 1)
+    coord.set_coordinator(os.getpid(), process_starttime(os.getpid()), 1)
+    coord.publish_server(0, "127.0.0.1:18101", ROLE_CONTEXT, True)
+    coord.publish_server(1, "127.0.0.1:18201", ROLE_GENERATION, True)
+    return coord, seg
+
+
+def test_a_piped_snapshot_is_not_cut_to_80_columns(shm_prefix: str) -> None:
+    import subprocess
+    import sys
+
+    coord, seg = _serving_table(shm_prefix)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--once", "--interval", "0.01"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=60)
+    finally:
+        seg.close()
+        coord.unlink()
+        coord.close()
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, proc.stderr
+    assert "127.0.0.1:18101" in out and "127.0.0.1:18201" in out and "KV blocks" in out
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) > 80  # the table is wider than rich's default
+
+
+def test_a_piped_snapshot_respects_columns(shm_prefix: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "70")
+    for var in ("FORCE_COLOR", "TTY_COMPATIBLE"):
+        monkeypatch.delenv(var, raising=False)
+    coord, seg = _serving_table(shm_prefix)
+    try:
+        assert main(["stats", "--prefix", shm_prefix, "--once", "--interval", "0.01"]) == 0
+    finally:
+        seg.close()
+        coord.unlink()
+        coord.close()
+    out = capsys.readouterr().out
+    assert "shmdisagg stats" in out and max(len(line) for line in out.splitlines()) <= 70
