@@ -179,8 +179,13 @@ def e2e(args: argparse.Namespace) -> None:
             cmd = [str(REPO / ".venv/bin/shmdisagg"), "bench", "--launch", "-c", args.config, "--no-progress",
                    "--input-len", str(args.input_len), "--output-len", str(args.output_len),
                    "--concurrency", str(args.concurrency), "--num-requests", str(args.num_requests), "--json", str(path)]
-            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+            path.unlink(missing_ok=True)  # exit 1 is also a failed launch: never read an old run
+            rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO).returncode
+            if rc not in (0, 1) or not path.exists():  # 1: some requests failed; they are counted in the JSON
+                raise subprocess.CalledProcessError(rc, cmd)
             s = orjson.loads(path.read_bytes())
+            if not s["requests"]["completed"]:
+                raise SystemExit(f"bench_metrics: no request completed in {path}")
             per_pid = {int(k): v for k, v in s["cpu"]["per_pid_ms"].items()}
             coordinator = min(per_pid)  # started before its fleet workers
             done = s["requests"]["completed"]

@@ -101,7 +101,10 @@ def run_one(router: str, fleet: int, sim_speedup: float, args: argparse.Namespac
                "--num-requests", str(args.num_requests), "--speedup", str(args.speedup), "--json", str(out), "--no-progress"]
         if args.max_output_tokens:
             cmd += ["--max-output-tokens", str(args.max_output_tokens)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        out.unlink(missing_ok=True)  # exit 1 is also a failed run: never read an old one
+        rc = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
+        if rc not in (0, 1) or not out.exists():  # 1: some requests failed; they are counted in the JSON
+            raise subprocess.CalledProcessError(rc, cmd)
         with ControlTable.attach(config.shm_prefix) as table:
             routed = [table.routed(s.slot) for s in table.servers() if s.role == ROLE_CONTEXT]
     summary = json.loads(out.read_text())

@@ -4,7 +4,8 @@
 `args.url` and returns the summary dict (also printed, and written with `--json`); `run_cli(args)`
 runs it under uvloop and turns failures into exit statuses; `main(argv)` parses and calls
 `run_cli`. Only these last two turn exceptions into statuses; `run` raises `BenchError` for
-anything the user must fix."""
+anything the user must fix. Exit status: 0 all requests completed, 1 any failed (the summary is
+still printed and written), 2 bad usage or unreachable server, 130 interrupted (Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -288,9 +289,19 @@ def _slo(items: Sequence[str]) -> Slo:
         raise BenchError(str(exc)) from None
 
 
+def exit_status(summary: dict[str, Any]) -> int:
+    """130 for an interrupted run (the SIGINT convention), 1 when any request failed or none
+    completed, else 0."""
+    if summary.get("was_cancelled"):
+        return 130
+    req = summary["requests"]
+    return 1 if req["failed"] or not req["completed"] else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit status: 0 when at least one request completed, 1 when none did, 2 on a usage error,
-    130 on a second Ctrl-C (the first one stops the run and still reports)."""
+    """Exit status: 0 when every request completed, 1 when any failed (or none was sent), 2 on a
+    usage error, 130 when interrupted (the first Ctrl-C stops the run and still reports; a second
+    one quits at once)."""
     parser = argparse.ArgumentParser(
         prog="shmdisagg bench",
         description="Replay a Mooncake trace (or a fixed-concurrency load) against an "
@@ -312,8 +323,15 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"shmdisagg bench: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print("shmdisagg bench: interrupted", file=sys.stderr)
         return 130
-    return 0 if summary["requests"]["completed"] else 1
+    req = summary["requests"]
+    if summary.get("was_cancelled"):
+        print(f"shmdisagg bench: interrupted: {req['sent']:,} of {summary['config']['num_requests']:,} "
+              f"requests sent, {req['cancelled']:,} cancelled in flight", file=sys.stderr)
+    elif req["failed"]:
+        print(f"shmdisagg bench: {req['failed']:,} of {req['sent']:,} requests failed", file=sys.stderr)
+    return exit_status(summary)
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:

@@ -131,12 +131,18 @@ def _fmt(value: float | int | None, digits: int = 2) -> str:
 def results_table(summary: dict[str, Any]) -> Table:
     """One two-column table in sections: requests, latency, throughput, cache, CPU."""
     req, thr, cache, cpu = summary["requests"], summary["throughput"], summary["cache"], summary.get("cpu")
-    table = Table(title="shmdisagg bench", show_header=False, title_justify="left")
+    interrupted = summary.get("was_cancelled")
+    table = Table(title="shmdisagg bench (interrupted)" if interrupted else "shmdisagg bench",
+                  show_header=False, title_justify="left")
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
 
     table.add_row("[cyan]Requests", "")
-    table.add_row("sent / completed / failed", f"{req['sent']:,} / {req['completed']:,} / {req['failed']:,}")
+    if req.get("cancelled") or interrupted:
+        table.add_row("sent / completed / failed / cancelled",
+                      f"{req['sent']:,} / {req['completed']:,} / {req['failed']:,} / {req.get('cancelled', 0):,}")
+    else:
+        table.add_row("sent / completed / failed", f"{req['sent']:,} / {req['completed']:,} / {req['failed']:,}")
     if summary["errors"]["kinds"]:
         kinds = ", ".join(f"{k} x{n}" for k, n in summary["errors"]["kinds"].items())
         table.add_row("errors", kinds)

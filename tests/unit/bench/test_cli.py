@@ -175,6 +175,60 @@ def _always_500(n: int) -> str:
     return "http_500"
 
 
+def test_some_requests_failing_exits_1_and_still_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> int:
+        async with FakeOpenAI(free_port(), behaviour=lambda n: "http_500" if n == 1 else "ok") as fake:
+            return await asyncio.to_thread(
+                cli.main, ["--url", fake.url, "--num-requests", "3", "--concurrency", "1",
+                           "--max-output-tokens", "2", "--no-progress"]
+            )
+
+    assert asyncio.run(scenario()) == 1
+    out, err = capsys.readouterr()
+    assert "sent / completed / failed" in out and "3 / 2 / 1" in out and "http_500 x1" in out
+    assert "1 of 3 requests failed" in err
+
+
+def test_sigint_interrupts_the_run_exits_130_and_the_json_counts_the_cancelled(tmp_path: Path) -> None:
+    import signal
+    import sys
+
+    out = tmp_path / "run.json"
+
+    async def scenario() -> tuple[int, bytes, bytes]:
+        two_hanging = asyncio.Event()
+
+        def behaviour(n: int) -> str:
+            if n < 3:
+                return "ok"
+            if n == 4:  # requests 3 and 4 are now both in flight, and nothing more is sent
+                two_hanging.set()
+            return "hang"
+
+        async with FakeOpenAI(free_port(), behaviour=behaviour) as fake:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "shmdisagg.cli", "bench", "--url", fake.url, "--no-progress",
+                "--concurrency", "2", "--num-requests", "100", "--max-output-tokens", "2", "--json", str(out),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            try:
+                await asyncio.wait_for(two_hanging.wait(), 60)
+                proc.send_signal(signal.SIGINT)  # Ctrl-C
+                stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            return proc.returncode, stdout, stderr
+
+    rc, stdout, stderr = asyncio.run(scenario())
+    assert rc == 130, stderr.decode()
+    assert b"interrupted: 5 of 100 requests sent, 2 cancelled in flight" in stderr
+    assert b"shmdisagg bench (interrupted)" in stdout and b"5 / 3 / 0 / 2" in stdout
+    summary = orjson.loads(out.read_bytes())
+    assert summary["was_cancelled"] is True
+    assert summary["requests"] == {"sent": 5, "completed": 3, "failed": 0, "cancelled": 2, "without_usage": 0}
+
+
 def test_stop_event_cancels_in_flight_requests_and_reports_the_finished_ones(tmp_path: Path) -> None:
     async def scenario() -> dict[str, Any]:
         stop = asyncio.Event()
