@@ -118,6 +118,7 @@ class Deployment:
         self.plan: LaunchPlan | None = None
         self.executors: list[Child] = []
         self.coordinator: Child | None = None
+        self._started_coordinator = False  # whose sockets stop() may remove after a hard kill
 
     @property
     def url(self) -> str:
@@ -188,6 +189,7 @@ class Deployment:
     def _start_coordinator(self) -> None:
         argv = [sys.executable, "-m", "shmdisagg.coordinator", "-c", self.config_path]
         self.coordinator = self._spawn("coordinator", argv, log_to_file=False)
+        self._started_coordinator = True
         self.coordinator.health_url = f"{self.url}/health"
         self._wait_ready([self.coordinator], self.config.shmdisagg.server_start_timeout_s + 30)
 
@@ -265,14 +267,16 @@ class Deployment:
             if child.log_file:
                 child.log_file.close()
         self.executors = []
-        # A coordinator killed hard cannot unlink its segments; nobody holds their lock now.
+        # A coordinator killed hard cannot unlink its segments and sockets; nobody holds their
+        # lock now. The sockets are removed only if this launch started a coordinator, and only
+        # under the lock of its dead control segment: a refused launch must never touch the
+        # sockets of the live deployment it collided with (cleanup_stale raises
+        # DeploymentRunning then, before removing anything).
+        sockets = (self.config.coordinator_socket, self.config.kv_hint_socket) if self._started_coordinator else ()
         with contextlib.suppress(Exception):
-            removed = cleanup_stale(self.config.shm_prefix)
+            removed = cleanup_stale(self.config.shm_prefix, sockets)
             if removed:
                 log.warning("removed stale shared memory: %s", ", ".join(removed))
-        for path in (self.config.coordinator_socket, self.config.kv_hint_socket):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
 
 
 def _signal(child: Child, sig: int) -> None:

@@ -9,10 +9,12 @@ when an attacher exits (CPython gh-82300). Design: shared/reference/shm_design.m
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import mmap
 import os
+from collections.abc import Iterable
 
 import posix_ipc
 
@@ -81,11 +83,16 @@ def _unlink_all(prefix: str) -> list[str]:
     return removed
 
 
-def cleanup_stale(prefix: str) -> list[str]:
+def cleanup_stale(prefix: str, files: Iterable[str] = ()) -> list[str]:
     """Unlink every segment "/{prefix}-*" left by a dead deployment; returns their POSIX names.
 
     Raises DeploymentRunning (naming the lock holder's pid) when "/{prefix}-ctl" exists and its
     flock is held, i.e. a coordinator of this prefix is alive. The lock is held while unlinking.
+
+    `files` (a dead coordinator's Unix sockets) are unlinked too, first, but only while holding
+    the lock of an existing "/{prefix}-ctl": that is the one proof that they belong to a dead
+    deployment. Without a control segment they are left alone (a coordinator removes its
+    sockets before its segments, and replaces stale ones itself when it starts).
     """
     ctl = f"/{prefix.lstrip('/')}-ctl"
     try:
@@ -101,6 +108,9 @@ def cleanup_stale(prefix: str) -> list[str]:
                 f"{ctl} is locked by a running coordinator (pid {pid if pid is not None else 'unknown'}): "
                 f"stop it first or use another port/prefix"
             ) from None
+        for path in files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         return _unlink_all(prefix)
     finally:
         shm.close_fd()

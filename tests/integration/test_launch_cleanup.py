@@ -6,6 +6,8 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 
 from shmdisagg.launch import http_status
 from tests.conftest import free_port
-from tests.integration.harness import REPO, fake_executors, wait_until, write_config
+from tests.integration.harness import REPO, deployment, fake_executors, wait_until, write_config
 
 
 def descendants(pid: int) -> set[int]:
@@ -115,3 +117,63 @@ def test_a_second_deployment_on_the_same_table_is_refused(tmp_path: Path, shm_pr
             first.send_signal(signal.SIGINT)
             first.communicate(timeout=60)
         assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+
+
+def _coordinator_answers(sock_path: str) -> bool:
+    """Whether a coordinator serves its internal API (GET /cluster_info) on `sock_path`."""
+    import http.client
+
+    class _Unix(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(10)
+            self.sock.connect(sock_path)
+
+    conn = _Unix("coordinator")
+    try:
+        conn.request("GET", "/cluster_info")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+def test_a_refused_second_launch_leaves_the_live_deployments_sockets(tmp_path: Path, shm_prefix: str) -> None:
+    import yaml
+
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], routers=("kv_cache_aware", "kv_cache_aware"))
+        with deployment(cfg) as dep:
+            sockets = [dep.config.coordinator_socket, dep.config.kv_hint_socket]
+            assert all(stat.S_ISSOCK(os.stat(p).st_mode) for p in sockets)
+            # the same config again, and one that shares the table and sockets on another port
+            # (that one gets as far as starting a coordinator, which finds the table locked)
+            other = tmp_path / "other"
+            other.mkdir()
+            data = yaml.safe_load(cfg.read_text())
+            data["port"] = free_port()
+            (other / "config.yaml").write_text(yaml.safe_dump(data))
+            for second in (cfg, other / "config.yaml"):
+                out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(second)], cwd=REPO, capture_output=True, text=True, timeout=120)
+                assert out.returncode == 1, out
+                for path in sockets:
+                    assert stat.S_ISSOCK(os.stat(path).st_mode), f"{path} removed by the launch of {second}"
+                assert _coordinator_answers(dep.config.coordinator_socket)
+                assert http_status(f"{dep.url}/health") == 200
+    assert not os.path.exists(sockets[0]) and not os.path.exists(sockets[1])
+
+
+def test_the_launcher_removes_a_hard_killed_coordinators_sockets_and_segments(tmp_path: Path, shm_prefix: str) -> None:
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], routers=("kv_cache_aware", "kv_cache_aware"))
+        with deployment(cfg) as dep:
+            sockets = [dep.config.coordinator_socket, dep.config.kv_hint_socket]
+            assert all(os.path.exists(p) for p in sockets)
+            assert dep.coordinator is not None
+            dep.coordinator.proc.kill()
+            dep.coordinator.proc.wait()
+            assert all(os.path.exists(p) for p in sockets) and glob.glob(f"/dev/shm/{shm_prefix}*")
+            dep.stop()
+            assert not [p for p in sockets if os.path.exists(p)]
+            assert glob.glob(f"/dev/shm/{shm_prefix}*") == []

@@ -135,16 +135,21 @@ def test_fallback_poll_interval(got: int, hinted: bool, recently_hinted: bool, e
     assert ing._fallback_s(0, got, hinted) == expected
 
 
-def test_the_launcher_removes_a_hard_killed_coordinators_sockets(tmp_path: Path, shm_prefix: str) -> None:
+def test_a_launcher_that_started_no_coordinator_leaves_the_socket_paths_alone(tmp_path: Path, shm_prefix: str) -> None:
+    # Whoever owns files at these paths (a live deployment sharing the socket path, say), this
+    # launcher did not create them. Its removal of a hard-killed coordinator's sockets is
+    # tested in tests/integration/test_launch_cleanup.py.
     from shmdisagg.config import parse_config
     from shmdisagg.launch import Deployment
 
     config = parse_config({
+        "context_servers": {"urls": ["127.0.0.1:2"]},
         "generation_servers": {"urls": ["127.0.0.1:1"]},
         "shmdisagg": {"shm": {"prefix": shm_prefix}, "coordinator_socket": str(tmp_path / "coord.sock")},
     })
     assert config.kv_hint_socket == str(tmp_path / "coord.sock.kvhint")
     for path in (config.coordinator_socket, config.kv_hint_socket):
-        Path(path).write_text("left by a SIGKILLed coordinator")
+        Path(path).write_text("not this launcher's")
     Deployment(config, str(tmp_path / "cfg.yaml"), str(tmp_path / "logs")).stop()
-    assert not os.path.exists(config.coordinator_socket) and not os.path.exists(config.kv_hint_socket)
+    for path in (config.coordinator_socket, config.kv_hint_socket):
+        assert Path(path).read_text() == "not this launcher's"
