@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["sim"]:
         from shmdisagg.executors.sim.__main__ import main as sim_main
 
-        return int(sim_main(argv[1:]) or 0)
+        return int(sim_main(argv[1:], prog="shmdisagg sim") or 0)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -21,9 +21,12 @@ from shmdisagg.executors.sim.errors import ConfigError, RaisingArgumentParser
 from shmdisagg.executors.sim.trtllm_options import parse_serve_args
 
 
-def build_parser() -> argparse.ArgumentParser:
+PROG = "python -m shmdisagg.executors.sim"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = RaisingArgumentParser(
-        prog="python -m shmdisagg.executors.sim",
+        prog=prog,
         description="Executor simulator speaking the trtllm-serve HTTP protocol. "
         "Use 'serve MODEL [trtllm-serve options]' to stand in for trtllm-serve.",
     )
@@ -52,11 +55,12 @@ def _base_type(hint: Any) -> type:
     return typing.get_origin(hint) or hint
 
 
-def parse_args(argv: list[str]) -> SimConfig:
+def parse_args(argv: list[str], prog: str = PROG) -> SimConfig:
+    """`prog` names the command in usage and help (`shmdisagg sim` when run through the CLI)."""
     if argv and argv[0] == "serve":
-        return parse_serve_args(argv[1:])
+        return parse_serve_args(argv[1:], prog=f"{prog} serve")
     try:
-        ns = build_parser().parse_args(argv)
+        ns = build_parser(prog).parse_args(argv)
     except argparse.ArgumentError as exc:
         raise ConfigError(str(exc)) from None
     values = vars(ns)
@@ -64,12 +68,13 @@ def parse_args(argv: list[str]) -> SimConfig:
     return SimConfig(**values)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse `argv` (default sys.argv[1:]), serve until stopped; returns the exit status."""
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Parse `argv` (default sys.argv[1:]), serve until stopped; returns the exit status.
+    `prog` is the command's name in usage, help and errors."""
     try:
-        config = parse_args(sys.argv[1:] if argv is None else list(argv))
+        config = parse_args(sys.argv[1:] if argv is None else list(argv), prog)
     except ConfigError as exc:
-        print(f"shmdisagg.executors.sim: error: {exc}", file=sys.stderr)
+        print(f"{prog.removeprefix('python -m ')}: error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help printed its text
         return int(exc.code or 0)

@@ -62,8 +62,8 @@ _KNOWN_IGNORED_KEYS = frozenset(
 _KV_CACHE_KEYS = {"tokens_per_block", "enable_block_reuse", "event_buffer_max_size", "free_gpu_memory_fraction", "max_tokens"}
 
 
-def parse_serve_args(argv: list[str]) -> SimConfig:
-    parser = RaisingArgumentParser(prog="python -m shmdisagg.executors.sim serve")
+def parse_serve_args(argv: list[str], prog: str = "python -m shmdisagg.executors.sim serve") -> SimConfig:
+    parser = RaisingArgumentParser(prog=prog)
     parser.add_argument("model")
     parser.add_argument("--host", default="localhost")
     parser.add_argument("--port", type=int, default=8000)

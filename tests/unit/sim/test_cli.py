@@ -101,3 +101,25 @@ def test_missing_yaml_and_unknown_serve_flags_are_errors(tmp_path):
         parse_args(["serve", "m", "--extra_llm_api_options", str(tmp_path / "nope.yaml")])
     with pytest.raises(ConfigError):
         parse_args(["serve", "m", "--warp_drive", "1"])
+
+
+@pytest.mark.parametrize("argv, usage", [(["sim", "--help"], "usage: shmdisagg sim ["),
+                                         (["sim", "serve", "--help"], "usage: shmdisagg sim serve [")])
+def test_help_through_the_shmdisagg_cli_names_shmdisagg_sim(argv, usage, capsys):
+    from shmdisagg.cli import main as shmdisagg_main
+
+    assert shmdisagg_main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(usage) and "python -m" not in out
+
+
+def test_errors_through_the_shmdisagg_cli_name_shmdisagg_sim(capsys):
+    from shmdisagg.cli import main as shmdisagg_main
+
+    assert shmdisagg_main(["sim", "--bogus"]) == 2
+    assert capsys.readouterr().err.startswith("shmdisagg sim: error: unrecognized arguments: --bogus")
+
+
+def test_help_of_the_module_still_names_the_module(capsys):
+    assert main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m shmdisagg.executors.sim [")
