@@ -135,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("launch", help="start a single-node deployment")
     p.add_argument("-c", "--config", required=True)
-    p.add_argument("--log-dir", help="where executor logs and option files go (default: a new temporary directory)")
+    p.add_argument("--log-dir", help="where executor logs (appended to) and option files go (default: the config's "
+                   "shmdisagg.executors.log_dir, else the fixed <tmp>/<shm prefix>-logs, e.g. "
+                   "/tmp/shmdisagg-<uid>-<port>-logs, reused by every launch of that deployment)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (commands, environment, option files, ports, GPUs) and start nothing")
     p.set_defaults(func=cmd_launch)
 

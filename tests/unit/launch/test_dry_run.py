@@ -67,3 +67,24 @@ def test_overlapping_gpus_exit_2_naming_the_key(tmp_path: Path, capsys: pytest.C
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "shmdisagg.executors.gpus: GPU 3 is listed twice" in err
+
+
+def test_launch_help_names_the_log_dir_a_launch_really_uses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import tempfile
+
+    from shmdisagg.config import load_config
+    from shmdisagg.launch import Deployment
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["launch", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "temporary directory" not in text
+    assert "/tmp/shmdisagg-<uid>-<port>-logs, reused by every launch" in text
+
+    cfg = small_config()
+    cfg["port"] = 8123
+    path = _write(tmp_path, cfg)
+    dep = Deployment(load_config(path), path)  # not started: only where its logs would go
+    assert dep.log_dir == Path(tempfile.gettempdir()) / f"shmdisagg-{os.getuid()}-8123-logs"
