@@ -3,7 +3,7 @@
 Start-up, in order: create the table (cleaning a dead deployment's stale segments; a live one
 holds the segment's flock and makes this fail), register the executors of the config, wait until
 every role has a healthy executor (up to `server_start_timeout_s`), serve the internal API on a
-Unix socket and, with a `kv_cache_aware` router, listen for the fleet's KV poll hints on a Unix
+Unix socket only this user can connect to (mode 0600) and, with a `kv_cache_aware` router, listen for the fleet's KV poll hints on a Unix
 datagram socket (`kv_events.py`), start the fleet. Then it heart-beats the table, polls executor
 health, drains KV events and supervises the fleet until SIGTERM/SIGINT, and shuts down in a
 fixed, bounded order: stop the fleet, stop the API, unlink every segment and both sockets.
@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
 
 import uvicorn
 
@@ -105,17 +106,20 @@ class Coordinator:
         sock_path = self.config.coordinator_socket
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)  # a stale socket of a dead coordinator (we hold the table's lock)
+        # Bound here, mode 0600 (uvicorn's own `uds=` binding makes it 0666): the API can mark
+        # servers down and must not be reachable by other users.
+        api_sock = bind_private_unix_socket(sock_path)
         hints: asyncio.BaseTransport | None = None
         if self.kv_events is not None and self.config.shmdisagg.kv_events.hints:
             try:  # before the fleet starts, so no worker's hint is lost to a missing socket
                 hints = await listen_for_hints(self.config.kv_hint_socket, self.kv_events)
             except OSError as err:
                 log.warning("no KV poll hints (%s: %s): KV events are only polled", self.config.kv_hint_socket, err)
-        api = EmbeddedServer(uvicorn.Config(internal_app(self), uds=sock_path, lifespan="off", access_log=False, log_level="warning", loop="none"))
+        api = EmbeddedServer(uvicorn.Config(internal_app(self), lifespan="off", access_log=False, log_level="warning", loop="none"))
         tasks = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.health.run()), asyncio.ensure_future(self._maintain_index())]
         if self.kv_events is not None:
             tasks.append(asyncio.ensure_future(self.kv_events.run()))
-        api_task = asyncio.ensure_future(api.serve())
+        api_task = asyncio.ensure_future(api.serve(sockets=[api_sock]))
         self.perf.start()
         try:
             await self._wait_ready()
@@ -129,6 +133,7 @@ class Coordinator:
             api.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(api_task, 5.0)
+            api_sock.close()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -147,6 +152,24 @@ class Coordinator:
         self.index.close()
         self.table.unlink()
         self.table.close()
+
+
+def bind_private_unix_socket(path: str, backlog: int = 2048) -> socket.socket:
+    """A listening Unix stream socket at `path` that only this user can connect to (mode 0600:
+    bound under umask 0177, so it is never accessible to others, not even for a moment)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def index_settings(config: DisaggConfig) -> IndexSettings:

@@ -6,6 +6,7 @@ import http.client
 import os
 import signal
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
@@ -291,6 +292,19 @@ def test_reported_request_failures_open_the_breaker_then_the_server_is_readmitte
                 status, resp = post(dep, "/v1/completions", COMPLETION)
                 assert status == 200 and resp["id"] == "cmpl-g0"
             wait_until(lambda: not _unhealthy(dep, g1.addr), timeout_s=10, what="re-admission after the cool-down")
+
+
+def test_the_coordinators_api_socket_is_private_to_its_user(pair) -> None:  # type: ignore[no-untyped-def]
+    # its unauthenticated POST /report marks servers down: no other user may connect
+    dep, *_ = pair
+    st = os.stat(dep.config.coordinator_socket)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600, oct(st.st_mode)
+    assert st.st_uid == os.getuid()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:  # and it still serves the API
+        s.settimeout(10)
+        s.connect(dep.config.coordinator_socket)
+        s.sendall(b"GET /cluster_info HTTP/1.1\r\nhost: coordinator\r\nconnection: close\r\n\r\n")
+        assert s.recv(64).startswith(b"HTTP/1.1 200 ")
 
 
 def test_unknown_routes_and_methods_get_openai_error_bodies(pair) -> None:  # type: ignore[no-untyped-def]
