@@ -1,6 +1,7 @@
 """Single-node launch: executors, then the coordinator (which starts the fleet).
 
-`Deployment.start()` builds the launch plan (`executors/plan.py`: one instance per url of each
+`Deployment.start()` first checks that the fleet can listen on the public host:port (nothing
+else listens there), then builds the launch plan (`executors/plan.py`: one instance per url of each
 section, the simulator or `trtllm-serve` per `shmdisagg.executors.backend`), writes each
 instance's option file, starts every instance with its own log file (`<log dir>/<name>.log`,
 headed by its command line) and waits for all of them at once until each answers `/health`
@@ -37,7 +38,7 @@ from typing import IO
 
 from shmdisagg.config import DisaggConfig
 from shmdisagg.executors.plan import LaunchPlan, PlanError, build_plan
-from shmdisagg.procutil import die_with_parent
+from shmdisagg.procutil import die_with_parent, public_port_problem
 from shmdisagg.shm.segment import cleanup_stale
 
 log = logging.getLogger("shmdisagg.launch")
@@ -134,6 +135,12 @@ class Deployment:
     # -- start ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        # Before starting anything: with the public port taken, the fleet workers could only
+        # crash-loop on "Address already in use" (and whatever listens there would answer our
+        # readiness check).
+        problem = public_port_problem(self.config.hostname, self.config.port)
+        if problem:
+            raise LaunchError(problem)
         try:
             self._start_executors()
             self._start_coordinator()

@@ -1,8 +1,9 @@
-"""Process helpers: parent-death signal, SO_REUSEPORT socket binding."""
+"""Process helpers: parent-death signal, SO_REUSEPORT socket binding (and a check that it can)."""
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import signal
 import socket
 
@@ -18,15 +19,41 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
+def _listen_addr(host: str, port: int) -> tuple[socket.AddressFamily, tuple[object, ...]]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    v4 = [i for i in infos if i[0] == socket.AF_INET]
+    family, _, _, _, addr = (v4 or infos)[0]
+    return family, addr
+
+
+def public_port_problem(host: str, port: int) -> str | None:
+    """Why the fleet could not listen on host:port, or None if it can (checked now).
+
+    Binds as `bind_reuseport` would but without SO_REUSEPORT, so any listener there counts, even
+    another deployment's fleet (whose reuse-port group ours would otherwise join).
+    """
+    try:
+        family, addr = _listen_addr(host, port)
+    except (socket.gaierror, UnicodeError) as err:
+        return f"public address {host}:{port}: cannot resolve {host!r}: {getattr(err, 'strerror', None) or err}"
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            return f"public address {host}:{port} already in use (is another deployment or server running there?)"
+        return f"public address {host}:{port}: cannot listen there: {err.strerror or err}"
+    return None
+
+
 def bind_reuseport(host: str, port: int, backlog: int = 2048) -> socket.socket:
     """A listening TCP socket with SO_REUSEPORT, so every fleet worker has its own accept queue.
 
     IPv6 only when the host resolves to nothing but IPv6 (as TensorRT-LLM's fleet does).
     Raises OSError (e.g. EADDRINUSE when a non-reuseport process holds the port).
     """
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    v4 = [i for i in infos if i[0] == socket.AF_INET]
-    family, _, _, _, addr = (v4 or infos)[0]
+    family, addr = _listen_addr(host, port)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -29,6 +29,7 @@ from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
 from shmdisagg.coordinator.supervisor import FleetSupervisor
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
+from shmdisagg.procutil import public_port_problem
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.index import BlockIndex, IndexSettings
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
@@ -102,6 +103,9 @@ class Coordinator:
             await asyncio.sleep(0.05)
 
     async def run(self) -> None:
+        problem = public_port_problem(self.config.hostname, self.config.port)
+        if problem:  # the fleet could only crash-loop on it
+            raise StartupError(problem)
         on_stop_signals(self.request_stop)
         sock_path = self.config.coordinator_socket
         with contextlib.suppress(FileNotFoundError):

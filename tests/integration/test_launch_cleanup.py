@@ -157,6 +157,10 @@ def test_a_refused_second_launch_leaves_the_live_deployments_sockets(tmp_path: P
             for second in (cfg, other / "config.yaml"):
                 out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(second)], cwd=REPO, capture_output=True, text=True, timeout=120)
                 assert out.returncode == 1, out
+                assert "launch failed" in out.stderr, out.stderr
+                if second == cfg:  # refused at once, before it started anything
+                    assert f"public address 127.0.0.1:{dep.config.port} already in use" in out.stderr
+                    assert "coordinator" not in out.stderr
                 for path in sockets:
                     assert stat.S_ISSOCK(os.stat(path).st_mode), f"{path} removed by the launch of {second}"
                 assert _coordinator_answers(dep.config.coordinator_socket)

@@ -1,0 +1,73 @@
+"""A public port something else already listens on stops `shmdisagg launch` and `shmdisagg
+serve` at once with one line, before any executor or fleet worker starts (the fleet could only
+crash-loop on "Address already in use")."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import free_port
+from tests.fakes.trtllm_shim import REPO
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port another server listens on (a plain listener, no SO_REUSEPORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        yield other.getsockname()[1]
+
+
+def _config(tmp_path: Path, shm_prefix: str, port: int) -> tuple[Path, list[int]]:
+    executor_ports = [free_port(), free_port()]
+    cfg = {
+        "hostname": "127.0.0.1",
+        "port": port,
+        "context_servers": {"urls": [f"127.0.0.1:{executor_ports[0]}"]},
+        "generation_servers": {"urls": [f"127.0.0.1:{executor_ports[1]}"]},
+        "shmdisagg": {
+            "executors": {"backend": "sim", "startup_timeout_s": 30},
+            "shm": {"prefix": shm_prefix},
+            "coordinator_socket": str(tmp_path / "coord.sock"),
+            "server_start_timeout_s": 2,
+        },
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, executor_ports
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("shmdisagg:")]
+
+
+def test_launch_refuses_a_busy_public_port_before_starting_anything(tmp_path: Path, shm_prefix: str, busy_port: int) -> None:
+    path, executor_ports = _config(tmp_path, shm_prefix, busy_port)
+    logs = tmp_path / "logs"
+    out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(logs)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out
+    assert _errors(out.stderr) == [f"shmdisagg: launch failed: public address 127.0.0.1:{busy_port} already in use "
+                                   "(is another deployment or server running there?)"], out.stderr
+    assert "Traceback" not in out.stderr
+    assert not list(logs.glob("*.log")), "an executor was started"
+    assert "started" not in out.stderr
+
+
+def test_serve_refuses_a_busy_public_port(tmp_path: Path, shm_prefix: str, busy_port: int) -> None:
+    path, _ = _config(tmp_path, shm_prefix, busy_port)
+    out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "serve", "-c", str(path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out
+    assert _errors(out.stderr) == [f"shmdisagg: coordinator failed to start: public address 127.0.0.1:{busy_port} already in use "
+                                   "(is another deployment or server running there?)"], out.stderr
+    assert "fleet worker" not in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "coord.sock").exists()
