@@ -12,6 +12,7 @@ limits).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -22,10 +23,50 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 ROUTER_TYPES = ("round_robin", "load_balancing", "kv_cache_aware", "conversation")
 _URL = re.compile(r"^(?:https?://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})/?$")
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?$")
+_WILDCARDS = ("0.0.0.0", "::")
+INDEX_MAX_SLOTS = 1 << 32  # the native index's largest capacity (shm/index.py index_size)
 
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the key and the problem."""
+
+
+class KeyedError(ValueError):
+    """Raised by a validator about another key than the one it validates: `key` (dotted, relative
+    to the model that raises it) is what the one-line message names."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def is_host(host: str) -> bool:
+    """Whether `host` is a host name or an IP address (IPv6 without brackets), as a listener's
+    bind address is given."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(_HOSTNAME.match(host))
+
+
+def _endpoint(host: str, port: int) -> tuple[str, int]:
+    """host:port as compared for "is this the same listener": IP addresses in one spelling,
+    `localhost` as 127.0.0.1, names in lower case."""
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        host = ipaddress.ip_address(host).compressed
+    except ValueError:
+        pass
+    return host, port
+
+
+def _same_listener(a: tuple[str, int], b: tuple[str, int]) -> bool:
+    return a[1] == b[1] and (a[0] == b[0] or a[0] in _WILDCARDS or b[0] in _WILDCARDS)
 
 
 class _Strict(BaseModel):
@@ -74,12 +115,16 @@ class ServerSection(BaseModel):
     @field_validator("urls")
     @classmethod
     def _check_urls(cls, urls: list[str]) -> list[str]:
+        seen: dict[tuple[str, int], str] = {}
         for url in urls:
             m = _URL.match(url)
             if not m or not 0 < int(m["port"]) < 65536:
                 raise ValueError(f"{url!r} is not host:port")
-        if len(set(urls)) != len(urls):
-            raise ValueError("duplicate url")
+            ep = _endpoint(m["host"], int(m["port"]))
+            if ep in seen:
+                same = "" if seen[ep] == url else f" (as {seen[ep]!r})"
+                raise ValueError(f"{url!r} is listed twice{same}: one executor per url")
+            seen[ep] = url
         return urls
 
     @model_validator(mode="before")
@@ -95,6 +140,10 @@ class ServerSection(BaseModel):
         if self.urls and len(self.urls) != self.num_instances:
             raise ValueError(f"{len(self.urls)} urls but num_instances is {self.num_instances}")
         return self
+
+    def endpoints(self) -> list[tuple[str, tuple[str, int]]]:
+        """(url, normalised host:port) of each url, for telling two urls of one listener."""
+        return [(url, _endpoint(host, port)) for url, (host, port) in zip(self.urls, self.addresses())]
 
     def addresses(self) -> list[tuple[str, int]]:
         """The section's executors as (host, port), scheme stripped."""
@@ -198,8 +247,8 @@ class ExecutorsSection(_Strict):
 class IndexSection(_Strict):
     """The shared KV block index (slots of 32 B; a resize briefly holds two generations)."""
 
-    capacity: int = Field(1 << 16, ge=64)
-    max_capacity: int = Field(1 << 22, ge=64)
+    capacity: int = Field(1 << 16, ge=64, le=INDEX_MAX_SLOTS)
+    max_capacity: int = Field(1 << 22, ge=64, le=INDEX_MAX_SLOTS)
     routed_ttl_s: float = Field(120.0, gt=0)
 
     @field_validator("capacity", "max_capacity")
@@ -208,6 +257,12 @@ class IndexSection(_Strict):
         if v & (v - 1):
             raise ValueError("must be a power of two")
         return v
+
+    @model_validator(mode="after")
+    def _capacity_within_max(self) -> "IndexSection":
+        if self.capacity > self.max_capacity:
+            raise KeyedError("capacity", f"{self.capacity} exceeds max_capacity ({self.max_capacity})")
+        return self
 
 
 class KvEventsSection(_Strict):
@@ -275,12 +330,40 @@ class DisaggConfig(BaseModel):
             raise ValueError("must be true or false")
         return v
 
+    @field_validator("hostname")
+    @classmethod
+    def _check_hostname(cls, host: str) -> str:
+        if not is_host(host):
+            raise ValueError(f"{host!r} is not a host name or IP address")
+        return host
+
     @model_validator(mode="after")
     def _check_supported(self) -> "DisaggConfig":
         if self.disagg_cluster is not None:
             raise ValueError("disagg_cluster (dynamic service discovery) is not supported; list static urls")
         if self.disagg_coordinator_url is not None:
             raise ValueError("disagg_coordinator_url: shmdisagg runs its own coordinator on this host")
+        return self
+
+    @model_validator(mode="after")
+    def _check_executors(self) -> "DisaggConfig":
+        """Each role lists at least one executor (the coordinator waits for a healthy one of
+        each); no url is the public address or listed in both roles."""
+        for key in ("context_servers", "generation_servers"):
+            role = key.split("_")[0]
+            if getattr(self, key).urls:
+                continue
+            if key not in self.model_fields_set:
+                raise KeyedError(key, f"missing; a deployment needs at least one {role} executor: list it under {key}.urls as host:port")
+            raise KeyedError(f"{key}.urls", f"none listed; a deployment needs at least one {role} executor (host:port)")
+        public = _endpoint(self.hostname, self.port)
+        context = dict((ep, url) for url, ep in self.context_servers.endpoints())
+        for key, section in (("context_servers", self.context_servers), ("generation_servers", self.generation_servers)):
+            for url, ep in section.endpoints():
+                if _same_listener(ep, public):
+                    raise KeyedError(f"{key}.urls", f"{url!r} is the public address (hostname:port {self.hostname}:{self.port}) the fleet listens on")
+                if key == "generation_servers" and ep in context:
+                    raise KeyedError(f"{key}.urls", f"{url!r} is also a context_servers url ({context[ep]!r}): an executor serves one role")
         return self
 
     @property
@@ -301,7 +384,9 @@ class DisaggConfig(BaseModel):
 
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    keyed = (first.get("ctx") or {}).get("error")
+    parts = [*first["loc"], *(keyed.key.split(".") if isinstance(keyed, KeyedError) else ())]
+    loc = ".".join(str(p) for p in parts) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
     return f"{loc}: {msg}{more}"

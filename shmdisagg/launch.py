@@ -103,6 +103,8 @@ def public_url(config: DisaggConfig) -> str:
     host = config.hostname
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
+    elif ":" in host:  # an IPv6 address
+        host = f"[{host}]"
     return f"http://{host}:{config.port}"
 
 

@@ -116,3 +116,73 @@ def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump(data))
     out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(bad)], capture_output=True, text=True)
     assert out.returncode == 0 and "did you mean num_workers" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        # an executor on the public address: the fleet and the executor cannot both listen there
+        (lambda d: d["context_servers"].update(urls=["localhost:8001", "localhost:8000"]),
+         "context_servers.urls: 'localhost:8000' is the public address (hostname:port localhost:8000) the fleet listens on"),
+        (lambda d: d["generation_servers"].update(urls=["http://127.0.0.1:8000"]),
+         "generation_servers.urls: 'http://127.0.0.1:8000' is the public address"),
+        (lambda d: d.update(hostname="0.0.0.0", port=8003), "generation_servers.urls: 'localhost:8003' is the public address"),
+        # one executor in both roles, or twice in one role, however it is spelt
+        (lambda d: d["generation_servers"].update(urls=["localhost:8002"]),
+         "generation_servers.urls: 'localhost:8002' is also a context_servers url ('localhost:8002'): an executor serves one role"),
+        (lambda d: d["generation_servers"].update(urls=["http://127.0.0.1:8001/"]), "generation_servers.urls: 'http://127.0.0.1:8001/' is also a context_servers url"),
+        (lambda d: d["context_servers"].update(urls=["localhost:8001", "localhost:8001"]), "context_servers.urls: 'localhost:8001' is listed twice"),
+        (lambda d: d["context_servers"].update(urls=["localhost:8001", "http://127.0.0.1:8001"]),
+         "context_servers.urls: 'http://127.0.0.1:8001' is listed twice (as 'localhost:8001')"),
+        # the public host must be one a listener can bind
+        (lambda d: d.update(hostname="not a host!"), "hostname: 'not a host!' is not a host name or IP address"),
+        (lambda d: d.update(hostname=""), "hostname: '' is not a host name or IP address"),
+        (lambda d: d.update(hostname="[::1]"), "hostname: '[::1]' is not a host name or IP address"),
+        # the native index takes a power of two up to 2**32 slots, capacity <= max_capacity
+        (lambda d: d.update(shmdisagg={"index": {"capacity": 2**40, "max_capacity": 2**40}}), "shmdisagg.index.capacity: Input should be less than or equal to 4294967296"),
+        (lambda d: d.update(shmdisagg={"index": {"max_capacity": 2**33}}), "shmdisagg.index.max_capacity: Input should be less than or equal to 4294967296"),
+        (lambda d: d.update(shmdisagg={"index": {"capacity": 2**23}}), "shmdisagg.index.capacity: 8388608 exceeds max_capacity (4194304)"),
+        # a deployment needs an executor of each role
+        (lambda d: d.pop("context_servers"), "cfg.yaml: context_servers: missing; a deployment needs at least one context executor: list it under context_servers.urls as host:port"),
+        (lambda d: d["context_servers"].pop("urls") and d["context_servers"].pop("num_instances"), "context_servers.urls: none listed; a deployment needs at least one context executor"),
+        (lambda d: d["generation_servers"].update(num_instances=0, urls=[]), "generation_servers.urls: none listed; a deployment needs at least one generation executor"),
+    ],
+)
+def test_executor_addresses_and_public_host_are_checked(mutate, expected: str) -> None:
+    data = yaml.safe_load(TRTLLM_EXAMPLE)
+    mutate(data)
+    assert expected in _error(data)
+
+
+@pytest.mark.parametrize("hostname", ["localhost", "127.0.0.1", "0.0.0.0", "::", "::1", "node-3.cluster.local", "my_service"])
+def test_valid_hostnames_and_the_largest_index_load(hostname: str) -> None:
+    data = yaml.safe_load(TRTLLM_EXAMPLE)
+    data["hostname"] = hostname
+    data["shmdisagg"] = {"index": {"capacity": 2**32, "max_capacity": 2**32}}
+    assert parse_config(data).hostname == hostname
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda d: d.pop("context_servers"), "context_servers: missing; a deployment needs at least one context executor"),
+        (lambda d: d.update(hostname="not a host!"), "hostname: 'not a host!' is not a host name or IP address"),
+        (lambda d: d["shmdisagg"].update(index={"capacity": 2**40, "max_capacity": 2**40}), "shmdisagg.index.capacity:"),
+        (lambda d: d["generation_servers"].update(urls=[f"localhost:{d['port']}"]), "generation_servers.urls: 'localhost:"),
+    ],
+)
+def test_check_config_and_launch_refuse_alike_in_one_line(tmp_path: Path, shm_prefix: str, edit, expected: str) -> None:
+    from tests.conftest import free_port
+
+    data = yaml.safe_load(TRTLLM_EXAMPLE)
+    data["port"] = free_port()
+    data["shmdisagg"] = {"executors": {"backend": "sim"}, "shm": {"prefix": shm_prefix}, "coordinator_socket": str(tmp_path / "coord.sock")}
+    edit(data)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    for command in ("check-config", "launch"):
+        out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", command, "-c", str(path)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, (command, out)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"shmdisagg: config error: {path}: {expected}"), (command, out.stderr)
+        assert "ok" not in out.stdout

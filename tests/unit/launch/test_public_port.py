@@ -71,3 +71,12 @@ def test_serve_refuses_a_busy_public_port(tmp_path: Path, shm_prefix: str, busy_
                                    "(is another deployment or server running there?)"], out.stderr
     assert "fleet worker" not in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "coord.sock").exists()
+
+
+@pytest.mark.parametrize(("hostname", "url"), [("localhost", "http://localhost:8000"), ("0.0.0.0", "http://127.0.0.1:8000"), ("::1", "http://[::1]:8000"), ("::", "http://127.0.0.1:8000")])
+def test_the_launchers_url_of_the_public_address(hostname: str, url: str) -> None:
+    from shmdisagg.config import parse_config
+    from shmdisagg.launch import public_url
+
+    cfg = parse_config({"hostname": hostname, "port": 8000, "context_servers": {"urls": ["localhost:8001"]}, "generation_servers": {"urls": ["localhost:8002"]}})
+    assert public_url(cfg) == url

@@ -207,9 +207,11 @@ def test_the_launcher_owns_cuda_visible_devices() -> None:
 
 
 def test_a_section_without_urls_cannot_be_launched() -> None:
+    # refused by the config's validation (check-config says the same), before any plan
     cfg = small_config()
     del cfg["context_servers"]["urls"]
-    assert refusal(cfg).startswith("context_servers.urls: the launcher starts one executor per url")
+    with pytest.raises(ConfigError, match=r"^cfg.yaml: context_servers.urls: none listed; a deployment needs at least one context executor"):
+        plan_of(cfg)
 
 
 def test_the_simulator_backend_plan_is_the_simulator_command_line() -> None:
