@@ -69,6 +69,13 @@ def _same_listener(a: tuple[str, int], b: tuple[str, int]) -> bool:
     return a[1] == b[1] and (a[0] == b[0] or a[0] in _WILDCARDS or b[0] in _WILDCARDS)
 
 
+def _no_bool(v: Any) -> Any:
+    """A numeric option given as true/false (pydantic would read it as 1 or 0) is a mistake."""
+    if isinstance(v, bool):
+        raise ValueError(f"must be a number, got {str(v).lower()}")
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -111,6 +118,18 @@ class ServerSection(BaseModel):
     max_batch_size: int | None = Field(None, ge=1)
     max_num_tokens: int | None = Field(None, ge=1)
     kv_cache_config: dict[str, Any] = Field(default_factory=dict)
+
+    _numbers = field_validator("max_batch_size", "max_num_tokens", mode="before")(_no_bool)
+
+    @field_validator("kv_cache_config")
+    @classmethod
+    def _check_kv_cache_config(cls, kv: dict[str, Any]) -> dict[str, Any]:
+        # read by the launcher (the simulator's --tokens-per-block) and the kv_cache_aware router
+        if "tokens_per_block" in kv:
+            tpb = kv["tokens_per_block"]
+            if isinstance(tpb, bool) or not isinstance(tpb, int) or tpb < 1:
+                raise KeyedError("tokens_per_block", f"must be a positive integer, got {tpb!r}")
+        return kv
 
     @field_validator("urls")
     @classmethod
@@ -193,6 +212,8 @@ class SimSettings(_Strict):
     max_num_tokens: int = Field(8192, ge=1)
     speedup: float = Field(1.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
+
+    _numbers = field_validator("num_blocks", "tokens_per_block", "max_batch_size", "max_num_tokens", "speedup", mode="before")(_no_bool)
 
 
 class TrtllmSettings(_Strict):

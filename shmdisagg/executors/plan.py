@@ -104,7 +104,9 @@ def executor_command(
     if spec.backend != "sim":
         raise ValueError(f"executor_command builds simulator commands; backend {spec.backend!r} goes through build_plan")
     sim = spec.sim
-    tpb = section.kv_cache_config.get("tokens_per_block") or sim.tokens_per_block
+    tpb = section.kv_cache_config.get("tokens_per_block")  # validated: a positive integer if set
+    if tpb is None:
+        tpb = sim.tokens_per_block
     argv = [
         sys.executable, "-m", "shmdisagg.executors.sim",
         "--host", host,

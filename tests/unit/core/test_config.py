@@ -169,6 +169,8 @@ def test_valid_hostnames_and_the_largest_index_load(hostname: str) -> None:
         (lambda d: d.update(hostname="not a host!"), "hostname: 'not a host!' is not a host name or IP address"),
         (lambda d: d["shmdisagg"].update(index={"capacity": 2**40, "max_capacity": 2**40}), "shmdisagg.index.capacity:"),
         (lambda d: d["generation_servers"].update(urls=[f"localhost:{d['port']}"]), "generation_servers.urls: 'localhost:"),
+        (lambda d: d["context_servers"]["kv_cache_config"].update(tokens_per_block="abc"), "context_servers.kv_cache_config.tokens_per_block: must be a positive integer, got 'abc'"),
+        (lambda d: d["context_servers"]["kv_cache_config"].update(tokens_per_block=-5), "context_servers.kv_cache_config.tokens_per_block: must be a positive integer, got -5"),
     ],
 )
 def test_check_config_and_launch_refuse_alike_in_one_line(tmp_path: Path, shm_prefix: str, edit, expected: str) -> None:
@@ -186,3 +188,37 @@ def test_check_config_and_launch_refuse_alike_in_one_line(tmp_path: Path, shm_pr
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"shmdisagg: config error: {path}: {expected}"), (command, out.stderr)
         assert "ok" not in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        # what the launcher hands the simulator (--tokens-per-block, --max-batch-size, ...)
+        *[(lambda d, v=v: d["generation_servers"].update(kv_cache_config={"tokens_per_block": v}),
+           f"generation_servers.kv_cache_config.tokens_per_block: must be a positive integer, got {v!r}")
+          for v in ("abc", -5, 0, True, None, 1.5)],
+        (lambda d: d["context_servers"].update(max_batch_size=True), "context_servers.max_batch_size: must be a number, got true"),
+        (lambda d: d["context_servers"].update(max_num_tokens=0), "context_servers.max_num_tokens: Input should be greater than or equal to 1"),
+        (lambda d: d.update(shmdisagg={"executors": {"sim": {"tokens_per_block": 0}}}), "shmdisagg.executors.sim.tokens_per_block: Input should be greater than or equal to 1"),
+        (lambda d: d.update(shmdisagg={"executors": {"sim": {"num_blocks": True}}}), "shmdisagg.executors.sim.num_blocks: must be a number, got true"),
+        (lambda d: d.update(shmdisagg={"executors": {"sim": {"speedup": False}}}), "shmdisagg.executors.sim.speedup: must be a number, got false"),
+    ],
+)
+def test_executor_options_the_launcher_interprets_are_checked(mutate, expected: str) -> None:
+    data = yaml.safe_load(TRTLLM_EXAMPLE)
+    mutate(data)
+    assert _error(data) == f"cfg.yaml: {expected}"
+
+
+def test_the_simulator_gets_the_sections_tokens_per_block_else_the_sim_default() -> None:
+    from shmdisagg.executors.plan import build_plan
+
+    data = yaml.safe_load(TRTLLM_EXAMPLE)
+    data["shmdisagg"] = {"executors": {"backend": "sim", "sim": {"tokens_per_block": 16}}}
+    data["context_servers"]["kv_cache_config"]["tokens_per_block"] = 1
+
+    def flag(argv: list[str]) -> str:
+        return argv[argv.index("--tokens-per-block") + 1]
+
+    plan = build_plan(parse_config(data))
+    assert [flag(i.argv) for i in plan.instances] == ["1", "1", "16"]
