@@ -72,6 +72,7 @@ def small_config(**sections: Any) -> dict[str, Any]:
     into `context_servers` / `generation_servers` / `shmdisagg.executors`."""
     common = {"cache_transceiver_config": {"backend": "UCX"}, "kv_cache_config": {"event_buffer_max_size": 256}}
     cfg: dict[str, Any] = {
+        "port": free_port(),  # a launch refuses a public port in use: never assume 8000 is free
         "context_servers": {"num_instances": 1, "urls": ["127.0.0.1:1"], **copy.deepcopy(common)},
         "generation_servers": {"num_instances": 1, "urls": ["127.0.0.1:2"], **copy.deepcopy(common)},
         "shmdisagg": {"executors": {"backend": "trtllm", "model": MODEL, "gpus": [0, 1]}},
