@@ -383,8 +383,10 @@ class DisaggConfig(BaseModel):
             for url, ep in section.endpoints():
                 if _same_listener(ep, public):
                     raise KeyedError(f"{key}.urls", f"{url!r} is the public address (hostname:port {self.hostname}:{self.port}) the fleet listens on")
-                if key == "generation_servers" and ep in context:
-                    raise KeyedError(f"{key}.urls", f"{url!r} is also a context_servers url ({context[ep]!r}): an executor serves one role")
+                if key == "generation_servers":
+                    clash = next((c for c_ep, c in context.items() if _same_listener(ep, c_ep)), None)
+                    if clash is not None:
+                        raise KeyedError(f"{key}.urls", f"{url!r} is also a context_servers url ({clash!r}): an executor serves one role")
         return self
 
     @property

@@ -192,7 +192,7 @@ def cached_block_hashes_bytes(tokens: memoryview, tokens_per_block: int, salt_id
     """`block_hashes_bytes` of an int32/int64 buffer through this process's `PrefixHashCache` for
     `tokens_per_block` (created on first use, PROCESS_CACHE_BLOCKS blocks): a prompt that repeats
     or extends one this process hashed before is chained only past the shared prefix. Prompts of
-    fewer than CACHE_MIN_BLOCKS blocks are hashed directly. The fleet workers' hot path
+    at most CACHE_MIN_BLOCKS blocks are hashed directly. The fleet workers' hot path
     (`RoutingKey.block_hashes`)."""
     if len(tokens) <= CACHE_MIN_BLOCKS * tokens_per_block:
         return _native.block_hashes_v1(tokens, tokens_per_block, salt_id)  # type: ignore[no-any-return]

@@ -97,7 +97,8 @@ class LegRunner:
             try:
                 host, port = self.directory.address(slot)
                 resp = await self.upstream.request(host, port, "POST", path, make_body(attempt))
-                opened = Opened(slot, resp, policy, key, self.hints)
+                # Only a KV-aware role routes on this server's KV events: hint for those alone.
+                opened = Opened(slot, resp, policy, key, self.hints if policy.name == "kv_cache_aware" else None)
             except UpstreamConnectError:
                 self.reporter.report(slot, "refused")
                 if attempt >= max_retries:

@@ -83,7 +83,6 @@ def build_plan(config: DisaggConfig, run_dir: Path | None = None, environ: Mappi
     spec = config.shmdisagg.executors
     if spec is None:
         return LaunchPlan("", "", (), run_dir)
-    # (every section lists its urls: the config's validation refuses one without)
     if spec.backend == "trtllm":
         from shmdisagg.executors.trtllm import trtllm_plan
 

@@ -89,3 +89,22 @@ def test_hints_make_kv_events_visible_without_the_fallback_poll(tmp_path: Path, 
     # the coordinator removed both of its sockets at shutdown
     assert not os.path.exists(hint_path)
     assert not os.path.exists(dep.config.coordinator_socket)
+
+
+def test_only_kv_aware_roles_are_hinted(tmp_path: Path, shm_prefix: str) -> None:
+    """A role routed without the KV index (here generation, round-robin) sends no hints: its
+    events would cost the coordinator drains that no routing decision reads."""
+    ctx, gen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    cfg = write_config(
+        tmp_path, shm_prefix, [ctx], [gen], routers=("kv_cache_aware", "round_robin"), num_workers=1,
+        shmdisagg={"executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}}},
+    )
+    with deployment(cfg) as dep:
+        for i in range(3):
+            body = {"model": MODEL, "prompt": list(range(1000 * i, 1000 * i + 100)), "max_tokens": 4, "stream": True}
+            status, events, _ = stream_lines(dep, "/v1/completions", body)
+            assert status == 200 and events[-1] == b"[DONE]"
+        conn = connection_to_worker(dep, 0)
+        hints = request_json("", 0, "GET", "/cluster_info", conn=conn)[1]["kv_hints"]
+        conn.close()
+        assert hints["sent"] + hints["failed"] == 3  # one per context response, none for generation

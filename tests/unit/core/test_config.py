@@ -131,6 +131,7 @@ def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path) -> None:
         (lambda d: d["generation_servers"].update(urls=["localhost:8002"]),
          "generation_servers.urls: 'localhost:8002' is also a context_servers url ('localhost:8002'): an executor serves one role"),
         (lambda d: d["generation_servers"].update(urls=["http://127.0.0.1:8001/"]), "generation_servers.urls: 'http://127.0.0.1:8001/' is also a context_servers url"),
+        (lambda d: d["generation_servers"].update(urls=["0.0.0.0:8001"]), "generation_servers.urls: '0.0.0.0:8001' is also a context_servers url"),
         (lambda d: d["context_servers"].update(urls=["localhost:8001", "localhost:8001"]), "context_servers.urls: 'localhost:8001' is listed twice"),
         (lambda d: d["context_servers"].update(urls=["localhost:8001", "http://127.0.0.1:8001"]),
          "context_servers.urls: 'http://127.0.0.1:8001' is listed twice (as 'localhost:8001')"),
