@@ -389,6 +389,22 @@ class DisaggConfig(BaseModel):
                         raise KeyedError(f"{key}.urls", f"{url!r} is also a context_servers url ({clash!r}): an executor serves one role")
         return self
 
+    @model_validator(mode="after")
+    def _check_fleet_room(self) -> "DisaggConfig":
+        """Every fleet worker needs a row in the table, and both coordinator sockets a path the
+        kernel accepts (an existing directory, at most 107 bytes with the `.kvhint` suffix)."""
+        rows = self.shmdisagg.shm.max_workers
+        if rows < self.num_workers:
+            raise KeyedError("shmdisagg.shm.max_workers", f"{rows} is fewer than num_workers ({self.num_workers}): each fleet worker needs a row")
+        path = self.shmdisagg.coordinator_socket
+        if path is not None:
+            parent = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(parent):
+                raise KeyedError("shmdisagg.coordinator_socket", f"directory {parent} does not exist")
+            if len(os.fsencode(path + ".kvhint")) > 107:
+                raise KeyedError("shmdisagg.coordinator_socket", f"{path!r} is too long for a Unix socket path (at most {107 - len('.kvhint')} bytes)")
+        return self
+
     @property
     def shm_prefix(self) -> str:
         """Shared-memory name prefix: configured, else `shmdisagg-<uid>-<port>`."""

@@ -120,6 +120,7 @@ class Deployment:
         self.log_dir = Path(base or Path(tempfile.gettempdir()) / f"{config.shm_prefix}-logs")
         self.plan: LaunchPlan | None = None
         self.executors: list[Child] = []
+        self._claim_sock: socket.socket | None = None
         self.coordinator: Child | None = None
         self._started_coordinator = False  # whose sockets stop() may remove after a hard kill
 
@@ -143,12 +144,26 @@ class Deployment:
         problem = public_port_problem(self.config.hostname, self.config.port)
         if problem:
             raise LaunchError(problem)
+        self._claim()
         try:
             self._start_executors()
             self._start_coordinator()
         except BaseException:
             self.stop()
             raise
+
+    def _claim(self) -> None:
+        """Claim this deployment (its shared-memory prefix) for the launcher's lifetime: two
+        launches started at once would otherwise both pass the port checks, then kill each
+        other's executors. An abstract Unix socket name is the claim: the kernel frees it when
+        this process exits, however it exits, and it leaves no file behind."""
+        claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            claim.bind(f"\0shmdisagg-launch-{self.config.shm_prefix}")
+        except OSError:
+            claim.close()
+            raise LaunchError(f"another launch of this deployment (shared-memory prefix {self.config.shm_prefix}) is starting or running") from None
+        self._claim_sock = claim
 
     def _spawn(
         self, name: str, argv: list[str], log_to_file: bool, env: dict[str, str] | None = None, own_group: bool = False
@@ -183,6 +198,9 @@ class Deployment:
             self.plan = build_plan(self.config, self.log_dir.absolute())
         except PlanError as err:
             raise LaunchError(f"config error: {err}") from None
+        unresolved = [inst.addr for inst in self.plan.instances if not _resolvable(inst.addr)]
+        if unresolved:
+            raise LaunchError(f"cannot resolve executor address: {', '.join(unresolved)}")
         busy = [inst.addr for inst in self.plan.instances if not _port_free(inst.addr)]
         if busy:
             # Otherwise another deployment's executor would answer our readiness checks.
@@ -286,6 +304,9 @@ class Deployment:
             removed = cleanup_stale(self.config.shm_prefix, sockets)
             if removed:
                 log.warning("removed stale shared memory: %s", ", ".join(removed))
+        if self._claim_sock is not None:  # last: the next launch may start now
+            self._claim_sock.close()
+            self._claim_sock = None
 
 
 def _signal(child: Child, sig: int) -> None:
@@ -294,6 +315,16 @@ def _signal(child: Child, sig: int) -> None:
             os.killpg(child.proc.pid, sig)
         elif child.proc.poll() is None:
             child.proc.send_signal(sig)
+
+
+def _resolvable(addr: str) -> bool:
+    """Whether the host of host:port resolves (a name that does not would look like a busy port)."""
+    host, _, port = addr.rpartition(":")
+    try:
+        socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return True
 
 
 def _port_free(addr: str) -> bool:

@@ -114,12 +114,18 @@ class Coordinator:
         # servers down and must not be reachable by other users.
         api_sock = bind_private_unix_socket(sock_path)
         hints: asyncio.BaseTransport | None = None
-        if self.kv_events is not None and self.config.shmdisagg.kv_events.hints:
-            try:  # before the fleet starts, so no worker's hint is lost to a missing socket
-                hints = await listen_for_hints(self.config.kv_hint_socket, self.kv_events)
-            except OSError as err:
-                log.warning("no KV poll hints (%s: %s): KV events are only polled", self.config.kv_hint_socket, err)
-        api = EmbeddedServer(uvicorn.Config(internal_app(self), lifespan="off", access_log=False, log_level="warning", loop="none"))
+        try:
+            if self.kv_events is not None and self.config.shmdisagg.kv_events.hints:
+                try:  # before the fleet starts, so no worker's hint is lost to a missing socket
+                    hints = await listen_for_hints(self.config.kv_hint_socket, self.kv_events)
+                except OSError as err:
+                    log.warning("no KV poll hints (%s: %s): KV events are only polled", self.config.kv_hint_socket, err)
+            api = EmbeddedServer(uvicorn.Config(internal_app(self), lifespan="off", access_log=False, log_level="warning", loop="none"))
+        except BaseException:  # cancelled or failed before the finally below owns the sockets
+            api_sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sock_path)
+            raise
         tasks = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.health.run()), asyncio.ensure_future(self._maintain_index())]
         if self.kv_events is not None:
             tasks.append(asyncio.ensure_future(self.kv_events.run()))

@@ -132,6 +132,10 @@ def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path) -> None:
          "generation_servers.urls: 'localhost:8002' is also a context_servers url ('localhost:8002'): an executor serves one role"),
         (lambda d: d["generation_servers"].update(urls=["http://127.0.0.1:8001/"]), "generation_servers.urls: 'http://127.0.0.1:8001/' is also a context_servers url"),
         (lambda d: d["generation_servers"].update(urls=["0.0.0.0:8001"]), "generation_servers.urls: '0.0.0.0:8001' is also a context_servers url"),
+        # room for the fleet, and socket paths the kernel accepts
+        (lambda d: d.update(num_workers=2, shmdisagg={"shm": {"max_workers": 1}}), "shmdisagg.shm.max_workers: 1 is fewer than num_workers (2)"),
+        (lambda d: d.update(shmdisagg={"coordinator_socket": "/nonexistent/dir/x.sock"}), "shmdisagg.coordinator_socket: directory /nonexistent/dir does not exist"),
+        (lambda d: d.update(shmdisagg={"coordinator_socket": "/tmp/" + "x" * 120 + ".sock"}), "shmdisagg.coordinator_socket: '/tmp/xxx"),
         (lambda d: d["context_servers"].update(urls=["localhost:8001", "localhost:8001"]), "context_servers.urls: 'localhost:8001' is listed twice"),
         (lambda d: d["context_servers"].update(urls=["localhost:8001", "http://127.0.0.1:8001"]),
          "context_servers.urls: 'http://127.0.0.1:8001' is listed twice (as 'localhost:8001')"),

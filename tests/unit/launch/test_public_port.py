@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shmdisagg.config import load_config
+from shmdisagg.launch import Deployment
 from tests.conftest import free_port
 from tests.fakes.trtllm_shim import REPO
 
@@ -80,3 +82,25 @@ def test_the_launchers_url_of_the_public_address(hostname: str, url: str) -> Non
 
     cfg = parse_config({"hostname": hostname, "port": 8000, "context_servers": {"urls": ["localhost:8001"]}, "generation_servers": {"urls": ["localhost:8002"]}})
     assert public_url(cfg) == url
+
+
+def test_a_second_launch_while_the_first_is_starting_is_refused_at_once(tmp_path: Path, shm_prefix: str) -> None:
+    """Two launches of one deployment started together: both pass the port checks (nothing
+    listens yet), so the first one's claim on its shared-memory prefix must refuse the second
+    before it starts any executor."""
+    path, _ = _config(tmp_path, shm_prefix, free_port())
+    first = Deployment(load_config(path), str(path), str(tmp_path / "logs1"))
+    first._claim()  # the first launch, between its checks and its executors
+    try:
+        logs = tmp_path / "logs2"
+        out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(logs)],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1, out
+        assert _errors(out.stderr) == [f"shmdisagg: launch failed: another launch of this deployment (shared-memory prefix "
+                                       f"{shm_prefix}) is starting or running"], out.stderr
+        assert not list(logs.glob("*.log")), "an executor was started"
+    finally:
+        first.stop()
+    second = Deployment(load_config(path), str(path), str(tmp_path / "logs3"))
+    second._claim()  # released by the first one's stop
+    second.stop()
