@@ -29,9 +29,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -284,7 +286,12 @@ class Deployment:
                 signal.signal(s, h)
 
     def stop(self) -> None:
-        """Stop everything this deployment started; idempotent."""
+        """Stop everything this deployment started; idempotent. A second Ctrl-C while stopping
+        is ignored: interrupting the stop would leave children and segments behind."""
+        with _sigint_ignored():
+            self._stop()
+
+    def _stop(self) -> None:
         if self.coordinator is not None:
             _terminate([self.coordinator])
             self.coordinator = None
@@ -307,6 +314,19 @@ class Deployment:
         if self._claim_sock is not None:  # last: the next launch may start now
             self._claim_sock.close()
             self._claim_sock = None
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored for the block (main thread only: elsewhere signals cannot be changed)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _signal(child: Child, sig: int) -> None:
