@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import signal
 import socket
 
@@ -61,6 +62,24 @@ def bind_reuseport(host: str, port: int, backlog: int = 2048) -> socket.socket:
         sock.bind(addr)
         sock.listen(backlog)
         sock.set_inheritable(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def private_unix_socket(path: str, kind: int = socket.SOCK_STREAM) -> socket.socket:
+    """A non-blocking Unix socket bound at `path` that only this user can reach: mode 0600, bound
+    under umask 0177, so it is never accessible to others, not even for a moment. Closed again
+    if binding fails; the caller listens (streams) and unlinks `path` when done."""
+    sock = socket.socket(socket.AF_UNIX, kind)
+    try:
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        sock.setblocking(False)
     except BaseException:
         sock.close()
         raise

@@ -45,6 +45,7 @@ import orjson
 
 from shmdisagg.config import KvEventsSection
 from shmdisagg.coordinator.health import Executor
+from shmdisagg.procutil import private_unix_socket
 from shmdisagg.reporting import HINT_MAGIC
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.upstream import UpstreamError, UpstreamPool
@@ -266,14 +267,8 @@ async def listen_for_hints(path: str, ingestor: KvEventIngestor) -> asyncio.Base
     `ingestor`. The caller closes the transport and unlinks `path`."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock = private_unix_socket(path, socket.SOCK_DGRAM)
     try:
-        old = os.umask(0o177)
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
-        sock.setblocking(False)
         transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: KvHintProtocol(ingestor), sock=sock)
     except BaseException:
         sock.close()

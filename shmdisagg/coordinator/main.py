@@ -29,7 +29,7 @@ from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
 from shmdisagg.coordinator.supervisor import FleetSupervisor
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
-from shmdisagg.procutil import public_port_problem
+from shmdisagg.procutil import private_unix_socket, public_port_problem
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.index import BlockIndex, IndexSettings
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
@@ -165,17 +165,11 @@ class Coordinator:
 
 
 def bind_private_unix_socket(path: str, backlog: int = 2048) -> socket.socket:
-    """A listening Unix stream socket at `path` that only this user can connect to (mode 0600:
-    bound under umask 0177, so it is never accessible to others, not even for a moment)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    """A listening Unix stream socket at `path` that only this user can connect to (mode 0600,
+    `procutil.private_unix_socket`)."""
+    sock = private_unix_socket(path, socket.SOCK_STREAM)
     try:
-        old = os.umask(0o177)
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
         sock.listen(backlog)
-        sock.setblocking(False)
     except BaseException:
         sock.close()
         raise
