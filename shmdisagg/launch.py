@@ -195,7 +195,6 @@ class Deployment:
         spec = self.config.shmdisagg.executors
         if spec is None:
             return
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.plan = build_plan(self.config, self.log_dir.absolute())
         except PlanError as err:
@@ -207,6 +206,7 @@ class Deployment:
         if busy:
             # Otherwise another deployment's executor would answer our readiness checks.
             raise LaunchError(f"executor address already in use: {', '.join(busy)} (is another deployment running?)")
+        self.log_dir.mkdir(parents=True, exist_ok=True)  # only now: a refused launch leaves none
         for inst in self.plan.instances:
             inst.write_options()
             child = self._spawn(inst.name, inst.argv, log_to_file=True, env=inst.env, own_group=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,7 +137,7 @@ def describe_plan(plan: LaunchPlan, config: DisaggConfig, config_path: str) -> s
         if gpus:
             out.append(f"GPUs: {', '.join(gpus)} ({plan.gpu_note})")
         run_dir = plan.run_dir or UNSET_RUN_DIR
-        note = "" if plan.run_dir else " (a new temporary directory at launch unless --log-dir is given)"
+        note = "" if plan.run_dir else f" (at launch: --log-dir, else {tempfile.gettempdir()}/{config.shm_prefix}-logs, reused by each launch)"
         out.append(f"logs and option files: {run_dir}{note}")
     for inst in plan.instances:
         out.append("")

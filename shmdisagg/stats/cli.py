@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_prefix(args: argparse.Namespace, load_config: Any) -> str:
     """The prefix named by -c/--port/--prefix (port 8000 when none is given)."""
-    if args.prefix:
+    if args.prefix is not None:  # '' too: prefix_error refuses it rather than using the default
         return str(args.prefix)
     if args.config:
         return str(load_config(args.config).shm_prefix)

@@ -104,3 +104,15 @@ def test_a_second_launch_while_the_first_is_starting_is_refused_at_once(tmp_path
     second = Deployment(load_config(path), str(path), str(tmp_path / "logs3"))
     second._claim()  # released by the first one's stop
     second.stop()
+
+
+def test_a_launch_refused_for_a_busy_executor_port_leaves_no_log_directory(tmp_path: Path, shm_prefix: str, busy_port: int) -> None:
+    path = tmp_path / "config.yaml"
+    cfg = yaml.safe_load(_config(tmp_path, shm_prefix, free_port())[0].read_text())
+    cfg["context_servers"]["urls"] = [f"127.0.0.1:{busy_port}"]
+    path.write_text(yaml.safe_dump(cfg))
+    logs = tmp_path / "logs"
+    out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(logs)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and f"executor address already in use: 127.0.0.1:{busy_port}" in out.stderr, out
+    assert not logs.exists()

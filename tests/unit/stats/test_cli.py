@@ -70,7 +70,7 @@ def test_the_live_view_runs_until_the_deployment_stops(shm_prefix: str) -> None:
     assert proc.returncode == 0 and b"stopped" in err
 
 
-@pytest.mark.parametrize("prefix", ["../etc", "a" * 300, "x/y"])
+@pytest.mark.parametrize("prefix", ["../etc", "a" * 300, "x/y", ""])
 def test_an_invalid_prefix_is_a_one_line_usage_error(prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["stats", "--prefix", prefix, "--once"]) == 2
     err = capsys.readouterr().err
