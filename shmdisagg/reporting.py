@@ -18,11 +18,12 @@ poll picks those events up.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 
 import aiohttp
+
+from shmdisagg.tasks import stop_task
 
 log = logging.getLogger("shmdisagg.fleet")
 
@@ -46,10 +47,7 @@ class FailureReporter:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
 
     async def _run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=1.0)

@@ -7,7 +7,6 @@ completion and instead of rich's refresh thread, so the display costs the client
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 from types import TracebackType
 
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from shmdisagg.bench.load import LoadCounters
+from shmdisagg.tasks import stop_task
 
 _REFRESH_S = 0.25
 
@@ -71,10 +71,7 @@ class LiveProgress(NullProgress):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+        await stop_task(self._ticker)
         self._draw()
         self._progress.stop()
 

@@ -13,7 +13,6 @@ since the run's origin (the summary's `duration_s` clock).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import time
 from typing import Any
@@ -22,6 +21,7 @@ import aiohttp
 
 from shmdisagg.bench.client import RequestRecord
 from shmdisagg.bench.metrics import e2e_ms, ttft_ms
+from shmdisagg.tasks import stop_task
 
 _SAMPLE = re.compile(r'^(shmdisagg_server_active_requests)\{([^}]*)\} ([0-9.eE+\-]+|NaN)$')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -80,11 +80,8 @@ class LoadSampler:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
 
 def timeline(records: list[RequestRecord], origin: float, sampler: LoadSampler | None) -> dict[str, Any]:

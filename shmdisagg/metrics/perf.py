@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 
 from shmdisagg.metrics.request import RECORD_FIELDS, observe_into
+from shmdisagg.tasks import stop_task
 
 log = logging.getLogger("shmdisagg.coordinator")
 
@@ -220,11 +221,8 @@ class PerfStore:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 
 from shmdisagg.metrics.schema import LAYOUT
+from shmdisagg.tasks import stop_task
 
 log = logging.getLogger("shmdisagg.metrics")
 
@@ -60,11 +61,8 @@ class RecordShipper:
 
     async def stop(self) -> None:
         """Send what is pending (best effort, bounded by the client timeout), then close."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         if self._session is not None:
             with contextlib.suppress(Exception):
                 await self.flush()
