@@ -210,6 +210,25 @@ static void premix_select(void)
      ((out) = ((PyLongObject *)(o))->ob_digit[0], 1))
 #endif
 
+#if PY_VERSION_HEX < 0x030C0000
+/* Four list items at once with one branch: if all are positive single-digit exact ints (every
+ * token id below 2**30), writes their values to out (unless NULL) and returns 1; else 0. */
+static inline __attribute__((always_inline)) int four_small_ints(PyObject *const *p, uint32_t *out)
+{
+    if ((Py_IS_TYPE(p[0], &PyLong_Type) & Py_IS_TYPE(p[1], &PyLong_Type) & Py_IS_TYPE(p[2], &PyLong_Type) &
+         Py_IS_TYPE(p[3], &PyLong_Type) & (Py_SIZE(p[0]) == 1) & (Py_SIZE(p[1]) == 1) &
+         (Py_SIZE(p[2]) == 1) & (Py_SIZE(p[3]) == 1)) == 0)
+        return 0;
+    if (out != NULL) {
+        out[0] = ((PyLongObject *)p[0])->ob_digit[0];
+        out[1] = ((PyLongObject *)p[1])->ob_digit[0];
+        out[2] = ((PyLongObject *)p[2])->ob_digit[0];
+        out[3] = ((PyLongObject *)p[3])->ob_digit[0];
+    }
+    return 1;
+}
+#endif
+
 #define V1_CHUNK 256 /* tokens premixed ahead of the chain: 1 KiB, stays in L1 */
 
 /* Raw token bits of tokens[start .. start + n) into out (u32). 0 with an exception set. */
@@ -220,18 +239,8 @@ int fill_chunk(const Tokens *t, Py_ssize_t start, Py_ssize_t n, uint32_t *out)
     if (t->items != NULL) {
         PyObject *const *it = t->items + start;
 #if PY_VERSION_HEX < 0x030C0000
-        /* four at a time with one branch: positive single-digit ints (every token id < 2^30) */
-        for (; i + 4 <= n; i += 4) {
-            PyObject *a = it[i], *b = it[i + 1], *c = it[i + 2], *d = it[i + 3];
-            if ((Py_IS_TYPE(a, &PyLong_Type) & Py_IS_TYPE(b, &PyLong_Type) & Py_IS_TYPE(c, &PyLong_Type) &
-                 Py_IS_TYPE(d, &PyLong_Type) & (Py_SIZE(a) == 1) & (Py_SIZE(b) == 1) &
-                 (Py_SIZE(c) == 1) & (Py_SIZE(d) == 1)) == 0)
-                break;
-            out[i] = ((PyLongObject *)a)->ob_digit[0];
-            out[i + 1] = ((PyLongObject *)b)->ob_digit[0];
-            out[i + 2] = ((PyLongObject *)c)->ob_digit[0];
-            out[i + 3] = ((PyLongObject *)d)->ob_digit[0];
-        }
+        while (i + 4 <= n && four_small_ints(it + i, out + i))
+            i += 4;
 #endif
         for (; i < n; i++) {
             PyObject *o = it[i];
@@ -409,20 +418,8 @@ static int ids_u31(PyObject *const *items, Py_ssize_t n, uint32_t *out)
 {
     Py_ssize_t i = 0;
 #if PY_VERSION_HEX < 0x030C0000
-    /* four at a time with one branch: positive single-digit ints (every id below 2**30) */
-    for (; i + 4 <= n; i += 4) {
-        PyObject *a = items[i], *b = items[i + 1], *c = items[i + 2], *d = items[i + 3];
-        if ((Py_IS_TYPE(a, &PyLong_Type) & Py_IS_TYPE(b, &PyLong_Type) & Py_IS_TYPE(c, &PyLong_Type) &
-             Py_IS_TYPE(d, &PyLong_Type) & (Py_SIZE(a) == 1) & (Py_SIZE(b) == 1) & (Py_SIZE(c) == 1) &
-             (Py_SIZE(d) == 1)) == 0)
-            break;
-        if (out != NULL) {
-            out[i] = ((PyLongObject *)a)->ob_digit[0];
-            out[i + 1] = ((PyLongObject *)b)->ob_digit[0];
-            out[i + 2] = ((PyLongObject *)c)->ob_digit[0];
-            out[i + 3] = ((PyLongObject *)d)->ob_digit[0];
-        }
-    }
+    while (i + 4 <= n && four_small_ints(items + i, out != NULL ? out + i : NULL))
+        i += 4;
 #endif
     for (; i < n; i++) {
         PyObject *o = items[i];
