@@ -72,7 +72,7 @@ def fit_width(console: Any, renderable: Any) -> None:
 
 def take(reader: StatsReader, interval: float) -> dict[str, Any]:
     """One snapshot with rates over `interval` seconds."""
-    first = reader.sample()
+    first = reader.sample(scan_index=False)  # only the base of the rates
     time.sleep(interval)
     return snapshot(first, reader.sample(), reader.prefix)
 

@@ -88,7 +88,9 @@ class StatsReader:
         """False once the coordinator unlinked the control segment (our mapping outlives it)."""
         return os.path.exists(os.path.join(SHM_DIR, f"{self.prefix}-ctl"))
 
-    def sample(self) -> Sample:
+    def sample(self, scan_index: bool = True) -> Sample:
+        """`scan_index=False` skips the per-server KV block count (a full index scan) for a
+        sample that only serves as the base of rates."""
         t = self.table
         errors = []
         try:
@@ -101,7 +103,7 @@ class StatsReader:
             generation, capacity, _, _ = t.index_publication()
             if generation:
                 index = {**t.index_metrics(), "generation": generation, "capacity": capacity}
-                kv_blocks = server_blocks(t)
+                kv_blocks = server_blocks(t) if scan_index else None
         except Exception:  # no block index in this deployment or build
             index = None
         return Sample(
