@@ -59,7 +59,11 @@ class Coordinator:
             self.health.on_unhealthy = self.index.clear_server  # its cache may be gone: stop attracting traffic
             ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
             tpb = {ROLE_CONTEXT: ctx_args.tokens_per_block or 0, ROLE_GENERATION: gen_args.tokens_per_block or 0}
-            self.kv_events = KvEventIngestor(self.index, self.health.executors, tpb.__getitem__, sd.kv_events) if "kv_cache_aware" in (ctx_args.type, gen_args.type) else None
+            # Only a kv_cache_aware role routes on its executors' KV events (and only its legs
+            # send poll hints): draining the others would cost CPU and fill the index for nothing.
+            kv_roles = {role for role, args in ((ROLE_CONTEXT, ctx_args), (ROLE_GENERATION, gen_args)) if args.type == "kv_cache_aware"}
+            kv_executors = [ex for ex in self.health.executors if ex.role in kv_roles]
+            self.kv_events = KvEventIngestor(self.index, kv_executors, tpb.__getitem__, sd.kv_events) if kv_executors else None
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
             self.schedule_style = schedule_style or os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE") or config.schedule_style
             env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style}

@@ -91,13 +91,17 @@ def test_hints_make_kv_events_visible_without_the_fallback_poll(tmp_path: Path, 
     assert not os.path.exists(dep.config.coordinator_socket)
 
 
-def test_only_kv_aware_roles_are_hinted(tmp_path: Path, shm_prefix: str) -> None:
-    """A role routed without the KV index (here generation, round-robin) sends no hints: its
-    events would cost the coordinator drains that no routing decision reads."""
+def test_only_kv_aware_roles_are_hinted_and_drained(tmp_path: Path, shm_prefix: str) -> None:
+    """A role routed without the KV index (here generation, round-robin) sends no hints and its
+    executors are not drained: their events would cost the coordinator drains that no routing
+    decision reads (and, polled without hints, would show as late in the lag histogram)."""
     ctx, gen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     cfg = write_config(
         tmp_path, shm_prefix, [ctx], [gen], routers=("kv_cache_aware", "round_robin"), num_workers=1,
-        shmdisagg={"executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}}},
+        shmdisagg={
+            "executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}},
+            "kv_events": {"busy_poll_s": 0.01, "idle_poll_s": 0.01, "hinted_poll_s": 0.01},
+        },
     )
     with deployment(cfg) as dep:
         for i in range(3):
@@ -108,3 +112,11 @@ def test_only_kv_aware_roles_are_hinted(tmp_path: Path, shm_prefix: str) -> None
         hints = request_json("", 0, "GET", "/cluster_info", conn=conn)[1]["kv_hints"]
         conn.close()
         assert hints["sent"] + hints["failed"] == 3  # one per context response, none for generation
+        # ...and the coordinator never drains that role's executor: once the context server's
+        # blocks are visible, the generation server still holds every stored event it emitted
+        ctx_hashes = block_hashes(list(range(2000, 2100)), 32)
+        wait_until(lambda: all(_event_mask(dep, h) for h in ctx_hashes), timeout_s=10, what="context server's stored events")
+        host, port = gen.split(":")
+        status, events = request_json(host, int(port), "POST", "/kv_cache_events")
+        assert status == 200
+        assert sum(1 for e in events if e["data"]["type"] == "stored") >= 3, events
