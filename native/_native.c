@@ -978,7 +978,8 @@ static const char *const IM_NAMES[IM_WORDS] = {
     "lag_sum_ns",
 };
 
-/* index_metrics() -> dict of the index metrics (relaxed loads), "lag_hist" a list of 64 counts. */
+/* index_metrics() -> dict of the index metrics (relaxed loads), "lag_hist" a list of LAG_BUCKETS
+ * counts (log-linear ns buckets, see OFF_LAGHIST). */
 static PyObject *Region_index_metrics(Region *self, PyObject *unused)
 {
     PyObject *result = NULL, *v = NULL, *hist = NULL;

@@ -18,10 +18,10 @@ _Static_assert(__atomic_always_lock_free(8, 0), "8-byte atomics must be lock-fre
 _Static_assert(__atomic_always_lock_free(4, 0), "4-byte atomics must be lock-free (address-free)");
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the layout is little-endian");
 
-/* ---- control layout (version 2): keep in step with native/README.md -------------------- */
+/* ---- control layout (version 3): keep in step with native/README.md -------------------- */
 
 #define MAGIC 0x31564C5447534453ULL /* "SDSGTLV1" little-endian */
-#define LAYOUT_VERSION 2u /* 2: index publication, index metrics */
+#define LAYOUT_VERSION 3u /* 2: index publication, index metrics; 3: log-linear lag histogram */
 #define HEADER_BYTES 4096u
 #define MAX_SERVERS 64u
 #define MAX_ROLES 2u
@@ -110,9 +110,12 @@ enum {
 #define OFF_IDXCNT 0x700u
 #define IC_FULL_DROPS 0x700u  /* inserts refused because the index was full */
 #define IC_RACE_RERUNS 0x708u /* kv picks re-scored after losing a claim race */
-/* event-to-visibility lag histogram (coordinator): bucket b counts lags in [2^b, 2^(b+1)) ns */
+/* event-to-visibility lag histogram (coordinator), log-linear in ns: a lag of 0..3 counts in
+ * bucket 0..3; a larger one in 4 * msb + the two bits below its msb (4 sub-buckets per octave,
+ * each a quarter of it wide; buckets 4..7 stay empty). Bucket 4m + s, m >= 2, covers
+ * [(4 + s) << (m - 2), (5 + s) << (m - 2)) ns. */
 #define OFF_LAGHIST 0x800u
-#define LAG_BUCKETS 64u
+#define LAG_BUCKETS 256u
 
 /* server record (seqlock each) */
 #define S_SEQ 0u

@@ -200,7 +200,8 @@ class Region:
     def count_index_dropped(self, n: int, /) -> None:
         """Coordinator: count KV events the ingest dropped (unknown server, malformed)."""
     def index_metrics(self) -> dict[str, object]:
-        """The index metrics (ints) plus "lag_hist": list of LAG_BUCKETS counts (log2 ns)."""
+        """The index metrics (ints) plus "lag_hist": list of LAG_BUCKETS counts
+        (log-linear ns buckets: `shmdisagg.shm.index.lag_bucket_edges`)."""
 
 class Index:
     """One mapped KV block index segment, routing with the control `Region` it is given.

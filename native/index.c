@@ -382,11 +382,20 @@ static void metric_add(Region *r, int which, uint64_t n)
     ST(w, LD(w) + n);
 }
 
+/* The lag histogram's bucket of a lag in ns (see OFF_LAGHIST): 0..255. */
+static unsigned lag_bucket(uint64_t lag)
+{
+    unsigned msb;
+    if (lag < 4)
+        return (unsigned)lag;
+    msb = 63u - (unsigned)__builtin_clzll(lag);
+    return 4u * msb + (unsigned)((lag >> (msb - 2)) & 3u);
+}
+
 static void record_lag(Region *r, uint64_t event_ts_ns)
 {
     uint64_t now = realtime_ns(), lag = now > event_ts_ns ? now - event_ts_ns : 0, *w;
-    unsigned b = lag ? 63u - (unsigned)__builtin_clzll(lag) : 0;
-    w = U64(r, OFF_LAGHIST + 8 * b);
+    w = U64(r, OFF_LAGHIST + 8 * lag_bucket(lag));
     ST(w, LD(w) + 1);
     metric_add(r, IM_LAG_SAMPLES, 1);
     metric_add(r, IM_LAG_SUM_NS, lag);

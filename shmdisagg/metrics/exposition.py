@@ -21,12 +21,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from shmdisagg.metrics.rows import MetricsSegment
 from shmdisagg.metrics.schema import COUNTERS, HISTOGRAMS, LAYOUT, MAX_SERVERS, OUTCOMES, PER_SERVER, ROLES
+from shmdisagg.shm.index import lag_bucket_edges
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable
 
 log = logging.getLogger("shmdisagg.metrics")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-_LAG_FIRST, _LAG_LAST = 9, 36  # index lag buckets shown: [.., 1 us) ... [.., 137 s), then +Inf
+# Index lag buckets shown, each with its upper edge as `le` (see `lag_bucket_edges`): buckets up to
+# _LAG_FIRST summed (le 1.024 us), then each one up to _LAG_LAST (le 68.7 s), then +Inf.
+_LAG_FIRST, _LAG_LAST = 39, 143
 
 
 def role_name(role: int) -> str:
@@ -148,10 +151,10 @@ class FleetCollector(Collector):
         hist = m.get("lag_hist")
         if isinstance(hist, list) and hist:
             running = sum(hist[: _LAG_FIRST + 1])
-            buckets = [(_fmt(2.0 ** (_LAG_FIRST + 1) / 1e9), float(running))]
-            for b in range(_LAG_FIRST + 1, min(_LAG_LAST, len(hist))):
+            buckets = [(_fmt(lag_bucket_edges(_LAG_FIRST)[1] / 1e9), float(running))]
+            for b in range(_LAG_FIRST + 1, min(_LAG_LAST + 1, len(hist))):
                 running += hist[b]
-                buckets.append((_fmt(2.0 ** (b + 1) / 1e9), float(running)))
+                buckets.append((_fmt(lag_bucket_edges(b)[1] / 1e9), float(running)))
             buckets.append(("+Inf", float(sum(hist))))
             fam = HistogramMetricFamily("shmdisagg_index_event_lag_seconds", "KV event creation on the executor to visibility in the index")
             fam.add_metric([], buckets, m.get("lag_sum_ns", 0) / 1e9)

@@ -39,7 +39,7 @@ from shmdisagg.shm.layout import LAG_BUCKETS, index_name, index_size
 from shmdisagg.shm.segment import RetryExhausted, Segment, SegmentNotReady, ShmError
 from shmdisagg.shm.table import ControlTable
 
-__all__ = ["BlockIndex", "IndexSettings", "IndexStats", "pack_hashes"]
+__all__ = ["BlockIndex", "IndexSettings", "IndexStats", "lag_bucket_edges", "pack_hashes"]
 
 _REMAP_ATTEMPTS = 16
 
@@ -89,7 +89,8 @@ class IndexStats:
 
     Counters (`events_applied`, `blocks_applied`, `index_full_drops`, ...) only grow: derive
     per-second rates by differencing two snapshots. `live`/`dead`/`sessions` are from the last
-    sweep. `lag_hist[b]` counts event-to-visibility lags in [2**b, 2**(b+1)) ns.
+    sweep. `lag_hist[b]` counts event-to-visibility lags in `lag_bucket_edges(b)` ns: log-linear,
+    4 sub-buckets per octave (each at most 25 % wide), so an edge is within 25 % of the lag.
     """
 
     generation: int
@@ -118,17 +119,32 @@ class IndexStats:
     lag_hist: tuple[int, ...] = field(repr=False)
 
     def lag_quantile_ns(self, q: float) -> int:
-        """Upper bound (bucket edge, ns) of the q-quantile of the event-to-visibility lag; 0 if
-        no lag was recorded."""
+        """Upper bound (ns, the exclusive upper edge of its bucket) of the q-quantile of the
+        event-to-visibility lag; 0 if no lag was recorded."""
         total = sum(self.lag_hist)
         if total == 0:
             return 0
         rank, seen = q * total, 0
         for b, n in enumerate(self.lag_hist):
             seen += n
-            if seen >= rank:
-                return 1 << (b + 1)
-        return 1 << LAG_BUCKETS
+            if n and seen >= rank:
+                return lag_bucket_edges(b)[1]
+        return lag_bucket_edges(LAG_BUCKETS - 1)[1]
+
+
+def lag_bucket_edges(b: int) -> tuple[int, int]:
+    """[lower, upper) edges in ns of bucket `b` of the lag histogram (`IndexStats.lag_hist`).
+
+    Buckets 0..3 hold a lag of exactly b ns; bucket 4m + s (m >= 2, s in 0..3) holds the lags whose
+    highest set bit is m and the two bits below it are s: [(4 + s) << (m - 2), (5 + s) << (m - 2)).
+    Buckets 4..7 are never counted and have the empty range [4, 4). ValueError outside 0..255.
+    """
+    if not 0 <= b < LAG_BUCKETS:
+        raise ValueError(f"lag bucket {b} outside 0..{LAG_BUCKETS - 1}")
+    if b < 8:
+        return (b, b + 1) if b < 4 else (4, 4)
+    shift = (b >> 2) - 2
+    return (4 + (b & 3)) << shift, (5 + (b & 3)) << shift
 
 
 def pack_hashes(hashes: bytes | Sequence[int]) -> bytes:

@@ -334,7 +334,8 @@ class ControlTable:
 
     def index_metrics(self) -> dict[str, Any]:
         """The block index metrics kept in the control segment (counters are monotonic; derive
-        rates by differencing). "lag_hist" counts event-to-visibility lags in log2 ns buckets."""
+        rates by differencing). "lag_hist" counts event-to-visibility lags in log-linear ns buckets
+        (edges: `shmdisagg.shm.index.lag_bucket_edges`)."""
         return self._region.index_metrics()  # type: ignore[no-any-return]
 
     # -- worker only (own row) ----------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shmdisagg.metrics.exposition import FleetCollector, render
 from shmdisagg.metrics.rows import MetricsSegment, worker_row
 from shmdisagg.metrics.schema import LAYOUT
+from shmdisagg.shm.index import BlockIndex, IndexSettings
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
 
 
@@ -74,3 +76,24 @@ def test_without_a_metrics_segment_the_table_is_still_reported(deployment) -> No
     s = samples(render(FleetCollector(coord, None, {})))
     assert ("total_requests_total", ()) not in s
     assert s[("shmdisagg_server_healthy", (("role", "context"), ("server", "127.0.0.1:1001")))] == 1
+
+
+def test_the_index_lag_histogram_has_four_buckets_per_octave_from_1us_to_69s(deployment) -> None:  # type: ignore[no-untyped-def]
+    coord, _, _ = deployment
+    index = BlockIndex.create(coord, IndexSettings(capacity=1 << 10))
+    try:
+        now = time.time_ns()
+        index.apply_stored(0, [1], now + 10**12)  # stamped in the future: lag 0
+        index.apply_stored(0, [2], now - 5_000_000)  # ~5 ms
+        index.apply_stored(0, [3], now - 100 * 10**9)  # 100 s: past the last finite edge
+        s = samples(render(FleetCollector(coord, None, {})))
+    finally:
+        index.close()
+    name = "shmdisagg_index_event_lag_seconds_bucket"
+    le = {float(dict(labels)["le"]): v for (n, labels), v in s.items() if n == name}
+    edges = sorted(le)
+    assert edges[0] == 1.024e-06 and edges[-2] == 68.719476736 and edges[-1] == float("inf")
+    assert len(edges) == 106 and all(1.0 < b / a <= 1.25 for a, b in zip(edges[:-2], edges[1:-1]))
+    assert {0.004194304, 0.00524288, 0.006291456, 0.007340032, 0.008388608} <= set(edges)
+    assert (le[1.024e-06], le[0.004194304], le[0.006291456], le[68.719476736], le[float("inf")]) == (1, 1, 2, 2, 3)
+    assert s[("shmdisagg_index_event_lag_seconds_count", ())] == 3

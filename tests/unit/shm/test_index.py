@@ -4,6 +4,7 @@ index, generation swaps and the metrics. Several workers are several attached ta
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -14,7 +15,7 @@ import pytest
 
 from shmdisagg import _native, hashing
 from shmdisagg.shm import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, RowLost, ShmError, segment_names
-from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes
+from shmdisagg.shm.index import BlockIndex, IndexSettings, lag_bucket_edges, pack_hashes
 
 PID = os.getpid()
 TTL_NS = 120 * 10**9
@@ -507,6 +508,53 @@ def test_metrics_count_events_blocks_drops_and_lag(index: BlockIndex, worker: Wo
     assert 3_000_000 <= s.lag_sum_ns < 10**9
     assert 2**21 < s.lag_quantile_ns(0.99) <= 2**30
     assert worker.table.index_metrics()["events_applied"] == 3  # any process reads them
+
+
+def test_lag_bucket_edges_are_log_linear_and_tile_every_u64() -> None:
+    assert [lag_bucket_edges(b) for b in (0, 3, 4, 7, 8, 11, 12, 15)] == [
+        (0, 1), (3, 4), (4, 4), (4, 4), (4, 5), (7, 8), (8, 10), (14, 16)]
+    assert lag_bucket_edges(88) == (4_194_304, 5_242_880)  # 2**22 ns: 4.19 .. 5.24 ms
+    assert lag_bucket_edges(89) == (5_242_880, 6_291_456)
+    assert lag_bucket_edges(255) == (7 << 61, 1 << 64)
+    used = [lag_bucket_edges(b) for b in (*range(4), *range(8, 256))]
+    assert used[0][0] == 0 and all(hi == lo for (_, hi), (lo, _) in zip(used, used[1:]))
+    assert all(4 * (hi - lo) <= lo for lo, hi in used[4:])  # each at most 25 % wide
+    for bad in (-1, 256):
+        with pytest.raises(ValueError):
+            lag_bucket_edges(bad)
+
+
+def test_a_lag_lands_in_its_sub_bucket(index: BlockIndex) -> None:
+    """Each event's recorded lag (the lag_sum_ns step) falls in the one bucket it incremented;
+    lags of seconds are placed with 2 s to spare, so the bucket is known before the event."""
+    octave = 1 << 33  # 8.6 s: sub-buckets 2.1 s wide
+    cases = [(-10**12, 0)] + [((4 + s) * (octave >> 2) + 10**8, 132 + s) for s in range(4)]
+    cases += [(5_000_000, None)]  # ~5 ms: bucket 88 or 89 depending on the clock read's delay
+    for lag, want in cases:
+        before = index.stats()
+        index.apply_stored(0, chain(60, 1), time.time_ns() - lag)
+        after = index.stats()
+        steps = [(b, a - c) for b, (a, c) in enumerate(zip(after.lag_hist, before.lag_hist)) if a != c]
+        assert len(steps) == 1 and steps[0][1] == 1
+        b, recorded = steps[0][0], after.lag_sum_ns - before.lag_sum_ns
+        lo, hi = lag_bucket_edges(b)
+        assert lo <= recorded < hi, (lag, b, recorded)
+        assert b == want if want is not None else b in (88, 89)
+
+
+def test_lag_quantiles_are_sub_bucket_upper_edges(index: BlockIndex) -> None:
+    for _ in range(9):
+        index.apply_stored(0, chain(61, 1), time.time_ns() - 5_000_000)
+    index.apply_stored(0, chain(62, 1), time.time_ns() - 45_000_000)
+    s = index.stats()
+    assert 5_000_000 < s.lag_quantile_ns(0.5) <= 6_300_000  # log2 buckets said <= 8.4 ms
+    assert s.lag_quantile_ns(0.99) == 50_331_648  # 45 ms: [41.9, 50.3) ms
+    hist = [0] * len(s.lag_hist)
+    hist[88], hist[89], hist[101] = 60, 30, 10
+    synthetic = dataclasses.replace(s, lag_hist=tuple(hist))
+    assert [synthetic.lag_quantile_ns(q) for q in (0.0, 0.5, 0.6, 0.61, 0.9, 0.91, 1.0)] == [
+        5_242_880, 5_242_880, 5_242_880, 6_291_456, 6_291_456, 50_331_648, 50_331_648]
+    assert dataclasses.replace(s, lag_hist=(0,) * len(s.lag_hist)).lag_quantile_ns(0.5) == 0
 
 
 # -- layout validation -----------------------------------------------------------------------------
