@@ -88,7 +88,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from shmdisagg.executors.plan import build_plan
+
     config = _load(args.config)
+    try:  # the launch plan's own checks too (trtllm options, GPUs), as `launch` runs them here
+        build_plan(config, None)
+    except ConfigError as err:
+        print(f"shmdisagg: config error: {args.config}: {err}", file=sys.stderr)
+        return 2
     print(
         f"{args.config}: ok — {len(config.context_servers.urls)} context and "
         f"{len(config.generation_servers.urls)} generation servers, {config.num_workers} fleet worker{'s' if config.num_workers != 1 else ''}, "

@@ -230,3 +230,25 @@ def test_without_an_executors_section_nothing_is_planned() -> None:
     del cfg["shmdisagg"]
     plan = plan_of(cfg)
     assert plan.instances == () and plan.backend == ""
+
+
+def test_check_config_runs_the_plan_checks_that_launch_runs(tmp_path: Path, shm_prefix: str) -> None:
+    """A config the trtllm plan refuses is refused by `check-config` too, in the same one line,
+    instead of 'ok' there and a failure only at `launch`."""
+    import subprocess
+    import sys
+
+    cfg = small_config(context_servers={"router": {"type": "kv_cache_aware"}, "kv_cache_config": {"event_buffer_max_size": 0}})
+    cfg["shmdisagg"].update(shm={"prefix": shm_prefix}, coordinator_socket=str(tmp_path / "coord.sock"))
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    expected = f"shmdisagg: config error: {path}: context_servers.kv_cache_config.event_buffer_max_size: 0 turns KV events off"
+    for command in ("check-config", "launch"):
+        out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", command, "-c", str(path)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, (command, out)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(expected), (command, out.stderr)
+    cfg["context_servers"]["kv_cache_config"]["event_buffer_max_size"] = 64
+    path.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and ": ok" in out.stdout, out
