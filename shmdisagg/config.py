@@ -309,6 +309,11 @@ class ShmdisaggSection(_Strict):
     index: IndexSection = Field(default_factory=IndexSection)
     kv_events: KvEventsSection = Field(default_factory=KvEventsSection)
     request_timeout_s: float = Field(180.0, gt=0)
+    # On SIGTERM/Ctrl-C a fleet worker stops accepting connections and lets requests in flight
+    # run this many seconds (uvicorn's timeout_graceful_shutdown), then ends the rest with a 503
+    # (an SSE error event and [DONE] for a started stream). The coordinator's and the launcher's
+    # waits before a SIGKILL grow by as much.
+    timeout_graceful_shutdown_s: float = Field(5.0, ge=0)
     server_start_timeout_s: float = Field(180.0, gt=0)
     health_check_interval_s: float = Field(0.5, gt=0)
     max_request_body_bytes: int = Field(32 << 20, ge=1024)
@@ -317,6 +322,8 @@ class ShmdisaggSection(_Strict):
     breaker_cooldown_s: float = Field(2.0, gt=0)
     coordinator_socket: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    _numbers = field_validator("timeout_graceful_shutdown_s", mode="before")(_no_bool)
 
 
 class DisaggConfig(BaseModel):

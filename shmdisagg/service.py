@@ -9,7 +9,9 @@ What the client sees (the lifecycle guarantees, also in the README):
 - the deadline (`request_timeout_s`, one per request, both legs and the whole stream): 504 before
   any byte, an SSE error event and `[DONE]` after;
 - a failure mid-stream: an SSE error event and `[DONE]`;
-- a client that disconnects: both legs are cancelled upstream (connections closed) at once.
+- a client that disconnects: both legs are cancelled upstream (connections closed) at once;
+- the worker is stopping and its grace period is over (`end_inflight`): a 503 `shutting_down`
+  before any byte, an SSE error event and `[DONE]` after, both legs cancelled upstream.
 Every pick is released exactly once in each of these cases. This module never opens a socket.
 """
 
@@ -38,6 +40,7 @@ from shmdisagg.validation import parse_body, prompt_load_tokens, validate
 log = logging.getLogger("shmdisagg.service")
 
 _PATHS = {False: "/v1/completions", True: "/v1/chat/completions"}
+SHUTTING_DOWN = "the server is shutting down; retry the request"
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -72,6 +75,18 @@ class DisaggService:
         self.body_limit = config.shmdisagg.max_request_body_bytes
         self.schedule_style = schedule_style
         self.keys: KeyBuilder | None = None  # set when a policy needs token ids or conversation ids
+        self.inflight: set[asyncio.Task[Any]] = set()  # tasks of requests running a flow
+        self.ending = False  # the grace period is over: every request ends with a 503
+
+    def end_inflight(self) -> int:
+        """End every request still running a flow, and refuse any later one, with a 503
+        `shutting_down` (an SSE error event and `[DONE]` once a stream started). Each request is
+        cancelled as a client disconnect is, so its legs are aborted upstream and its picks
+        released on the usual paths. Returns how many were running."""
+        self.ending = True
+        for task in self.inflight:
+            task.cancel()
+        return len(self.inflight)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
         """Serve one POST to `/v1/completions` (chat=False) or `/v1/chat/completions`."""
@@ -96,13 +111,13 @@ class DisaggService:
         ex = Exchange(send, self.ids.next_id(), bool(req.get("stream")), extra, chat=chat, arrival=arrival)
         watch = DisconnectWatch(receive)
         try:
-            with watch:
-                async with asyncio.timeout(self.timeout_s):
-                    await self.flows.run(ex, req, chat, key, _PATHS[chat])
+            await self._run(ex, req, chat, key, watch)
         except asyncio.CancelledError:
-            if not watch.disconnected:
+            if not (watch.disconnected or self.ending):
                 raise
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]  # we cancelled ourselves
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]  # we cancelled ourselves (DisconnectWatch or end_inflight)
+            if not watch.disconnected:
+                await ex.fail(503, SHUTTING_DOWN, "shutting_down")
         except RequestError as err:
             await ex.fail(err.status, err.message, err.code)
         except TimeoutError:
@@ -117,6 +132,21 @@ class DisaggService:
                 ex.error_code = ex.error_code or "client_disconnected"
             for sink in self.sinks:
                 sink(ex)
+
+    async def _run(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, watch: DisconnectWatch) -> None:
+        """The request's flow under its deadline (`request_timeout_s`), its task in `inflight`
+        meanwhile so that `end_inflight` can cancel it."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.inflight.add(task)
+        try:
+            if self.ending:
+                raise RequestError(503, SHUTTING_DOWN, "shutting_down")
+            with watch:
+                async with asyncio.timeout(self.timeout_s):
+                    await self.flows.run(ex, req, chat, key, _PATHS[chat])
+        finally:
+            self.inflight.discard(task)
 
 
 class KeyBuilder:

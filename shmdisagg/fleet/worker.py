@@ -9,6 +9,11 @@ worker's row, the server records or the block index: the coordinator does. Start
 - `SHMDISAGG_WORKER_INDEX`: this worker's index in the fleet (0..num_workers-1), also the
   `process_id` field of the request ids it mints; `standby` for the supervisor's warm spare,
   which imports everything, then reads its index from stdin (EOF: exit quietly)
+
+SIGTERM or SIGINT stops it gracefully (`GracefulStop`): the listener and idle keep-alive
+connections close at once, requests in flight run on for `timeout_graceful_shutdown_s`, then
+every one still running ends with a 503 (`DisaggService.end_inflight`), its picks released on
+the usual paths, so the row is back to zero before the process exits.
 """
 
 from __future__ import annotations
@@ -45,6 +50,32 @@ log = logging.getLogger("shmdisagg.fleet")
 
 HEARTBEAT_S = 0.25
 INFO_REFRESH_S = 1.0
+# After the grace period, how long uvicorn still waits for the ended requests' last bytes before
+# it cancels their tasks itself (a client that does not read); the supervisor waits longer.
+END_MARGIN_S = 2.0
+
+
+class GracefulStop:
+    """The stop-signal handler of a worker. The first signal tells uvicorn to stop (it closes
+    the listener and idle connections, then waits for the open ones) and arms a timer that ends
+    the requests still running after `grace_s` seconds; later signals change nothing (a Ctrl-C
+    reaches the worker and the coordinator's SIGTERM follows)."""
+
+    def __init__(self, server: uvicorn.Server, service: DisaggService, grace_s: float) -> None:
+        self.server = server
+        self.service = service
+        self.grace_s = grace_s
+        self.timer: asyncio.TimerHandle | None = None
+
+    def __call__(self) -> None:
+        if self.timer is None:
+            self.server.should_exit = True
+            self.timer = asyncio.get_running_loop().call_later(self.grace_s, self._end)
+
+    def _end(self) -> None:
+        running = self.service.end_inflight()
+        if running:
+            log.warning("grace period of %g s over: ending %d request(s) with 503", self.grace_s, running)
 
 
 async def _housekeeping(table: ControlTable, row: int, view: ClusterView, service: DisaggService, socket_path: str) -> None:
@@ -125,17 +156,21 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
             access_log=False,
             log_level=config.shmdisagg.log_level,
             timeout_keep_alive=config.server_keep_alive_timeout,
+            timeout_graceful_shutdown=config.shmdisagg.timeout_graceful_shutdown_s + END_MARGIN_S,  # type: ignore[arg-type]  # a float works
         )
         gc.freeze()  # start-up objects are permanent: keep them out of every collection
         reporter.start()
         metrics.start()
         house = asyncio.ensure_future(_housekeeping(table, row, view, service, config.coordinator_socket))
         server = EmbeddedServer(uv)
-        on_stop_signals(lambda: setattr(server, "should_exit", True))
+        stop = GracefulStop(server, service, config.shmdisagg.timeout_graceful_shutdown_s)
+        on_stop_signals(stop)
         try:
             await server.serve(sockets=[sock])
         finally:
             house.cancel()
+            if stop.timer is not None:
+                stop.timer.cancel()
     finally:
         await reporter.stop()
         if hints is not None:
