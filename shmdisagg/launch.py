@@ -11,10 +11,12 @@ until `shmdisagg.executors.startup_timeout_s`. Then it starts the coordinator an
 the public port answers `/health` with 200. Any failure on the way stops everything already
 started and raises `LaunchError` naming the instance, its log and what it last answered.
 
-`Deployment.stop()` stops the coordinator (which stops its fleet and unlinks the shared memory),
-then the executors, then removes any segment a hard-killed coordinator left. Each executor runs
-in its own process group, so the processes a `trtllm-serve` starts (MPI ranks for TP > 1) are
-signalled with it; SIGTERM first, SIGKILL after `stop_timeout_s`. Every child gets a
+`Deployment.stop()` stops the coordinator (which stops its fleet, giving requests in flight
+`timeout_graceful_shutdown_s`, and unlinks the shared memory; SIGKILL after
+`coordinator_stop_timeout`), then the executors (so they serve those last requests), then
+removes any segment a hard-killed coordinator left. Each executor runs in its own process
+group, so the processes a `trtllm-serve` starts (MPI ranks for TP > 1) are signalled with it;
+SIGTERM first, SIGKILL after `stop_timeout_s`. Every child gets a
 parent-death signal, so even a SIGKILLed launcher leaves no executor or coordinator behind.
 """
 
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import IO
 
 from shmdisagg.config import DisaggConfig
+from shmdisagg.coordinator.supervisor import STOP_MARGIN_S
 from shmdisagg.executors.plan import LaunchPlan, PlanError, build_plan
 from shmdisagg.procutil import die_with_parent, public_port_problem
 from shmdisagg.shm.segment import cleanup_stale
@@ -46,6 +49,7 @@ from shmdisagg.shm.segment import cleanup_stale
 log = logging.getLogger("shmdisagg.launch")
 
 STOP_TIMEOUT_S = 15.0
+COORDINATOR_EXIT_S = 5.0  # the coordinator's own shutdown once its fleet is gone (API, segments)
 POLL_INTERVAL_S = 0.1
 
 
@@ -293,7 +297,7 @@ class Deployment:
 
     def _stop(self) -> None:
         if self.coordinator is not None:
-            _terminate([self.coordinator])
+            _terminate([self.coordinator], coordinator_stop_timeout(self.config))
             self.coordinator = None
         spec = self.config.shmdisagg.executors
         _terminate(self.executors, spec.stop_timeout_s if spec else STOP_TIMEOUT_S)
@@ -314,6 +318,12 @@ class Deployment:
         if self._claim_sock is not None:  # last: the next launch may start now
             self._claim_sock.close()
             self._claim_sock = None
+
+
+def coordinator_stop_timeout(config: DisaggConfig) -> float:
+    """Seconds to wait for the coordinator after SIGTERM before a SIGKILL: its fleet's grace
+    period (`timeout_graceful_shutdown_s`), the supervisor's margin past it, then its own exit."""
+    return config.shmdisagg.timeout_graceful_shutdown_s + STOP_MARGIN_S + COORDINATOR_EXIT_S
 
 
 @contextlib.contextmanager

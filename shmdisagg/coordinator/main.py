@@ -6,7 +6,9 @@ every role has a healthy executor (up to `server_start_timeout_s`), serve the in
 Unix socket only this user can connect to (mode 0600) and, with a `kv_cache_aware` router, listen for the fleet's KV poll hints on a Unix
 datagram socket (`kv_events.py`), start the fleet. Then it heart-beats the table, polls executor
 health, drains KV events and supervises the fleet until SIGTERM/SIGINT, and shuts down in a
-fixed, bounded order: stop the fleet, stop the API, unlink every segment and both sockets.
+fixed, bounded order: stop the fleet (each worker gets `timeout_graceful_shutdown_s` for its
+requests in flight, then STOP_MARGIN_S to end the rest and exit before a SIGKILL), stop the
+API, unlink every segment and both sockets.
 
 `python -m shmdisagg.coordinator -c CONFIG` (or `shmdisagg serve -c CONFIG`).
 """
@@ -26,7 +28,7 @@ from shmdisagg.config import DisaggConfig
 from shmdisagg.coordinator.api import internal_app
 from shmdisagg.coordinator.health import HealthMonitor, executors_from_config
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
-from shmdisagg.coordinator.supervisor import FleetSupervisor
+from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
 from shmdisagg.procutil import private_unix_socket, public_port_problem
@@ -143,7 +145,7 @@ class Coordinator:
             await self._stop.wait()
         finally:
             self.table.set_coord_state(COORD_STOPPING)
-            await self.supervisor.stop()
+            await self.supervisor.stop(self.config.shmdisagg.timeout_graceful_shutdown_s + STOP_MARGIN_S)
             api.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(api_task, 5.0)

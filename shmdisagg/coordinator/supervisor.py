@@ -33,6 +33,9 @@ log = logging.getLogger("shmdisagg.coordinator")
 
 RESPAWN_BACKOFF_S = (0.0, 0.2, 1.0, 5.0)  # after 1, 2, 3, 4+ quick deaths in a row
 QUICK_DEATH_S = 2.0
+# On stop, how long past the workers' grace period (`timeout_graceful_shutdown_s`) they get to
+# end their last requests and exit before the SIGKILL (they need END_MARGIN_S of it at most).
+STOP_MARGIN_S = 5.0
 
 
 @dataclass
@@ -116,7 +119,10 @@ class FleetSupervisor:
         loop.remove_reader(w.pidfd)
         os.close(w.pidfd)
         code = w.proc.wait()  # already exited: reaps the zombie without blocking
+        held = sum(r.dispatched - r.completed for r in self.table.rows() if r.pid == w.proc.pid)
         rows = self.table.reclaim_rows_of_pid(w.proc.pid)
+        if held:  # a clean stop releases every pick first (worker.GracefulStop): a crash or a SIGKILL
+            log.warning("fleet worker %d (pid %d) exited holding %d unreleased pick(s); its row is zeroed", index, w.proc.pid, held)
         if self.on_exit is not None:
             try:
                 self.on_exit(index)
@@ -137,7 +143,8 @@ class FleetSupervisor:
             self._spawn(index, quick_deaths)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM every worker, wait up to `timeout_s`, SIGKILL the rest; rows are reclaimed."""
+        """SIGTERM every worker, wait up to `timeout_s` seconds (their grace period plus
+        STOP_MARGIN_S), SIGKILL the rest; rows are reclaimed."""
         self._stopping = True
         if self._standby is not None:
             self._standby.kill()  # it holds no row and no socket

@@ -73,12 +73,33 @@ def _error(data: object) -> str:
         (lambda d: d.update(allow_request_chat_template="yes"), "allow_request_chat_template: must be true or false"),
         (lambda d: d.update(shmdisagg={"executors": {"backend": "vllm"}}), "shmdisagg.executors.backend"),
         (lambda d: d.update(shmdisagg={"shm": {"prefix": "has/slash"}}), "shmdisagg.shm.prefix"),
+        (lambda d: d.update(shmdisagg={"timeout_graceful_shutdown_s": -1}), "shmdisagg.timeout_graceful_shutdown_s: Input should be greater than or equal to 0"),
+        (lambda d: d.update(shmdisagg={"timeout_graceful_shutdown_s": True}), "shmdisagg.timeout_graceful_shutdown_s: must be a number, got true"),
     ],
 )
 def test_bad_config_names_the_key(mutate, expected: str) -> None:
     data = yaml.safe_load(TRTLLM_EXAMPLE)
     mutate(data)
     assert expected in _error(data)
+
+
+@pytest.mark.parametrize("grace", [None, 0, 30.5])
+def test_each_stop_timeout_leaves_room_for_the_one_inside_it(grace: float | None) -> None:
+    """A worker's grace period, then uvicorn's own cut-off, then the supervisor's SIGKILL, then
+    the launcher's SIGKILL of the coordinator: each outer wait outlasts the inner one."""
+    from shmdisagg.coordinator.supervisor import STOP_MARGIN_S
+    from shmdisagg.fleet.worker import END_MARGIN_S
+    from shmdisagg.launch import STOP_TIMEOUT_S, coordinator_stop_timeout
+
+    data = yaml.safe_load(TRTLLM_EXAMPLE)
+    if grace is not None:
+        data["shmdisagg"] = {"timeout_graceful_shutdown_s": grace}
+    cfg = parse_config(data)
+    g = cfg.shmdisagg.timeout_graceful_shutdown_s
+    assert g == (5.0 if grace is None else grace)
+    assert g + END_MARGIN_S + 1 < g + STOP_MARGIN_S < coordinator_stop_timeout(cfg) - 1
+    if grace is None:  # the default keeps the launcher's earlier 15 s bound
+        assert coordinator_stop_timeout(cfg) == STOP_TIMEOUT_S
 
 
 def test_not_a_mapping_and_not_yaml(tmp_path: Path) -> None:
