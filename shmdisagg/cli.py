@@ -106,28 +106,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from shmdisagg.bench.cli import run_cli
+    from shmdisagg.bench.launched import run_bench
 
-    if not args.launch:
-        return run_cli(args)
-    if not args.config:
-        print("shmdisagg bench: --launch needs -c/--config", file=sys.stderr)
-        return 2
-    from shmdisagg.launch import Deployment, LaunchError
-
-    config = _load(args.config)
-    dep = Deployment(config, args.config)
-    print(f"shmdisagg bench: launching {args.config} ...", file=sys.stderr, flush=True)
-    try:
-        dep.start()
-        args.url = dep.url
-        print(f"shmdisagg bench: deployment up at {dep.url} (executor logs: {dep.log_dir})", file=sys.stderr, flush=True)
-        return run_cli(args)
-    except LaunchError as err:
-        print(f"shmdisagg: launch failed: {err}", file=sys.stderr)
-        return 1
-    finally:
-        dep.stop()
+    return run_bench(args, _load)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -161,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="replay a trace or run a fixed-concurrency load")
     add_arguments(p)
-    p.add_argument("--launch", action="store_true", help="bring up the deployment of -c/--config around the run")
-    p.add_argument("-c", "--config", help="deployment config (with --launch)")
+    from shmdisagg.bench.launched import add_launch_arguments
+
+    add_launch_arguments(p)  # --launch, -c, --port
     p.set_defaults(func=cmd_bench)
 
     from shmdisagg.stats.cli import add_arguments as stats_arguments

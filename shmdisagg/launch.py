@@ -117,8 +117,13 @@ def public_url(config: DisaggConfig) -> str:
 class Deployment:
     """A running single-node deployment. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, config: DisaggConfig, config_path: str, log_dir: str | None = None) -> None:
+    def __init__(self, config: DisaggConfig, config_path: str, log_dir: str | None = None, *, background: bool = False) -> None:
         self.config = config
+        # `background`: run under another command that stops it itself (`bench --launch`): the
+        # coordinator and its fleet log to <log dir>/coordinator.log instead of the terminal, and
+        # run in their own session, so a Ctrl-C (or `timeout`'s SIGTERM) to the terminal's process
+        # group reaches only that command, which then stops the deployment in order.
+        self.background = background
         self.config_path = os.path.abspath(config_path)
         base = log_dir or (config.shmdisagg.executors.log_dir if config.shmdisagg.executors else None)
         # One log directory per deployment (named by its shared-memory prefix), reused by the
@@ -172,8 +177,11 @@ class Deployment:
         self._claim_sock = claim
 
     def _spawn(
-        self, name: str, argv: list[str], log_to_file: bool, env: dict[str, str] | None = None, own_group: bool = False
+        self, name: str, argv: list[str], log_to_file: bool, env: dict[str, str] | None = None, own_group: bool = False,
+        new_session: bool = False,
     ) -> Child:
+        """`own_group`: the child leads its own process group and is signalled with it;
+        `new_session`: its own session too, but signals go to the child alone."""
         log_path = self.log_dir / f"{name}.log" if log_to_file else None
         out: IO[bytes] | None = open(log_path, "ab") if log_path else None
         try:
@@ -186,7 +194,7 @@ class Deployment:
                 stderr=subprocess.STDOUT if out else None,
                 stdin=subprocess.DEVNULL,
                 preexec_fn=die_with_parent,
-                start_new_session=own_group,
+                start_new_session=own_group or new_session,
                 env={**os.environ, **(env or {})},
             )
         except OSError as err:
@@ -221,7 +229,9 @@ class Deployment:
 
     def _start_coordinator(self) -> None:
         argv = [sys.executable, "-m", "shmdisagg.coordinator", "-c", self.config_path]
-        self.coordinator = self._spawn("coordinator", argv, log_to_file=False)
+        if self.background:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.coordinator = self._spawn("coordinator", argv, log_to_file=self.background, new_session=self.background)
         self._started_coordinator = True
         self.coordinator.health_url = f"{self.url}/health"
         self._wait_ready([self.coordinator], self.config.shmdisagg.server_start_timeout_s + 30)
@@ -298,6 +308,8 @@ class Deployment:
     def _stop(self) -> None:
         if self.coordinator is not None:
             _terminate([self.coordinator], coordinator_stop_timeout(self.config))
+            if self.coordinator.log_file:
+                self.coordinator.log_file.close()
             self.coordinator = None
         spec = self.config.shmdisagg.executors
         _terminate(self.executors, spec.stop_timeout_s if spec else STOP_TIMEOUT_S)

@@ -5,7 +5,9 @@
 runs it under uvloop and turns failures into exit statuses; `main(argv)` parses and calls
 `run_cli`. Only these last two turn exceptions into statuses; `run` raises `BenchError` for
 anything the user must fix. Exit status: 0 all requests completed, 1 any failed (the summary is
-still printed and written), 2 bad usage or unreachable server, 130 interrupted (Ctrl-C)."""
+still printed and written), 2 bad usage or unreachable server, 128 + the signal's number when
+stopped by a signal: 130 for SIGINT (Ctrl-C), 143 for SIGTERM (`kill`, `timeout`). The first
+SIGINT or SIGTERM cancels the requests in flight and still reports (`was_cancelled: true`)."""
 
 from __future__ import annotations
 
@@ -88,9 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plots = parser.add_argument_group("plots")
     plots.add_argument("--plot", metavar="DIR",
                        help="write PNG plots to DIR (TTFT/E2E CDFs, throughput, hit rate and per-server "
-                            "load over time); also records the run's timeline in --json for later comparison")
+                            "load over time); also samples the servers' load into the --json timeline")
     plots.add_argument("--compare", nargs="+", metavar="RUN_JSON", default=[],
-                       help="earlier runs' --json summaries (recorded with --plot) to draw beside this one")
+                       help="earlier runs' --json summaries to draw beside this one (every --json summary "
+                            "records its timeline; the per-server load panel needs runs made with --plot)")
     plots.add_argument("--plot-only", action="store_true",
                        help="send no load: just draw the --compare runs into --plot DIR")
     plots.add_argument("--label", help="this run's name in the plots (default: the --json file name, else 'run')")
@@ -215,9 +218,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
             "timeout_s": args.timeout,
         },
     )
-    if getattr(args, "plot", None):
-        summary["label"] = args.label or (os.path.splitext(os.path.basename(args.json))[0] if args.json else "run")
-        summary["timeline"] = timeline(records, origin, sampler)
+    # Every summary carries its timeline, so any --json run can be drawn later (--compare); the
+    # per-server load in it is sampled only with --plot (it scrapes /metrics during the run).
+    summary["label"] = getattr(args, "label", None) or (os.path.splitext(os.path.basename(args.json))[0] if args.json else "run")
+    summary["timeline"] = timeline(records, origin, sampler)
     if args.json:
         write_json(args.json, summary)
     if args.records:
@@ -289,19 +293,28 @@ def _slo(items: Sequence[str]) -> Slo:
         raise BenchError(str(exc)) from None
 
 
-def exit_status(summary: dict[str, Any]) -> int:
-    """130 for an interrupted run (the SIGINT convention), 1 when any request failed or none
-    completed, else 0."""
+# The signals that stop a run and still report it; the exit status is 128 + the number.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def interrupted_status(signum: int | None) -> int:
+    """The shell's convention for a process ended by `signum`: 130 for SIGINT, 143 for SIGTERM."""
+    return 128 + int(signum if signum is not None else signal.SIGINT)
+
+
+def exit_status(summary: dict[str, Any], signum: int | None = None) -> int:
+    """128 + the signal for an interrupted run (130 SIGINT, the default; 143 SIGTERM), 1 when any
+    request failed or none completed, else 0."""
     if summary.get("was_cancelled"):
-        return 130
+        return interrupted_status(signum)
     req = summary["requests"]
     return 1 if req["failed"] or not req["completed"] else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: 0 when every request completed, 1 when any failed (or none was sent), 2 on a
-    usage error, 130 when interrupted (the first Ctrl-C stops the run and still reports; a second
-    one quits at once)."""
+    usage error, 130 when interrupted by Ctrl-C, 143 by SIGTERM (the first signal stops the run
+    and still reports; a second one quits at once)."""
     parser = argparse.ArgumentParser(
         prog="shmdisagg bench",
         description="Replay a Mooncake trace (or a fixed-concurrency load) against an "
@@ -313,41 +326,58 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_cli(args: argparse.Namespace) -> int:
     """`main` after parsing, for a parser that took `add_arguments` (the `shmdisagg bench`
-    subcommand): runs `run` under uvloop, first Ctrl-C stops and reports, returns the status."""
+    subcommand): runs `run` under uvloop; the first SIGINT or SIGTERM stops the run and still
+    reports; returns the status."""
+    signals: list[int] = []  # the stop signals received, in order
     try:
         if getattr(args, "plot_only", False):
             plot_only(args)
             return 0
-        summary = uvloop.run(_main(args))
+        summary = uvloop.run(_main(args, signals))
     except BenchError as exc:
         print(f"shmdisagg bench: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("shmdisagg bench: interrupted", file=sys.stderr)
-        return 130
+        return interrupted_status(signals[-1] if signals else None)
     req = summary["requests"]
     if summary.get("was_cancelled"):
         print(f"shmdisagg bench: interrupted: {req['sent']:,} of {summary['config']['num_requests']:,} "
               f"requests sent, {req['cancelled']:,} cancelled in flight", file=sys.stderr)
     elif req["failed"]:
         print(f"shmdisagg bench: {req['failed']:,} of {req['sent']:,} requests failed", file=sys.stderr)
-    return exit_status(summary)
+    return exit_status(summary, signals[0] if signals else None)
 
 
-async def _main(args: argparse.Namespace) -> dict[str, Any]:
+async def _main(args: argparse.Namespace, signals: list[int] | None = None) -> dict[str, Any]:
+    """`run(args)`, stopped early by the first SIGINT or SIGTERM (appended to `signals`); a
+    second one raises KeyboardInterrupt. The process's handlers are restored on return."""
+    signals = signals if signals is not None else []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if threading.current_thread() is not threading.main_thread():
         return await run(args)  # signal handlers can only be set from the main thread
 
-    def first_interrupt() -> None:
-        print("shmdisagg bench: interrupted; cancelling requests in flight (Ctrl-C again to "
+    def second_signal(signum: int, frame: object) -> None:
+        signals.append(signum)
+        raise KeyboardInterrupt
+
+    def first_signal(signum: int) -> None:
+        signals.append(signum)
+        what = "interrupted" if signum == signal.SIGINT else f"{signal.Signals(signum).name} received"
+        print(f"shmdisagg bench: {what}; cancelling requests in flight (Ctrl-C again to "
               "quit at once)", file=sys.stderr)
         stop.set()
-        loop.remove_signal_handler(signal.SIGINT)  # the next Ctrl-C raises KeyboardInterrupt
+        for s in STOP_SIGNALS:  # the next one quits at once, through the callers' clean-up
+            loop.remove_signal_handler(s)
+            signal.signal(s, second_signal)
 
-    loop.add_signal_handler(signal.SIGINT, first_interrupt)
+    old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    for s in STOP_SIGNALS:
+        loop.add_signal_handler(s, first_signal, s)
     try:
         return await run(args, stop)
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        for s in STOP_SIGNALS:
+            loop.remove_signal_handler(s)
+            signal.signal(s, old[s])

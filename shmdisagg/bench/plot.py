@@ -32,7 +32,8 @@ def load_runs(paths: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
         except (OSError, orjson.JSONDecodeError) as err:
             raise BenchError(f"cannot read run {p}: {err}") from None
         if not isinstance(summary, dict) or not isinstance(summary.get("timeline"), dict):
-            raise BenchError(f"{p} has no timeline: run the bench with --plot DIR (and --json) to record one")
+            raise BenchError(f"{p} has no timeline (written by an older shmdisagg bench): run the bench again with "
+                             f"--json FILE, which now records one in every summary (--plot DIR adds the per-server load)")
         runs.append((str(summary.get("label") or Path(p).stem), summary))
     return runs
 
