@@ -78,7 +78,7 @@ def config_for(router: str, fleet: int, sim_speedup: float, args: argparse.Names
         "hostname": "127.0.0.1",
         "port": port,
         "num_workers": fleet,
-        "context_servers": {"urls": ctx, "router": router_spec(router), "max_batch_size": 16, "max_num_tokens": 16384},
+        "context_servers": {"urls": ctx, "router": router_spec(router), "max_batch_size": 16, "max_num_tokens": 16384, "enable_chunked_prefill": True},
         "generation_servers": {"urls": gen, "router": router_spec(router), "max_batch_size": 64},
         "shmdisagg": {
             "shm": {"prefix": f"shmdisagg-rq{uuid.uuid4().hex[:8]}"},

@@ -7,10 +7,12 @@ nothing and writes nothing, so `shmdisagg launch --dry-run` prints exactly what 
 do (`describe_plan`). A plan that cannot work raises `PlanError`, one line naming the key.
 
 Backend `sim`: the executor simulator (`python -m shmdisagg.executors.sim`), with the
-`shmdisagg.executors.sim` settings of the config and the section's `max_batch_size`,
-`max_num_tokens` and `kv_cache_config.tokens_per_block` when the section sets them (so the
-simulator serves what a real executor with that config would). Backend `trtllm`: see
-`executors/trtllm.py`.
+`shmdisagg.executors.sim` settings of the config and the TensorRT-LLM options of the role it
+models (`SIM_LLM_OPTIONS`: `max_batch_size`, `max_num_tokens`, `kv_cache_config`'s
+`tokens_per_block`, `enable_block_reuse` and `event_buffer_max_size`, `enable_chunked_prefill`,
+`disable_overlap_scheduler`, `max_seq_len`; a section's own or the top level's), with
+TensorRT-LLM's defaults where the config is silent, so the simulator serves what a real executor
+with that config would. Backend `trtllm`: see `executors/trtllm.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,16 +93,18 @@ def build_plan(config: DisaggConfig, run_dir: Path | None = None, environ: Mappi
     instances = []
     for role, key in ROLE_SECTIONS:
         section = getattr(config, key)
+        flags = sim_llm_flags(config, key, section)
         for i, (host, port) in enumerate(section.addresses()):
-            argv, env = executor_command(spec, role, section, host, port)
+            argv, env = executor_command(spec, role, section, host, port, flags)
             instances.append(InstancePlan(f"{role}-{i}", role, host, port, argv, env))
     return LaunchPlan("sim", spec.model, tuple(instances), run_dir)
 
 
 def executor_command(
-    spec: ExecutorsSection, role: str, section: ServerSection, host: str, port: int
+    spec: ExecutorsSection, role: str, section: ServerSection, host: str, port: int, llm_flags: Sequence[str] = ()
 ) -> tuple[list[str], dict[str, str]]:
-    """(argv, extra environment) for one simulated executor of `role` listening on host:port."""
+    """(argv, extra environment) for one simulated executor of `role` listening on host:port;
+    `llm_flags` are its role's `sim_llm_flags`."""
     if spec.backend != "sim":
         raise ValueError(f"executor_command builds simulator commands; backend {spec.backend!r} goes through build_plan")
     sim = spec.sim
@@ -119,9 +123,53 @@ def executor_command(
         "--max-batch-size", str(section.max_batch_size or sim.max_batch_size),
         "--max-num-tokens", str(section.max_num_tokens or sim.max_num_tokens),
         "--speedup", str(sim.speedup),
+        *llm_flags,
         *sim.extra_args,
     ]  # fmt: skip
     return argv, {}
+
+
+# TensorRT-LLM LLM options the simulator models: key -> (simulator flag, kind, TensorRT-LLM's
+# default or None to leave the simulator's). The event buffer defaults to 4096, the launcher's
+# value for trtllm-serve too (TensorRT-LLM's 0 turns KV events off).
+SIM_LLM_OPTIONS: dict[str, tuple[str, type, Any]] = {
+    "kv_cache_config.enable_block_reuse": ("enable-block-reuse", bool, True),
+    "kv_cache_config.event_buffer_max_size": ("event-buffer-max-size", int, 4096),
+    "enable_chunked_prefill": ("enable-chunked-prefill", bool, False),
+    "disable_overlap_scheduler": ("disable-overlap-scheduler", bool, None),
+    "max_seq_len": ("max-seq-len", int, None),
+}
+
+
+def sim_llm_flags(config: DisaggConfig, key: str, section: ServerSection) -> list[str]:
+    """The simulator flags for the `SIM_LLM_OPTIONS` of section `key` (its own value, else the
+    top level's, which TensorRT-LLM passes to both sections, else the default). Raises
+    `PlanError` naming the key for a value of the wrong type, and for an event buffer of 0 under
+    a `kv_cache_aware` router, as the trtllm plan does."""
+    top = config.model_extra or {}
+    flags: list[str] = []
+    for name, (flag, kind, default) in SIM_LLM_OPTIONS.items():
+        value = _option(section.kv_cache_config, top.get("kv_cache_config"), name.split(".", 1)[1]) if "." in name else _option(section.model_extra, top, name)
+        value = default if value is None else value
+        if value is None:
+            continue
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise PlanError(f"{key}.{name}: must be true or false, got {value!r}")
+            flags.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PlanError(f"{key}.{name}: must be an integer >= 0, got {value!r}")
+            if name.endswith("event_buffer_max_size") and value == 0 and section.router.type == "kv_cache_aware":
+                raise PlanError(f"{key}.{name}: 0 turns KV events off, and the kv_cache_aware router needs them")
+            flags += [f"--{flag}", str(value)]
+    return flags
+
+
+def _option(own: Mapping[str, Any] | None, top: Any, name: str) -> Any:
+    if own and own.get(name) is not None:
+        return own[name]
+    return top.get(name) if isinstance(top, Mapping) else None
 
 
 def describe_plan(plan: LaunchPlan, config: DisaggConfig, config_path: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from shmdisagg.config import ConfigError, parse_config
-from shmdisagg.executors.plan import PlanError, build_plan, executor_command
+from shmdisagg.executors.plan import PlanError, build_plan, executor_command, sim_llm_flags
 from shmdisagg.executors.trtllm import assign_gpus
 from tests.fakes.trtllm_shim import EXAMPLE_8GPU, MODEL, small_config
 
@@ -222,7 +222,8 @@ def test_the_simulator_backend_plan_is_the_simulator_command_line() -> None:
     assert [(i.name, i.options, i.gpus) for i in plan.instances] == [("context-0", None, ()), ("generation-0", None, ())]
     spec = config.shmdisagg.executors
     assert spec is not None
-    assert plan.instances[0].argv == executor_command(spec, "context", config.context_servers, "127.0.0.1", 1)[0]
+    flags = sim_llm_flags(config, "context_servers", config.context_servers)
+    assert plan.instances[0].argv == executor_command(spec, "context", config.context_servers, "127.0.0.1", 1, flags)[0]
 
 
 def test_without_an_executors_section_nothing_is_planned() -> None:
@@ -252,3 +253,42 @@ def test_check_config_runs_the_plan_checks_that_launch_runs(tmp_path: Path, shm_
     path.write_text(yaml.safe_dump(cfg))
     out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and ": ok" in out.stdout, out
+
+
+def _sim_argv(cfg: dict[str, Any], role: int = 0) -> list[str]:
+    cfg = copy.deepcopy(cfg)
+    cfg["shmdisagg"]["executors"] = {"backend": "sim"}
+    return build_plan(parse_config(cfg, "cfg.yaml"), RUN, {}).instances[role].argv
+
+
+def test_the_simulator_gets_the_roles_trtllm_options_with_trtllm_defaults() -> None:
+    """The simulator models what a trtllm-serve with the same section would do: block reuse,
+    the event buffer and chunked prefill come from the section (or the top level), with
+    TensorRT-LLM's defaults (chunked prefill off) and the launcher's event buffer of 4096."""
+    plain = _sim_argv(small_config())
+    assert plain[plain.index("--event-buffer-max-size") + 1] == "256"  # small_config sets it
+    assert "--enable-block-reuse" in plain and "--no-enable-chunked-prefill" in plain
+    cfg = small_config(context_servers={"kv_cache_config": {"enable_block_reuse": False}, "enable_chunked_prefill": True, "max_seq_len": 4096})
+    ctx, gen = _sim_argv(cfg, 0), _sim_argv(cfg, 1)
+    assert "--no-enable-block-reuse" in ctx and "--enable-chunked-prefill" in ctx
+    assert ctx[ctx.index("--max-seq-len") + 1] == "4096" and "--max-seq-len" not in gen
+    assert "--enable-block-reuse" in gen and "--no-enable-chunked-prefill" in gen  # per role
+    del cfg["context_servers"]["kv_cache_config"]
+    cfg["generation_servers"].pop("kv_cache_config")
+    cfg["enable_chunked_prefill"] = True  # top level: TensorRT-LLM passes it to both sections
+    gen = _sim_argv(cfg, 1)
+    assert "--enable-chunked-prefill" in gen and gen[gen.index("--event-buffer-max-size") + 1] == "4096"
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ({"router": {"type": "kv_cache_aware"}, "kv_cache_config": {"event_buffer_max_size": 0}}, "context_servers.kv_cache_config.event_buffer_max_size: 0 turns KV events off"),
+        ({"kv_cache_config": {"enable_block_reuse": "no"}}, "context_servers.kv_cache_config.enable_block_reuse: must be true or false, got 'no'"),
+        ({"enable_chunked_prefill": 1}, "context_servers.enable_chunked_prefill: must be true or false, got 1"),
+        ({"kv_cache_config": {"event_buffer_max_size": -1}}, "context_servers.kv_cache_config.event_buffer_max_size: must be an integer >= 0, got -1"),
+    ],
+)
+def test_the_simulator_plan_refuses_what_trtllm_would(section: dict[str, Any], expected: str) -> None:
+    with pytest.raises(PlanError, match="^" + expected.replace(".", r"\.").replace("(", r"\(")):
+        _sim_argv(small_config(context_servers=section))
