@@ -314,6 +314,10 @@ class ShmdisaggSection(_Strict):
     # (an SSE error event and [DONE] for a started stream). The coordinator's and the launcher's
     # waits before a SIGKILL grow by as much.
     timeout_graceful_shutdown_s: float = Field(5.0, ge=0)
+    # A fleet worker whose row has not heart-beaten (every 0.25 s) for this long is stuck (a
+    # blocked event loop, SIGSTOP) while the kernel still queues connections on its share of the
+    # port: the coordinator kills and replaces it (gunicorn's worker `timeout`). 0 turns it off.
+    worker_timeout_s: float = Field(10.0, ge=0)
     server_start_timeout_s: float = Field(180.0, gt=0)
     health_check_interval_s: float = Field(0.5, gt=0)
     max_request_body_bytes: int = Field(32 << 20, ge=1024)
@@ -323,7 +327,7 @@ class ShmdisaggSection(_Strict):
     coordinator_socket: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    _numbers = field_validator("timeout_graceful_shutdown_s", mode="before")(_no_bool)
+    _numbers = field_validator("timeout_graceful_shutdown_s", "worker_timeout_s", mode="before")(_no_bool)
 
 
 class DisaggConfig(BaseModel):
