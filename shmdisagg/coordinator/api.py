@@ -37,6 +37,7 @@ def internal_app(coord: "Coordinator") -> FastAPI:
             "fleet_pids": coord.supervisor.pids(),
             "num_workers": coord.config.num_workers,
             "fleet_restarts": coord.supervisor.restarts,
+            "fleet_stuck_kills": coord.supervisor.stuck_kills,
             "schedule_style": coord.schedule_style,
             "shm_prefix": coord.config.shm_prefix,
             "kv_events": coord.kv_events.counters() if coord.kv_events is not None else None,

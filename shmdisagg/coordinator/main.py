@@ -26,7 +26,7 @@ import uvicorn
 
 from shmdisagg.config import DisaggConfig
 from shmdisagg.coordinator.api import internal_app
-from shmdisagg.coordinator.health import HealthMonitor, executors_from_config
+from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor, executors_from_config
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
 from shmdisagg.metrics.perf import PerfStore
@@ -40,6 +40,8 @@ log = logging.getLogger("shmdisagg.coordinator")
 
 HEARTBEAT_S = 0.1
 INDEX_MAINTENANCE_S = 1.0
+WAIT_NOTICE_S = 1.0  # executors not ready after this long at start-up: say what it waits for...
+WAIT_REPORT_S = 10.0  # ...and again this often, naming the servers still not ready
 COORD_RUNNING, COORD_STOPPING = 1, 2
 
 
@@ -69,7 +71,7 @@ class Coordinator:
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
             self.schedule_style = schedule_style or os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE") or config.schedule_style
             env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style}
-            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env)
+            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env, sd.worker_timeout_s)
             # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
             # are folded into the retired row before its replacement starts
             self.metrics = MetricsSegment.create(config.shm_prefix, config.num_workers)
@@ -99,13 +101,27 @@ class Coordinator:
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _wait_ready(self) -> None:
-        deadline = asyncio.get_running_loop().time() + self.config.shmdisagg.server_start_timeout_s
+        """Until every role has a healthy executor; after WAIT_NOTICE_S it logs what it waits
+        for, then every WAIT_REPORT_S which servers are still not ready."""
+        loop = asyncio.get_running_loop()
+        timeout = self.config.shmdisagg.server_start_timeout_s
+        start = loop.time()
+        deadline, report_at, reported = start + timeout, start + WAIT_NOTICE_S, False
         while not self.health.ready():
             if self._stop.is_set():
                 raise StartupError("stopped before the executors were ready")
-            if asyncio.get_running_loop().time() > deadline:
+            now = loop.time()
+            if now > deadline:
                 missing = [e.addr for e in self.health.executors if not e.healthy]
-                raise StartupError(f"executors not healthy after {self.config.shmdisagg.server_start_timeout_s:g} s: {', '.join(missing)}")
+                raise StartupError(f"executors not healthy after {timeout:g} s: {', '.join(missing)}")
+            if now >= report_at:
+                left = f"{deadline - now:.0f} s left"
+                if not reported:
+                    log.info("waiting for a healthy context and a healthy generation executor (GET /health = 200) before starting "
+                             "the fleet, up to server_start_timeout_s (%s); not ready: %s", left, not_ready(self.health.executors))
+                else:
+                    log.info("still waiting for the executors (%s); not ready: %s", left, not_ready(self.health.executors))
+                report_at, reported = now + WAIT_REPORT_S, True
             await asyncio.sleep(0.05)
 
     async def run(self) -> None:
@@ -132,7 +148,8 @@ class Coordinator:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock_path)
             raise
-        tasks = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.health.run()), asyncio.ensure_future(self._maintain_index())]
+        tasks = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.health.run()), asyncio.ensure_future(self._maintain_index()),
+                 asyncio.ensure_future(self.supervisor.watch())]
         if self.kv_events is not None:
             tasks.append(asyncio.ensure_future(self.kv_events.run()))
         api_task = asyncio.ensure_future(api.serve(sockets=[api_sock]))
@@ -141,7 +158,8 @@ class Coordinator:
             await self._wait_ready()
             self.table.set_coord_state(COORD_RUNNING)
             self.supervisor.start()
-            log.info("coordinator ready: %d fleet workers on %s:%d", self.config.num_workers, self.config.hostname, self.config.port)
+            n = self.config.num_workers
+            log.info("coordinator ready: %d fleet worker%s on %s:%d", n, "" if n == 1 else "s", self.config.hostname, self.config.port)
             await self._stop.wait()
         finally:
             self.table.set_coord_state(COORD_STOPPING)
@@ -168,6 +186,16 @@ class Coordinator:
         self.index.close()
         self.table.unlink()
         self.table.close()
+
+
+def not_ready(executors: list[Executor]) -> str:
+    """The executors not healthy, by role: `context 127.0.0.1:8001, ...; generation ...`."""
+    parts = []
+    for role, name in ROLE_NAMES.items():
+        addrs = [e.addr for e in executors if e.role == role and not e.healthy]
+        if addrs:
+            parts.append(f"{name} {', '.join(addrs)}")
+    return "; ".join(parts) or "none"
 
 
 def bind_private_unix_socket(path: str, backlog: int = 2048) -> socket.socket:

@@ -7,6 +7,10 @@ zeroed by `ControlTable.reclaim_rows_of_pid`, which is exact because the row is 
 whole contribution to every load sum. Children get a parent-death signal, so a SIGKILLed
 coordinator leaves no orphan worker holding the port.
 
+A worker that is alive but stuck (a blocked event loop, SIGSTOP) still has connections queued on
+its share of the port, so `watch` kills one whose row has not heart-beaten for `worker_timeout_s`
+(gunicorn's worker `timeout`); the death path above then reclaims and replaces it.
+
 A replacement must serve within a couple of seconds, but a fresh Python process spends most of a
 second importing uvicorn, FastAPI and pydantic (measured: 0.8 s alone, 0.8-1.9 s to the first
 answer on a loaded 2-core machine). So the supervisor keeps one warm **standby** process that
@@ -23,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,8 +63,10 @@ def _worker_preexec() -> None:
 class FleetSupervisor:
     """Owns the fleet worker processes. Signal handlers only call `stop()` via the loop."""
 
-    def __init__(self, table: ControlTable, config_path: str, num_workers: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, table: ControlTable, config_path: str, num_workers: int, env: dict[str, str] | None = None, worker_timeout_s: float = 0.0) -> None:
         self.table = table
+        self.worker_timeout_s = worker_timeout_s
+        self.stuck_kills = 0  # workers killed by `watch` for a stale heartbeat
         self.config_path = os.path.abspath(config_path)
         self.num_workers = num_workers
         self.env = env or {}
@@ -137,6 +144,31 @@ class FleetSupervisor:
         delay = RESPAWN_BACKOFF_S[min(max(quick - 1, 0), len(RESPAWN_BACKOFF_S) - 1)]
         log.warning("fleet worker %d (pid %d) exited with %s; reclaimed %d row(s); restarting in %.1f s", index, w.proc.pid, code, rows, delay)
         loop.call_later(delay, self._respawn, index, quick)
+
+    async def watch(self) -> None:
+        """Kill every worker whose row's heartbeat is older than `worker_timeout_s` (checked
+        a few times per timeout; a worker that has not claimed its row yet is not judged)."""
+        if self.worker_timeout_s <= 0:
+            return
+        while True:
+            await asyncio.sleep(min(1.0, self.worker_timeout_s / 4))
+            self.kill_stuck(time.monotonic_ns())
+
+    def kill_stuck(self, now_ns: int) -> list[int]:
+        """One `watch` round at `now_ns` (CLOCK_MONOTONIC); returns the indexes it killed."""
+        beats = {r.pid: r.heartbeat_ns for r in self.table.rows()}
+        killed = []
+        for w in list(self.workers.values()):
+            beat = beats.get(w.proc.pid)
+            if self._stopping or beat is None or (now_ns - beat) / 1e9 <= self.worker_timeout_s:
+                continue
+            log.warning("fleet worker %d (pid %d) has not heart-beaten for %.1f s (worker_timeout_s %g): killing it",
+                        w.index, w.proc.pid, (now_ns - beat) / 1e9, self.worker_timeout_s)
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.kill()
+            self.stuck_kills += 1
+            killed.append(w.index)
+        return killed
 
     def _respawn(self, index: int, quick_deaths: int) -> None:
         if not self._stopping and index not in self.workers:

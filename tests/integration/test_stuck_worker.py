@@ -1,0 +1,76 @@
+"""A fleet worker that is alive but stuck (here SIGSTOPped) is killed and replaced once its row's
+heartbeat is older than `worker_timeout_s`: its share of the port's connections stops going
+into a process that never answers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import aiohttp
+
+from shmdisagg.coordinator.supervisor import FleetSupervisor
+from tests.integration.harness import connection_to_worker, deployment, fake_executors, post, request_json, wait_until, write_config
+
+COMPLETION = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
+
+
+def _fleet(dep) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """The coordinator's own /cluster_info (its Unix socket: no fleet worker in the way)."""
+
+    async def get() -> dict:  # type: ignore[type-arg]
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=dep.config.coordinator_socket)) as session:
+            async with session.get("http://coordinator/cluster_info") as r:
+                return await r.json()  # type: ignore[no-any-return]
+
+    return asyncio.run(get())
+
+
+def test_a_stuck_worker_is_killed_and_replaced(tmp_path: Path, shm_prefix: str) -> None:
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], shmdisagg={"worker_timeout_s": 1.0})
+        with deployment(cfg) as dep:
+            conn = connection_to_worker(dep, 0)
+            stuck = request_json("", 0, "GET", "/cluster_info", conn=conn)[1]["worker_pid"]
+            conn.close()
+            os.kill(stuck, signal.SIGSTOP)
+            try:
+                wait_until(lambda: _fleet(dep).get("fleet_stuck_kills") == 1 and stuck not in _fleet(dep)["fleet_pids"]
+                           and len(_fleet(dep)["fleet_pids"]) == 2, timeout_s=30, what="the stuck worker replaced")
+            finally:
+                try:
+                    os.kill(stuck, signal.SIGCONT)  # only if the test failed before the kill
+                except ProcessLookupError:
+                    pass
+            # every connection is answered again, by the replacement or the other worker
+            assert all(post(dep, "/v1/completions", COMPLETION)[0] == 200 for _ in range(8))
+
+
+def test_only_a_stale_heartbeat_counts_and_timeout_0_turns_it_off() -> None:
+    class Table:
+        def __init__(self, beats: dict[int, int]) -> None:
+            self.beats = beats
+
+        def rows(self) -> list:  # type: ignore[type-arg]
+            from shmdisagg.shm.table import RowInfo
+
+            return [RowInfo(i, pid, 1, 0, hb, 0, 0) for i, (pid, hb) in enumerate(self.beats.items())]
+
+    class Proc:
+        def __init__(self, pid: int) -> None:
+            self.pid, self.killed = pid, False
+
+        def kill(self) -> None:
+            self.killed = True
+
+    from shmdisagg.coordinator.supervisor import WorkerProc
+
+    sup = FleetSupervisor(Table({101: 0, 102: 9_500_000_000}), "cfg.yaml", 3, worker_timeout_s=2.0)  # type: ignore[arg-type]
+    procs = {i: Proc(pid) for i, pid in enumerate((101, 102, 103))}  # 103: no row claimed yet
+    sup.workers = {i: WorkerProc(i, p, -1, 0.0) for i, p in procs.items()}  # type: ignore[arg-type]
+    assert sup.kill_stuck(10 * 10**9) == [0]  # 10 s stale; 0.5 s is fine; no row: not judged
+    assert [p.killed for p in procs.values()] == [True, False, False] and sup.stuck_kills == 1
+    sup._stopping = True  # a worker finishing its graceful stop is not judged
+    assert sup.kill_stuck(20 * 10**9) == []
