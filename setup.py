@@ -1,9 +1,12 @@
 """Builds the native shared-memory extension from native/ (see native/README.md)."""
 import glob
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 setup(
+    # here rather than in pyproject's [tool.setuptools]: setuptools < 69 warns on every build
+    # that that table is beta (the venv's own setuptools runs build_ext --inplace)
+    packages=find_packages(include=["shmdisagg*"]),
     ext_modules=[
         Extension(
             "shmdisagg._native",

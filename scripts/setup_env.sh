@@ -3,7 +3,11 @@
 VENV="${SHMDISAGG_VENV:-$PWD/.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
+fi
+# setuptools >= 77 reads pyproject's SPDX license and builds the extension in place without
+# warnings (a venv starts with Python's bundled, older one).
+if ! "$VENV/bin/python" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=77"
 fi
 if ! "$VENV/bin/python" -c "import shmdisagg._native, pytest, xdist, prometheus_client, matplotlib" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q -e ".[test]"
