@@ -53,6 +53,7 @@ IX_SLOT_BYTES: int
 IX_MIN_LOG2: int
 IX_MAX_LOG2: int
 REFRESH_NS: int
+IX_JUMP: int  # pick_kv probes one block per IX_JUMP (a power of two), then bisects
 
 class ShmError(Exception):
     """Shared-memory failure (also: region read-only, or not validated yet)."""
@@ -270,8 +271,9 @@ class Index:
         load_weight: float, load_cap: float, use_tokens: bool, track_routed: bool, /,
     ) -> tuple[int, int] | None:
         """(slot, matched_blocks) | (-1, 0) | None (generation changed). See the README."""
-    def match(self, hashes: Buffer, role: int = -1, /) -> list[tuple[int, int]] | None:
-        """[(slot, depth)] of present, healthy servers (of role if >= 0); None: remap."""
+    def match(self, hashes: Buffer, role: int = -1, jump: bool = False, /) -> list[tuple[int, int]] | None:
+        """[(slot, depth)] of present, healthy servers (of role if >= 0); None: remap. Depths by the
+        linear walk, or with `jump` by pick_kv's jump walk."""
     def conv_pick_explicit(
         self, row: int, role: int, exclude_slot: int, conv_key: int, num_tokens: int, /
     ) -> int | None:

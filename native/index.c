@@ -932,6 +932,7 @@ int index_add_constants(PyObject *m)
     ICONST(IX_MIN_LOG2);
     ICONST(IX_MAX_LOG2);
     ICONST(REFRESH_NS);
+    ICONST(IX_JUMP);
 #undef ICONST
     return ok;
 }

@@ -50,6 +50,14 @@
 
 #define REFRESH_NS 1000000000ULL /* a routed bit already set is re-stamped at most once a second */
 #define PREFETCH 16              /* probes started ahead in walks and batches (a power of two) */
+#ifndef JUMP
+#define JUMP 16                  /* pick_kv's jump walk: one probe per JUMP blocks (a power of two) */
+#endif
+#ifndef JUMP_PREFETCH
+#define JUMP_PREFETCH 4          /* probes the jump walk starts ahead, in windows */
+#endif
+#define IX_JUMP JUMP
+_Static_assert(JUMP >= 2 && (JUMP & (JUMP - 1)) == 0, "JUMP is a power of two");
 #define FOUND_STACK 2048         /* walks up to this many hashes keep their slots on the stack */
 #define NOGIL_SLOTS 65536u       /* whole-table loops over more slots release the GIL */
 #define DEFAULT_TPB 32           /* TensorRT-LLM's default when a server record has none */

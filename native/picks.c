@@ -55,6 +55,88 @@ static Py_ssize_t walk_prefix(Index *self, const uint64_t *h, Py_ssize_t n, uint
     return j;
 }
 
+/* The jump walk of pick_kv (design: Dynamo's PositionalIndexer). A server's held blocks (event
+ * bits, or event | routed bits) are prefix-closed along a prompt in normal operation: block
+ * hashes chain from their parent, executors evict leaves first and free a block's descendants
+ * with it, and a pick marks a whole prompt past its winner's event depth. So instead of probing
+ * every block, the walk probes the last block of each window of JUMP blocks (j = JUMP - 1,
+ * 2 JUMP - 1, ..., and n - 1 for the last, shorter window); a server holding that block is taken
+ * to hold the whole window. Where servers drop out at a probe g of the window [lo, g], their
+ * depths are found by bisection over [lo, g): probe mid; holders continue in [mid + 1, hi],
+ * the others in [lo, mid], every server exactly as its own bisection would (probes are shared).
+ * Cost: n / JUMP probes plus ~log2(JUMP) per window where servers drop out, instead of n.
+ *
+ * Result: equal to the linear walk (leading blocks held) whenever every active server's set is
+ * prefix-closed along the prompt. With holes (lost events, a partial TTL expiry), for each
+ * server s: let g be the first probe point s lacks (none: depth n); blocks before g's window are
+ * assumed held (a hole there is not seen); the depth is where s's bisection over that window
+ * ends: a position d in [lo, g] that s lacks (so drop[s] is always the mask of a probed block)
+ * with d = lo or s holding block d - 1. So it is never past the first probe point s lacks, and
+ * it can be past the linear depth (a hole skipped) or short of the blocks s holds past g. */
+typedef struct {
+    Index *ix;
+    const uint64_t *h;
+    Py_ssize_t n;
+    uint64_t maxp;
+    uint64_t **found; /* per hash: the slot if a probe found it, else NULL (absent or not probed) */
+    int events_only;  /* 1: event bits only; 0: event | routed */
+} Walk;
+
+static inline uint64_t walk_mask(Walk *w, Py_ssize_t j)
+{
+    uint64_t *s = w->found[j];
+    if (s == NULL) {
+        uint64_t key = key_of(w->h[j], KIND_BLOCK, 0);
+        if ((s = ix_find_at(w->ix, key, home_of(w->ix, key), w->maxp)) == NULL)
+            return 0;
+        w->found[j] = s; /* slots are never freed within a generation */
+    }
+    return w->events_only ? LD(&s[SL_EVENT]) : LD(&s[SL_ROUTED]) | LD(&s[SL_EVENT]);
+}
+
+/* Every server of `set` holds block lo - 1 (or lo = 0) and lacks block hi, whose mask is
+ * hi_mask: find each one's depth in [lo, hi]. Recursion depth <= log2(JUMP) + 1. */
+static void walk_bisect(Walk *w, Py_ssize_t lo, Py_ssize_t hi, uint64_t set, uint64_t hi_mask,
+                        Py_ssize_t *depth, uint64_t *drop)
+{
+    while (set != 0 && lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        uint64_t m = walk_mask(w, mid);
+        if (set & ~m)
+            walk_bisect(w, lo, mid, set & ~m, m, depth, drop);
+        set &= m;
+        lo = mid + 1;
+    }
+    for (; set != 0; set &= set - 1) {
+        depth[__builtin_ctzll(set)] = hi;
+        drop[__builtin_ctzll(set)] = hi_mask;
+    }
+}
+
+/* Depth of every server in `active` by the jump walk (above); drop[s] = the mask of block
+ * depth[s] (0 for a server holding all n). Stops once no server is left. */
+static void jump_walk(Walk *w, uint64_t active, Py_ssize_t *depth, uint64_t *drop)
+{
+    Py_ssize_t lo = 0, n = w->n, g, ahead;
+    uint64_t m;
+    for (ahead = JUMP - 1; ahead < n && ahead < JUMP * JUMP_PREFETCH; ahead += JUMP)
+        prefetch_key(w->ix, key_of(w->h[ahead], KIND_BLOCK, 0));
+    while (active != 0 && lo < n) {
+        g = (n - lo > JUMP ? lo + JUMP : n) - 1;
+        if ((ahead = g + JUMP * JUMP_PREFETCH) < n) /* the probe JUMP_PREFETCH windows ahead */
+            prefetch_key(w->ix, key_of(w->h[ahead], KIND_BLOCK, 0));
+        m = walk_mask(w, g);
+        if (active & ~m)
+            walk_bisect(w, lo, g, active & ~m, m, depth, drop);
+        active &= m;
+        lo = g + 1;
+    }
+    for (; active != 0; active &= active - 1) {
+        depth[__builtin_ctzll(active)] = n;
+        drop[__builtin_ctzll(active)] = 0;
+    }
+}
+
 /* Active requests and tokens of every candidate, summed over owned rows. */
 static int cand_loads(Region *r, uint64_t cand, int64_t *req, int64_t *tok)
 {
@@ -100,14 +182,12 @@ typedef struct {
     uint64_t cand;
     Py_ssize_t depth[MAX_SERVERS];
     uint64_t drop[MAX_SERVERS];
-    uint64_t **found; /* slots the last walk found, per hash (NULL: not found) */
-    Py_ssize_t walked; /* hashes the last walk looked up */
+    Walk walk; /* found: slots any walk of this pick found, per hash */
 } KvPick;
 
 /* Score every candidate (fresh loads and prefix depths) and choose; -1 on error. `claimed`
  * servers are known to be taking block claim_at: their depth is at least claim_at + 1. */
-static int kv_choose(Index *self, KvPick *k, const uint64_t *h, Py_ssize_t n, uint64_t claimed,
-                     Py_ssize_t claim_at)
+static int kv_choose(Index *self, KvPick *k, uint64_t claimed, Py_ssize_t claim_at)
 {
     int64_t req[MAX_SERVERS], tok[MAX_SERVERS];
     uint64_t qualify = 0, tied = 0;
@@ -115,7 +195,8 @@ static int kv_choose(Index *self, KvPick *k, const uint64_t *h, Py_ssize_t n, ui
     char *rec;
     if (!cand_loads(self->ctl, k->cand, req, tok))
         return -1;
-    k->walked = walk_prefix(self, h, n, k->cand, KIND_BLOCK, k->role, k->depth, k->drop, k->found);
+    k->walk.events_only = 0;
+    jump_walk(&k->walk, k->cand, k->depth, k->drop);
     for (uint64_t m = claimed & k->cand; m != 0; m &= m - 1)
         if (k->depth[__builtin_ctzll(m)] < claim_at + 1)
             k->depth[__builtin_ctzll(m)] = claim_at + 1;
@@ -152,21 +233,22 @@ static int kv_choose(Index *self, KvPick *k, const uint64_t *h, Py_ssize_t n, ui
     return pick_tied(self->ctl, k->role, tied);
 }
 
-/* Mark every hash routed to `bit`'s server: slots the walk found are reused, the rest are
- * inserted with one reservation for all of them and their lines fetched for writing ahead. */
-static void commit_routed(Index *self, KvPick *k, const uint64_t *h, Py_ssize_t n, uint64_t bit)
+/* Mark hashes [from, n) routed to `bit`'s server: slots a walk found are reused, the rest are
+ * looked up or inserted with one reservation for all of them (a hash not found counts as
+ * missing) and their lines fetched for writing ahead. */
+static void commit_routed(Index *self, KvPick *k, Py_ssize_t from, uint64_t bit)
 {
-    uint64_t now = monotonic_ns(), *s, missing = 0;
-    Py_ssize_t ahead = 0;
+    uint64_t now = monotonic_ns(), *s, missing = 0, **found = k->walk.found;
+    const uint64_t *h = k->walk.h;
+    Py_ssize_t ahead = from, n = k->walk.n;
     Budget b;
-    for (Py_ssize_t j = 0; j < n; j++)
-        missing += j >= k->walked || k->found[j] == NULL;
+    for (Py_ssize_t j = from; j < n; j++)
+        missing += found[j] == NULL;
     budget_take(self, &b, missing);
-    for (Py_ssize_t j = 0; j < n; j++) {
-        s = j < k->walked ? k->found[j] : NULL; /* slots are never freed within a generation */
-        if (s == NULL) {
+    for (Py_ssize_t j = from; j < n; j++) {
+        if ((s = found[j]) == NULL) {
             for (ahead = ahead > j ? ahead : j + 1; ahead < n && ahead <= j + PREFETCH; ahead++)
-                if (ahead >= k->walked || k->found[ahead] == NULL)
+                if (found[ahead] == NULL)
                     __builtin_prefetch(slot_at(self, home_of(self, key_of(h[ahead], KIND_BLOCK, 0))), 1);
             if ((s = ix_upsert_b(self, key_of(h[j], KIND_BLOCK, 0), 1, &b)) == NULL)
                 break; /* full: the chain is unreachable past this block anyway */
@@ -204,11 +286,11 @@ PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
     KvPick k;
     int64_t role, tokens;
     int track, slot = -1, rerun = 0;
-    uint64_t bit, *s, r, other, *found_stack[FOUND_STACK];
-    Py_ssize_t d = 0;
+    uint64_t bit, *s, r, other, *found_stack[FOUND_STACK], edrop[MAX_SERVERS];
+    Py_ssize_t d = 0, edepth[MAX_SERVERS];
     Hashes hb = {0};
     char *p;
-    k.found = found_stack;
+    k.walk.found = found_stack;
     if (!nargs_ok("pick_kv", nargs, 9) || (p = pick_head(self, args, &role, &k.cand)) == NULL ||
         !hashes_open(args[3], &hb) || !arg_range(args[4], 0, INT64_MAX, "num_tokens", &tokens) ||
         !arg_double(args[5], "load_weight", &k.load_weight) ||
@@ -220,12 +302,19 @@ PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
         goto fail;
     }
     k.role = (int)role;
-    if (hb.n > FOUND_STACK && (k.found = PyMem_Malloc((size_t)hb.n * sizeof(uint64_t *))) == NULL) {
+    if (hb.n > FOUND_STACK &&
+        (k.walk.found = PyMem_Malloc((size_t)hb.n * sizeof(uint64_t *))) == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
+    if (hb.n > 0)
+        memset(k.walk.found, 0, (size_t)hb.n * sizeof(uint64_t *));
+    k.walk.ix = self;
+    k.walk.h = hb.h;
+    k.walk.n = hb.n;
+    k.walk.maxp = max_probe(self);
     if (k.cand != 0) {
-        if ((slot = kv_choose(self, &k, hb.h, hb.n, 0, 0)) < 0)
+        if ((slot = kv_choose(self, &k, 0, 0)) < 0)
             goto fail;
         d = k.depth[slot];
         if (track && d < hb.n && (s = ix_upsert(self, key_of(hb.h[d], KIND_BLOCK, 0), 1)) != NULL) {
@@ -240,7 +329,7 @@ PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
                     Py_ssize_t claim_at = d;
                     rerun = 1;
                     ADD(U64(self->ctl, IC_RACE_RERUNS), 1);
-                    if ((slot = kv_choose(self, &k, hb.h, hb.n, other, claim_at)) < 0)
+                    if ((slot = kv_choose(self, &k, other, claim_at)) < 0)
                         goto fail;
                     d = k.depth[slot];
                     break;
@@ -250,34 +339,43 @@ PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
                     break;
             }
         }
-        if (track)
-            commit_routed(self, &k, hb.h, hb.n, 1ULL << slot);
+        if (track) {
+            /* The winner needs routed bits only past the blocks its KV events confirm: its
+             * event-only depth (the same jump walk; the grid probes are the ones just read). */
+            k.walk.events_only = 1;
+            jump_walk(&k.walk, 1ULL << slot, edepth, edrop);
+            commit_routed(self, &k, edepth[slot] < d ? edepth[slot] : d, 1ULL << slot);
+        }
         if (d > hb.n)
             d = hb.n;
         row_add_pick(p, slot, tokens);
     }
     result = Py_BuildValue("(in)", slot, slot >= 0 ? d : (Py_ssize_t)0);
 fail:
-    if (k.found != found_stack)
-        PyMem_Free(k.found);
+    if (k.walk.found != found_stack)
+        PyMem_Free(k.walk.found);
     hashes_close(&hb);
     return result;
 }
 
-/* match(hashes, role=-1) -> [(slot, depth)] for present, healthy servers (of `role` if >= 0), or
- * None when the generation changed. Read-only. */
+/* match(hashes, role=-1, jump=False) -> [(slot, depth)] for present, healthy servers (of `role`
+ * if >= 0), or None when the generation changed. Read-only. Depths by the linear walk (leading
+ * blocks held), or with `jump` by pick_kv's jump walk (tests and diagnostics). */
 PyObject *Index_match(Index *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *result = NULL, *item;
     Hashes hb = {0};
     int64_t role = -1;
-    uint64_t c[CFG_WORDS], cand, drop[MAX_SERVERS];
+    int jump = 0;
+    uint64_t c[CFG_WORDS], cand, drop[MAX_SERVERS], *found_stack[FOUND_STACK];
     Py_ssize_t depth[MAX_SERVERS];
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "match(hashes, role=-1)");
+    Walk w = {.found = found_stack};
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "match(hashes, role=-1, jump=False)");
         goto fail;
     }
-    if ((nargs == 2 && !arg_range(args[1], -1, MAX_ROLES - 1, "role", &role)) || !ix_ok(self, 0) ||
+    if ((nargs >= 2 && !arg_range(args[1], -1, MAX_ROLES - 1, "role", &role)) ||
+        (nargs == 3 && (jump = PyObject_IsTrue(args[2])) < 0) || !ix_ok(self, 0) ||
         !hashes_open(args[0], &hb) || !config_for_pick(self->ctl, c))
         goto fail;
     if (stale(self)) {
@@ -287,7 +385,21 @@ PyObject *Index_match(Index *self, PyObject *const *args, Py_ssize_t nargs)
     cand = c[K_PRESENT] & c[K_HEALTHY];
     if (role >= 0)
         cand &= c[K_ROLE0 + role];
-    walk_prefix(self, hb.h, hb.n, cand, KIND_BLOCK, 0, depth, drop, NULL);
+    if (!jump) {
+        walk_prefix(self, hb.h, hb.n, cand, KIND_BLOCK, 0, depth, drop, NULL);
+    } else {
+        if (hb.n > FOUND_STACK && (w.found = PyMem_Malloc((size_t)hb.n * sizeof(uint64_t *))) == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        if (hb.n > 0)
+            memset(w.found, 0, (size_t)hb.n * sizeof(uint64_t *));
+        w.ix = self;
+        w.h = hb.h;
+        w.n = hb.n;
+        w.maxp = max_probe(self);
+        jump_walk(&w, cand, depth, drop);
+    }
     if ((result = PyList_New(0)) == NULL)
         goto fail;
     for (uint64_t m = cand; m != 0; m &= m - 1) {
@@ -300,6 +412,8 @@ PyObject *Index_match(Index *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(item);
     }
 fail:
+    if (w.found != found_stack)
+        PyMem_Free(w.found);
     hashes_close(&hb);
     return result;
 }

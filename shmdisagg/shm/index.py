@@ -430,12 +430,14 @@ class BlockIndex:
         return self._pick("pick_kv", row, role, exclude_slot, hashes, num_tokens, load_weight,
                           load_cap, use_tokens, track_routed)  # type: ignore[no-any-return]
 
-    def match(self, hashes: bytes, role: int = -1) -> list[tuple[int, int]]:
-        """[(slot, depth)] of present, healthy servers (of `role`, if >= 0); read-only."""
-        result = self._ix.match(hashes, role)
+    def match(self, hashes: bytes, role: int = -1, jump: bool = False) -> list[tuple[int, int]]:
+        """[(slot, depth)] of present, healthy servers (of `role`, if >= 0); read-only. Depths by
+        the linear walk (leading blocks held), or with `jump` by pick_kv's jump walk (equal when
+        every server's blocks are prefix-closed along `hashes`; native/README.md)."""
+        result = self._ix.match(hashes, role, jump)
         if result is None:
             self._remap(None)
-            result = self._ix.match(hashes, role)
+            result = self._ix.match(hashes, role, jump)
         return result or []
 
     def conv_pick_explicit(self, row: int, role: int, exclude_slot: int, conv_key: int,

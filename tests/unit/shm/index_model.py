@@ -2,7 +2,8 @@
 
 A dict from table key to [event_mask, routed_mask] for block hashes: the same inputs as the
 native `Index` (stored / removed / all-cleared / clear-server events, routed marks from picks,
-TTL expiry, compaction) give the same masks, and the same prefix depths per server.
+TTL expiry, compaction) give the same masks, and the same prefix depths per server: by the
+linear walk (`Index.match`) and by pick_kv's jump walk (`jump_depths`).
 """
 
 from __future__ import annotations
@@ -63,17 +64,50 @@ class IndexModel:
         m = self.slots.get(table_key(block_hash))
         return None if m is None else (m[0], m[1])
 
-    def depths(self, hashes: list[int], candidates: int) -> dict[int, int]:
+    def depths(self, hashes: list[int], candidates: int, events_only: bool = False) -> dict[int, int]:
+        """The linear walk: leading hashes whose event (| routed) mask has the server's bit."""
         out = {}
         for s in range(64):
             if candidates >> s & 1:
                 d = 0
                 while d < len(hashes):
                     m = self.slots.get(table_key(hashes[d]))
-                    if m is None or not ((m[0] | m[1]) >> s & 1):
+                    if m is None or not ((m[0] if events_only else m[0] | m[1]) >> s & 1):
                         break
                     d += 1
                 out[s] = d
+        return out
+
+    def jump_depths(self, hashes: list[int], candidates: int, jump: int,
+                    events_only: bool = False) -> dict[int, int]:
+        """pick_kv's jump walk, each server on its own (native/picks.c, `jump_walk`): probe the
+        last block of every window of `jump` blocks; at the first probe g a server lacks, bisect
+        [window start, g] for a block it lacks whose predecessor it holds (or the window start).
+        Equal to `depths` when the server's set is prefix-closed along `hashes`."""
+        out = {}
+        for s in range(64):
+            if not candidates >> s & 1:
+                continue
+
+            def holds(j: int) -> bool:
+                m = self.slots.get(table_key(hashes[j]))
+                return m is not None and bool((m[0] if events_only else m[0] | m[1]) >> s & 1)
+
+            lo, n, depth = 0, len(hashes), len(hashes)
+            while lo < n:
+                g = min(lo + jump, n) - 1
+                if not holds(g):
+                    hi = g
+                    while lo < hi:
+                        mid = (lo + hi) // 2
+                        if holds(mid):
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    depth = lo
+                    break
+                lo = g + 1
+            out[s] = depth
         return out
 
     def census(self) -> tuple[int, int, int]:

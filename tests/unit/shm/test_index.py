@@ -109,14 +109,84 @@ def test_match_depth_counts_leading_blocks_only(index: BlockIndex, worker: Worke
     assert dict(worker.index.match(P(blocks), ROLE_CONTEXT)) == want
 
 
+# -- pick_kv's jump walk: one probe per JUMP blocks, bisection where servers drop out ---------------
+
+J = _native.IX_JUMP
+
+
+def depths(worker: Worker, blocks: list[int], jump: bool) -> dict[int, int]:
+    return dict(worker.index.match(P(blocks), ROLE_CONTEXT, jump=jump))
+
+
+@pytest.mark.parametrize("n", [1, 2, J - 1, J, J + 1, 2 * J + 1])
+def test_prompts_around_the_jump_stride_match_exactly(index: BlockIndex, worker: Worker, n: int) -> None:
+    for k in sorted({0, 1, n // 2, n - 1, n}):
+        blocks = chain(1000 * n + k, n)
+        index.apply_stored(2, blocks[:k])
+        index.apply_stored(1, blocks[:max(k - 1, 0)])
+        want = {0: 0, 1: max(k - 1, 0), 2: k, 3: 0}
+        assert depths(worker, blocks, jump=True) == depths(worker, blocks, jump=False) == want
+        slot, matched = worker.kv(P(blocks), track_routed=False)
+        assert matched == k and (k == 0 or slot == 2)
+
+
+def test_servers_dropping_out_at_different_depths_in_one_window(coord: ControlTable, index: BlockIndex,
+                                                                 worker: Worker) -> None:
+    blocks = chain(51, 3 * J)
+    held = {0: J + 1, 1: J + 5, 2: J + 6, 3: 2 * J - 1}  # all inside the window [J, 2J - 1]
+    for slot, k in held.items():
+        index.apply_stored(slot, blocks[:k])
+    assert depths(worker, blocks, jump=True) == depths(worker, blocks, jump=False) == held
+    assert worker.kv(P(blocks), track_routed=False) == (3, 2 * J - 1)
+    assert worker.kv(P(blocks), exclude=3, track_routed=False) == (2, J + 6)
+    coord.set_healthy(2, False)
+    assert worker.kv(P(blocks), exclude=3, track_routed=False) == (1, J + 5)
+    coord.set_healthy(1, False)
+    assert worker.kv(P(blocks), exclude=3, track_routed=False) == (0, J + 1)
+
+
+def test_a_hole_between_probe_points_is_not_seen(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(52, 2 * J + 3)
+    index.apply_stored(0, blocks[:5] + blocks[6:])  # block 5 lost: no probe lands on it
+    assert depths(worker, blocks, jump=False)[0] == 5
+    assert depths(worker, blocks, jump=True)[0] == 2 * J + 3
+    assert worker.kv(P(blocks)) == (0, 2 * J + 3)
+    assert worker.index.lookup(blocks[5]) is None  # its event depth is the whole prompt: no routed bits
+
+
+def test_a_hole_at_a_probe_point_ends_the_match_there(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(53, 3 * J)
+    index.apply_stored(0, [h for i, h in enumerate(blocks) if i != 2 * J - 1])
+    assert depths(worker, blocks, jump=True)[0] == depths(worker, blocks, jump=False)[0] == 2 * J - 1
+    index.apply_stored(1, [h for i, h in enumerate(blocks) if i not in (1, J - 1)])
+    # the probe J - 1 is missing: the bisection of [0, J - 1] probes only held blocks past 1
+    assert depths(worker, blocks, jump=False)[1] == 1
+    assert depths(worker, blocks, jump=True)[1] == J - 1
+
+
+def test_the_commit_marks_routed_only_past_the_winners_event_depth(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(54, 2 * J + 4)
+    events = J + 3
+    index.apply_stored(1, blocks[:events])
+    assert worker.kv(P(blocks)) == (1, events)
+    assert [worker.index.lookup(h)[1] for h in blocks] == [0] * events + [1 << 1] * (len(blocks) - events)
+    longer = blocks + chain(55, J)  # the next turn: matched by events, then by routed bits
+    assert worker.kv(P(longer)) == (1, len(blocks))
+    assert [worker.index.lookup(h)[1] for h in longer] == [0] * events + [1 << 1] * (len(longer) - events)
+    fresh = chain(56, J + 1)  # no events anywhere: every block is marked, as before
+    slot, matched = worker.kv(P(fresh))
+    assert matched == 0 and [worker.index.lookup(h)[1] for h in fresh] == [1 << slot] * len(fresh)
+
+
 def test_removed_clears_the_servers_event_and_routed_bits(index: BlockIndex, worker: Worker) -> None:
     blocks = chain(3, 3)
-    index.apply_stored(1, blocks)
+    index.apply_stored(1, blocks[:1])
     index.apply_stored(2, blocks)
-    assert worker.kv(P(blocks), exclude=2) == (1, 3)  # routed to 1 too
-    assert index.apply_removed(1, blocks[1:]) == 2
+    assert worker.kv(P(blocks), exclude=2) == (1, 1)  # routed to 1 past its event-held block 0
+    assert worker.index.lookup(blocks[1])[:2] == (1 << 2, 1 << 1)
+    assert index.apply_removed(1, blocks) == 3
     assert worker.index.lookup(blocks[1])[:2] == (1 << 2, 0)
-    assert worker.index.lookup(blocks[0])[:2] == (0b110, 0b10)
+    assert worker.index.lookup(blocks[0])[:2] == (1 << 2, 0)
     assert index.apply_removed(1, chain(99, 2)) == 0  # unknown blocks: nothing to do
 
 
@@ -282,11 +352,12 @@ def test_sweep_expires_routed_bits_after_the_ttl_but_keeps_event_bits(index: Blo
     routed_only, confirmed = chain(18, 3), chain(19, 3)
     worker.kv(P(routed_only), exclude=0)
     index.apply_stored(0, confirmed)
-    worker.kv(P(confirmed))  # routed to 0 as well
+    assert worker.kv(P(confirmed)) == (0, 3)  # held by events: no routed bit needed
+    assert worker.index.lookup(confirmed[0])[:2] == (1, 0)
     census = index.sweep(time.monotonic_ns())
     assert census["routed_expired"] == 0 and census["live"] == 6
     census = index.sweep(time.monotonic_ns() + TTL_NS + 10**9)
-    assert census["routed_expired"] == 6 and (census["live"], census["dead"]) == (3, 3)
+    assert census["routed_expired"] == 3 and (census["live"], census["dead"]) == (3, 3)
     assert dict(worker.index.match(P(routed_only), ROLE_CONTEXT)) == {0: 0, 1: 0, 2: 0, 3: 0}
     assert dict(worker.index.match(P(confirmed)))[0] == 3
 
@@ -436,7 +507,7 @@ def test_resize_keeps_live_keys_drops_dead_ones_and_workers_follow(coord: Contro
     assert coord.index_publication()[:2] == (2, 1 << 12)
     assert worker.kv(P(keep)) == (2, 5)  # remapped on this pick
     assert worker.index.generation == 2
-    assert worker.index.lookup(drop[0]) is None and worker.index.lookup(keep[0])[:2] == (4, 4)
+    assert worker.index.lookup(drop[0]) is None and worker.index.lookup(keep[0])[:2] == (4, 0)
     assert index.stats().resizes == 1
     assert old_name in segment_names(coord.prefix)
     index.unlink_retired(now=math.inf)

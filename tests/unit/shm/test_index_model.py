@@ -1,5 +1,9 @@
 """The native block index and the Python dict model agree under any sequence of KV events,
-routed picks, TTL sweeps, server clears and generation swaps (hypothesis stateful)."""
+routed picks, TTL sweeps, server clears and generation swaps (hypothesis stateful).
+
+Two machines: random hash lists with holes everywhere, where pick_kv's depth is the model's jump
+walk (`IndexModel.jump_depths`); and prefix-closed states (a tree of chained prompts, prefixes
+stored, subtrees removed, whole servers cleared), where it must equal the linear walk."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from array import array
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shmdisagg import _native
 from shmdisagg.shm.layout import ROLE_CONTEXT, server_flags
@@ -16,8 +20,9 @@ from tests.unit.shm.index_model import IndexModel
 
 SERVERS = 4
 CAP_LOG2 = 8  # 256 slots, 153 keys at most: the pool below never fills it
+JUMP = _native.IX_JUMP
 POOL = [0, 1, 2, 3, 0xFFFFFFFFFFFFFFFF, 1 << 63, 12345, 99, 7, 8, 1 << 40, 5]
-HASH_LISTS = st.lists(st.sampled_from(POOL), min_size=0, max_size=8)
+HASH_LISTS = st.lists(st.sampled_from(POOL), min_size=0, max_size=2 * JUMP + 3)  # up to 3 windows
 SLOTS = st.integers(0, SERVERS - 1)
 TTL_NS = 10**12
 CANDIDATES = (1 << SERVERS) - 1
@@ -75,12 +80,14 @@ class IndexMatchesModel(RuleBasedStateMachine):
         if self.ix.state != 1:
             self._publish(self.ix)
         cand = CANDIDATES & ~(1 << exclude if exclude >= 0 else 0)
-        depths = self.model.depths(hashes, cand)
+        depths = self.model.jump_depths(hashes, cand, JUMP)
         slot, matched = self.ix.pick_kv(self.row, ROLE_CONTEXT, exclude, pack(hashes), 10, 0.25,
                                          float("inf"), False, True)
         self.ctl.complete(self.row, slot, 10)  # loads stay 0, so the score is the depth alone
         assert matched == depths[slot] == max(depths.values())
-        self.model.routed(slot, hashes)
+        # routed bits only past the winner's event-only depth (jump walk, at most its match)
+        events = self.model.jump_depths(hashes, 1 << slot, JUMP, events_only=True)[slot]
+        self.model.routed(slot, hashes[min(events, matched):])
 
     @rule(expire=st.booleans())
     def sweep(self, expire: bool) -> None:
@@ -111,7 +118,130 @@ class IndexMatchesModel(RuleBasedStateMachine):
             assert dict(self.ix.match(pack(POOL))) == want
             for k in range(len(POOL)):
                 assert dict(self.ix.match(pack(POOL[k:]))) == self.model.depths(POOL[k:], CANDIDATES)
+            for hashes in (POOL * 3, POOL[::-1] * 3, POOL[:JUMP]):
+                want = self.model.jump_depths(hashes, CANDIDATES, JUMP)
+                assert dict(self.ix.match(pack(hashes), -1, True)) == want
 
 
 TestIndexMatchesModel = IndexMatchesModel.TestCase
 TestIndexMatchesModel.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+
+
+# -- prefix-closed states: the jump walk must equal the linear walk ----------------------------------
+
+PC_CAP_LOG2 = 10  # 1024 slots; the tree below has at most 3 JUMP + 2 + 3 (JUMP + 2) nodes
+
+
+class PrefixClosedMatchesLinear(RuleBasedStateMachine):
+    """A tree of chained prompts (a trunk and up to three branches off it, every node its own
+    hash, like parent-chained block hashes). Servers store prompt prefixes, lose whole subtrees
+    (an executor evicts leaves first and frees a block's descendants with it) or everything, and
+    picks mark routed bits: every server's set stays prefix-closed along every prompt, so the pick's
+    jump walk must give exactly the linear depth."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ctl_buf = bytearray(_native.control_size(2))
+        self.ctl = _native.Region(self.ctl_buf)
+        self.ctl.init_control(2, 0)
+        for s in range(SERVERS):
+            self.ctl.write_server(s, server_flags(True, True, ROLE_CONTEXT), 64, 32, 0, b"h:1")
+        self.row, _ = self.ctl.claim_row(4321, 1)
+        self.generation = 0
+        self.buffers: list[bytearray] = []
+        self.ix = self._new_generation()
+        self.model = IndexModel()
+        self.chains: list[list[int]] = []
+
+    def _new_generation(self) -> _native.Index:
+        self.generation += 1
+        buf = bytearray(_native.IX_HEADER_BYTES + _native.IX_SLOT_BYTES * (1 << PC_CAP_LOG2))
+        self.buffers.append(buf)
+        ix = _native.Index(buf, self.ctl)
+        ix.init_index(self.generation, PC_CAP_LOG2, int((1 << PC_CAP_LOG2) * 0.6), 0)
+        ix.publish()
+        self.ctl.publish_index(ix.generation, ix.capacity, len(buf), b"/model")
+        return ix
+
+    def teardown(self) -> None:
+        self.ix.release()
+        self.ctl.release()
+
+    @initialize(trunk=st.integers(1, 3 * JUMP + 2),
+                branches=st.lists(st.tuples(st.integers(0, 3 * JUMP + 2), st.integers(1, JUMP + 2)),
+                                  max_size=3))
+    def tree(self, trunk: int, branches: list[tuple[int, int]]) -> None:
+        fresh = iter(range(1, 1 << 20))  # hash 0 is stored under 1: never use both
+        self.chains = [[next(fresh) << 8 for _ in range(trunk)]]
+        for at, length in branches:
+            self.chains.append(self.chains[0][:min(at, trunk)] + [next(fresh) << 8 for _ in range(length)])
+
+    def _prefix(self, data: st.DataObject) -> tuple[list[int], int]:
+        chain = data.draw(st.sampled_from(self.chains))
+        return chain, data.draw(st.integers(0, len(chain)))
+
+    @rule(slot=SLOTS, data=st.data())
+    def store_prefix(self, slot: int, data: st.DataObject) -> None:
+        chain, k = self._prefix(data)
+        assert self.ix.apply_stored(slot, pack(chain[:k]), 0) == self.model.stored(slot, chain[:k])
+
+    @rule(slot=SLOTS, data=st.data())
+    def remove_subtree(self, slot: int, data: st.DataObject) -> None:
+        chain, k = self._prefix(data)
+        if k == len(chain):
+            return
+        node = chain[k]  # it and every descendant (a node's depth is its index), leaves first
+        below = {(j, c[j]) for c in self.chains if len(c) > k and c[k] == node for j in range(k, len(c))}
+        gone = [h for _, h in sorted(below, reverse=True)]
+        assert self.ix.apply_removed(slot, pack(gone)) == self.model.removed(slot, gone)
+
+    @rule(slot=SLOTS)
+    def clear(self, slot: int) -> None:
+        assert self.ix.apply_all_cleared(slot) == self.model.clear(slot)
+
+    @precondition(lambda self: bool(self.chains))
+    @rule(data=st.data(), exclude=st.integers(-1, SERVERS - 1), track=st.booleans())
+    def pick(self, data: st.DataObject, exclude: int, track: bool) -> None:
+        chain, m = self._prefix(data)
+        hashes = chain[:m]
+        cand = CANDIDATES & ~(1 << exclude if exclude >= 0 else 0)
+        linear = self.model.depths(hashes, cand)
+        assert self.model.jump_depths(hashes, cand, JUMP) == linear
+        slot, matched = self.ix.pick_kv(self.row, ROLE_CONTEXT, exclude, pack(hashes), 10, 0.25,
+                                         float("inf"), False, track)
+        self.ctl.complete(self.row, slot, 10)
+        assert matched == linear[slot] == max(linear.values())
+        if track:
+            events = self.model.depths(hashes, 1 << slot, events_only=True)[slot]
+            assert events <= matched
+            self.model.routed(slot, hashes[events:])
+
+    @rule(expire=st.booleans())
+    def sweep(self, expire: bool) -> None:
+        now = time.monotonic_ns() + (2 * TTL_NS if expire else 0)
+        census = self.ix.sweep(now, TTL_NS, 1000, 1000)
+        assert census["routed_expired"] == (self.model.expire_routed() if expire else 0)
+
+    @rule()
+    def resize(self) -> None:
+        old = self.ix
+        self.ix = self._new_generation()
+        old.copy_into(self.ix)
+        self.model.compact()
+        old.release()
+
+    @invariant()
+    def jump_equals_linear_and_masks_agree(self) -> None:
+        for chain in self.chains:
+            for h in chain:
+                got = self.ix.lookup(h)
+                assert (None if got is None else got[:2]) == self.model.masks(h), h
+            for m in {0, 1, JUMP - 1, JUMP, JUMP + 1, len(chain)}:
+                if m <= len(chain):
+                    want = self.model.depths(chain[:m], CANDIDATES)
+                    assert dict(self.ix.match(pack(chain[:m]), -1, True)) == want
+                    assert dict(self.ix.match(pack(chain[:m]))) == want
+
+
+TestPrefixClosedMatchesLinear = PrefixClosedMatchesLinear.TestCase
+TestPrefixClosedMatchesLinear.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
