@@ -51,7 +51,7 @@
 #define REFRESH_NS 1000000000ULL /* a routed bit already set is re-stamped at most once a second */
 #define PREFETCH 16              /* probes started ahead in walks and batches (a power of two) */
 #ifndef JUMP
-#define JUMP 16                  /* pick_kv's jump walk: one probe per JUMP blocks (a power of two) */
+#define JUMP 32                  /* pick_kv's jump walk: one probe per JUMP blocks (a power of two) */
 #endif
 #ifndef JUMP_PREFETCH
 #define JUMP_PREFETCH 4          /* probes the jump walk starts ahead, in windows */

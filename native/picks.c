@@ -1,8 +1,9 @@
 /*
  * The workers' picks over the KV block index, one native call per routing decision:
- * kv_cache_aware (prefix depth - load_weight x load, load cap, fleet-wide tie rotation,
- * routed-block tracking with claim-race resolution), conversation sessions (explicit, sticky by
- * CAS; implicit, by routed prefix) and the read-only match. A pick reads the configuration and
+ * kv_cache_aware (prefix depth by a jump walk - load_weight x load, load cap, fleet-wide tie
+ * rotation, routed-block tracking past the winner's event depth with claim-race resolution),
+ * conversation sessions (explicit, sticky by CAS; implicit, by routed prefix) and the read-only
+ * match. A pick reads the configuration and
  * every worker row from the control segment and writes only: keys it inserts (CAS), routed bits
  * and stamps (fetch_or / relaxed store), the role's tie ticket, and the caller's own row.
  */
@@ -12,14 +13,12 @@
 
 /* ---- workers: picks --------------------------------------------------------------------- */
 
-/* Prefix depth of every server in `active`: depth[s] = leading hashes whose mask (routed, plus
- * event for blocks) has s's bit; drop[s] = the full mask of the block where s dropped out.
- * Stops once no server is left (design section 4.3). found[j] (if given) receives the slot of
- * hash j for every j it looked up, so the commit that follows need not probe again; returns how
- * many it looked up. */
-static Py_ssize_t walk_prefix(Index *self, const uint64_t *h, Py_ssize_t n, uint64_t active,
-                              uint64_t kind, int role, Py_ssize_t *depth, uint64_t *drop,
-                              uint64_t **found)
+/* Prefix depth of every server in `active` by the linear walk (match, implicit conversations):
+ * depth[s] = leading hashes whose mask (routed, plus event for blocks) has s's bit; drop[s] = the
+ * full mask of the block where s dropped out. Stops once no server is left (design section
+ * 4.3). pick_kv uses the jump walk below instead. */
+static void walk_prefix(Index *self, const uint64_t *h, Py_ssize_t n, uint64_t active,
+                        uint64_t kind, int role, Py_ssize_t *depth, uint64_t *drop)
 {
     uint64_t maxp = max_probe(self), keys[PREFETCH], homes[PREFETCH], *s, m, gone;
     Py_ssize_t j;
@@ -40,8 +39,6 @@ static Py_ssize_t walk_prefix(Index *self, const uint64_t *h, Py_ssize_t n, uint
             if (kind == KIND_BLOCK)
                 m |= LD(&s[SL_EVENT]);
         }
-        if (found != NULL)
-            found[j] = s;
         for (gone = active & ~m; gone != 0; gone &= gone - 1) {
             depth[__builtin_ctzll(gone)] = j;
             drop[__builtin_ctzll(gone)] = m;
@@ -52,7 +49,6 @@ static Py_ssize_t walk_prefix(Index *self, const uint64_t *h, Py_ssize_t n, uint
         depth[__builtin_ctzll(active)] = j;
         drop[__builtin_ctzll(active)] = 0;
     }
-    return j;
 }
 
 /* The jump walk of pick_kv (design: Dynamo's PositionalIndexer). A server's held blocks (event
@@ -386,7 +382,7 @@ PyObject *Index_match(Index *self, PyObject *const *args, Py_ssize_t nargs)
     if (role >= 0)
         cand &= c[K_ROLE0 + role];
     if (!jump) {
-        walk_prefix(self, hb.h, hb.n, cand, KIND_BLOCK, 0, depth, drop, NULL);
+        walk_prefix(self, hb.h, hb.n, cand, KIND_BLOCK, 0, depth, drop);
     } else {
         if (hb.n > FOUND_STACK && (w.found = PyMem_Malloc((size_t)hb.n * sizeof(uint64_t *))) == NULL) {
             PyErr_NoMemory();
@@ -486,7 +482,7 @@ PyObject *Index_conv_pick_implicit(Index *self, PyObject *const *args, Py_ssize_
         goto fail;
     }
     if (cand != 0) {
-        walk_prefix(self, hb.h, hb.n, cand, KIND_IMPL, (int)role, depth, drop, NULL);
+        walk_prefix(self, hb.h, hb.n, cand, KIND_IMPL, (int)role, depth, drop);
         for (uint64_t m = cand; m != 0; m &= m - 1) {
             int sl = __builtin_ctzll(m);
             if (depth[sl] > dmax) {
