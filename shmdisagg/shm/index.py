@@ -418,11 +418,14 @@ class BlockIndex:
 
         Candidates are present, healthy, of `role`, not `exclude_slot`. Each one's depth is the
         number of leading `hashes` (packed u64, `hashing.block_hashes_bytes`) that a KV event or
-        a routing marked on it; load is its active requests (or active tokens / its
-        tokens_per_block with `use_tokens`) over every worker row. Among candidates with
-        active / max_batch_size < load_cap (all, if none), the best depth - load_weight x load
-        wins; ties rotate fleet-wide. With `track_routed`, the request's blocks are marked as
-        routed to the winner (visible to every worker's next pick), after claiming the first
+        a routing marked on it, found by a jump walk (one probe per `_native.IX_JUMP` blocks,
+        bisection where servers drop out: exact when each server's blocks are prefix-closed
+        along the prompt; with holes see native/README.md); load is its active requests (or
+        active tokens / its tokens_per_block with `use_tokens`) over every worker row. Among
+        candidates with active / max_batch_size < load_cap (all, if none), the best depth -
+        load_weight x load wins; ties rotate fleet-wide. With `track_routed`, the request's
+        blocks past those the winner's KV events confirm are marked as routed to the winner
+        (visible to every worker's next pick), after claiming the first
         block past the winner's match: a worker that lost that claim to a different server for
         the same prefix re-scores once, so racing workers converge on one server. The pick's load
         is added to `row`; release it with `ControlTable.release(row, slot, num_tokens)`.
