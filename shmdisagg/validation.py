@@ -86,6 +86,19 @@ def _check_messages(req: dict[str, Any]) -> None:
             raise _bad("each message must be an object with a 'role'", "messages")
 
 
+def _json_type(value: Any) -> str:
+    """The JSON type of a decoded value, as an error message names it."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
 def _check_positive_int(req: dict[str, Any], key: str) -> None:
     value = req.get(key)
     if value is not None and (type(value) is not int or value < 1):
@@ -101,8 +114,12 @@ def validate(req: dict[str, Any], chat: bool, models: frozenset[str], want_ids: 
     for key in INTERNAL_FIELDS:
         req.pop(key, None)
     model = req.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None:
         raise _bad("'model' is required", "model")
+    if not isinstance(model, str):
+        raise _bad(f"'model' must be a string, got {_json_type(model)}", "model")
+    if not model:
+        raise _bad("'model' must not be empty", "model")
     if models and model not in models:
         raise RequestError(404, f"The model '{model}' does not exist", "model_not_found", "model")
     ids = None

@@ -56,6 +56,31 @@ def test_bad_requests_are_400_with_openai_error_body(body: bytes, chat: bool, pa
     assert parsed["param"] == param
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"prompt":"hi"}', "'model' is required"),
+        (b'{"model":null,"prompt":"hi"}', "'model' is required"),
+        (b'{"model":5,"prompt":"hi"}', "'model' must be a string, got a number"),
+        (b'{"model":true,"prompt":"hi"}', "'model' must be a string, got a boolean"),
+        (b'{"model":["m"],"prompt":"hi"}', "'model' must be a string, got an array"),
+        (b'{"model":{"id":"m"},"prompt":"hi"}', "'model' must be a string, got an object"),
+        (b'{"model":"","prompt":"hi"}', "'model' must not be empty"),
+    ],
+)
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_model_that_is_not_a_string_is_named_for_what_it_is(body: bytes, message: str, chat: bool) -> None:
+    """`{"model": 5}` is there but not a string: saying it is "required" sent users looking
+    for a missing field."""
+    if chat:
+        body = body.replace(b'"prompt":"hi"', b'"messages":[{"role":"user","content":"hi"}]')
+    with pytest.raises(RequestError) as info:
+        _check(body, chat)
+    parsed = orjson.loads(info.value.body())
+    assert info.value.status == 400
+    assert (parsed["message"], parsed["param"], parsed["type"]) == (message, "model", "BadRequestError")
+
+
 def test_unknown_model_is_404() -> None:
     with pytest.raises(RequestError) as info:
         _check(b'{"model":"other","prompt":"hi"}')
