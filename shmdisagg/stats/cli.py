@@ -8,8 +8,12 @@
 
 Not a terminal (piped, logged): printed at the view's full width, or $COLUMNS when set.
 
-Exit codes: 0, 1 when no deployment runs under that prefix (or it stopped), 2 bad usage/config
-(an invalid --prefix included).
+A deployment killed hard (SIGKILL) leaves its segments behind: the view then says "STALE"
+(`"state": "stale"` in the JSON) rather than "running", since the coordinator's pid is gone (or
+is another process now); a new launch of that deployment removes them.
+
+Exit codes: 0, 1 when no deployment runs under that prefix (or it stopped, or what is there is
+stale: --once still prints the snapshot), 2 bad usage/config (an invalid --prefix included).
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ from typing import Any
 
 import orjson
 
-from shmdisagg.shm.layout import INDEX_NAME_MAX_BYTES
-from shmdisagg.stats.snapshot import NotRunning, StatsReader, snapshot
+from shmdisagg.config import ShmSection
+from shmdisagg.stats.snapshot import NotRunning, StatsReader, snapshot, stale_reason
 
-# A prefix names files directly under /dev/shm ("/{prefix}-ctl", "/{prefix}-idx-{generation:x}", ...):
-# the config's characters, and short enough that the index segment's name fits the table's slot.
-MAX_PREFIX_CHARS = INDEX_NAME_MAX_BYTES - len("/-idx-ffffffff")
-_PREFIX = re.compile(rf"^[A-Za-z0-9_.\-]{{1,{MAX_PREFIX_CHARS}}}$")
+# A prefix names files directly under /dev/shm ("/{prefix}-ctl", ...): what the config's
+# shmdisagg.shm.prefix accepts, or the default a config without one gets (shmdisagg-<uid>-<port>,
+# which a large uid can make longer than a configured prefix may be).
+_CONFIG_PREFIX = re.compile(next(m.pattern for m in ShmSection.model_fields["prefix"].metadata if getattr(m, "pattern", None)))
+_DEFAULT_PREFIX = re.compile(r"^shmdisagg-[0-9]{1,10}-[0-9]{1,5}$")
+MAX_PREFIX_CHARS = int(re.search(r"\{1,(\d+)\}", _CONFIG_PREFIX.pattern).group(1))  # type: ignore[union-attr]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,11 +59,11 @@ def resolve_prefix(args: argparse.Namespace, load_config: Any) -> str:
 
 def prefix_error(prefix: str) -> str | None:
     """Why `prefix` cannot name a deployment's shared memory, or None when it can."""
-    if _PREFIX.match(prefix):
+    if _CONFIG_PREFIX.match(prefix) or _DEFAULT_PREFIX.match(prefix):
         return None
     shown = prefix if len(prefix) <= 60 else f"{prefix[:40]}... ({len(prefix)} characters)"
     return (f"invalid shared-memory prefix {shown!r}: use 1-{MAX_PREFIX_CHARS} letters, digits, "
-            f"'_', '.' or '-'")
+            f"'_', '.' or '-' (as shmdisagg.shm.prefix), or the default shmdisagg-<uid>-<port>")
 
 
 def fit_width(console: Any, renderable: Any) -> None:
@@ -106,6 +112,9 @@ def run(args: argparse.Namespace, prefix: str) -> int:
                 console, view = Console(), render(snap)
                 fit_width(console, view)
                 console.print(view)
+            if snap["state"] == "stale":
+                print(f"shmdisagg stats: {prefix}: {snap['stale_reason']}", file=sys.stderr)
+                return 1
             return 0
         return _live(reader, args.interval)
 
@@ -121,6 +130,11 @@ def _live(reader: StatsReader, interval: float) -> int:
     console = Console()
     prev = reader.sample()
     first = render(snapshot(None, prev, reader.prefix))
+    if prev.coordinator_alive is False:  # a dead deployment's segments: one frame says so, then exit
+        fit_width(console, first)
+        console.print(first)
+        print(f"shmdisagg stats: {reader.prefix}: {stale_reason(prev.coordinator)}", file=sys.stderr)
+        return 1
     try:
         live = Live(first, console=console, auto_refresh=False) if console.is_terminal else None
         if live is None:
@@ -136,6 +150,9 @@ def _live(reader: StatsReader, interval: float) -> int:
                     print(f"shmdisagg stats: the deployment {reader.prefix} stopped", file=sys.stderr)
                     return 0
                 cur = reader.sample()
+                if cur.coordinator_alive is False:  # killed hard: the segments stay behind
+                    print(f"shmdisagg stats: the deployment {reader.prefix} died: {stale_reason(cur.coordinator)}", file=sys.stderr)
+                    return 1
                 frame = render(snapshot(prev, cur, reader.prefix))
                 prev = cur
                 if live is None:

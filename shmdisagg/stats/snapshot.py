@@ -11,6 +11,16 @@ mean event-to-visibility lag of the events applied in that interval). Per-server
 the index's event-confirmed block entries per server, from a read-only scan of the index
 (`shm.index.server_blocks`). Numbers a deployment does not have (no metrics segment, no block
 index yet) are None, which the views show as "-".
+
+Liveness: the table outlives a deployment killed with SIGKILL (nobody unlinks its segments), and
+then still says "running" with every server healthy. So `sample()` also checks that the
+coordinator's pid (and each worker row's) is alive and is the same process, by the start time
+the table stores beside the pid (`shm.table.process_starttime`, which guards against pid reuse);
+a dead coordinator makes the snapshot's state "stale".
+
+Worker numbering: `worker` is the coordinator's fleet index (its log's "fleet worker N", the
+`worker_index` of `/cluster_info`, metrics row 2 + N); `row` is the control table row the
+process claimed, which need not be the same number.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from shmdisagg.metrics.rows import FIRST_WORKER_ROW, ROW_RETIRED, MetricsSegment
 from shmdisagg.metrics.schema import FINISHED, LAYOUT, MAX_SERVERS
 from shmdisagg.shm.index import server_blocks
 from shmdisagg.shm.segment import SHM_DIR, SegmentNotReady, ShmError
-from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable, RowInfo, ServerInfo
+from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable, RowInfo, ServerInfo, process_starttime
 
 SCHEMA = "shmdisagg.stats/1"
 COORD_STATES = {0: "starting", 1: "running", 2: "stopping"}
@@ -36,6 +46,31 @@ _FINISHED = FINISHED
 
 class NotRunning(RuntimeError):
     """No deployment with this prefix (its control segment does not exist or is not ready)."""
+
+
+def process_alive(pid: int, starttime: int) -> bool | None:
+    """Whether `pid` runs and is the process that was recorded with `starttime` (clock ticks
+    since boot; 0: not recorded, only the pid is checked). None when no pid is recorded yet."""
+    if pid <= 0:
+        return None
+    try:
+        now = process_starttime(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except (OSError, ValueError, IndexError):  # unreadable /proc: assume it runs
+        return True
+    return not starttime or now == starttime
+
+
+def stale_reason(coordinator: dict[str, int]) -> str:
+    """Why a snapshot whose coordinator is not alive is stale, for the views."""
+    pid = coordinator["pid"]
+    try:
+        reused = process_starttime(pid) != coordinator.get("starttime")
+    except (OSError, ValueError, IndexError):
+        reused = False
+    gone = f"coordinator pid {pid} is gone" + (" (the pid now belongs to another process)" if reused else "")
+    return f"{gone}: stale segments; a new launch removes them"
 
 
 @dataclass
@@ -53,6 +88,8 @@ class Sample:
     kv_blocks: dict[int, int] | None = None
     metric_rows: list[list[float]] | None = None
     errors: list[str] = field(default_factory=list)
+    coordinator_alive: bool | None = None  # None: no coordinator recorded yet
+    rows_alive: dict[int, bool | None] = field(default_factory=dict)  # by table row
 
 
 class StatsReader:
@@ -106,18 +143,22 @@ class StatsReader:
                 kv_blocks = server_blocks(t) if scan_index else None
         except Exception:  # no block index in this deployment or build
             index = None
+        coordinator = t.coordinator()
+        rows = t.rows()
         return Sample(
             t_ns=time.monotonic_ns(),
-            coordinator=t.coordinator(),
+            coordinator=coordinator,
             servers=servers,
             loads={s.slot: t.load(s.slot) for s in servers},
             routed={s.slot: t.routed(s.slot) for s in servers},
-            rows=t.rows(),
+            rows=rows,
             retired=t.retired(),
             index=index,
             kv_blocks=kv_blocks,
             metric_rows=self.metrics.snapshot() if self.metrics is not None else None,
             errors=errors,
+            coordinator_alive=process_alive(coordinator["pid"], coordinator.get("starttime", 0)),
+            rows_alive={r.row: process_alive(r.pid, r.starttime) for r in rows},
         )
 
 
@@ -135,15 +176,22 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
     """The JSON snapshot of `cur`, with rates against `prev` (None: no rates)."""
     dt = (cur.t_ns - prev.t_ns) / 1e9 if prev is not None else 0.0
     coord = cur.coordinator
+    stale = cur.coordinator_alive is False
+    state = "stale" if stale else COORD_STATES.get(coord["state"], str(coord["state"]))
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "prefix": prefix,
         "time": datetime.now(UTC).isoformat(),
         "interval_s": dt or None,
+        # the deployment's state: the coordinator's, or "stale" when its process is gone (the
+        # segments of a deployment killed hard: every other number is its last word)
+        "state": state,
+        "stale_reason": stale_reason(coord) if stale else None,
         "coordinator": {
             "pid": coord["pid"],
+            "alive": cur.coordinator_alive,
             "incarnation": coord["incarnation"],
-            "state": COORD_STATES.get(coord["state"], str(coord["state"])),
+            "state": state,
             "heartbeat_age_s": max(cur.t_ns - coord["heartbeat_ns"], 0) / 1e9,
             "events_applied_per_s": None,
             "event_lag_ms": None,
@@ -179,15 +227,18 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
 
     by_pid = _rows_by_pid(cur.metric_rows)
     prev_by_pid = _rows_by_pid(prev.metric_rows) if prev is not None else {}
+    index_of = _worker_index_by_pid(cur.metric_rows)
     prev_rows = {(r.row, r.pid): r for r in prev.rows} if prev is not None else {}
     workers = []
-    for r in cur.rows:
+    for r in sorted(cur.rows, key=lambda r: (index_of.get(r.pid, 1 << 30), r.row)):
         before = prev_rows.get((r.row, r.pid))
         m = by_pid.get(r.pid)
         pm = prev_by_pid.get(r.pid)
         workers.append({
-            "row": r.row,
+            "worker": index_of.get(r.pid),  # the coordinator's "fleet worker N" (None: unknown)
+            "row": r.row,  # the control table row it claimed
             "pid": r.pid,
+            "alive": cur.rows_alive.get(r.row),
             "heartbeat_age_s": max(cur.t_ns - r.heartbeat_ns, 0) / 1e9,
             "legs_in_flight": r.dispatched - r.completed,
             "legs_dispatched": r.dispatched,
@@ -209,8 +260,14 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
     if totals is not None:
         req = {name: totals[_C[name]] for name in (
             "total_requests", "total_responses", "validation_exceptions", "http_exceptions", "internal_errors",
-            "shmdisagg_admission_rejections", "ctx_retry_requests", "gen_retry_requests")}
+            "shmdisagg_admission_rejections", "shmdisagg_client_disconnects", "shmdisagg_worker_lost_requests",
+            "ctx_retry_requests", "gen_retry_requests")}
         req["in_flight"] = _in_flight(totals)
+        # total = in flight + ok + cancelled (client went away) + failed + 4xx + 429 + lost (on a
+        # worker that died)
+        req["cancelled"] = req["shmdisagg_client_disconnects"]
+        req["failed"] = req["http_exceptions"] + req["internal_errors"]
+        req["lost"] = req["shmdisagg_worker_lost_requests"]
         req["requests_per_s"] = _rate(totals[_C["total_requests"]], prev_totals[_C["total_requests"]] if prev_totals else None, dt)
         prompt = sum(totals[LAYOUT.per_server["shmdisagg_server_prompt_tokens"] + i] for i in range(MAX_SERVERS))
         cached = sum(totals[LAYOUT.per_server["shmdisagg_server_cached_tokens"] + i] for i in range(MAX_SERVERS))
@@ -259,6 +316,13 @@ def _rows_by_pid(rows: list[list[float]] | None) -> dict[int, list[float]]:
     if rows is None:
         return {}
     return {int(r[LAYOUT.pid]): r for i, r in enumerate(rows) if i >= FIRST_WORKER_ROW and i != ROW_RETIRED and r[LAYOUT.pid]}
+
+
+def _worker_index_by_pid(rows: list[list[float]] | None) -> dict[int, int]:
+    """pid -> fleet index, from the metrics rows (row 2 + index is fleet worker index's)."""
+    if rows is None:
+        return {}
+    return {int(r[LAYOUT.pid]): i - FIRST_WORKER_ROW for i, r in enumerate(rows) if i >= FIRST_WORKER_ROW and r[LAYOUT.pid]}
 
 
 def _in_flight(row: list[float]) -> float:

@@ -31,18 +31,26 @@ def render(snap: dict[str, Any]) -> RenderableType:
     head = Text()
     head.append("shmdisagg stats", style="bold")
     head.append(f"  {snap['prefix']}  {snap['time'][11:19]} UTC  every {_n(snap['interval_s'], '{:.1f}')} s\n")
+    stale = snap.get("state") == "stale"
     head.append(f"coordinator  pid {c['pid']}  incarnation {c['incarnation']:#x}  ")
-    head.append(c["state"], style="green" if c["state"] == "running" else "yellow")
+    head.append(c["state"].upper() if stale else c["state"],
+                style="bold red" if stale else ("green" if c["state"] == "running" else "yellow"))
     head.append("  heartbeat ")
     head.append_text(_age(c["heartbeat_age_s"]))
     head.append(f"  events {_rate(c['events_applied_per_s'])}/s  lag {_n(c['event_lag_ms'], '{:.2f}')} ms")
+    if stale:
+        head.append(f"\nSTALE        {snap.get('stale_reason') or 'the coordinator is gone'}", style="bold red")
+        head.append(f"\n             (/dev/shm/{snap['prefix']}-*; everything below is its last word)", style="red")
     req = snap.get("requests")
     if req is not None:
+        # the parts add up to the total: in flight + ok + cancelled + 4xx + failed + 429 (+ lost)
+        lost = req.get("lost") or 0
         head.append(
             f"\nrequests     {_n(req['total_requests'])} total  {_rate(req['requests_per_s'])}/s  "
             f"{_n(req['in_flight'])} in flight  {_n(req['total_responses'])} ok  "
+            f"{_n(req.get('cancelled', 0))} cancelled  "
             f"{_n(req['validation_exceptions'])} 4xx  {_n(req['http_exceptions'] + req['internal_errors'])} failed  "
-            f"{_n(req['shmdisagg_admission_rejections'])} 429  "
+            f"{_n(req['shmdisagg_admission_rejections'])} 429  " + (f"{_n(lost)} lost  " if lost else "") +
             f"{_n(req['ctx_retry_requests'] + req['gen_retry_requests'])} retries  hit {_pct(req['hit_rate'])}"
         )
     else:
@@ -56,7 +64,7 @@ def render(snap: dict[str, Any]) -> RenderableType:
     for s in snap["servers"]:
         servers.add_row(
             str(s["slot"]), ("ctx" if s["role"] == "context" else "gen"), s["addr"],
-            Text("ok", style="green") if s["healthy"] else Text("DOWN", style="bold red"),
+            Text("stale", style="red") if stale else (Text("ok", style="green") if s["healthy"] else Text("DOWN", style="bold red")),
             _n(s["active_requests"]), _n(s["active_tokens"]), _n(s["routed"]), _rate(s["routed_per_s"]),
             _n(s["kv_blocks"]), _pct(s["hit_rate"]),
         )
@@ -64,11 +72,15 @@ def render(snap: dict[str, Any]) -> RenderableType:
     fleet = snap["fleet"]
     workers = Table(title=f"fleet workers ({fleet['workers']}; {_n(fleet['legs_in_flight'])} legs in flight, {_rate(fleet['legs_per_s'])} legs/s)",
                     title_justify="left", pad_edge=False)
-    for col in ("row", "pid", "heartbeat", "req in flight", "req/s", "requests", "legs in flight", "legs/s"):
+    # "worker" is the coordinator's fleet index ("fleet worker N" in its log, /cluster_info's
+    # worker_index); "table row" the control table row that process claimed
+    for col in ("worker", "table row", "pid", "heartbeat", "req in flight", "req/s", "requests", "legs in flight", "legs/s"):
         workers.add_column(col, justify="right")
     for w in snap["workers"]:
+        gone = w.get("alive") is False
         workers.add_row(
-            str(w["row"]), str(w["pid"]), _age(w["heartbeat_age_s"]), _n(w["requests_in_flight"]),
+            _n(w.get("worker")), str(w["row"]), Text(str(w["pid"]), style="red") if gone else str(w["pid"]),
+            Text("gone", style="red") if gone else _age(w["heartbeat_age_s"]), _n(w["requests_in_flight"]),
             _rate(w["requests_per_s"]), _n(w["requests"]), _n(w["legs_in_flight"]), _rate(w["legs_per_s"]),
         )
 

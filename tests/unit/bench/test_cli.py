@@ -189,8 +189,12 @@ def test_some_requests_failing_exits_1_and_still_prints_the_summary(capsys: pyte
     assert "1 of 3 requests failed" in err
 
 
-def test_sigint_interrupts_the_run_exits_130_and_the_json_counts_the_cancelled(tmp_path: Path) -> None:
-    import signal
+@pytest.mark.parametrize(("sig", "status", "said"), [
+    (2, 130, b"interrupted; cancelling"),  # SIGINT: Ctrl-C
+    (15, 143, b"SIGTERM received; cancelling"),  # SIGTERM: kill, timeout(1)
+])
+def test_a_stop_signal_interrupts_the_run_exits_128_plus_it_and_the_json_counts_the_cancelled(
+        tmp_path: Path, sig: int, status: int, said: bytes) -> None:
     import sys
 
     out = tmp_path / "run.json"
@@ -212,7 +216,7 @@ def test_sigint_interrupts_the_run_exits_130_and_the_json_counts_the_cancelled(t
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             try:
                 await asyncio.wait_for(two_hanging.wait(), 60)
-                proc.send_signal(signal.SIGINT)  # Ctrl-C
+                proc.send_signal(sig)
                 stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
             finally:
                 if proc.returncode is None:
@@ -221,7 +225,8 @@ def test_sigint_interrupts_the_run_exits_130_and_the_json_counts_the_cancelled(t
             return proc.returncode, stdout, stderr
 
     rc, stdout, stderr = asyncio.run(scenario())
-    assert rc == 130, stderr.decode()
+    assert rc == status, stderr.decode()
+    assert said in stderr
     assert b"interrupted: 5 of 100 requests sent, 2 cancelled in flight" in stderr
     assert b"shmdisagg bench (interrupted)" in stdout and b"5 / 3 / 0 / 2" in stdout
     summary = orjson.loads(out.read_bytes())
@@ -271,3 +276,14 @@ def test_cancelling_run_from_outside_still_cancels_it() -> None:
                 await task
 
     asyncio.run(scenario())
+
+
+def test_a_json_summary_records_its_timeline_so_it_can_be_compared(tmp_path: Path) -> None:
+    from shmdisagg.bench.plot import load_runs
+
+    out = tmp_path / "demo.json"
+    bench(["--num-requests", "4", "--concurrency", "2", "--max-output-tokens", "2", "--json", str(out)])  # no --plot
+    ((label, run),) = load_runs([str(out)])  # what --compare reads: "has no timeline" before
+    assert label == "demo"
+    assert len(run["timeline"]["requests"]["ttft_ms"]) == 4
+    assert run["timeline"]["server_load"] is None  # sampled only with --plot

@@ -58,8 +58,9 @@ def test_two_runs_are_drawn_into_every_plot(tmp_path: Path) -> None:
 def test_a_run_without_a_timeline_is_refused(tmp_path: Path) -> None:
     p = tmp_path / "old.json"
     p.write_bytes(orjson.dumps({"schema": "shmdisagg.bench/1"}))
-    with pytest.raises(BenchError, match="no timeline"):
+    with pytest.raises(BenchError, match="no timeline") as err:
         load_runs([str(p)])
+    assert "--json FILE" in str(err.value)  # how to record a comparable run (demo.sh's runs/demo.json is one)
 
 
 def test_plot_only_draws_saved_runs_without_sending_load(tmp_path: Path) -> None:

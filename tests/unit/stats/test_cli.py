@@ -122,3 +122,69 @@ def test_a_piped_snapshot_respects_columns(shm_prefix: str, monkeypatch: pytest.
         coord.close()
     out = capsys.readouterr().out
     assert "shmdisagg stats" in out and max(len(line) for line in out.splitlines()) <= 70
+
+
+def _dead_pid() -> tuple[int, int]:
+    """The pid and start time of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    pid, starttime = proc.pid, process_starttime(proc.pid)
+    proc.communicate()
+    return pid, starttime
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_once_on_the_segments_of_a_killed_deployment_says_stale_and_exits_1(
+        shm_prefix: str, as_json: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    coord, seg = _serving_table(shm_prefix)  # servers published healthy, as a kill -9 leaves them
+    try:
+        coord.set_coord_state(1)  # "running"
+        pid, starttime = _dead_pid()
+        coord.set_coordinator(pid, starttime, 7)
+        rc = main(["stats", "--prefix", shm_prefix, "--once", "--interval", "0.01", *(["--json"] if as_json else [])])
+    finally:
+        seg.close()
+        coord.unlink()
+        coord.close()
+    out, err = capsys.readouterr()
+    reason = f"coordinator pid {pid} is gone: stale segments; a new launch removes them"
+    assert rc == 1 and reason in err
+    if as_json:
+        snap = orjson.loads(out)
+        assert snap["state"] == "stale" and snap["coordinator"]["state"] == "stale" and snap["stale_reason"] == reason
+    else:
+        assert "STALE" in out and f"coordinator pid {pid} is gone" in out and "running" not in out
+
+
+def test_the_live_view_of_a_killed_deployment_says_stale_and_exits_1(shm_prefix: str) -> None:
+    import subprocess
+    import sys
+
+    coord, seg = _serving_table(shm_prefix)
+    pid, starttime = _dead_pid()
+    coord.set_coordinator(pid, starttime, 7)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--interval", "0.05"],
+                              capture_output=True, timeout=60, env={**os.environ, "COLUMNS": "120"})
+    finally:
+        seg.close()
+        coord.unlink()
+        coord.close()
+    assert proc.returncode == 1 and b"STALE" in proc.stdout
+    assert f"coordinator pid {pid} is gone".encode() in proc.stderr
+
+
+def test_the_prefix_error_states_the_configs_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    from shmdisagg.config import ConfigError, parse_config
+
+    too_long = "p" * 25
+    assert main(["stats", "--prefix", too_long, "--once"]) == 2
+    assert "use 1-24 letters" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="shm.prefix"):  # what the config refuses too
+        parse_config({"port": 8000, "context_servers": {"urls": ["127.0.0.1:1"]}, "generation_servers": {"urls": ["127.0.0.1:2"]},
+                      "shmdisagg": {"shm": {"prefix": too_long}}}, "cfg.yaml")
+    # the default prefix of a config without one (a large uid makes it longer) is still accepted
+    assert main(["stats", "--prefix", "shmdisagg-4294967294-65535", "--once"]) == 1
+    assert "no running deployment" in capsys.readouterr().err

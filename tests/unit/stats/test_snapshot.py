@@ -105,3 +105,63 @@ def test_kv_blocks_per_server_follow_the_events_and_survive_a_resize(live, shm_p
             assert blocks == {0: 2, 1: 3}
     finally:
         index.close()
+
+
+def test_cancelled_requests_are_counted_and_the_parts_add_up_to_the_total(live, shm_prefix: str) -> None:  # type: ignore[no-untyped-def]
+    _, worker, segment = live
+    row = segment.row(worker_row(0))
+    row[LAYOUT.pid] = PID
+    row[C["total_requests"]] = 168
+    row[C["nonstream_requests"]] = 139  # routed and ended: 136 answered, 3 whose client went away
+    row[C["total_responses"]] = 136
+    row[C["shmdisagg_client_disconnects"]] = 3
+    row[C["validation_exceptions"]] = 29
+    with StatsReader(shm_prefix) as reader:
+        req = snapshot(None, reader.sample(), shm_prefix)["requests"]
+    assert req["cancelled"] == 3 and req["failed"] == 0 and req["lost"] == 0 and req["in_flight"] == 0
+    parts = ("in_flight", "total_responses", "cancelled", "failed", "validation_exceptions",
+             "shmdisagg_admission_rejections", "lost")
+    assert sum(req[p] for p in parts) == req["total_requests"] == 168
+
+
+def test_workers_are_numbered_as_the_coordinator_numbers_them(live, shm_prefix: str) -> None:  # type: ignore[no-untyped-def]
+    coord, worker, _ = live
+    segment = MetricsSegment.create(f"{shm_prefix}x", num_workers=3)  # a fleet of 3 in its own segment
+    try:
+        row = worker.claim_row(PID, process_starttime(PID))  # the first free table row
+        segment.row(worker_row(2))[LAYOUT.pid] = PID  # ...taken by "fleet worker 2"
+        with StatsReader(shm_prefix) as reader:
+            reader.metrics, own = segment, reader.metrics
+            (w,) = snapshot(None, reader.sample(), shm_prefix)["workers"]
+            reader.metrics = own
+    finally:
+        segment.close()
+        import glob
+
+        for path in glob.glob(f"/dev/shm/{shm_prefix}x*"):
+            os.unlink(path)
+    assert w["worker"] == 2 and w["row"] == row and w["pid"] == PID and w["alive"] is True
+
+
+def test_a_dead_coordinator_makes_the_snapshot_stale(live, shm_prefix: str) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    coord, _, _ = live
+    with StatsReader(shm_prefix) as reader:
+        assert snapshot(None, reader.sample(), shm_prefix)["state"] == "starting"  # this process: alive
+        coord.set_coord_state(1)
+        snap = snapshot(None, reader.sample(), shm_prefix)
+        assert snap["state"] == snap["coordinator"]["state"] == "running" and snap["coordinator"]["alive"] is True
+
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        dead, starttime = proc.pid, process_starttime(proc.pid)
+        proc.communicate()  # it exits and is reaped: its pid is gone
+        coord.set_coordinator(dead, starttime, 0xABD)
+        snap = snapshot(None, reader.sample(), shm_prefix)
+        assert snap["state"] == snap["coordinator"]["state"] == "stale" and snap["coordinator"]["alive"] is False
+        assert snap["stale_reason"] == f"coordinator pid {dead} is gone: stale segments; a new launch removes them"
+
+        coord.set_coordinator(PID, process_starttime(PID) + 1, 0xABE)  # the pid, reused by another process
+        snap = snapshot(None, reader.sample(), shm_prefix)
+        assert snap["state"] == "stale" and "now belongs to another process" in snap["stale_reason"]

@@ -15,12 +15,14 @@ SNAP = {
                 {"slot": 2, "addr": "127.0.0.1:8201", "role": "generation", "healthy": False, "incarnation": 1, "active_requests": 0,
                  "active_tokens": 0, "routed": 7, "routed_per_s": None, "kv_blocks": None, "prompt_tokens": None,
                  "cached_tokens": None, "hit_rate": None}],
-    "workers": [{"row": 0, "pid": 11, "heartbeat_age_s": 0.1, "legs_in_flight": 2, "legs_dispatched": 9, "legs_per_s": 1.5,
+    "workers": [{"worker": 1, "row": 0, "pid": 11, "heartbeat_age_s": 0.1, "legs_in_flight": 2, "legs_dispatched": 9, "legs_per_s": 1.5,
                  "requests": 5.0, "requests_in_flight": 1.0, "requests_per_s": 0.75}],
     "fleet": {"workers": 1, "legs_in_flight": 2, "legs_dispatched": 9, "legs_per_s": 1.5},
     "requests": {"total_requests": 5.0, "total_responses": 4.0, "validation_exceptions": 0.0, "http_exceptions": 0.0,
                  "internal_errors": 0.0, "shmdisagg_admission_rejections": 0.0, "ctx_retry_requests": 1.0,
-                 "gen_retry_requests": 0.0, "in_flight": 1.0, "requests_per_s": 0.75, "hit_rate": 0.5},
+                 "gen_retry_requests": 0.0, "in_flight": 1.0, "requests_per_s": 0.75, "hit_rate": 0.5,
+                 "shmdisagg_client_disconnects": 3.0, "shmdisagg_worker_lost_requests": 0.0, "cancelled": 3.0,
+                 "failed": 0.0, "lost": 0.0},
     "index": None,
 }
 
@@ -43,3 +45,23 @@ def test_missing_numbers_show_as_a_dash() -> None:
                    "events_applied_per_s": 4.0, "event_lag_ms": None}})
     assert "requests     - (no metrics segment)" in out
     assert "generation 2" in out and "longest probe 3" in out and "lag - ms" in out
+
+
+def test_the_view_shows_cancelled_requests_and_the_coordinators_worker_numbers() -> None:
+    out = text_of(SNAP)
+    assert "3 cancelled" in out and "lost" not in out
+    header = next(line for line in out.splitlines() if "┃" in line and "heartbeat" in line)
+    assert "worker" in header and "table row" in header
+    row = next(line for line in out.splitlines() if " 11 " in line and "0.10 s" in line)
+    assert [c.strip() for c in row.split("│")[1:4]] == ["1", "0", "11"]  # fleet worker 1, in table row 0
+
+
+def test_a_stale_deployment_says_so_and_shows_no_server_as_ok() -> None:
+    reason = "coordinator pid 10 is gone: stale segments; a new launch removes them"
+    snap = {**SNAP, "state": "stale", "stale_reason": reason, "coordinator": {**SNAP["coordinator"], "state": "stale", "alive": False},
+            "servers": [{**s, "healthy": True} for s in SNAP["servers"]], "workers": [{**SNAP["workers"][0], "alive": False}]}
+    out = text_of(snap)
+    assert "STALE" in out and reason in out
+    servers = [line for line in out.splitlines() if "127.0.0.1:8" in line]
+    assert len(servers) == 2 and all("stale" in line and " ok " not in line for line in servers)
+    assert "running" not in out and "gone" in out
