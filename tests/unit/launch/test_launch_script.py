@@ -55,3 +55,40 @@ def test_gpus_that_do_not_add_up_stop_the_script_with_exit_2(tmp_path: Path) -> 
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     assert run(tmp_path, "--ctx", "x").returncode == 2
     assert run(tmp_path, "--frobnicate").returncode == 2
+
+
+def test_a_dry_run_writes_nothing_and_shows_the_config_a_launch_would_write(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, PYTHON=sys.executable, TMPDIR=str(tmp))
+    proc = subprocess.run([str(SCRIPT), "--dry-run", "--port", "9123"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]  # nothing written
+    would_be = f"{tmp}/shmdisagg-{os.getuid()}-single-node-9123.yaml"
+    assert f"the config a launch writes to {would_be} (dry run: not written)" in proc.stdout
+    assert "port: 9123" in proc.stdout and "backend: trtllm" in proc.stdout  # the config itself
+    assert f"shmdisagg launch plan for {would_be} (dry run: nothing started, nothing written)" in proc.stdout
+    assert f"-c {would_be}" in proc.stdout and "/dev/stdin" not in proc.stdout + proc.stderr
+    assert "config written" not in proc.stderr
+
+
+def test_a_dry_run_with_config_out_writes_that_file_and_says_so(tmp_path: Path) -> None:
+    proc = run(tmp_path, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert f"dry run: config written to {tmp_path / 'node.yaml'} (--config-out); nothing else is written" in proc.stderr
+    assert (tmp_path / "node.yaml").exists()
+
+
+def test_a_failing_dry_run_names_the_config_a_launch_would_write(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHON=sys.executable, TMPDIR=str(tmp_path))
+    proc = subprocess.run([str(SCRIPT), "--dry-run", "--gpus", "0"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert f"config error: {tmp_path}/shmdisagg-{os.getuid()}-single-node-8000.yaml: shmdisagg.executors.gpus" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_names_the_real_default_log_directory() -> None:
+    proc = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert "new temporary directory" not in proc.stdout
+    assert "--log-dir DIR           executor logs and option files (default ${TMPDIR:-/tmp}/shmdisagg-<uid>-<port>-logs," in proc.stdout
