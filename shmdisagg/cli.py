@@ -9,18 +9,46 @@
     shmdisagg stats -c CONFIG       live view of a running deployment's shared table (--once --json)
     shmdisagg sim [...]             one executor simulator (see `shmdisagg sim --help`)
 
-Exit codes: 0 success, 1 runtime failure, 2 bad config or usage.
+Exit codes: 0 success, 1 runtime failure, 2 bad config or usage, 128 + the signal's number
+when interrupted before the command finished starting (130 SIGINT, 143 SIGTERM; `launch` and
+`serve` stopped by one once they serve exit 0).
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
-import signal
 import sys
 
-from shmdisagg.config import ConfigError, DisaggConfig, config_warnings, load_config
+try:  # a Ctrl-C while the modules load (right after the command is typed) ends in one line
+    import argparse
+    import logging
+    import os
+    import signal
+
+    from shmdisagg.config import ConfigError, DisaggConfig, check_machine, config_warnings, load_config
+except KeyboardInterrupt:
+    print("shmdisagg: interrupted (SIGINT)", file=sys.stderr)
+    raise SystemExit(130) from None
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGINT or SIGTERM) turned into an exception; `signum` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _signal_name(err: BaseException) -> tuple[int, str]:
+    signum = int(getattr(err, "signum", signal.SIGINT))
+    return signum, signal.Signals(signum).name
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _load(path: str) -> DisaggConfig:
@@ -34,16 +62,33 @@ def _load(path: str) -> DisaggConfig:
     return config
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+def _check_machine(config: DisaggConfig, path: str, executors_here: bool) -> None:
+    """`config.check_machine`, exiting 2 with one line naming the key."""
+    try:
+        check_machine(config, executors_here)
+    except ConfigError as err:
+        print(f"shmdisagg: config error: {path}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _load_launchable(path: str) -> DisaggConfig:
+    """`_load`, then the checks against this machine of a deployment started here."""
+    config = _load(path)
+    _check_machine(config, path, executors_here=config.shmdisagg.executors is not None)
+    return config
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from shmdisagg.config import log_dir_problem
     from shmdisagg.executors.plan import build_plan, describe_plan
     from shmdisagg.launch import Deployment, LaunchError
 
+    # A SIGINT or SIGTERM during start-up stops what was started, then exits 128 + its number
+    # (Deployment.wait() takes the signals over once the deployment serves).
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _interrupt)
     config = _load(args.config)
     spec = config.shmdisagg.executors
     log_dir = args.log_dir or (spec.log_dir if spec else None)
@@ -55,20 +100,25 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(describe_plan(plan, config, args.config))
         return 0
+    _check_machine(config, args.config, executors_here=spec is not None)
+    problem = log_dir_problem(args.log_dir) if args.log_dir and spec is not None else None
+    if problem:
+        print(f"shmdisagg: --log-dir: {problem}", file=sys.stderr)
+        return 2
     dep = Deployment(config, args.config, args.log_dir)
-    # SIGTERM during start-up stops what was started, like Ctrl-C (Deployment.wait() then takes over).
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
         dep.start()
     except LaunchError as err:
         print(f"shmdisagg: launch failed: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as err:  # start() stopped what it had started before it re-raised
+        signum, name = _signal_name(err)
+        print(f"shmdisagg: interrupted during start-up ({name}); stopped what had started", file=sys.stderr)
+        return 128 + signum
     try:
         ctx = ", ".join(config.context_servers.urls)
         gen = ", ".join(config.generation_servers.urls)
-        print(f"shmdisagg listening on {dep.url} ({config.num_workers} fleet worker{'s' if config.num_workers != 1 else ''}; context: {ctx}; generation: {gen}; executor logs: {dep.log_dir})", flush=True)
+        print(f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; context: {ctx}; generation: {gen}; executor logs: {dep.log_dir})", flush=True)
         return dep.wait()
     except KeyboardInterrupt:  # SIGINT/SIGTERM that came before wait() took over the handlers
         return 0
@@ -83,7 +133,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from shmdisagg.coordinator.__main__ import main as coordinator_main
 
-    _load(args.config)
+    config = _load(args.config)
+    _check_machine(config, args.config, executors_here=False)
     return coordinator_main(["-c", args.config] + (["-s", args.schedule_style] if args.schedule_style else []))
 
 
@@ -96,9 +147,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"shmdisagg: config error: {args.config}: {err}", file=sys.stderr)
         return 2
+    # and the checks against this machine that launch and serve run (addresses, log directory)
+    _check_machine(config, args.config, executors_here=config.shmdisagg.executors is not None)
+    n_ctx, n_gen = len(config.context_servers.urls), len(config.generation_servers.urls)
     print(
-        f"{args.config}: ok — {len(config.context_servers.urls)} context and "
-        f"{len(config.generation_servers.urls)} generation servers, {config.num_workers} fleet worker{'s' if config.num_workers != 1 else ''}, "
+        f"{args.config}: ok — {n_ctx} context and {n_gen} generation server{'' if n_gen == 1 else 's'}, "
+        f"{_plural(config.num_workers, 'fleet worker')}, "
         f"routers {config.context_servers.router.type}/{config.generation_servers.router.type}, "
         f"shared memory /dev/shm/{config.shm_prefix}-*"
     )
@@ -108,7 +162,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from shmdisagg.bench.launched import run_bench
 
-    return run_bench(args, _load)
+    return run_bench(args, _load_launchable)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -159,6 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as err:  # a command that did not handle it: nothing of it runs on
+        signum, name = _signal_name(err)
+        print(f"shmdisagg: interrupted ({name})", file=sys.stderr)
+        return 128 + signum
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim"]:
         from shmdisagg.executors.sim.__main__ import main as sim_main

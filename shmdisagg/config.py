@@ -12,9 +12,11 @@ limits).
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -241,13 +243,20 @@ class ExecutorsSection(_Strict):
     """
 
     backend: Literal["sim", "trtllm"] = "sim"
-    model: str = "sim-llama-3.1-8b"
+    model: str = "sim-llama-3.1-8b"  # what the executors serve; never empty (the simulator would serve its profile's name)
     startup_timeout_s: float = Field(180.0, gt=0)
     stop_timeout_s: float = Field(15.0, gt=0)
     log_dir: str | None = None
     gpus: list[int | str] | None = None
     sim: SimSettings = Field(default_factory=SimSettings)
     trtllm: TrtllmSettings = Field(default_factory=TrtllmSettings)
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, model: str) -> str:
+        if not model.strip():
+            raise ValueError("must not be empty: the model the executors serve (a Hugging Face name or a checkpoint path)")
+        return model
 
     @field_validator("gpus")
     @classmethod
@@ -375,6 +384,10 @@ class DisaggConfig(BaseModel):
             raise ValueError("disagg_cluster (dynamic service discovery) is not supported; list static urls")
         if self.disagg_coordinator_url is not None:
             raise ValueError("disagg_coordinator_url: shmdisagg runs its own coordinator on this host")
+        model = (self.model_extra or {}).get("model")
+        # TensorRT-LLM's top-level `model` (inherited by both roles): a name or a path, never empty
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            raise KeyedError("model", f"must be a non-empty string (a Hugging Face name or a checkpoint path), got {model!r}")
         return self
 
     @model_validator(mode="after")
@@ -497,16 +510,143 @@ def config_warnings(config: DisaggConfig) -> list[str]:
 
 
 def load_config(path: str | os.PathLike[str]) -> DisaggConfig:
-    """Read and validate a config file. Raises `ConfigError`."""
+    """Read and validate a config file. Raises `ConfigError`.
+
+    The file must be UTF-8 (as TensorRT-LLM reads it under a UTF-8 locale) and YAML with
+    unique keys: PyYAML's `safe_load`, which TensorRT-LLM uses, silently keeps the last of two
+    equal keys of a mapping; a repeated key is refused here instead, naming it (YAML itself
+    requires keys to be unique, and the first value is almost always the one that was meant)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as err:
         raise ConfigError(f"{p}: cannot read: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ConfigError(f"{p}: line {line} not UTF-8 text (byte 0x{raw[err.start]:02x} at column {column}); save the file as UTF-8") from None
+    try:
+        data = _safe_load_unique(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{p}:{where} not valid YAML: {getattr(err, 'problem', err)}") from None
+        raise ConfigError(f"{p}:{where} not valid YAML: {getattr(err, 'problem', None) or err}") from None
+    except _DuplicateKey as err:
+        raise ConfigError(f"{p}: {err.key}: {err}") from None
     return parse_config(data, str(p))
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def _safe_load_unique(text: str) -> Any:
+    """`yaml.safe_load(text)`, refusing a mapping that lists a key twice (`_DuplicateKey`)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_unique_keys(node, ())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_unique_keys(node: yaml.Node, path: tuple[str, ...], seen: set[int] | None = None) -> None:
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias of a node already checked
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], yaml.Node] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE_TAG:  # keys merged in with << may be overridden
+                ident = (key.tag, key.value)
+                if ident in first:
+                    dotted = ".".join((*path, key.value))
+                    raise _DuplicateKey(dotted, f"listed twice (lines {first[ident].start_mark.line + 1} and {key.start_mark.line + 1}); "
+                                                "keys must be unique (a plain YAML load would silently keep only the last)")
+                first[ident] = key
+            _check_unique_keys(value, (*path, str(key.value) if isinstance(key, yaml.ScalarNode) else "?"), seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_unique_keys(item, (*path, str(i)), seen)
+
+
+def log_dir_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why `path` cannot be the launcher's log directory (it writes each executor's log and
+    option file there, creating the directory if needed), or None if it looks usable now."""
+    p = os.path.abspath(path)
+    if os.path.lexists(p) and not os.path.exists(p):
+        return f"{path} is a broken symbolic link"
+    if os.path.exists(p):
+        if not os.path.isdir(p):
+            return f"{path} exists and is not a directory"
+        if not os.access(p, os.W_OK | os.X_OK):
+            return f"{path} is not writable"
+        return None
+    parent = os.path.dirname(p)
+    while not os.path.exists(parent):
+        if os.path.lexists(parent):
+            return f"cannot create {path}: {parent} is a broken symbolic link"
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"cannot create {path}: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create {path}: {parent} is not writable"
+    return None
+
+
+def check_machine(config: DisaggConfig, executors_here: bool) -> None:
+    """The checks of a config against this machine, which loading leaves out (`stats` and dry
+    runs read configs written for other machines): the public `hostname` resolves to an address
+    of this machine; every executor host resolves; with `executors_here` (`shmdisagg launch`
+    starts them), each executor address is one of this machine's and
+    `shmdisagg.executors.log_dir`, when set, is usable. Run by `check-config`, `launch`, `serve`
+    and `bench --launch` before anything starts. Raises `ConfigError` ("key: problem")."""
+    problem = _host_problem(config.hostname, local=True)
+    if problem:
+        raise ConfigError(f"hostname: {problem}; the fleet listens there")
+    for key in ("context_servers", "generation_servers"):
+        section = getattr(config, key)
+        for url, (host, _) in zip(section.urls, section.addresses()):
+            problem = _host_problem(host, local=False)
+            if problem:
+                raise ConfigError(f"{key}.urls: {url!r}: {problem}")
+            problem = _host_problem(host, local=True) if executors_here else None
+            if problem:
+                raise ConfigError(f"{key}.urls: {url!r}: {problem}; shmdisagg launch starts its executors on this machine "
+                                  "(for executors elsewhere, start them there and run shmdisagg serve)")
+    spec = config.shmdisagg.executors
+    if executors_here and spec is not None and spec.log_dir is not None:
+        problem = log_dir_problem(spec.log_dir)
+        if problem:
+            raise ConfigError(f"shmdisagg.executors.log_dir: {problem}")
+
+
+def _host_problem(host: str, local: bool) -> str | None:
+    """Why `host` cannot be used: it does not resolve, or (`local`) it is no address of this
+    machine (binding it fails with EADDRNOTAVAIL). None if it can."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        return f"cannot resolve {host!r} ({getattr(err, 'strerror', None) or err})"
+    if not local:
+        return None
+    v4 = [i for i in infos if i[0] == socket.AF_INET]
+    family, _, _, _, addr = (v4 or infos)[0]  # the address a listener binds (procutil._listen_addr)
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((addr[0], 0, *addr[2:]))
+    except OSError as err:
+        if err.errno == errno.EADDRNOTAVAIL:
+            return f"{host!r} is not an address of this machine"
+    return None

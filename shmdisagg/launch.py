@@ -9,20 +9,24 @@ with 200. While an instance loads it may answer 503 with `x-trtllm-server-state:
 refuse connections: both mean "keep waiting", but only while its process is alive and only
 until `shmdisagg.executors.startup_timeout_s`. Then it starts the coordinator and waits until
 the public port answers `/health` with 200. Any failure on the way stops everything already
-started and raises `LaunchError` naming the instance, its log and what it last answered.
+started and raises `LaunchError` naming the instance, its log and what it last answered; an
+interrupt (whatever the caller's SIGINT/SIGTERM handlers raise) stops it all the same. Every
+10 s of waiting it logs what is not ready yet.
 
 `Deployment.stop()` stops the coordinator (which stops its fleet, giving requests in flight
 `timeout_graceful_shutdown_s`, and unlinks the shared memory; SIGKILL after
 `coordinator_stop_timeout`), then the executors (so they serve those last requests), then
 removes any segment a hard-killed coordinator left. Each executor runs in its own process
 group, so the processes a `trtllm-serve` starts (MPI ranks for TP > 1) are signalled with it;
-SIGTERM first, SIGKILL after `stop_timeout_s`. Every child gets a
-parent-death signal, so even a SIGKILLed launcher leaves no executor or coordinator behind.
+SIGTERM first, SIGKILL after `stop_timeout_s`. The coordinator runs in its own session too (a
+terminal's Ctrl-C reaches the launcher alone, which stops the rest in this order). Every child
+gets a parent-death signal, so even a SIGKILLed launcher leaves no executor or coordinator behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shlex
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from shmdisagg.config import DisaggConfig
+from shmdisagg.config import DisaggConfig, log_dir_problem
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S
 from shmdisagg.executors.plan import LaunchPlan, PlanError, build_plan
 from shmdisagg.procutil import die_with_parent, public_port_problem
@@ -51,6 +55,8 @@ log = logging.getLogger("shmdisagg.launch")
 STOP_TIMEOUT_S = 15.0
 COORDINATOR_EXIT_S = 5.0  # the coordinator's own shutdown once its fleet is gone (API, segments)
 POLL_INTERVAL_S = 0.1
+WAIT_REPORT_S = 10.0  # while waiting for readiness, how often to log who is not ready yet
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
 class LaunchError(RuntimeError):
@@ -120,12 +126,15 @@ class Deployment:
     def __init__(self, config: DisaggConfig, config_path: str, log_dir: str | None = None, *, background: bool = False) -> None:
         self.config = config
         # `background`: run under another command that stops it itself (`bench --launch`): the
-        # coordinator and its fleet log to <log dir>/coordinator.log instead of the terminal, and
-        # run in their own session, so a Ctrl-C (or `timeout`'s SIGTERM) to the terminal's process
-        # group reaches only that command, which then stops the deployment in order.
+        # coordinator and its fleet log to <log dir>/coordinator.log instead of the terminal. (They
+        # run in their own session either way, so a Ctrl-C, or `timeout`'s SIGTERM, to the
+        # terminal's process group reaches only the launching command, which stops them in order.)
         self.background = background
         self.config_path = os.path.abspath(config_path)
-        base = log_dir or (config.shmdisagg.executors.log_dir if config.shmdisagg.executors else None)
+        configured = config.shmdisagg.executors.log_dir if config.shmdisagg.executors else None
+        base = log_dir or configured
+        # where the log directory came from, for messages about it
+        self.log_dir_source = "--log-dir" if log_dir else "shmdisagg.executors.log_dir" if configured else "the default"
         # One log directory per deployment (named by its shared-memory prefix), reused by the
         # next launch of the same deployment rather than a new temporary directory each time.
         self.log_dir = Path(base or Path(tempfile.gettempdir()) / f"{config.shm_prefix}-logs")
@@ -181,27 +190,52 @@ class Deployment:
         new_session: bool = False,
     ) -> Child:
         """`own_group`: the child leads its own process group and is signalled with it;
-        `new_session`: its own session too, but signals go to the child alone."""
+        `new_session`: its own session too, but signals go to the child alone. The child is
+        registered (in `executors`, or as `coordinator`) before this returns, with SIGINT and
+        SIGTERM held back meanwhile, so an interrupt cannot leave a child stop() does not know."""
         log_path = self.log_dir / f"{name}.log" if log_to_file else None
-        out: IO[bytes] | None = open(log_path, "ab") if log_path else None
+        try:
+            out: IO[bytes] | None = open(log_path, "ab") if log_path else None
+        except OSError as err:
+            raise self._log_dir_error(f"cannot write {name}.log: ", err) from None
         try:
             if out is not None:
                 out.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} shmdisagg launch: {_shell_line(argv, env)}\n".encode())
                 out.flush()
-            proc = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT if out else None,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=die_with_parent,
-                start_new_session=own_group or new_session,
-                env={**os.environ, **(env or {})},
-            )
+            with _stop_signals_held():
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out else None,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=_child_preexec,
+                    start_new_session=own_group or new_session,
+                    env={**os.environ, **(env or {})},
+                )
+                child = Child(name, proc, log_path, out, own_group=own_group)
+                if name == "coordinator":
+                    self.coordinator = child
+                    self._started_coordinator = True
+                else:
+                    self.executors.append(child)
         except OSError as err:
             if out is not None:
                 out.close()
             raise LaunchError(f"{name}: cannot run {argv[0]}: {err.strerror or err}") from None
-        return Child(name, proc, log_path, out, own_group=own_group)
+        return child
+
+    def _log_dir_error(self, what: str, err: OSError | str) -> LaunchError:
+        why = err if isinstance(err, str) else (err.strerror or str(err))
+        return LaunchError(f"log directory {self.log_dir} ({self.log_dir_source}): {what}{why}")
+
+    def _make_log_dir(self) -> None:
+        problem = log_dir_problem(self.log_dir)
+        if problem:
+            raise self._log_dir_error("", problem)
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise self._log_dir_error("cannot create it: ", err) from None
 
     def _start_executors(self) -> None:
         spec = self.config.shmdisagg.executors
@@ -214,32 +248,42 @@ class Deployment:
         unresolved = [inst.addr for inst in self.plan.instances if not _resolvable(inst.addr)]
         if unresolved:
             raise LaunchError(f"cannot resolve executor address: {', '.join(unresolved)}")
-        busy = [inst.addr for inst in self.plan.instances if not _port_free(inst.addr)]
+        bind_errors = {inst.addr: _bind_error(inst.addr) for inst in self.plan.instances}
+        foreign = [addr for addr, e in bind_errors.items() if e == errno.EADDRNOTAVAIL]
+        if foreign:
+            raise LaunchError(f"executor address not on this machine: {', '.join(foreign)} (launch starts the executors here; "
+                              "executors elsewhere: start them yourself and use shmdisagg serve)")
+        busy = [addr for addr, e in bind_errors.items() if e is not None]
         if busy:
             # Otherwise another deployment's executor would answer our readiness checks.
             raise LaunchError(f"executor address already in use: {', '.join(busy)} (is another deployment running?)")
-        self.log_dir.mkdir(parents=True, exist_ok=True)  # only now: a refused launch leaves none
+        self._make_log_dir()  # only now: a refused launch leaves none
         for inst in self.plan.instances:
-            inst.write_options()
+            try:
+                inst.write_options()
+            except OSError as err:
+                raise self._log_dir_error(f"cannot write {inst.name}'s option file: ", err) from None
             child = self._spawn(inst.name, inst.argv, log_to_file=True, env=inst.env, own_group=True)
             child.health_url = f"http://{inst.addr}/health"
-            self.executors.append(child)
             log.info("started %s (pid %d) on %s%s", inst.name, child.proc.pid, inst.addr, f", GPUs {','.join(inst.gpus)}" if inst.gpus else "")
         self._wait_ready(self.executors, spec.startup_timeout_s)
 
     def _start_coordinator(self) -> None:
         argv = [sys.executable, "-m", "shmdisagg.coordinator", "-c", self.config_path]
         if self.background:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.coordinator = self._spawn("coordinator", argv, log_to_file=self.background, new_session=self.background)
-        self._started_coordinator = True
-        self.coordinator.health_url = f"{self.url}/health"
-        self._wait_ready([self.coordinator], self.config.shmdisagg.server_start_timeout_s + 30)
+            self._make_log_dir()
+        # Always its own session: a terminal's Ctrl-C reaches the launcher alone, which stops
+        # the coordinator (and so its fleet) in order, never one caught in the middle of its imports.
+        # SHMDISAGG_LAUNCHED: an interrupted start-up is reported by the launcher, not twice
+        coordinator = self._spawn("coordinator", argv, log_to_file=self.background, env={"SHMDISAGG_LAUNCHED": "1"}, new_session=True)
+        coordinator.health_url = f"{self.url}/health"
+        self._wait_ready([coordinator], self.config.shmdisagg.server_start_timeout_s + 30)
 
     def _wait_ready(self, children: list[Child], timeout_s: float) -> None:
         """Poll every child's health URL until each answers 200. Raise LaunchError as soon as one
         exits, or when `timeout_s` passes, naming what the first unready one last answered."""
         deadline = time.monotonic() + timeout_s
+        report_at = time.monotonic() + WAIT_REPORT_S
         pending = list(children)
         last: dict[str, Probe] = {}
         while True:
@@ -257,7 +301,12 @@ class Deployment:
                 last[child.name] = p
             if not pending:
                 return
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now >= report_at:
+                report_at = now + WAIT_REPORT_S
+                log.info("still waiting (%.0f s left) for /health to answer 200: %s", max(0.0, deadline - now),
+                         "; ".join(f"{c.name}: {last[c.name].describe()}" for c in pending if c.name in last))
+            if now > deadline:
                 child = pending[0]
                 others = f"; {len(pending) - 1} more not ready" if len(pending) > 1 else ""
                 raise LaunchError(
@@ -300,9 +349,10 @@ class Deployment:
                 signal.signal(s, h)
 
     def stop(self) -> None:
-        """Stop everything this deployment started; idempotent. A second Ctrl-C while stopping
-        is ignored: interrupting the stop would leave children and segments behind."""
-        with _sigint_ignored():
+        """Stop everything this deployment started; idempotent. A second Ctrl-C (or SIGTERM)
+        while stopping is ignored: interrupting the stop would leave children and segments
+        behind."""
+        with _stop_signals_ignored():
             self._stop()
 
     def _stop(self) -> None:
@@ -339,16 +389,36 @@ def coordinator_stop_timeout(config: DisaggConfig) -> float:
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored for the block (main thread only: elsewhere signals cannot be changed)."""
+def _stop_signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored for the block (main thread only: elsewhere signals cannot be
+    changed)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread for the block: one that arrives meanwhile is
+    delivered (its handler runs) when the block ends, not in the middle of it."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _child_preexec() -> None:
+    """In a child before exec: die with the launcher, and take the stop signals the launcher
+    holds back while it starts the child (a blocked signal mask is inherited)."""
+    die_with_parent()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def _signal(child: Child, sig: int) -> None:
@@ -369,16 +439,17 @@ def _resolvable(addr: str) -> bool:
     return True
 
 
-def _port_free(addr: str) -> bool:
-    """Whether host:port can be bound right now (nothing listens there)."""
+def _bind_error(addr: str) -> int | None:
+    """None if host:port can be bound right now (nothing listens there), else why not: the
+    errno, EADDRNOTAVAIL when the host is no address of this machine, EADDRINUSE when taken."""
     host, _, port = addr.rpartition(":")
     try:
         with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host.strip("[]"), int(port)))
-    except OSError:
-        return False
-    return True
+    except OSError as err:
+        return err.errno or errno.EADDRINUSE
+    return None
 
 
 def _terminate(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:

@@ -22,8 +22,9 @@ class EmbeddedServer(uvicorn.Server):
         yield
 
 
-def on_stop_signals(callback: Callable[[], None]) -> None:
-    """Call `callback` (in the running loop) on SIGTERM or SIGINT."""
+def on_stop_signals(callback: Callable[..., None], with_signal: bool = False) -> None:
+    """Call `callback` (in the running loop) on SIGTERM or SIGINT; `with_signal`: with the
+    signal's number as its argument."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, callback)
+        loop.add_signal_handler(sig, callback, *((sig,) if with_signal else ()))

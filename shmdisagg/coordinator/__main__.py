@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 import uvloop
 
 from shmdisagg.config import ConfigError, load_config
-from shmdisagg.coordinator.main import StartupError, run_coordinator
+from shmdisagg.coordinator.main import StartupError, StartupInterrupted, run_coordinator
 from shmdisagg.shm.segment import ShmError
 
 
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=config.shmdisagg.log_level.upper(), format="%(asctime)s coordinator %(levelname)s %(message)s")
     try:
         uvloop.run(run_coordinator(config, args.config, args.schedule_style))
+    except StartupInterrupted as err:
+        if not os.environ.get("SHMDISAGG_LAUNCHED"):  # else the launcher that stopped it says so
+            print(f"shmdisagg: interrupted during start-up ({signal.Signals(err.signum).name}); stopped what had started", file=sys.stderr)
+        return 128 + err.signum
     except (StartupError, ShmError, ConfigError, OSError) as err:
         print(f"shmdisagg: coordinator failed to start: {err}", file=sys.stderr)
         return 1

@@ -49,6 +49,14 @@ class StartupError(RuntimeError):
     """The deployment could not start; the message says why."""
 
 
+class StartupInterrupted(StartupError):
+    """SIGINT or SIGTERM (`signum`) came before the deployment was up; it stopped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__("interrupted during start-up")
+        self.signum = signum
+
+
 class Coordinator:
     """State: the table it owns, the executor health monitor, the fleet supervisor."""
 
@@ -82,6 +90,7 @@ class Coordinator:
             self.table.close()
             raise
         self._stop = asyncio.Event()
+        self.stop_signal: int | None = None  # the signal that asked it to stop
 
     async def _maintain_index(self) -> None:
         """Sweep routed-bit TTLs and session LRU, resize/compact, retire old generations."""
@@ -92,7 +101,9 @@ class Coordinator:
             except Exception:  # keep serving; the next round retries
                 log.exception("index maintenance failed")
 
-    def request_stop(self) -> None:
+    def request_stop(self, signum: int | None = None) -> None:
+        if not self._stop.is_set():
+            self.stop_signal = signum
         self._stop.set()
 
     async def _heartbeat(self) -> None:
@@ -109,6 +120,8 @@ class Coordinator:
         deadline, report_at, reported = start + timeout, start + WAIT_NOTICE_S, False
         while not self.health.ready():
             if self._stop.is_set():
+                if self.stop_signal is not None:
+                    raise StartupInterrupted(self.stop_signal)
                 raise StartupError("stopped before the executors were ready")
             now = loop.time()
             if now > deadline:
@@ -128,7 +141,7 @@ class Coordinator:
         problem = public_port_problem(self.config.hostname, self.config.port)
         if problem:  # the fleet could only crash-loop on it
             raise StartupError(problem)
-        on_stop_signals(self.request_stop)
+        on_stop_signals(self.request_stop, with_signal=True)
         sock_path = self.config.coordinator_socket
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)  # a stale socket of a dead coordinator (we hold the table's lock)

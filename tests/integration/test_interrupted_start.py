@@ -1,0 +1,177 @@
+"""A Ctrl-C (or SIGTERM) before a deployment serves: one line, no traceback, exit 128 + the
+signal, and everything that had started is stopped. And a start-up that waits says what for.
+
+The signal goes to the command's whole process group, as a terminal's Ctrl-C does. Each test
+waits for a line the command logs (or for a module it imports) before it signals, so it knows
+which phase it interrupts."""
+
+from __future__ import annotations
+
+import glob
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import free_port
+from tests.fakes.trtllm_shim import small_config
+from tests.integration.harness import REPO, write_config
+from tests.integration.test_launch_cleanup import alive, descendants
+
+
+class Command:
+    """`python -m shmdisagg.cli ARGS` in its own process group, stderr read line by line."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: list[str] = []
+        self.seen: set[int] = set()  # every descendant seen while waiting
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for_line(self, text: str, timeout_s: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.seen |= descendants(self.proc.pid)
+            try:
+                line = self.lines.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no line with {text!r} within {timeout_s:g} s; stderr so far:\n{''.join(self.stderr)}") from None
+                continue
+            if line is None:
+                raise AssertionError(f"exited ({self.proc.wait()}) before a line with {text!r}; stderr:\n{''.join(self.stderr)}")
+            self.stderr.append(line)
+            if text in line:
+                return line
+
+    def interrupt(self, sig: int) -> tuple[int, list[str]]:
+        """`sig` to the process group; (exit status, every stderr line)."""
+        self.seen |= descendants(self.proc.pid)
+        os.killpg(self.proc.pid, sig)
+        try:
+            code = self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._reader.join(timeout=10)
+        assert self.proc.stderr is not None
+        if not self._reader.is_alive():
+            self.proc.stderr.close()
+        while True:
+            line = self.lines.get_nowait() if not self.lines.empty() else None
+            if line is None:
+                break
+            self.stderr.append(line)
+        return code, self.stderr
+
+
+def _shmdisagg_lines(stderr: list[str]) -> list[str]:
+    return [line.rstrip("\n") for line in stderr if line.startswith("shmdisagg")]
+
+
+def _mapped(pid: int, name: str) -> bool:
+    """Whether a file whose path contains `name` is mapped into the process (a loaded extension)."""
+    try:
+        return name in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_a_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(tmp_path: Path, shm_prefix: str) -> None:
+    """The command's first imports load pydantic (its native core shows in /proc/PID/maps),
+    and imports go on well after that: the interrupt lands in them. Before: a
+    KeyboardInterrupt traceback through pydantic's modules."""
+    cfg = write_config(tmp_path, shm_prefix, [f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"])
+    cmd = Command("launch", "-c", str(cfg))
+    deadline = time.monotonic() + 30
+    while not _mapped(cmd.proc.pid, "pydantic_core"):
+        assert cmd.proc.poll() is None and time.monotonic() < deadline, "the command never imported pydantic"
+        time.sleep(0.001)
+    code, stderr = cmd.interrupt(signal.SIGINT)
+    assert code == 130, stderr
+    assert "Traceback" not in "".join(stderr), stderr
+    lines = _shmdisagg_lines(stderr)
+    assert len(lines) == 1 and lines[0].startswith("shmdisagg: interrupted"), stderr
+
+
+def _stuck_executor(tmp_path: Path) -> Path:
+    """A `trtllm-serve` that never answers /health."""
+    script = tmp_path / "never-ready"
+    script.write_text("#!/bin/sh\nexec sleep 300\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_while_the_executors_start_stops_them_and_says_so(tmp_path: Path, shm_prefix: str, sig: int, code: int) -> None:
+    """Before: no message, and exit 130 for SIGTERM too (and, with `bench --launch`, a
+    KeyboardInterrupt traceback from the launcher's readiness wait)."""
+    cfg = small_config(executors={"trtllm": {"command": [str(_stuck_executor(tmp_path))]}, "startup_timeout_s": 120})
+    cfg["port"] = free_port()
+    cfg["context_servers"]["urls"] = [f"127.0.0.1:{free_port()}"]
+    cfg["generation_servers"]["urls"] = [f"127.0.0.1:{free_port()}"]
+    cfg["shmdisagg"]["shm"] = {"prefix": shm_prefix}
+    cfg["shmdisagg"]["coordinator_socket"] = str(tmp_path / "coord.sock")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = Command("launch", "-c", str(path), "--log-dir", str(tmp_path / "logs"))
+    cmd.wait_for_line("started generation-0")  # both started; the launcher waits for their /health
+    status, stderr = cmd.interrupt(sig)
+    assert status == code, stderr
+    assert "Traceback" not in "".join(stderr), stderr
+    name = signal.Signals(sig).name
+    assert _shmdisagg_lines(stderr) == [f"shmdisagg: interrupted during start-up ({name}); stopped what had started"], stderr
+    assert len(cmd.seen) >= 2 and not [p for p in cmd.seen if alive(p)], "an executor outlived the launcher"
+
+
+def test_an_interrupt_while_the_coordinator_waits_for_executors_is_one_line(tmp_path: Path, shm_prefix: str) -> None:
+    """The coordinator of a launch (here without an executors section: the executors should be
+    running elsewhere, and are not) waits for them, saying what for; a Ctrl-C then reaches the
+    launcher alone, which stops it. Before: the coordinator caught the Ctrl-C too and printed
+    its own "coordinator failed to start" beside the launcher's silent exit."""
+    ctx, gen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    cfg = write_config(tmp_path, shm_prefix, [ctx], [gen], num_workers=1)
+    cmd = Command("launch", "-c", str(cfg))
+    line = cmd.wait_for_line("waiting for a healthy context and a healthy generation executor")
+    assert f"not ready: context {ctx}; generation {gen}" in line
+    status, stderr = cmd.interrupt(signal.SIGINT)
+    assert status == 130, stderr
+    assert "Traceback" not in "".join(stderr), stderr
+    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGINT); stopped what had started"], stderr
+    assert cmd.seen and not [p for p in cmd.seen if alive(p)]
+    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+    assert not os.path.exists(tmp_path / "coord.sock")
+
+
+def test_serve_says_what_it_waits_for_and_an_interrupt_ends_it_in_one_line(tmp_path: Path, shm_prefix: str) -> None:
+    """`shmdisagg serve` with its executors down used to print nothing for up to
+    server_start_timeout_s (180 s)."""
+    ctx = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    gen = [f"127.0.0.1:{free_port()}"]
+    cfg = write_config(tmp_path, shm_prefix, ctx, gen, num_workers=1, shmdisagg={"server_start_timeout_s": 120})
+    cmd = Command("serve", "-c", str(cfg))
+    line = cmd.wait_for_line("waiting for a healthy context and a healthy generation executor", timeout_s=30)
+    assert f"not ready: context {ctx[0]}, {ctx[1]}; generation {gen[0]}" in line and "s left" in line, line
+    status, stderr = cmd.interrupt(signal.SIGTERM)
+    assert status == 143, stderr
+    assert "Traceback" not in "".join(stderr), stderr
+    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGTERM); stopped what had started"], stderr
+    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+    assert not os.path.exists(tmp_path / "coord.sock")
