@@ -119,15 +119,22 @@ def cmd_launch(args: argparse.Namespace) -> int:
         ctx = ", ".join(config.context_servers.urls)
         gen = ", ".join(config.generation_servers.urls)
         print(f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; context: {ctx}; generation: {gen}; executor logs: {dep.log_dir})", flush=True)
-        return dep.wait()
+        code = dep.wait()
     except KeyboardInterrupt:  # SIGINT/SIGTERM that came before wait() took over the handlers
-        return 0
+        code = 0
     finally:
         # A second signal must not cut the ordered, bounded stop short.
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, signal.SIG_IGN)
         dep.stop()
         print("shmdisagg stopped", flush=True)
+    if code:  # the coordinator died: its fleet went with it, and the launcher stopped the executors
+        status = dep.coordinator_exit
+        how = f"exit code {status}"
+        if status is not None and status < 0:
+            how = f"killed by {signal.Signals(-status).name}" if -status in signal.valid_signals() else f"killed by signal {-status}"
+        print(f"shmdisagg: the coordinator exited ({how}); the deployment is stopped (launch does not restart it)", file=sys.stderr)
+    return code
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -143,6 +143,7 @@ class Deployment:
         self._claim_sock: socket.socket | None = None
         self.coordinator: Child | None = None
         self._started_coordinator = False  # whose sockets stop() may remove after a hard kill
+        self.coordinator_exit: int | None = None  # its exit status, when it died under wait()
 
     @property
     def url(self) -> str:
@@ -325,7 +326,9 @@ class Deployment:
     # -- run / stop -------------------------------------------------------------------------
 
     def wait(self) -> int:
-        """Block until SIGINT/SIGTERM (returns 0) or until the coordinator dies (returns 1)."""
+        """Block until SIGINT/SIGTERM (returns 0) or until the coordinator dies (returns 1; its
+        exit status in `coordinator_exit`). A dead coordinator is not restarted: the fleet has
+        gone with it (parent-death signal), so the caller stops the rest."""
         stop = {"flag": False}
 
         def on_signal(signum: int, frame: object) -> None:
@@ -336,7 +339,8 @@ class Deployment:
             while not stop["flag"]:
                 assert self.coordinator is not None
                 if self.coordinator.proc.poll() is not None:
-                    log.error("coordinator exited with code %s", self.coordinator.proc.returncode)
+                    self.coordinator_exit = self.coordinator.proc.returncode
+                    log.error("coordinator exited with code %s", self.coordinator_exit)
                     return 1
                 for child in self.executors:
                     if child.proc.poll() is not None and not child.reported:
