@@ -32,7 +32,12 @@ def pack(hashes: list[int]) -> bytes:
     return array("Q", hashes).tobytes()
 
 
-class IndexMatchesModel(RuleBasedStateMachine):
+class _IndexMachine(RuleBasedStateMachine):
+    """A control region with SERVERS healthy context servers, a claimed row, and index
+    generations of 2**cap_log2 slots in private buffers, mirrored by an `IndexModel`."""
+
+    cap_log2 = CAP_LOG2
+
     def __init__(self) -> None:
         super().__init__()
         self.ctl_buf = bytearray(_native.control_size(2))
@@ -48,15 +53,18 @@ class IndexMatchesModel(RuleBasedStateMachine):
 
     def _new_generation(self) -> _native.Index:
         self.generation += 1
-        buf = bytearray(_native.IX_HEADER_BYTES + _native.IX_SLOT_BYTES * (1 << CAP_LOG2))
+        buf = bytearray(_native.IX_HEADER_BYTES + _native.IX_SLOT_BYTES * (1 << self.cap_log2))
         self.buffers.append(buf)
         ix = _native.Index(buf, self.ctl)
-        ix.init_index(self.generation, CAP_LOG2, int((1 << CAP_LOG2) * 0.6), 0)
+        ix.init_index(self.generation, self.cap_log2, int((1 << self.cap_log2) * 0.6), 0)
         return ix
 
     def _publish(self, ix: _native.Index) -> None:
         ix.publish()
         self.ctl.publish_index(ix.generation, ix.capacity, len(self.buffers[-1]), b"/model")
+
+
+class IndexMatchesModel(_IndexMachine):
 
     def teardown(self) -> None:
         self.ix.release()
@@ -132,35 +140,22 @@ TestIndexMatchesModel.settings = settings(max_examples=120, stateful_step_count=
 PC_CAP_LOG2 = 10  # 1024 slots; the tree below has at most 3 JUMP + 2 + 3 (JUMP + 2) nodes
 
 
-class PrefixClosedMatchesLinear(RuleBasedStateMachine):
+class PrefixClosedMatchesLinear(_IndexMachine):
     """A tree of chained prompts (a trunk and up to three branches off it, every node its own
     hash, like parent-chained block hashes). Servers store prompt prefixes, lose whole subtrees
     (an executor evicts leaves first and frees a block's descendants with it) or everything, and
     picks mark routed bits: every server's set stays prefix-closed along every prompt, so the pick's
     jump walk must give exactly the linear depth."""
 
+    cap_log2 = PC_CAP_LOG2
+
     def __init__(self) -> None:
         super().__init__()
-        self.ctl_buf = bytearray(_native.control_size(2))
-        self.ctl = _native.Region(self.ctl_buf)
-        self.ctl.init_control(2, 0)
-        for s in range(SERVERS):
-            self.ctl.write_server(s, server_flags(True, True, ROLE_CONTEXT), 64, 32, 0, b"h:1")
-        self.row, _ = self.ctl.claim_row(4321, 1)
-        self.generation = 0
-        self.buffers: list[bytearray] = []
-        self.ix = self._new_generation()
-        self.model = IndexModel()
         self.chains: list[list[int]] = []
 
     def _new_generation(self) -> _native.Index:
-        self.generation += 1
-        buf = bytearray(_native.IX_HEADER_BYTES + _native.IX_SLOT_BYTES * (1 << PC_CAP_LOG2))
-        self.buffers.append(buf)
-        ix = _native.Index(buf, self.ctl)
-        ix.init_index(self.generation, PC_CAP_LOG2, int((1 << PC_CAP_LOG2) * 0.6), 0)
-        ix.publish()
-        self.ctl.publish_index(ix.generation, ix.capacity, len(buf), b"/model")
+        ix = super()._new_generation()
+        self._publish(ix)
         return ix
 
     def teardown(self) -> None:
