@@ -104,7 +104,7 @@ def test_the_launch_command_runs_trtllm_serve_instances_and_stops_them_all(tmp_p
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.communicate()  # closes the pipes too
     assert proc.returncode == 0, err
     assert b"stopped" in out
     assert not [p for g in groups for p in g if _alive(p)]
@@ -112,10 +112,18 @@ def test_the_launch_command_runs_trtllm_serve_instances_and_stops_them_all(tmp_p
 
 
 def _group_leading_children(pid: int) -> list[int]:
-    """The children of `pid` that lead their own process group: the executor instances (the
-    coordinator shares the launcher's group)."""
+    """The children of `pid` that lead their own process group, the coordinator left out (it
+    has a session of its own, so that a terminal's Ctrl-C reaches the launcher alone): the
+    executor instances."""
     kids = [int(k) for f in glob.glob(f"/proc/{pid}/task/*/children") for k in Path(f).read_text().split()]
-    return [k for k in kids if _pgid(k) == k]
+    return [k for k in kids if _pgid(k) == k and b"shmdisagg.coordinator" not in _cmdline(k)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _pgid(pid: int) -> int:
