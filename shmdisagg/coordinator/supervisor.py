@@ -146,8 +146,8 @@ class FleetSupervisor:
         loop.call_later(delay, self._respawn, index, quick)
 
     async def watch(self) -> None:
-        """Kill every worker whose row's heartbeat is older than `worker_timeout_s` (checked
-        a few times per timeout; a worker that has not claimed its row yet is not judged)."""
+        """Kill every worker silent for longer than `worker_timeout_s` (`kill_stuck`), checked
+        a few times per timeout."""
         if self.worker_timeout_s <= 0:
             return
         while True:
@@ -155,15 +155,20 @@ class FleetSupervisor:
             self.kill_stuck(time.monotonic_ns())
 
     def kill_stuck(self, now_ns: int) -> list[int]:
-        """One `watch` round at `now_ns` (CLOCK_MONOTONIC); returns the indexes it killed."""
+        """One `watch` round at `now_ns` (CLOCK_MONOTONIC); returns the indexes it killed. A
+        worker is judged by its row's heartbeat, or, until it has claimed a row, by the time
+        since it was started or promoted (a standby stopped before its promotion never claims
+        one)."""
         beats = {r.pid: r.heartbeat_ns for r in self.table.rows()}
         killed = []
         for w in list(self.workers.values()):
             beat = beats.get(w.proc.pid)
-            if self._stopping or beat is None or (now_ns - beat) / 1e9 <= self.worker_timeout_s:
+            silent_s = (now_ns - beat) / 1e9 if beat is not None else now_ns / 1e9 - w.started
+            if self._stopping or silent_s <= self.worker_timeout_s:
                 continue
-            log.warning("fleet worker %d (pid %d) has not heart-beaten for %.1f s (worker_timeout_s %g): killing it",
-                        w.index, w.proc.pid, (now_ns - beat) / 1e9, self.worker_timeout_s)
+            what = "has not heart-beaten" if beat is not None else "has not claimed its row"
+            log.warning("fleet worker %d (pid %d) %s for %.1f s (worker_timeout_s %g): killing it",
+                        w.index, w.proc.pid, what, silent_s, self.worker_timeout_s)
             with contextlib.suppress(ProcessLookupError):
                 w.proc.kill()
             self.stuck_kills += 1

@@ -30,7 +30,7 @@ def _fleet(dep) -> dict:  # type: ignore[no-untyped-def,type-arg]
 
 def test_a_stuck_worker_is_killed_and_replaced(tmp_path: Path, shm_prefix: str) -> None:
     with fake_executors(["c0", "g0"]) as (ctx, gen):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], shmdisagg={"worker_timeout_s": 1.0})
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], shmdisagg={"worker_timeout_s": 2.0})
         with deployment(cfg) as dep:
             conn = connection_to_worker(dep, 0)
             stuck = request_json("", 0, "GET", "/cluster_info", conn=conn)[1]["worker_pid"]
@@ -67,10 +67,13 @@ def test_only_a_stale_heartbeat_counts_and_timeout_0_turns_it_off() -> None:
 
     from shmdisagg.coordinator.supervisor import WorkerProc
 
-    sup = FleetSupervisor(Table({101: 0, 102: 9_500_000_000}), "cfg.yaml", 3, worker_timeout_s=2.0)  # type: ignore[arg-type]
-    procs = {i: Proc(pid) for i, pid in enumerate((101, 102, 103))}  # 103: no row claimed yet
-    sup.workers = {i: WorkerProc(i, p, -1, 0.0) for i, p in procs.items()}  # type: ignore[arg-type]
-    assert sup.kill_stuck(10 * 10**9) == [0]  # 10 s stale; 0.5 s is fine; no row: not judged
-    assert [p.killed for p in procs.values()] == [True, False, False] and sup.stuck_kills == 1
+    sup = FleetSupervisor(Table({101: 0, 102: 9_500_000_000}), "cfg.yaml", 4, worker_timeout_s=2.0)  # type: ignore[arg-type]
+    procs = {i: Proc(pid) for i, pid in enumerate((101, 102, 103, 104))}  # 103, 104: no row claimed
+    started = {0: 0.0, 1: 0.0, 2: 9.0, 3: 1.0}  # monotonic seconds when started or promoted
+    sup.workers = {i: WorkerProc(i, p, -1, started[i]) for i, p in procs.items()}  # type: ignore[arg-type]
+    # at 10 s: 101's beat is 10 s old (killed), 102's 0.5 s; 103 started 1 s ago (still starting),
+    # 104 9 s ago and has no row yet (a standby stopped before its promotion: killed)
+    assert sup.kill_stuck(10 * 10**9) == [0, 3]
+    assert [p.killed for p in procs.values()] == [True, False, False, True] and sup.stuck_kills == 2
     sup._stopping = True  # a worker finishing its graceful stop is not judged
     assert sup.kill_stuck(20 * 10**9) == []
