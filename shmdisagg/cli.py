@@ -110,7 +110,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         dep.start()
     except LaunchError as err:
         print(f"shmdisagg: launch failed: {err}", file=sys.stderr)
-        return 1
+        return err.exit_status
     except KeyboardInterrupt as err:  # start() stopped what it had started before it re-raised
         signum, name = _signal_name(err)
         print(f"shmdisagg: interrupted during start-up ({name}); stopped what had started", file=sys.stderr)

@@ -62,6 +62,13 @@ STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 class LaunchError(RuntimeError):
     """The deployment could not be brought up; everything started was stopped."""
 
+    exit_status = 1  # what the command exits with: 1 a runtime failure, 2 a bad option or config key
+
+
+class LogDirError(LaunchError):
+    """The log directory cannot be created or written; exit 2 when --log-dir or
+    shmdisagg.executors.log_dir named it (only the kernel knew: check-config cannot tell)."""
+
 
 @dataclass
 class Child:
@@ -227,7 +234,9 @@ class Deployment:
 
     def _log_dir_error(self, what: str, err: OSError | str) -> LaunchError:
         why = err if isinstance(err, str) else (err.strerror or str(err))
-        return LaunchError(f"log directory {self.log_dir} ({self.log_dir_source}): {what}{why}")
+        error = LogDirError(f"log directory {self.log_dir} ({self.log_dir_source}): {what}{why}")
+        error.exit_status = 1 if self.log_dir_source == "the default" else 2  # a bad option or key: usage
+        return error
 
     def _make_log_dir(self) -> None:
         problem = log_dir_problem(self.log_dir)

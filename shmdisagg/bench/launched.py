@@ -157,7 +157,7 @@ def _bench_deployment(dep: Any, args: argparse.Namespace) -> int:
         return run_cli(args)
     except LaunchError as err:
         print(f"shmdisagg: launch failed: {err}", file=sys.stderr)
-        return 1
+        return err.exit_status
     finally:
         # Nothing may cut the ordered, bounded stop short: further signals are ignored.
         for s in STOP_SIGNALS:

@@ -167,12 +167,12 @@ def test_a_log_dir_option_that_is_a_file_is_refused_before_anything_starts(tmp_p
 def test_a_log_dir_the_kernel_will_not_create_is_one_line_naming_where_it_came_from(tmp_path: Path, shm_prefix: str) -> None:
     """/proc refuses new directories (even root's, whose write permission checks pass): the
     launch finds out only when it creates it, after its port checks, and says so in one line
-    (exit 1, a runtime failure) instead of a FileNotFoundError traceback. A user who cannot
-    write to /proc is told before (exit 2)."""
+    instead of a FileNotFoundError traceback, exit 2 as for any bad option. A user who cannot
+    write to /proc is told before (exit 2 too)."""
     path = _write(tmp_path, _config(tmp_path, shm_prefix))
     out = _run("launch", "-c", str(path), "--log-dir", "/proc/nope")
     line = _one_line(out, out.returncode)
-    assert out.returncode in (1, 2), out
+    assert out.returncode == 2, out
     assert line in ("shmdisagg: launch failed: log directory /proc/nope (--log-dir): cannot create it: No such file or directory",
                     "shmdisagg: --log-dir: cannot create /proc/nope: /proc is not writable"), line
 
