@@ -226,10 +226,12 @@ class Deployment:
                     self._started_coordinator = True
                 else:
                     self.executors.append(child)
-        except OSError as err:
+        except BaseException as err:  # an interrupt too: until the child is registered, its log is ours to close
             if out is not None:
                 out.close()
-            raise LaunchError(f"{name}: cannot run {argv[0]}: {err.strerror or err}") from None
+            if isinstance(err, OSError):
+                raise LaunchError(f"{name}: cannot run {argv[0]}: {err.strerror or err}") from None
+            raise
         return child
 
     def _log_dir_error(self, what: str, err: OSError | str) -> LaunchError:

@@ -48,8 +48,9 @@ class WorkerProc:
     index: int
     proc: subprocess.Popen[bytes]
     pidfd: int
-    started: float
+    started: float  # loop.time() (CLOCK_MONOTONIC seconds) when started or promoted
     quick_deaths: int = 0
+    killed: bool = False  # by kill_stuck, once
 
 
 def _worker_preexec() -> None:
@@ -152,20 +153,26 @@ class FleetSupervisor:
             return
         while True:
             await asyncio.sleep(min(1.0, self.worker_timeout_s / 4))
-            self.kill_stuck(time.monotonic_ns())
+            try:
+                self.kill_stuck(time.monotonic_ns())
+            except Exception:  # keep watching; the next round retries
+                log.exception("stuck-worker check failed")
 
     def kill_stuck(self, now_ns: int) -> list[int]:
         """One `watch` round at `now_ns` (CLOCK_MONOTONIC); returns the indexes it killed. A
         worker is judged by its row's heartbeat, or, until it has claimed a row, by the time
         since it was started or promoted (a standby stopped before its promotion never claims
         one)."""
+        if self._stopping:  # workers finishing their graceful stop are not judged
+            return []
         beats = {r.pid: r.heartbeat_ns for r in self.table.rows()}
         killed = []
         for w in list(self.workers.values()):
             beat = beats.get(w.proc.pid)
             silent_s = (now_ns - beat) / 1e9 if beat is not None else now_ns / 1e9 - w.started
-            if self._stopping or silent_s <= self.worker_timeout_s:
+            if w.killed or silent_s <= self.worker_timeout_s:  # killed: its exit is on its way
                 continue
+            w.killed = True
             what = "has not heart-beaten" if beat is not None else "has not claimed its row"
             log.warning("fleet worker %d (pid %d) %s for %.1f s (worker_timeout_s %g): killing it",
                         w.index, w.proc.pid, what, silent_s, self.worker_timeout_s)

@@ -37,8 +37,11 @@ def test_a_stuck_worker_is_killed_and_replaced(tmp_path: Path, shm_prefix: str) 
             conn.close()
             os.kill(stuck, signal.SIGSTOP)
             try:
-                wait_until(lambda: _fleet(dep).get("fleet_stuck_kills") == 1 and stuck not in _fleet(dep)["fleet_pids"]
-                           and len(_fleet(dep)["fleet_pids"]) == 2, timeout_s=30, what="the stuck worker replaced")
+                def replaced() -> bool:
+                    info = _fleet(dep)
+                    return info["fleet_stuck_kills"] == 1 and stuck not in info["fleet_pids"] and len(info["fleet_pids"]) == 2
+
+                wait_until(replaced, timeout_s=30, what="the stuck worker replaced")
             finally:
                 try:
                     os.kill(stuck, signal.SIGCONT)  # only if the test failed before the kill
@@ -48,7 +51,7 @@ def test_a_stuck_worker_is_killed_and_replaced(tmp_path: Path, shm_prefix: str) 
             assert all(post(dep, "/v1/completions", COMPLETION)[0] == 200 for _ in range(8))
 
 
-def test_only_a_stale_heartbeat_counts_and_timeout_0_turns_it_off() -> None:
+def test_a_stale_heartbeat_or_a_row_never_claimed_counts_once_and_timeout_0_turns_it_off() -> None:
     class Table:
         def __init__(self, beats: dict[int, int]) -> None:
             self.beats = beats
@@ -75,5 +78,8 @@ def test_only_a_stale_heartbeat_counts_and_timeout_0_turns_it_off() -> None:
     # 104 9 s ago and has no row yet (a standby stopped before its promotion: killed)
     assert sup.kill_stuck(10 * 10**9) == [0, 3]
     assert [p.killed for p in procs.values()] == [True, False, False, True] and sup.stuck_kills == 2
+    assert sup.kill_stuck(11 * 10**9) == [] and sup.stuck_kills == 2  # killed once: their exits are on their way
     sup._stopping = True  # a worker finishing its graceful stop is not judged
     assert sup.kill_stuck(20 * 10**9) == []
+    off = FleetSupervisor(Table({}), "cfg.yaml", 1, worker_timeout_s=0.0)  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(off.watch(), 1.0))  # returns at once: nothing is watched
