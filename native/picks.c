@@ -115,11 +115,13 @@ static void jump_walk(Walk *w, uint64_t active, Py_ssize_t *depth, uint64_t *dro
 {
     Py_ssize_t lo = 0, n = w->n, g, ahead;
     uint64_t m;
+    /* (a second walk over the same prompt, events only, has most probe slots in found[]) */
     for (ahead = JUMP - 1; ahead < n && ahead < JUMP * JUMP_PREFETCH; ahead += JUMP)
-        prefetch_key(w->ix, key_of(w->h[ahead], KIND_BLOCK, 0));
+        if (w->found[ahead] == NULL)
+            prefetch_key(w->ix, key_of(w->h[ahead], KIND_BLOCK, 0));
     while (active != 0 && lo < n) {
         g = (n - lo > JUMP ? lo + JUMP : n) - 1;
-        if ((ahead = g + JUMP * JUMP_PREFETCH) < n) /* the probe JUMP_PREFETCH windows ahead */
+        if ((ahead = g + JUMP * JUMP_PREFETCH) < n && w->found[ahead] == NULL) /* the probe JUMP_PREFETCH windows ahead */
             prefetch_key(w->ix, key_of(w->h[ahead], KIND_BLOCK, 0));
         m = walk_mask(w, g);
         if (active & ~m)
@@ -230,8 +232,9 @@ static int kv_choose(Index *self, KvPick *k, uint64_t claimed, Py_ssize_t claim_
 }
 
 /* Mark hashes [from, n) routed to `bit`'s server: slots a walk found are reused, the rest are
- * looked up or inserted with one reservation for all of them (a hash not found counts as
- * missing) and their lines fetched for writing ahead. */
+ * looked up or inserted with one reservation for all of them and their lines fetched for writing
+ * ahead. The reservation is an upper bound (a hash the jump walk did not probe counts as missing
+ * though it may be there); what the inserts do not use is returned at once. */
 static void commit_routed(Index *self, KvPick *k, Py_ssize_t from, uint64_t bit)
 {
     uint64_t now = monotonic_ns(), *s, missing = 0, **found = k->walk.found;
