@@ -23,6 +23,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
+from shmdisagg.procutil import listen_addr
+
 ROUTER_TYPES = ("round_robin", "load_balancing", "kv_cache_aware", "conversation")
 _URL = re.compile(r"^(?:https?://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})/?$")
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?"
@@ -618,10 +620,9 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
     for key in ("context_servers", "generation_servers"):
         section = getattr(config, key)
         for url, (host, _) in zip(section.urls, section.addresses()):
-            problem = _host_problem(host, local=False)
-            if problem:
+            problem = _host_problem(host, local=executors_here)
+            if problem and problem.startswith("cannot resolve"):
                 raise ConfigError(f"{key}.urls: {url!r}: {problem}")
-            problem = _host_problem(host, local=True) if executors_here else None
             if problem:
                 raise ConfigError(f"{key}.urls: {url!r}: {problem}; shmdisagg launch starts its executors on this machine "
                                   "(for executors elsewhere, start them there and run shmdisagg serve)")
@@ -636,16 +637,14 @@ def _host_problem(host: str, local: bool) -> str | None:
     """Why `host` cannot be used: it does not resolve, or (`local`) it is no address of this
     machine (binding it fails with EADDRNOTAVAIL). None if it can."""
     try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        family, addr = listen_addr(host, 0)  # the address a listener binds
     except (socket.gaierror, UnicodeError) as err:
         return f"cannot resolve {host!r} ({getattr(err, 'strerror', None) or err})"
     if not local:
         return None
-    v4 = [i for i in infos if i[0] == socket.AF_INET]
-    family, _, _, _, addr = (v4 or infos)[0]  # the address a listener binds (procutil._listen_addr)
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((addr[0], 0, *addr[2:]))
+            sock.bind(addr)
     except OSError as err:
         if err.errno == errno.EADDRNOTAVAIL:
             return f"{host!r} is not an address of this machine"

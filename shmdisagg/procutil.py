@@ -20,7 +20,9 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
-def _listen_addr(host: str, port: int) -> tuple[socket.AddressFamily, tuple[object, ...]]:
+def listen_addr(host: str, port: int) -> tuple[socket.AddressFamily, tuple[object, ...]]:
+    """(family, sockaddr) a listener on host:port binds: the first IPv4 address `host` resolves
+    to, else its first address. Raises socket.gaierror or UnicodeError if it does not resolve."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     v4 = [i for i in infos if i[0] == socket.AF_INET]
     family, _, _, _, addr = (v4 or infos)[0]
@@ -34,7 +36,7 @@ def public_port_problem(host: str, port: int) -> str | None:
     another deployment's fleet (whose reuse-port group ours would otherwise join).
     """
     try:
-        family, addr = _listen_addr(host, port)
+        family, addr = listen_addr(host, port)
     except (socket.gaierror, UnicodeError) as err:
         return f"public address {host}:{port}: cannot resolve {host!r}: {getattr(err, 'strerror', None) or err}"
     try:
@@ -54,7 +56,7 @@ def bind_reuseport(host: str, port: int, backlog: int = 2048) -> socket.socket:
     IPv6 only when the host resolves to nothing but IPv6 (as TensorRT-LLM's fleet does).
     Raises OSError (e.g. EADDRINUSE when a non-reuseport process holds the port).
     """
-    family, addr = _listen_addr(host, port)
+    family, addr = listen_addr(host, port)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
