@@ -25,6 +25,7 @@ try:  # a Ctrl-C while the modules load (right after the command is typed) ends 
     import signal
 
     from shmdisagg.config import ConfigError, DisaggConfig, check_machine, config_warnings, load_config
+    from shmdisagg.procutil import STOP_SIGNALS
 except KeyboardInterrupt:
     print("shmdisagg: interrupted (SIGINT)", file=sys.stderr)
     raise SystemExit(130) from None
@@ -87,7 +88,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     # A SIGINT or SIGTERM during start-up stops what was started, then exits 128 + its number
     # (Deployment.wait() takes the signals over once the deployment serves).
-    for s in (signal.SIGINT, signal.SIGTERM):
+    for s in STOP_SIGNALS:
         signal.signal(s, _interrupt)
     config = _load(args.config)
     spec = config.shmdisagg.executors
@@ -124,7 +125,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         code = 0
     finally:
         # A second signal must not cut the ordered, bounded stop short.
-        for s in (signal.SIGINT, signal.SIGTERM):
+        for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         dep.stop()
         print("shmdisagg stopped", flush=True)

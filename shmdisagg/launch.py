@@ -47,7 +47,7 @@ from typing import IO
 from shmdisagg.config import DisaggConfig, log_dir_problem
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S
 from shmdisagg.executors.plan import LaunchPlan, PlanError, build_plan
-from shmdisagg.procutil import die_with_parent, public_port_problem
+from shmdisagg.procutil import STOP_SIGNALS, die_with_parent, public_port_problem
 from shmdisagg.shm.segment import cleanup_stale
 
 log = logging.getLogger("shmdisagg.launch")
@@ -56,7 +56,6 @@ STOP_TIMEOUT_S = 15.0
 COORDINATOR_EXIT_S = 5.0  # the coordinator's own shutdown once its fleet is gone (API, segments)
 POLL_INTERVAL_S = 0.1
 WAIT_REPORT_S = 10.0  # while waiting for readiness, how often to log who is not ready yet
-STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
 class LaunchError(RuntimeError):
@@ -345,7 +344,7 @@ class Deployment:
         def on_signal(signum: int, frame: object) -> None:
             stop["flag"] = True
 
-        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
         try:
             while not stop["flag"]:
                 assert self.coordinator is not None

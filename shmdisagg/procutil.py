@@ -20,6 +20,9 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})  # what stops a command: Ctrl-C, kill, timeout
+
+
 def listen_addr(host: str, port: int) -> tuple[socket.AddressFamily, tuple[object, ...]]:
     """(family, sockaddr) a listener on host:port binds: the first IPv4 address `host` resolves
     to, else its first address. Raises socket.gaierror or UnicodeError if it does not resolve."""

@@ -42,6 +42,7 @@ from shmdisagg.bench.trace import (
     load_trace,
     synthetic_requests,
 )
+from shmdisagg.procutil import STOP_SIGNALS
 
 SCHEMA = "shmdisagg.bench/1"
 
@@ -294,7 +295,6 @@ def _slo(items: Sequence[str]) -> Slo:
 
 
 # The signals that stop a run and still report it; the exit status is 128 + the number.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def interrupted_status(signum: int | None) -> int:

@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 
-from shmdisagg.bench.cli import STOP_SIGNALS, interrupted_status, run_cli
+from shmdisagg.bench.cli import interrupted_status, run_cli
+from shmdisagg.procutil import STOP_SIGNALS
 
 ROLES = ("context_servers", "generation_servers")
 
