@@ -17,6 +17,7 @@ import ipaddress
 import os
 import re
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -604,6 +605,10 @@ def log_dir_problem(path: str | os.PathLike[str]) -> str | None:
         return f"cannot create {path}: {parent} is not a directory"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot create {path}: {parent} is not writable"
+    try:  # the kernel has the last word (root passes access(), yet /proc, /sys refuse): ask it
+        os.rmdir(tempfile.mkdtemp(prefix=".shmdisagg-probe-", dir=parent))
+    except OSError as err:
+        return f"cannot create {path}: {parent} refuses new directories ({err.strerror or err})"
     return None
 
 

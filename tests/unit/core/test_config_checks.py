@@ -164,17 +164,20 @@ def test_a_log_dir_option_that_is_a_file_is_refused_before_anything_starts(tmp_p
     assert line == f"shmdisagg: --log-dir: cannot create {afile / 'logs'}: {afile} is not a directory"
 
 
-def test_a_log_dir_the_kernel_will_not_create_is_one_line_naming_where_it_came_from(tmp_path: Path, shm_prefix: str) -> None:
-    """/proc refuses new directories (even root's, whose write permission checks pass): the
-    launch finds out only when it creates it, after its port checks, and says so in one line
-    instead of a FileNotFoundError traceback, exit 2 as for any bad option. A user who cannot
-    write to /proc is told before (exit 2 too)."""
+def test_a_log_dir_the_kernel_will_not_create_is_refused_before_anything_starts(tmp_path: Path, shm_prefix: str) -> None:
+    """/proc refuses new directories even to root, whose access() checks pass: the check asks
+    the kernel (a probe directory made and removed), so check-config refuses the configured one
+    and launch the option, exit 2 and one line naming it, instead of 'ok' and a failure later."""
     path = _write(tmp_path, _config(tmp_path, shm_prefix))
-    out = _run("launch", "-c", str(path), "--log-dir", "/proc/nope")
-    line = _one_line(out, out.returncode)
-    assert out.returncode == 2, out
-    assert line in ("shmdisagg: launch failed: log directory /proc/nope (--log-dir): cannot create it: No such file or directory",
-                    "shmdisagg: --log-dir: cannot create /proc/nope: /proc is not writable"), line
+    line = _one_line(_run("launch", "-c", str(path), "--log-dir", "/proc/nope"))
+    assert line == "shmdisagg: --log-dir: cannot create /proc/nope: /proc refuses new directories (No such file or directory)"
+    cfg = _config(tmp_path, shm_prefix)
+    cfg["shmdisagg"]["executors"]["log_dir"] = "/proc/nope"
+    path = _write(tmp_path, cfg)
+    for command in ("check-config", "launch"):
+        line = _one_line(_run(command, "-c", str(path)))
+        assert line == (f"shmdisagg: config error: {path}: shmdisagg.executors.log_dir: cannot create /proc/nope: "
+                        "/proc refuses new directories (No such file or directory)"), (command, line)
 
 
 def test_the_launcher_names_an_unusable_log_directory_and_starts_nothing(tmp_path: Path, shm_prefix: str) -> None:
