@@ -48,7 +48,9 @@ def shift_ports(raw: dict[str, Any], port: int) -> dict[str, Any]:
     """A copy of the config dict `raw` with its public port `port` and every executor url's port
     moved by the same offset. Raises ValueError when a moved port falls outside 1..65535 or a url
     has no port."""
-    offset = port - int(raw.get("port", 8000))
+    from shmdisagg.config import DisaggConfig
+
+    offset = port - int(raw.get("port", DisaggConfig.model_fields["port"].default))  # the config's own default
     out = dict(raw, port=port)
     for role in ROLES:
         section = raw.get(role)
