@@ -53,8 +53,8 @@ class Exchange:
         self.error_code = code
         if not self.started:
             await self.start(status, JSON_HEADERS)
-            await self.body(error_body(status, message, code), False)
+            await self.body(error_body(status, message), False)
         elif self.stream:
-            await self.body(sse_error_event(status, message, code), False)
+            await self.body(sse_error_event(status, message), False)
         else:
             await self.body(b"", False)

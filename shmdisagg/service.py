@@ -92,7 +92,7 @@ class DisaggService:
         """Serve one POST to `/v1/completions` (chat=False) or `/v1/chat/completions`."""
         arrival = time.time()
         try:
-            extra = _request_id_header(scope)
+            extra = _check_headers(scope)
             req = parse_body(await read_body(receive, self.body_limit))
             ids32 = validate(req, chat, self.models, want_ids=self.keys is not None and self.keys.wants_ids)
             if not self.admission.admit():
@@ -122,8 +122,9 @@ class DisaggService:
             await ex.fail(err.status, err.message, err.code)
         except TimeoutError:
             await ex.fail(504, f"request did not finish within {self.timeout_s:g} s", "timeout")
-        except UpstreamError as err:
-            await ex.fail(502, f"executor connection failed: {err}", "upstream_error")
+        except UpstreamError as err:  # the error names the executor: the client is not told which
+            log.warning("request %d: %s", ex.disagg_request_id, err)
+            await ex.fail(502, f"executor connection failed ({type(err).__name__.removeprefix('Upstream')})", "upstream_error")
         except Exception:  # never a traceback to the client
             log.exception("request %d failed", ex.disagg_request_id)
             await ex.fail(500, "internal error", "internal_error")
@@ -184,11 +185,24 @@ class KeyBuilder:
         return key
 
 
-def _request_id_header(scope: Scope) -> list[tuple[bytes, bytes]]:
-    """A client's `x-request-id`, echoed back once validated (it may reach logs)."""
+def _check_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The request headers the hot routes act on, in one pass: a `content-type` that is not JSON
+    is refused with 415 (TensorRT-LLM's FastAPI routes cannot parse such a body either, and
+    answer it with a bare 500; no content type is read as JSON, as FastAPI does), and a client's
+    `x-request-id` is returned to be echoed back once validated (it may reach logs)."""
+    echo: list[tuple[bytes, bytes]] = []
     for name, value in scope.get("headers", ()):
+        if name == b"content-type" and not _is_json_type(value):
+            shown = value[:64].decode("latin-1")
+            raise RequestError(415, f"unsupported content-type {shown!r}: send the body as application/json", "unsupported_media_type", "content-type")
         if name == b"x-request-id":
             if not _REQUEST_ID.match(value):
                 raise RequestError(400, "x-request-id must be 1-128 characters of [A-Za-z0-9._:-]", "invalid_request_id", "x-request-id")
-            return [(b"x-request-id", value)]
-    return []
+            echo = [(b"x-request-id", value)]
+    return echo
+
+
+def _is_json_type(value: bytes) -> bool:
+    """`application/json` or any `+json` type, parameters (`; charset=utf-8`) allowed."""
+    media = value.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -38,8 +39,16 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
     @api.exception_handler(StarletteHTTPException)
     async def openai_error(_: Request, exc: StarletteHTTPException) -> Response:
         """404/405 and the like in the OpenAI error shape, like every other error we send."""
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, f"http_{exc.status_code}")
-        return Response(error_body(exc.status_code, str(exc.detail), code), status_code=exc.status_code, media_type="application/json", headers=getattr(exc, "headers", None))
+        return Response(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, media_type="application/json", headers=getattr(exc, "headers", None))
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> Response:
+        """A bad query parameter of a control route: a 400 in the same shape (FastAPI's own
+        default is a 422 `{"detail": [...]}`)."""
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return Response(error_body(400, f"{param or 'request'}: {first.get('msg', 'invalid')}", param), status_code=400, media_type="application/json")
+
     if metrics is not None:
         _metrics_routes(api, metrics)
 

@@ -91,11 +91,11 @@ def _assert_ended_by_shutdown(out: dict[str, Any], stream: bool) -> None:
         status, events = out["result"]
         assert status == 200 and b"t0" in events[0]
         error = orjson.loads(events[-2])["error"]
-        assert error["code"] == "shutting_down" and error["type"] == "ServiceUnavailableError" and error["object"] == "error"
+        assert error["code"] == 503 and error["type"] == "ServiceUnavailableError" and error["object"] == "error"
         assert events[-1] == b"[DONE]" and len(events) == 3
     else:
         status, body = out["result"]
-        assert status == 503 and body["object"] == "error" and body["code"] == "shutting_down"
+        assert status == 503 and body["object"] == "error" and body["code"] == 503
 
 
 def _listens(pid: int, port: int) -> bool:
@@ -182,7 +182,7 @@ def test_a_stream_that_finishes_within_the_grace_period_completes_normally(deplo
     conn.close()
     assert "error" not in out, f"the client saw {out['error']!r}"
     status, events = out["result"]
-    assert status == 200 and events == [orjson.dumps({"id": "cmpl-g0", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}) for i in range(4)] + [b"[DONE]"]
+    assert status == 200 and events == [orjson.dumps({"id": "cmpl-g0", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": "length" if i == 3 else None}]}) for i in range(4)] + [b"[DONE]"]
     # it exits once its last request ended, not at the end of its 30 s grace period
     wait_until(lambda: not alive(pid), timeout_s=10, what="the worker to exit once its last request ended")
     _released_everything(dep, pid)

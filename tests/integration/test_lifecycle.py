@@ -186,7 +186,7 @@ def test_admission_limit_answers_429_with_retry_after_at_once(pair) -> None:  # 
     c.request("POST", "/v1/completions", body=orjson.dumps(COMPLETION), headers={"content-type": "application/json"})
     r = c.getresponse()
     body = orjson.loads(r.read())
-    assert r.status == 429 and r.getheader("retry-after") == "1" and body["code"] == "overloaded"
+    assert r.status == 429 and r.getheader("retry-after") == "1" and body["code"] == 429
     assert time.monotonic() - t0 < 1.0
     c.close()
     assert len(ctx.recorded()) == 1  # the rejected request reached no executor
@@ -224,7 +224,7 @@ def test_health_is_503_while_a_role_has_no_healthy_server_and_200_when_one_retur
             try:
                 wait_until(lambda: request_json("127.0.0.1", port, "GET", "/health")[0] == 503, timeout_s=5, what="health 503")
                 status, body = post(dep, "/v1/completions", COMPLETION)
-                assert status == 503 and body["code"] == "no_generation_servers"
+                assert status == 503 and body["code"] == 503
             finally:
                 os.kill(gen.proc.pid, signal.SIGCONT)
             wait_until(lambda: request_json("127.0.0.1", port, "GET", "/health")[0] == 200, timeout_s=5, what="health 200 again")
@@ -310,6 +310,6 @@ def test_the_coordinators_api_socket_is_private_to_its_user(pair) -> None:  # ty
 def test_unknown_routes_and_methods_get_openai_error_bodies(pair) -> None:  # type: ignore[no-untyped-def]
     dep, *_ = pair
     status, body = request_json("127.0.0.1", dep.config.port, "GET", "/v1/completions")
-    assert status == 405 and body["object"] == "error" and body["code"] == "method_not_allowed"
+    assert status == 405 and body["object"] == "error" and body["code"] == 405
     status, body = request_json("127.0.0.1", dep.config.port, "GET", "/no/such/route")
-    assert status == 404 and body["object"] == "error" and body["code"] == "not_found"
+    assert status == 404 and body["object"] == "error" and body["code"] == 404
