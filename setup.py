@@ -10,7 +10,7 @@ setup(
     ext_modules=[
         Extension(
             "shmdisagg._native",
-            sources=["native/_native.c", "native/hash.c", "native/sha256.c", "native/hashcache.c", "native/index.c", "native/picks.c"],
+            sources=["native/_native.c", "native/hash.c", "native/sha256.c", "native/hashcache.c", "native/index.c", "native/picks.c", "native/sse.c"],
             depends=sorted(glob.glob("native/*.h")),  # rebuild when a header changes
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )

@@ -1184,6 +1184,8 @@ static PyMethodDef module_methods[] = {
      "bytes of u64 LE per block (first 8 key bytes read big-endian)"},
     {"_sha256_impl", (PyCFunction)(void (*)(void))mod_sha256_impl, METH_FASTCALL,
      "_sha256_impl(force=None) -> 'shani' | 'portable' (tests: force the portable code)"},
+    {"sse_scan", (PyCFunction)(void (*)(void))mod_sse_scan, METH_FASTCALL,
+     "sse_scan(data) -> end << 8 | flags (1 internal or error key, 2 finish_reason string, 4 usage, 8 [DONE]) of data[:end], the complete SSE events"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1227,6 +1229,7 @@ PyMODINIT_FUNC PyInit__native(void)
         CONST(H_INIT) || CONST(H_VERSION) || CONST(S_SEQ) || CONST(CFG_SEQ) ||
         CONST(OFF_IDXPUB) || CONST(IP_GEN) || CONST(IP_SEQ) || CONST(IP_NAME_BYTES) ||
         CONST(OFF_IDXMET) || CONST(OFF_LAGHIST) || CONST(LAG_BUCKETS) || !index_add_constants(m) ||
+        CONST(SSE_INTERNAL) || CONST(SSE_FINISHED) || CONST(SSE_USAGE) || CONST(SSE_DONE) ||
         (magic = PyLong_FromUnsignedLongLong(MAGIC)) == NULL ||
         PyModule_AddObjectRef(m, "MAGIC", magic) < 0)
         goto error;

@@ -298,6 +298,13 @@ SD_HIDDEN PyObject *mod_block_hashes_v2_64(PyObject *m, PyObject *const *args, P
                                            PyObject *kwnames);
 SD_HIDDEN PyObject *mod_sha256_impl(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
+/* sse.c: sse_scan's result bits */
+#define SSE_INTERNAL 1
+#define SSE_FINISHED 2
+#define SSE_USAGE 4
+#define SSE_DONE 8
+SD_HIDDEN PyObject *mod_sse_scan(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
+
 /* hashcache.c */
 SD_HIDDEN extern PyTypeObject PrefixHashCacheType;
 

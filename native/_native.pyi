@@ -284,6 +284,18 @@ class Index:
     ) -> tuple[int, int] | None:
         """(slot, depth) by the deepest routed prefix above the threshold, else least loaded."""
 
+SSE_INTERNAL: int  # sse_scan bits (native/sse.c)
+SSE_FINISHED: int
+SSE_USAGE: int
+SSE_DONE: int
+
+def sse_scan(data: bytes) -> int:
+    """One pass over a relayed SSE chunk: `end << 8 | flags`, where `data[:end]` are its complete
+    events (0: none) and the flags say what they hold: `SSE_INTERNAL` (1) an internal key with a
+    non-null value or an "error" key, `SSE_FINISHED` (2) a `finish_reason` with a string value,
+    `SSE_USAGE` (4) a `completion_tokens` key, `SSE_DONE` (8) they end with `data: [DONE]`.
+    Raises TypeError for anything but bytes."""
+
 def token_ids_ok(obj: object) -> bool:
     """True if `obj` is a non-empty list of ints in [0, 2**31) (a token-id prompt)."""
 
