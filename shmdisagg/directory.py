@@ -38,6 +38,15 @@ class ServerDirectory:
         self._refresh()
         return self._addr[slot]
 
+    def label(self, slot: int) -> str:
+        """`host:port` of `slot` for log lines (`slot N` if it holds no server now)."""
+        self._refresh()
+        addr = self._addr.get(slot)
+        if addr is None:
+            return f"slot {slot}"
+        host, port = addr
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
     def servers(self) -> list[ServerInfo]:
         self._refresh()
         return self._servers

@@ -20,7 +20,17 @@ holds all but at most that many prompt tokens, the request goes to it alone as a
 (prefill and decode there, no `disaggregated_params`); otherwise both legs run, with the
 generation leg on the server picked first. The decision uses the chosen server's own match.
 
-Streams are relayed chunk by chunk as bytes. Each leg's pick is released exactly once.
+Streams are relayed chunk by chunk as bytes, at SSE event boundaries. What reaches the client
+never carries the handoff (`answers.py`: `public_answer`, `StreamGuard`), and an executor answer
+that breaks the request's contract becomes a 502 or an SSE error event. Each leg's pick is
+released exactly once.
+
+TensorRT-LLM's options of the flow (`FlowOptions`, read from the config and the environment as
+`tensorrt_llm/serve/openai_disagg_service.py` reads them): `gen_tokids_ctxbytes` (the context
+leg asks for `prompt_token_ids_b64`, relayed to the generation leg as it is),
+`gen_strip_message_history` (a chat's generation leg carries only its last message; the ids
+carry the prompt), `TRTLLM_DISAGG_BENCHMARK_GEN_ONLY=1` (no context leg: the generation leg gets
+upstream's fixed stub handoff and `ignore_eos`, for generation-only benchmarks).
 
 KV poll hints: an executor emits its KV events at known moments of a request (the simulator and
 TensorRT-LLM alike): evictions (`removed`) when a request's blocks are allocated, the prompt's
@@ -35,21 +45,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from shmdisagg.answers import ContractError, StreamGuard, check_context_answer, check_final_answer, executor_error_message, max_tokens_of, public_answer
 from shmdisagg.asgi import JSON_HEADERS, SSE_HEADERS
 from shmdisagg.errors import RequestError
 from shmdisagg.exchange import Exchange
-from shmdisagg.legs import LegRunner, Opened
+from shmdisagg.legs import LegRunner, Opened, leg_timeout_error
 from shmdisagg.routing import Policy, RoutingKey
 from shmdisagg.upstream import UpstreamError
+from shmdisagg.wire import Wire
+
+log = logging.getLogger("shmdisagg.service")
 
 CONTINUE_ON_GENERATION = ("length", "not_finished")
 SCHEDULE_STYLE = {"context_first": 0, "generation_first": 1}  # TensorRT-LLM DisaggScheduleStyle
+# TRTLLM_DISAGG_BENCHMARK_GEN_ONLY's stub handoff (`_check_gen_only_disagg`, openai_disagg_service.py)
+GEN_ONLY_PARAMS = {"request_type": "generation_only", "first_gen_tokens": [7], "ctx_request_id": 1, "encoded_opaque_state": None, "draft_tokens": None}
+
+
+@dataclass(frozen=True, slots=True)
+class FlowOptions:
+    """TensorRT-LLM's switches of the request flow (see the module docstring)."""
+
+    gen_tokids_ctxbytes: bool = False
+    gen_strip_message_history: bool = False
+    benchmark_gen_only: bool = False
 
 
 class Reserved:
@@ -83,8 +110,12 @@ class Flows:
         ctx_server_info: Callable[[int], dict[str, Any]],
         schedule_style: str = "context_first",
         max_local_prefill_length: int = 0,
+        options: FlowOptions = FlowOptions(),
+        wire: Wire | None = None,
     ) -> None:
         self.legs = legs
+        self.options = options
+        self.wire = wire or Wire()
         self.ctx_policy = ctx_policy
         self.gen_policy = gen_policy
         self.new_id = new_id
@@ -100,6 +131,9 @@ class Flows:
         """One request, with conditional disaggregation when configured."""
         reserved = Reserved(self.gen_policy, key, -1)
         try:
+            if self.options.benchmark_gen_only:
+                await self.generation_only(ex, req, key, path)
+                return
             if self.max_local_prefill:
                 reserved.slot = self.gen_policy.pick(key, -1)
                 if reserved.slot < 0:
@@ -108,31 +142,44 @@ class Flows:
                 total = len(key.token_ids or ())
                 if matched and total - matched <= self.max_local_prefill:
                     self.local_prefills += 1
-                    plain = orjson.dumps(req)
-                    opened = await self.legs.open(self.gen_policy, key, path, lambda _: plain, "generation", picked=reserved.take())
-                    await relay(ex, opened)
+                    plain = self.wire.body(req)
+                    opened = await self.legs.open(self.gen_policy, key, path, lambda _: plain, "generation", picked=reserved.take(), headers=self.wire.headers(req))
+                    await relay(ex, opened, max_tokens_of(req))
                     return
             self.disaggregated += 1
             await self._style(ex, req, chat, key, path, reserved)
         finally:
             reserved.release_unused()
 
-    async def _open_generation(self, reserved: Reserved, key: RoutingKey, path: str, body: bytes) -> Opened:
+    async def _open_generation(self, reserved: Reserved, key: RoutingKey, path: str, gen_req: dict[str, Any]) -> Opened:
         # take() runs when this coroutine starts: a task cancelled before that leaves the
         # reservation to release_unused().
-        return await self.legs.open(self.gen_policy, key, path, lambda _: body, "generation", picked=reserved.take())
+        body, headers = self.wire.body(gen_req), self.wire.headers(gen_req)
+        return await self.legs.open(self.gen_policy, key, path, lambda _: body, "generation", picked=reserved.take(), headers=headers)
+
+    async def generation_only(self, ex: Exchange, req: dict[str, Any], key: RoutingKey, path: str) -> None:
+        """`TRTLLM_DISAGG_BENCHMARK_GEN_ONLY=1`: the generation leg alone, with upstream's stub
+        handoff (`first_gen_tokens [7]`, `ctx_request_id 1`) and `ignore_eos`."""
+        gen_req = dict(req)
+        gen_req["disaggregated_params"] = dict(GEN_ONLY_PARAMS)
+        gen_req["ignore_eos"] = True
+        body, headers = self.wire.body(gen_req), self.wire.headers(gen_req)
+        opened = await self.legs.open(self.gen_policy, key, path, lambda _: body, "generation", headers=headers)
+        await relay(ex, opened, max_tokens_of(req))
 
     # -- context-first ---------------------------------------------------------------------
 
     async def context_first(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str, reserved: Reserved) -> None:
         style = SCHEDULE_STYLE["context_first"]
         ex.ctx_dispatch = time.time()
-        status, raw, ex.ctx_slot = await self.legs.call(self.ctx_policy, key, path, self._ctx_body(ex, req, style), "context", retry_5xx=True, retry_sent=True)
+        status, raw, ex.ctx_slot = await self.legs.call(
+            self.ctx_policy, key, path, self._ctx_body(ex, req, style), "context", retry_5xx=True, retry_sent=True, headers=self.wire.headers(req)
+        )
         if status != 200:
             await relay_error(ex, status, raw)
             return
         ex.ctx_done = time.time()
-        ctx = parse_ctx_response(raw)
+        ctx = parse_ctx_response(raw, self._ctx_label(ex))
         note_usage(ex, ctx)
         if ctx["choices"][0].get("finish_reason") not in CONTINUE_ON_GENERATION:
             await answer_from_context(ex, req, chat, ctx)
@@ -140,18 +187,24 @@ class Flows:
         params = ctx["choices"][0]["disaggregated_params"]
         if isinstance(params.get("disagg_request_id"), int):
             ex.disagg_request_id = params["disagg_request_id"]
-        gen_body = orjson.dumps(generation_request(req, chat, ctx, ex.disagg_request_id, style))
-        await relay(ex, await self._open_generation(reserved, key, path, gen_body))
+        gen_req = generation_request(req, chat, ctx, ex.disagg_request_id, style, self.options.gen_strip_message_history)
+        await relay(ex, await self._open_generation(reserved, key, path, gen_req), max_tokens_of(req))
+
+    def _ctx_label(self, ex: Exchange) -> str:
+        return self.legs.directory.label(ex.ctx_slot)
 
     def _ctx_body(self, ex: Exchange, req: dict[str, Any], style: int) -> Callable[[int], bytes]:
         def make(attempt: int) -> bytes:
             if attempt:  # never reuse an id a failed attempt may have registered on an executor
                 ex.disagg_request_id = self.new_id()
             ctx_req = dict(req)
-            ctx_req["disaggregated_params"] = {"request_type": "context_only", "disagg_request_id": ex.disagg_request_id, "schedule_style": style}
+            params: dict[str, Any] = {"request_type": "context_only", "disagg_request_id": ex.disagg_request_id, "schedule_style": style}
+            if self.options.gen_tokids_ctxbytes:
+                params["return_prompt_token_ids_b64"] = True
+            ctx_req["disaggregated_params"] = params
             ctx_req["stream"] = False
             ctx_req.pop("stream_options", None)
-            return orjson.dumps(ctx_req)
+            return self.wire.body(ctx_req)
 
         return make
 
@@ -166,20 +219,20 @@ class Flows:
         try:
             gen_req = dict(req)
             gen_req["disaggregated_params"] = gen_first_params(self.ctx_server_info(ctx_slot), rid, style)
-            gen_body = orjson.dumps(gen_req)
             ctx_body = self._ctx_body(ex, req, style)(0)
+            ctx_headers = self.wire.headers(req)
         except BaseException:
             self.ctx_policy.release(ctx_slot, key)
             raise
         # The generation POST goes out first; the context leg is awaited only after it started.
         # The context leg is not retried elsewhere: the generation request names its server.
-        gen_task = asyncio.ensure_future(self._open_generation(reserved, key, path, gen_body))
+        gen_task = asyncio.ensure_future(self._open_generation(reserved, key, path, gen_req))
         started = False
 
         async def ctx_leg() -> tuple[int, bytes, int]:
             nonlocal started
             started = True  # from here the leg owns the pick of ctx_slot
-            return await self.legs.call(self.ctx_policy, key, path, lambda _: ctx_body, "context", picked=ctx_slot, retries=0)
+            return await self.legs.call(self.ctx_policy, key, path, lambda _: ctx_body, "context", picked=ctx_slot, retries=0, headers=ctx_headers)
 
         ex.ctx_dispatch = time.time()
         ex.ctx_slot = ctx_slot
@@ -191,7 +244,7 @@ class Flows:
                 await _cancel(gen_task)
                 await relay_error(ex, status, raw)
                 return
-            ctx = parse_ctx_response(raw)
+            ctx = parse_ctx_response(raw, self._ctx_label(ex))
             note_usage(ex, ctx)
             if ctx["choices"][0].get("finish_reason") not in CONTINUE_ON_GENERATION:
                 await _cancel(gen_task)
@@ -204,7 +257,7 @@ class Flows:
             if not started:  # cancelled before its first step: the pick is still ours
                 self.ctx_policy.release(ctx_slot, key)
             raise
-        await relay(ex, opened)
+        await relay(ex, opened, max_tokens_of(req))
 
 
 def gen_first_params(server_info: dict[str, Any], rid: int, style: int) -> dict[str, Any]:
@@ -237,40 +290,43 @@ def note_usage(ex: Exchange, ctx: dict[str, Any]) -> None:
             ex.cached_tokens = int(details.get("cached_tokens") or 0)
 
 
-async def relay(ex: Exchange, opened: Opened) -> None:
-    """Relay a generation response to the client. Its pick is released as soon as the executor's
-    answer is complete, before the client is sent the end of it, so a client that sees the end
-    also sees the load gone."""
+async def relay(ex: Exchange, opened: Opened, max_tokens: int | None) -> None:
+    """Relay a generation response to the client, checked against the request's contract and
+    with the handoff removed (`answers.py`). Its pick is released as soon as the executor's answer
+    is complete, before the client is sent the end of it, so a client that sees the end also sees
+    the load gone. The leg's `request_timeout` bounds the whole relay."""
     resp = opened.response
     ex.gen_slot = opened.slot
     try:
-        if resp.status != 200:
-            raw = await resp.read()
-            opened.close()
-            await relay_error(ex, resp.status, raw)
-        elif not ex.stream:
-            body = await resp.read()
-            ex.first_token = ex.last_token = time.time()
-            opened.hint_kv()
-            opened.close()  # the executor's work is done: release before the client sees the end
-            await ex.start(200, JSON_HEADERS)
-            await ex.body(body, False)
-        else:
-            await ex.start(200, SSE_HEADERS)
-            async for chunk in resp:
-                if not ex.first_token:
-                    ex.first_token = time.time()
-                    opened.hint_kv()  # its prompt blocks were stored just before the first token
-                await ex.body(chunk, True)
-            ex.last_token = time.time()
-            opened.hint_kv()  # and its output blocks just before the end
-            opened.close()
-            await ex.body(b"", False)
+        async with opened.timeout():
+            if resp.status != 200:
+                raw = await resp.read()
+                opened.close()
+                await relay_error(ex, resp.status, raw)
+            elif not ex.stream:
+                body = await resp.read()
+                ex.first_token = ex.last_token = time.time()
+                opened.hint_kv()
+                opened.close()  # the executor's work is done: release before the client sees the end
+                answer = _final_answer(body, max_tokens, "generation")
+                await ex.start(200, JSON_HEADERS)
+                await ex.body(answer, False)
+            else:
+                await _relay_stream(ex, opened, StreamGuard(max_tokens))
+    except ContractError as err:
+        opened.close(abort=True)
+        log.warning("request %d: %s (generation server %s)", ex.disagg_request_id, err, opened.label)
+        await ex.fail(502, str(err), "executor_contract")
+    except TimeoutError:
+        opened.close(abort=True)
+        err = leg_timeout_error(opened.role, opened.timeout_s)
+        await ex.fail(err.status, err.message, err.code)
     except UpstreamError as err:
         opened.close(abort=True)
         if not ex.started:
             raise
-        await ex.fail(502, f"generation executor failed mid-stream: {err}", "upstream_error")
+        log.warning("request %d: generation stream from %s failed: %s", ex.disagg_request_id, opened.label, err)
+        await ex.fail(502, "generation executor failed mid-stream", "upstream_error")
     except BaseException:
         opened.close(abort=True)
         raise
@@ -278,41 +334,58 @@ async def relay(ex: Exchange, opened: Opened) -> None:
         opened.close()
 
 
-async def relay_error(ex: Exchange, status: int, raw: bytes) -> None:
-    """An executor's error answer, relayed with its status when it is a JSON error body."""
+async def _relay_stream(ex: Exchange, opened: Opened, guard: StreamGuard) -> None:
+    await ex.start(200, SSE_HEADERS)
+    async for chunk in opened.response:
+        if not ex.first_token:
+            ex.first_token = time.time()
+            opened.hint_kv()  # its prompt blocks were stored just before the first token
+        out = guard.feed(chunk)
+        if out:
+            await ex.body(out, True)
+    ex.last_token = time.time()
+    opened.hint_kv()  # and its output blocks just before the end
+    opened.close()
+    await ex.body(guard.end(), False)
+
+
+def _final_answer(body: bytes, max_tokens: int | None, role: str) -> bytes:
+    """A complete executor answer as the client gets it: parsed, checked, handoff removed.
+    Raises `ContractError`."""
     try:
-        parsed = orjson.loads(raw)
+        obj = orjson.loads(body)
     except orjson.JSONDecodeError:
-        parsed = None
-    if isinstance(parsed, dict):
-        await ex.start(status, JSON_HEADERS)
-        await ex.body(raw, False)
-    else:
-        await ex.fail(502, f"executor answered HTTP {status}", "upstream_error")
+        raise ContractError(f"{role} executor returned invalid JSON") from None
+    check_final_answer(obj, max_tokens, role)
+    return orjson.dumps(public_answer(obj))
 
 
-def parse_ctx_response(raw: bytes) -> dict[str, Any]:
-    """The context executor's JSON answer, checked as TensorRT-LLM's `_verify_ctx_response` does."""
+async def relay_error(ex: Exchange, status: int, raw: bytes) -> None:
+    """An executor's error answer in our error shape, with its status (TensorRT-LLM relays a
+    worker's status, `_handle_exception` in openai_disagg_server.py) and its message unwrapped
+    and redacted (`answers.executor_error_message`)."""
+    await ex.fail(status, executor_error_message(raw, status), f"http_{status}")
+
+
+def parse_ctx_response(raw: bytes, server: str = "") -> dict[str, Any]:
+    """The context executor's JSON answer, checked as TensorRT-LLM's `_verify_ctx_response` does
+    and for exactly one choice. Raises `RequestError(502)`."""
     try:
         ctx = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise RequestError(502, "context executor returned invalid JSON", "upstream_error") from None
-    choices = ctx.get("choices") if isinstance(ctx, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise RequestError(502, "context executor returned no choices", "upstream_error")
-    for choice in choices:
-        params = choice.get("disaggregated_params")
-        if not isinstance(params, dict):
-            raise RequestError(502, "context response is missing disaggregated_params", "upstream_error")
-        if choice.get("finish_reason") in CONTINUE_ON_GENERATION and (
-            params.get("ctx_request_id") is None or params.get("disagg_request_id") is None
-        ):
-            raise RequestError(502, "context response lacks ctx_request_id/disagg_request_id", "upstream_error")
-    return ctx
+        log.warning("context server %s returned invalid JSON", server)
+        raise RequestError(502, "context executor returned invalid JSON", "executor_contract") from None
+    try:
+        return check_context_answer(ctx)
+    except ContractError as err:
+        log.warning("%s (context server %s)", err, server)
+        raise RequestError(502, str(err), "executor_contract") from None
 
 
-def generation_request(req: dict[str, Any], chat: bool, ctx: dict[str, Any], disagg_request_id: int, style: int) -> dict[str, Any]:
-    """The generation leg: the client's request with the context executor's handoff."""
+def generation_request(req: dict[str, Any], chat: bool, ctx: dict[str, Any], disagg_request_id: int, style: int, strip_history: bool = False) -> dict[str, Any]:
+    """The generation leg: the client's request with the context executor's handoff
+    (`_get_gen_request`, openai_disagg_service.py); with `strip_history` a chat keeps only its
+    last message (`gen_strip_message_history`: the ids carry the prompt; tools are kept)."""
     params = dict(ctx["choices"][0]["disaggregated_params"])
     params["request_type"] = "generation_only"
     params["disagg_request_id"] = disagg_request_id
@@ -326,17 +399,23 @@ def generation_request(req: dict[str, Any], chat: bool, ctx: dict[str, Any], dis
             gen["prompt_token_ids_b64"] = ctx["prompt_token_ids_b64"]
         elif ctx.get("prompt_token_ids"):
             gen["prompt_token_ids"] = ctx["prompt_token_ids"]
+        messages = gen.get("messages")
+        if strip_history and isinstance(messages, list) and len(messages) > 1:
+            gen["messages"] = messages[-1:]
     elif ctx.get("prompt_token_ids"):
         gen["prompt"] = ctx["prompt_token_ids"]
     return gen
 
 
 async def answer_from_context(ex: Exchange, req: dict[str, Any], chat: bool, ctx: dict[str, Any]) -> None:
-    """The context leg finished the request (EOS or a stop token in prefill)."""
-    for choice in ctx["choices"]:
-        choice.pop("disaggregated_params", None)
-    ctx.pop("prompt_token_ids", None)
-    ctx.pop("prompt_token_ids_b64", None)
+    """The context leg finished the request (EOS or a stop token in prefill): its answer, checked
+    and without the handoff; a streaming client gets it as SSE chunks."""
+    try:
+        check_final_answer(ctx, max_tokens_of(req), "context")
+    except ContractError as err:
+        log.warning("request %d: %s", ex.disagg_request_id, err)
+        raise RequestError(502, str(err), "executor_contract") from None
+    public_answer(ctx)
     ex.first_token = ex.last_token = time.time()
     if not ex.stream:
         await ex.start(200, JSON_HEADERS)
@@ -347,17 +426,31 @@ async def answer_from_context(ex: Exchange, req: dict[str, Any], chat: bool, ctx
     await ex.body(as_sse(ctx, chat, include_usage), False)
 
 
+# A non-streaming message's fields that a stream's delta carries (ChatCompletionResponseStreamChoice's
+# DeltaMessage, openai_protocol.py).
+_DELTA_FIELDS = ("role", "content", "reasoning_content", "reasoning", "tool_calls")
+
+
 def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
-    """A complete (non-streaming) answer as the SSE stream a streaming client expects."""
+    """A complete (non-streaming) answer as the SSE stream a streaming client expects: one chunk
+    per choice with everything the answer said (text or the message's content, reasoning and
+    tool calls, logprobs, finish and stop reasons), then the usage chunk if asked for."""
     base = {"id": resp.get("id"), "created": resp.get("created") or int(time.time()), "model": resp.get("model")}
     obj = "chat.completion.chunk" if chat else "text_completion"
     out = []
     for choice in resp["choices"]:
-        c: dict[str, Any] = {"index": choice.get("index", 0), "finish_reason": choice.get("finish_reason")}
+        c: dict[str, Any] = {"index": choice.get("index", 0)}
         if chat:
-            c["delta"] = {"role": "assistant", "content": (choice.get("message") or {}).get("content", "")}
+            message = choice.get("message") or {}
+            delta = {k: message[k] for k in _DELTA_FIELDS if message.get(k) not in (None, [], "")}
+            delta.setdefault("role", "assistant")
+            delta.setdefault("content", "")
+            c["delta"] = delta
         else:
             c["text"] = choice.get("text", "")
+        for k in ("logprobs", "finish_reason", "stop_reason"):
+            if choice.get(k) is not None:
+                c[k] = choice[k]
         out.append({**base, "object": obj, "choices": [c]})
     if include_usage and resp.get("usage"):
         out.append({**base, "object": obj, "choices": [], "usage": resp["usage"]})

@@ -10,6 +10,10 @@ Retry rules (shared/reference/trtllm_protocol.md §2.11, without its known fault
   (it is deterministic);
 - a generation leg is retried only when nothing was sent: once a generation executor received
   the handoff it may have pulled the context KV, which cannot be pulled twice.
+- a leg that times out (`leg_timeout_s`, TensorRT-LLM's `-r/--request_timeout`: the total time
+  of one leg, connect to last byte, as upstream's aiohttp `ClientTimeout(total=...)` bounds it)
+  is never replayed: the work may be running (`UpstreamTimeout` before the head, `LegTimeout`
+  after it; both become a 504).
 Every failure is reported to the coordinator (`FailureReporter`), which marks a refusing server
 unhealthy for the whole fleet at once. A leg whose executor answered (200) hints the coordinator
 to drain that server's KV events (`KvHints`; `call` does it when the body is read, streaming
@@ -18,8 +22,9 @@ relays call `Opened.hint_kv` themselves).
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +32,16 @@ from shmdisagg.directory import ServerDirectory
 from shmdisagg.errors import RequestError
 from shmdisagg.reporting import FailureReporter, KvHints
 from shmdisagg.routing import Policy, RoutingKey
-from shmdisagg.upstream import UpstreamConnectError, UpstreamDisconnected, UpstreamPool, UpstreamResponse
+from shmdisagg.upstream import UpstreamConnectError, UpstreamDisconnected, UpstreamPool, UpstreamResponse, UpstreamTimeout
 
 log = logging.getLogger("shmdisagg.service")
+
+DEFAULT_LEG_TIMEOUT_S = 180.0  # trtllm-serve disaggregated's -r/--request_timeout default
+
+
+def leg_timeout_error(role: str, timeout_s: float | None) -> RequestError:
+    """The 504 of a leg that ran past `request_timeout` (the `-r` flag)."""
+    return RequestError(504, f"the {role} executor did not finish within {timeout_s:g} s (request_timeout)", "leg_timeout")
 
 
 @dataclass(slots=True)
@@ -41,7 +53,21 @@ class Opened:
     policy: Policy
     key: RoutingKey
     hints: KvHints | None = None
+    deadline: float | None = None  # loop.time() by which the leg must end (None: no bound)
+    role: str = "generation"
+    timeout_s: float | None = None
+    addr: tuple[str, int] = ("", 0)
     _open: bool = True
+
+    @property
+    def label(self) -> str:
+        """The executor's `host:port`, for log lines (never for a client)."""
+        host, port = self.addr
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def timeout(self) -> asyncio.Timeout:
+        """The leg's deadline, for reading its body: `async with opened.timeout(): ...`."""
+        return asyncio.timeout_at(self.deadline)
 
     def hint_kv(self) -> None:
         """Tell the coordinator this leg's server has new KV events (one datagram, never blocks)."""
@@ -60,12 +86,21 @@ class Opened:
 class LegRunner:
     """Sends legs for one fleet worker."""
 
-    def __init__(self, directory: ServerDirectory, upstream: UpstreamPool, reporter: FailureReporter, max_retries: int, hints: KvHints | None = None) -> None:
+    def __init__(
+        self,
+        directory: ServerDirectory,
+        upstream: UpstreamPool,
+        reporter: FailureReporter,
+        max_retries: int,
+        hints: KvHints | None = None,
+        leg_timeout_s: float | None = DEFAULT_LEG_TIMEOUT_S,
+    ) -> None:
         self.directory = directory
         self.upstream = upstream
         self.reporter = reporter
         self.max_retries = max_retries
         self.hints = hints
+        self.leg_timeout_s = leg_timeout_s
 
     async def open(
         self,
@@ -80,12 +115,14 @@ class LegRunner:
         exclude: int = -1,
         picked: int = -1,
         retries: int | None = None,
+        headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> Opened:
         """Pick (or use `picked`, whose load the caller already added), send
-        `make_body(attempt)`, return once the response headers are in.
+        `make_body(attempt)` with `headers`, return once the response headers are in.
 
-        Raises `RequestError(503)` when no server of the role is eligible, or the last
-        attempt's `UpstreamError`. A returned 5xx is an ordinary response unless `retry_5xx`.
+        Raises `RequestError(503)` when no server of the role is eligible, `RequestError(504)`
+        when the head did not come within `leg_timeout_s`, or the last attempt's
+        `UpstreamError`. A returned 5xx is an ordinary response unless `retry_5xx`.
         """
         max_retries = self.max_retries if retries is None else retries
         attempt = 0
@@ -94,11 +131,18 @@ class LegRunner:
             if slot < 0:
                 raise RequestError(503, f"no healthy {role} server", f"no_{role}_servers")
             opened: Opened | None = None
+            timeout_s = self.leg_timeout_s
             try:
                 host, port = self.directory.address(slot)
-                resp = await self.upstream.request(host, port, "POST", path, make_body(attempt))
+                deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+                resp = await self.upstream.request(host, port, "POST", path, make_body(attempt), headers=headers, timeout_s=timeout_s)
                 # Only a KV-aware role routes on this server's KV events: hint for those alone.
-                opened = Opened(slot, resp, policy, key, self.hints if policy.name == "kv_cache_aware" else None)
+                hints = self.hints if policy.name == "kv_cache_aware" else None
+                opened = Opened(slot, resp, policy, key, hints, deadline, role, timeout_s, (host, port))
+            except UpstreamTimeout:
+                self.reporter.report(slot, "error")
+                policy.release(slot, key)
+                raise leg_timeout_error(role, timeout_s) from None
             except UpstreamConnectError:
                 self.reporter.report(slot, "refused")
                 if attempt >= max_retries:
@@ -121,13 +165,17 @@ class LegRunner:
                 policy.release(slot, key)
             attempt += 1
             exclude = slot
-            log.info("retrying %s leg (attempt %d) without server slot %d", role, attempt + 1, slot)
+            log.info("retrying the %s leg (attempt %d) on another server than %s", role, attempt + 1, self.directory.label(slot))
 
     async def call(self, policy: Policy, key: RoutingKey, path: str, make_body: Callable[[int], bytes], role: str, **kw: Any) -> tuple[int, bytes, int]:
         """A non-streaming leg: (status, body, slot); the pick is released before returning."""
         opened = await self.open(policy, key, path, make_body, role, **kw)  # type: ignore[arg-type]
         try:
-            body = await opened.response.read()
+            async with opened.timeout():
+                body = await opened.response.read()
+        except TimeoutError:
+            opened.close(abort=True)
+            raise leg_timeout_error(role, opened.timeout_s) from None
         except BaseException:
             opened.close(abort=True)
             raise

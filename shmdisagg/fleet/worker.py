@@ -37,7 +37,7 @@ from shmdisagg.routing import USES_INDEX, make_policy
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.tokenization import load_tokenizer
 from shmdisagg.fleet.cluster import ClusterView, fetch_cluster_info
-from shmdisagg.flows import SCHEDULE_STYLE, Flows
+from shmdisagg.flows import SCHEDULE_STYLE, FlowOptions, Flows
 from shmdisagg.legs import LegRunner
 from shmdisagg.metrics.fleet import FleetMetrics
 from shmdisagg.reporting import FailureReporter, KvHints
@@ -45,6 +45,7 @@ from shmdisagg.service import DisaggService, KeyBuilder
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
 from shmdisagg.upstream import UpstreamPool
+from shmdisagg.wire import Wire
 
 log = logging.getLogger("shmdisagg.fleet")
 
@@ -106,6 +107,21 @@ def resolve_schedule_style(config: DisaggConfig) -> str:
     return value
 
 
+def flow_options(config: DisaggConfig) -> FlowOptions:
+    """The config's and the environment's switches of the request flow (`flows.FlowOptions`)."""
+    return FlowOptions(
+        gen_tokids_ctxbytes=config.gen_tokids_ctxbytes,
+        gen_strip_message_history=config.gen_strip_message_history,
+        benchmark_gen_only=os.environ.get("TRTLLM_DISAGG_BENCHMARK_GEN_ONLY") == "1",
+    )
+
+
+def wire_for(config: DisaggConfig) -> Wire:
+    """Leg encoding: msgpack with `TRTLLM_SERVE_ENABLE_MSGSPEC=1`, signed handoffs with
+    `internal_request_auth_key` (`wire.py`)."""
+    return Wire(msgpack=os.environ.get("TRTLLM_SERVE_ENABLE_MSGSPEC") == "1", auth_key=config.internal_request_auth_key)
+
+
 def _node_id(config: DisaggConfig) -> int:
     return config.node_id if config.node_id is not None else uuid.getnode() % 256
 
@@ -136,7 +152,7 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
         legs = LegRunner(directory, upstream, reporter, config.max_retries, hints)
         style = resolve_schedule_style(config)
         local_prefill = config.conditional_disagg_config.max_local_prefill_length if config.conditional_disagg_config else 0
-        flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info, style, local_prefill)
+        flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info, style, local_prefill, flow_options(config), wire_for(config))
         admission = metrics.admission(config.shmdisagg.max_inflight_requests, lambda: sum(table.load(s.slot)[0] for s in directory.servers()))
         service = DisaggService(config, flows, ids, admission, style)
         metrics.install(service)

@@ -10,6 +10,14 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
 - `delay_s`: wait this long before answering a completion (bounded by the test's own timeout)
 - `omit_ids`: the context answer carries no `ctx_request_id` / `disagg_request_id`
 - `chunk_interval_s`: pause between streamed chunks (one chunk per socket write, as engines pace tokens)
+- `stream_finish_reason`: the last streamed chunk's `finish_reason` (default "length"; null: none)
+- `gen_choices`: choices in a non-streaming generation answer (default 1)
+- `completion_tokens`: usage's completion tokens of a generation answer (default 1; streams send a usage chunk when set)
+- `leak`: generation answers and chunks carry `disaggregated_params` (echoed), `prompt_token_ids`
+  and a `kv_transfer_params` naming this executor, as a careless executor might
+- `error_message`: the message of scripted error bodies (default "scripted <status>")
+- `stream_error`: a streamed generation leg sends this SSE error event after its first chunk and ends
+- `msgpack`: decode bodies sent with `x-trtllm-msgpack: 1` (TRTLLM_SERVE_ENABLE_MSGSPEC)
 
 `GET /_events` lists what happened to streams: "cancelled:<n>" when a client went away mid-stream.
 
@@ -20,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import struct
 import time
 from typing import Any
 
@@ -33,7 +43,8 @@ from starlette.routing import Route
 
 def build_app(name: str, addr: str) -> Starlette:
     recorded: list[dict[str, Any]] = []
-    script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False, "chunk_interval_s": 0.0}
+    script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False, "chunk_interval_s": 0.0, "stream_finish_reason": "length",
+                              "gen_choices": 1, "completion_tokens": None, "leak": False, "error_message": None, "stream_error": None}
     events: list[str] = []
     release = asyncio.Event()
     counter = {"n": 0}
@@ -70,14 +81,22 @@ def build_app(name: str, addr: str) -> Starlette:
         return JSONResponse({})
 
     async def completion(request: Request) -> Response:
-        body = orjson.loads(await request.body())
+        raw = await request.body()
+        if request.headers.get("x-trtllm-msgpack") == "1":
+            import msgspec
+
+            body = msgspec.msgpack.decode(raw)
+        else:
+            body = orjson.loads(raw)
         body["_path"] = request.url.path
         body["_server"] = name
+        body["_headers"] = {k: v for k, v in request.headers.items() if k.startswith(("x-", "content-type"))}
         recorded.append(body)
         if script["delay_s"]:
             await asyncio.sleep(script["delay_s"])
         if script["status"] != 200:
-            err = {"object": "error", "message": f"scripted {script['status']}", "type": "BadRequestError", "param": None, "code": script["status"]}
+            message = script["error_message"] or f"scripted {script['status']}"
+            err = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": script["status"]}
             return JSONResponse(err, status_code=script["status"])
         params = body.get("disaggregated_params") or {}
         chat = request.url.path.endswith("chat/completions")
@@ -103,11 +122,19 @@ def build_app(name: str, addr: str) -> Starlette:
                 choice["message"] = {"role": "assistant", "content": "A"}
             else:
                 choice["text"] = "A"
-            return JSONResponse({"id": f"cmpl-{name}-{counter['n']}", "object": "text_completion", "created": int(time.time()), "model": body.get("model"), "choices": [choice], "usage": usage, "prompt_token_ids": prompt_ids})
+            ids: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+            if params.get("return_prompt_token_ids_b64"):  # as the worker does (openai_server.py)
+                ids = {"prompt_token_ids": None, "prompt_token_ids_b64": base64.b64encode(struct.pack(f"<{len(prompt_ids)}i", *prompt_ids)).decode()}
+            return JSONResponse({"id": f"cmpl-{name}-{counter['n']}", "object": "text_completion", "created": int(time.time()), "model": body.get("model"), "choices": [choice], "usage": usage, **ids})
+        leak = {"disaggregated_params": params, "kv_transfer_params": {"remote_host": addr}} if script["leak"] else {}
         if body.get("stream"):
-            return StreamingResponse(_stream(script, release, name, events), media_type="text/event-stream")
+            return StreamingResponse(_stream(script, release, name, events, leak), media_type="text/event-stream")
         text = {"message": {"role": "assistant", "content": "ABCD"}} if chat else {"text": "ABCD"}
-        return JSONResponse({"id": f"cmpl-{name}", "object": "text_completion", "model": body.get("model"), "choices": [{"index": 0, "finish_reason": "length", **text}], "usage": usage})
+        if script["completion_tokens"] is not None:
+            usage = {**usage, "completion_tokens": script["completion_tokens"]}
+        choices = [{"index": i, "finish_reason": "length", **text, **leak} for i in range(script["gen_choices"])]
+        extra = {"prompt_token_ids": prompt_ids} if script["leak"] else {}
+        return JSONResponse({"id": f"cmpl-{name}", "object": "text_completion", "model": body.get("model"), "choices": choices, "usage": usage, **extra})
 
     return Starlette(
         routes=[
@@ -124,14 +151,26 @@ def build_app(name: str, addr: str) -> Starlette:
     )
 
 
-async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, events: list[str]):  # type: ignore[no-untyped-def]
+def _finish(script: dict[str, Any], i: int) -> str | None:
+    """The last chunk of a stream says why it ended, as an engine's does (unless scripted not to)."""
+    return script["stream_finish_reason"] if i == script["chunks"] - 1 else None
+
+
+async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, events: list[str], leak: dict[str, Any]):  # type: ignore[no-untyped-def]
     try:
         for i in range(script["chunks"]):
-            yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}) + b"\n\n"
+            yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": _finish(script, i), **leak}]}) + b"\n\n"
+            if i == 0 and script["stream_error"]:
+                yield b"data: " + orjson.dumps({"error": {"message": script["stream_error"], "type": "server_error", "code": None, "param": None}}) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                return
             if i == 0 and script["hold"]:
                 await release.wait()
             if script["chunk_interval_s"]:
                 await asyncio.sleep(script["chunk_interval_s"])
+        if script["completion_tokens"] is not None:
+            usage = {"prompt_tokens": 3, "completion_tokens": script["completion_tokens"], "total_tokens": 3 + script["completion_tokens"]}
+            yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [], "usage": usage}) + b"\n\n"
         yield b"data: [DONE]\n\n"
     except BaseException:
         events.append(f"cancelled:{len(events)}")
