@@ -1,8 +1,10 @@
 """The two hot routes of a fleet worker: from a request's bytes to a flow, and every way it ends.
 
 What the client sees (the lifecycle guarantees, also in the README):
-- bad input: a 4xx OpenAI error body before anything is routed (400 invalid, 404 unknown model,
-  413 body too large, 429 with `Retry-After` when the deployment is at `max_inflight_requests`);
+- bad input: a 4xx error body before anything is routed (400 invalid, also for a request-level
+  `chat_template` unless `allow_request_chat_template`, as TensorRT-LLM's orchestrator gates it;
+  404 unknown model, 413 body too large, 415 a non-JSON content type, 429 with `Retry-After` when
+  the deployment is at `max_inflight_requests`);
 - an executor's 4xx: relayed with its status and body, never retried;
 - a failure before any byte was sent: retried on another server where that is safe (see
   `legs.py`), else 502/503 with an error body;
@@ -41,6 +43,8 @@ log = logging.getLogger("shmdisagg.service")
 
 _PATHS = {False: "/v1/completions", True: "/v1/chat/completions"}
 SHUTTING_DOWN = "the server is shutting down; retry the request"
+# TensorRT-LLM's message (`ensure_request_chat_template_allowed`, tensorrt_llm/serve/openai_protocol.py)
+CHAT_TEMPLATE_REFUSED = "chat_template cannot be supplied per request unless request-level chat templates are enabled at server startup."
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -74,6 +78,8 @@ class DisaggService:
         self.timeout_s = config.shmdisagg.request_timeout_s
         self.body_limit = config.shmdisagg.max_request_body_bytes
         self.schedule_style = schedule_style
+        # a request-level chat_template is refused with 400 before routing unless the config allows it
+        self.allow_request_chat_template = config.allow_request_chat_template
         self.keys: KeyBuilder | None = None  # set when a policy needs token ids or conversation ids
         self.inflight: set[asyncio.Task[Any]] = set()  # tasks of requests running a flow
         self.ending = False  # the grace period is over: every request ends with a 503
@@ -94,6 +100,8 @@ class DisaggService:
         try:
             extra = _check_headers(scope)
             req = parse_body(await read_body(receive, self.body_limit))
+            if req.get("chat_template") is not None and not self.allow_request_chat_template:
+                raise RequestError(400, CHAT_TEMPLATE_REFUSED, "chat_template_not_allowed", "chat_template")
             ids32 = validate(req, chat, self.models, want_ids=self.keys is not None and self.keys.wants_ids)
             if not self.admission.admit():
                 raise RequestError(429, "the deployment is at its in-flight request limit; retry shortly", "overloaded")

@@ -118,3 +118,18 @@ def test_benchmark_gen_only_skips_the_context_leg_with_upstreams_stub_handoff(tm
     [gen_req] = gen_rec
     assert gen_req["disaggregated_params"] == {"request_type": "generation_only", "first_gen_tokens": [7], "ctx_request_id": 1, "encoded_opaque_state": None, "draft_tokens": None}
     assert gen_req["ignore_eos"] is True and gen_req["prompt"] == "hello there"
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_request_chat_template_is_refused_unless_allowed(tmp_path: Path, shm_prefix: str, allow: bool) -> None:
+    body = {**CHAT, "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1, allow_request_chat_template=allow)
+        with deployment(cfg) as dep:
+            status, resp = post(dep, "/v1/chat/completions", body)
+        ctx_rec = ctx.recorded()
+    if allow:
+        assert status == 200 and ctx_rec[0]["chat_template"] == body["chat_template"]
+    else:
+        assert status == 400 and resp["param"] == "chat_template" and resp["code"] == 400
+        assert resp["message"].startswith("chat_template cannot be supplied per request") and ctx_rec == []
