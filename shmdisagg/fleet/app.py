@@ -3,15 +3,17 @@
 The two hot routes (`POST /v1/completions`, `POST /v1/chat/completions`) go straight to
 `DisaggService.handle` as plain ASGI: no request model, no response model, bodies relayed as
 bytes (shared/reference/stack_calibration.md: FastAPI + pydantic doubles the proxy's CPU).
-Everything else (`/health`, `/v1/models`, `/cluster_info`, `/metrics`, `/perf_metrics`, the
-OpenAPI docs) is a FastAPI app. `/metrics` and `/perf_metrics` answer for the whole fleet
+Everything else (`/health`, `/v1/models`, `/version`, `/cluster_info`, `/metrics`,
+`/perf_metrics`, the OpenAPI docs) is a FastAPI app. `/metrics` and `/perf_metrics` answer for the whole fleet
 (`shmdisagg/metrics/`), whichever worker the kernel hands the connection to.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import logging
 import os
-import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -19,9 +21,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from shmdisagg import __version__
+from shmdisagg.answers import executor_error_message
 from shmdisagg.asgi import Receive, Scope, Send
+from shmdisagg.directory import ServerDirectory, split_addr
 from shmdisagg.errors import error_body
-from shmdisagg.directory import ServerDirectory
+from shmdisagg.upstream import UpstreamError
 from shmdisagg.service import DisaggService
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable
 
@@ -30,6 +35,8 @@ if TYPE_CHECKING:
     from shmdisagg.metrics.request import RequestMetrics
 
 _HOT = {"/v1/completions": False, "/v1/chat/completions": True}
+_turns = itertools.count()  # which healthy context server /v1/models asks, in turn
+log = logging.getLogger("shmdisagg.fleet")
 
 
 def control_app(service: DisaggService, directory: ServerDirectory, table: ControlTable, worker_index: int, metrics: FleetMetrics | None = None) -> FastAPI:
@@ -63,12 +70,32 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
         )
 
     @api.get("/v1/models")
-    def models() -> dict[str, Any]:
-        now = int(time.time())
-        return {
-            "object": "list",
-            "data": [{"id": m, "object": "model", "created": now, "owned_by": "tensorrt_llm"} for m in sorted(service.models)],
-        }
+    async def models() -> Response:
+        """Forwarded to a healthy context executor, as TensorRT-LLM's newest orchestrator does
+        (`get_model`, tensorrt_llm/serve/openai_disagg_server.py): the executors know the model's
+        name, the orchestrator does not. 503 while no context executor is healthy; an executor's
+        error is relayed with its status, its message unwrapped and without its address."""
+        ready = [s for s in directory.servers() if s.healthy and s.role == ROLE_CONTEXT]
+        if not ready:
+            return Response(error_body(503, "no healthy context server to ask for its models; retry shortly"), status_code=503, media_type="application/json")
+        server = ready[next(_turns) % len(ready)]
+        host, port = split_addr(server.addr)
+        try:
+            async with asyncio.timeout(5.0):
+                resp = await service.flows.legs.upstream.request(host, port, "GET", "/v1/models", timeout_s=5.0)
+                raw = await resp.read()
+        except (UpstreamError, TimeoutError) as err:
+            log.warning("GET /v1/models from context server %s failed: %s", server.addr, err)
+            return Response(error_body(502, "the context executor did not answer /v1/models"), status_code=502, media_type="application/json")
+        if resp.status != 200:
+            return Response(error_body(resp.status, executor_error_message(raw, resp.status)), status_code=resp.status, media_type="application/json")
+        return Response(raw, media_type="application/json")
+
+    @api.get("/version")
+    def version() -> dict[str, str]:
+        """`{"version": ...}` as TensorRT-LLM's orchestrator answers it (its own version: here
+        shmdisagg's)."""
+        return {"version": __version__}
 
     @api.get("/cluster_info")
     def cluster_info() -> dict[str, Any]:

@@ -155,3 +155,27 @@ def test_json_content_types_and_none_are_accepted(pair, content_type: str | None
     finally:
         c.close()
     assert r.status == 200
+
+
+def test_models_are_the_context_executors_and_version_answers(pair) -> None:  # type: ignore[no-untyped-def]
+    from shmdisagg import __version__
+    from tests.integration.harness import request_json
+
+    dep, ctx, gen = pair
+    status, models = request_json("127.0.0.1", dep.config.port, "GET", "/v1/models")
+    # the context executor's own answer, relayed (its `created` is 0: not minted here)
+    assert status == 200 and models == {"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tensorrt_llm"}]}
+    assert request_json("127.0.0.1", dep.config.port, "GET", "/version") == (200, {"version": __version__})
+
+
+def test_models_is_503_while_no_context_executor_is_healthy(tmp_path: Path, shm_prefix: str) -> None:
+    from tests.integration.harness import request_json, wait_until
+
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1)
+        with deployment(cfg) as dep:
+            ctx.proc.kill()
+            ctx.proc.wait()
+            wait_until(lambda: request_json("127.0.0.1", dep.config.port, "GET", "/health")[0] == 503, what="the context server marked down")
+            status, body = request_json("127.0.0.1", dep.config.port, "GET", "/v1/models")
+    assert status == 503 and body["code"] == 503 and body["object"] == "error" and ctx.addr not in body["message"]
