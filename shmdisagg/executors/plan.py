@@ -38,6 +38,10 @@ class PlanError(ConfigError):
     """The executors cannot be planned from this config; the message names the key."""
 
 
+# Options an executor needs that must not be printed (--dry-run) or be readable by others.
+SECRET_OPTIONS = frozenset({"internal_request_auth_key"})
+
+
 @dataclass(frozen=True)
 class InstancePlan:
     """One executor process: `name` is `<role>-<index>` (also its log file's stem)."""
@@ -56,13 +60,23 @@ class InstancePlan:
     def addr(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
-    def options_yaml(self) -> str:
-        return yaml.safe_dump(self.options, sort_keys=False, default_flow_style=False) if self.options is not None else ""
+    def options_yaml(self, redact: bool = False) -> str:
+        """The options as YAML; `redact` hides secrets (`SECRET_OPTIONS`) for printing."""
+        if self.options is None:
+            return ""
+        options = self.options
+        if redact and any(k in options for k in SECRET_OPTIONS):
+            options = {k: ("<redacted>" if k in SECRET_OPTIONS else v) for k, v in options.items()}
+        return yaml.safe_dump(options, sort_keys=False, default_flow_style=False)
 
     def write_options(self) -> None:
-        """Write the options YAML where the command line expects it (at launch, never in a dry run)."""
+        """Write the options YAML where the command line expects it (at launch, never in a dry
+        run), readable by its owner only: it may hold `internal_request_auth_key`."""
         if self.options is not None and self.options_path is not None:
-            self.options_path.write_text(self.options_yaml())
+            fd = os.open(self.options_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(fd, 0o600)  # an older file of the same name keeps its mode otherwise
+            with os.fdopen(fd, "w") as f:
+                f.write(self.options_yaml())
 
     def shell_line(self) -> str:
         """The instance as one shell command line, environment first."""
@@ -194,7 +208,7 @@ def describe_plan(plan: LaunchPlan, config: DisaggConfig, config_path: str) -> s
         out.append(f"  $ {inst.shell_line()}")
         if inst.options is not None:
             out.append(f"  {inst.options_path}:")
-            out.extend(f"    {line}" for line in inst.options_yaml().rstrip("\n").split("\n"))
+            out.extend(f"    {line}" for line in inst.options_yaml(redact=True).rstrip("\n").split("\n"))
     out.append("")
     out.append(f"then: {shlex.join([sys.executable, '-m', 'shmdisagg.coordinator', '-c', os.path.abspath(config_path)])}")
     out.append(

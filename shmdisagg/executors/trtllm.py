@@ -115,6 +115,10 @@ def role_options(config: DisaggConfig, spec: ExecutorsSection, role: str) -> dic
     _merge(options, own)
     if config.return_perf_metrics:  # TensorRT-LLM forces it into both sections
         options["return_perf_metrics"] = True
+    if config.internal_request_auth_key:
+        # The workers verify the signature of every handoff with the same key (a trtllm-serve
+        # LLM argument, tensorrt_llm/serve/disagg_auth.py); only the option file, mode 0600, holds it.
+        options["internal_request_auth_key"] = config.internal_request_auth_key
     _check(options, key, section)
     return options
 

@@ -292,3 +292,24 @@ def test_the_simulator_gets_the_roles_trtllm_options_with_trtllm_defaults() -> N
 def test_the_simulator_plan_refuses_what_trtllm_would(section: dict[str, Any], expected: str) -> None:
     with pytest.raises(PlanError, match="^" + expected.replace(".", r"\.").replace("(", r"\(")):
         _sim_argv(small_config(context_servers=section))
+
+
+def test_the_internal_auth_key_reaches_each_executor_in_its_private_option_file_only(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from shmdisagg.executors.plan import describe_plan
+
+    cfg = {**example(), "internal_request_auth_key": "k3y-Sec"}
+    config = parse_config(cfg, "cfg.yaml")
+    plan = build_plan(config, RUN, {})
+    for inst in plan.instances:
+        assert inst.options["internal_request_auth_key"] == "k3y-Sec"  # the workers verify with it
+        assert "k3y-Sec" not in " ".join(inst.argv) and "k3y-Sec" not in str(inst.env)  # never on a command line (ps)
+    inst = replace(plan.instances[0], options_path=tmp_path / "ctx.yaml")
+    (tmp_path / "ctx.yaml").write_text("old")
+    (tmp_path / "ctx.yaml").chmod(0o644)
+    inst.write_options()
+    assert yaml.safe_load((tmp_path / "ctx.yaml").read_text())["internal_request_auth_key"] == "k3y-Sec"
+    assert (tmp_path / "ctx.yaml").stat().st_mode & 0o777 == 0o600
+    printed = describe_plan(plan, config, "cfg.yaml")
+    assert "k3y-Sec" not in printed and "internal_request_auth_key: <redacted>" in printed
