@@ -102,6 +102,8 @@ async def prompt_token_ids(tokenizer: RoutingTokenizer, req: dict[str, Any], cha
     a chat the template cannot render (the caller turns it into a 400)."""
     if not chat and isinstance(req["prompt"], list):
         return req["prompt"]
+    if chat and isinstance(req.get("prompt_token_ids"), list):  # the client's own ids: the worker uses them
+        return req["prompt_token_ids"]
     if _text_size(req, chat) < INLINE_CHARS:
         ids = _tokenize(tokenizer, req, chat)
     else:

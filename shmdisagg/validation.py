@@ -15,9 +15,11 @@ import orjson
 from shmdisagg._native import token_ids_int32, token_ids_ok
 from shmdisagg.errors import RequestError
 
-# Fields only the orchestrator may set on executor requests; a client's copy is dropped
-# (shared/DESIGN.md: client-supplied internal fields are never trusted).
-INTERNAL_FIELDS = ("disaggregated_params", "prompt_token_ids", "prompt_token_ids_b64", "ctx_usage")
+# Fields only the orchestrator sets on executor requests: a client's copy is refused with 400 by
+# name rather than trusted or silently dropped (TensorRT-LLM's orchestrator overwrites them; its
+# protocol marks `prompt_token_ids_b64` "not for clients", tensorrt_llm/serve/openai_protocol.py).
+# A chat's `prompt_token_ids` is a client field there (it skips the worker's template) and is kept.
+ORCHESTRATOR_FIELDS = ("disaggregated_params", "prompt_token_ids_b64", "ctx_usage")
 
 
 def _bad(message: str, param: str | None = None) -> RequestError:
@@ -106,13 +108,14 @@ def _check_positive_int(req: dict[str, Any], key: str) -> None:
 
 
 def validate(req: dict[str, Any], chat: bool, models: frozenset[str], want_ids: bool = False) -> bytes | None:
-    """Check a request in place and drop internal fields. Raises `RequestError` (400, or 404
-    for a model no executor serves).
+    """Check a request in place. Raises `RequestError` (400, also for a field only the
+    orchestrator may set, or 404 for a model no executor serves).
 
     With `want_ids` (a router hashes the prompt), returns a token-id prompt's ids as native int32
     bytes, produced by the same pass that checks them (`_native.token_ids_int32`); else None."""
-    for key in INTERNAL_FIELDS:
-        req.pop(key, None)
+    for key in ORCHESTRATOR_FIELDS:
+        if key in req:
+            raise _bad(f"'{key}' is set by the disaggregated orchestrator, not by clients; remove it from the request", key)
     model = req.get("model")
     if model is None:
         raise _bad("'model' is required", "model")
@@ -125,6 +128,9 @@ def validate(req: dict[str, Any], chat: bool, models: frozenset[str], want_ids: 
     ids = None
     if chat:
         _check_messages(req)
+        given = req.get("prompt_token_ids")
+        if given is not None and not token_ids_ok(given):
+            raise _bad("'prompt_token_ids' must be a non-empty list of non-negative token ids", "prompt_token_ids")
     else:
         req["prompt"], ids = _normalise_prompt(req, want_ids)
     for key in ("n", "best_of"):

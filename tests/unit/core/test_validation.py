@@ -87,12 +87,22 @@ def test_unknown_model_is_404() -> None:
     assert info.value.status == 404 and info.value.code == "model_not_found"
 
 
-def test_internal_fields_from_clients_are_dropped() -> None:
-    req = _check(
-        b'{"model":"m","prompt":"hi","disaggregated_params":{"request_type":"generation_only","ctx_request_id":1},'
-        b'"prompt_token_ids":[1],"ctx_usage":{}}'
-    )
-    assert not {"disaggregated_params", "prompt_token_ids", "ctx_usage"} & req.keys()
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("disaggregated_params", b'{"request_type":"generation_only","ctx_request_id":1}'), ("prompt_token_ids_b64", b'"AQAAAA=="'), ("ctx_usage", b"{}")],
+)
+def test_fields_only_the_orchestrator_sets_are_refused_by_name(field: str, value: bytes) -> None:
+    with pytest.raises(RequestError) as info:
+        _check(b'{"model":"m","prompt":"hi","' + field.encode() + b'":' + value + b"}")
+    assert info.value.status == 400 and info.value.param == field and "set by the disaggregated orchestrator" in info.value.message
+
+
+def test_a_chats_own_prompt_token_ids_are_kept_and_checked() -> None:
+    req = _check(b'{"model":"m","messages":[{"role":"user","content":"hi"}],"prompt_token_ids":[1,2,3]}', chat=True)
+    assert req["prompt_token_ids"] == [1, 2, 3]  # TensorRT-LLM's worker then skips its template
+    with pytest.raises(RequestError) as info:
+        _check(b'{"model":"m","messages":[{"role":"user","content":"hi"}],"prompt_token_ids":["a"]}', chat=True)
+    assert info.value.param == "prompt_token_ids"
 
 
 def test_single_prompt_batches_are_unwrapped_and_counted() -> None:
