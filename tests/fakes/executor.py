@@ -17,7 +17,9 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
   and a `kv_transfer_params` naming this executor, as a careless executor might
 - `error_message`: the message of scripted error bodies (default "scripted <status>")
 - `stream_error`: a streamed generation leg sends this SSE error event after its first chunk and ends
-- `msgpack`: decode bodies sent with `x-trtllm-msgpack: 1` (TRTLLM_SERVE_ENABLE_MSGSPEC)
+- `auth_key`: verify the `x-trtllm-disagg-auth` signature of requests carrying protected handoff
+  fields and refuse them with 400 when it is missing or wrong, as a worker holding
+  `internal_request_auth_key` does (`validate_internal_disagg_request`, disagg_auth.py)
 
 `GET /_events` lists what happened to streams: "cancelled:<n>" when a client went away mid-stream.
 
@@ -29,6 +31,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import hashlib
+import hmac
+import json
 import struct
 import time
 from typing import Any
@@ -44,7 +49,7 @@ from starlette.routing import Route
 def build_app(name: str, addr: str) -> Starlette:
     recorded: list[dict[str, Any]] = []
     script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False, "chunk_interval_s": 0.0, "stream_finish_reason": "length",
-                              "gen_choices": 1, "completion_tokens": None, "leak": False, "error_message": None, "stream_error": None}
+                              "gen_choices": 1, "completion_tokens": None, "leak": False, "error_message": None, "stream_error": None, "auth_key": None}
     events: list[str] = []
     release = asyncio.Event()
     counter = {"n": 0}
@@ -92,6 +97,9 @@ def build_app(name: str, addr: str) -> Starlette:
         body["_server"] = name
         body["_headers"] = {k: v for k, v in request.headers.items() if k.startswith(("x-", "content-type"))}
         recorded.append(body)
+        refusal = _auth_refusal(script["auth_key"], body.get("disaggregated_params"), request.headers.get("x-trtllm-disagg-auth"))
+        if refusal:
+            return JSONResponse({"object": "error", "message": refusal, "type": "BadRequestError", "param": None, "code": 400}, status_code=400)
         if script["delay_s"]:
             await asyncio.sleep(script["delay_s"])
         if script["status"] != 200:
@@ -149,6 +157,20 @@ def build_app(name: str, addr: str) -> Starlette:
             Route("/_events", events_ep),
         ]
     )
+
+
+def _auth_refusal(key: str | None, params: Any, provided: str | None) -> str | None:
+    """What a worker holding `key` says to a handoff whose signature is missing or wrong (None:
+    accepted). The signature is computed here from disagg_auth.py's definition."""
+    if not key or not isinstance(params, dict) or all(params.get(f) is None for f in ("encoded_opaque_state", "ctx_info_endpoint")):
+        return None
+    endpoint = params.get("ctx_info_endpoint")
+    endpoint = (endpoint[0] if endpoint else None) if isinstance(endpoint, list) else endpoint
+    payload = json.dumps({"ctx_info_endpoint": endpoint, "encoded_opaque_state": params.get("encoded_opaque_state")}, sort_keys=True, separators=(",", ":"))
+    expected = "sha256=" + hmac.new(key.encode(), payload.encode(), hashlib.sha256).hexdigest()
+    if provided is None or not hmac.compare_digest(provided, expected):
+        return "Invalid internal disaggregated request authentication"
+    return None
 
 
 def _finish(script: dict[str, Any], i: int) -> str | None:

@@ -133,3 +133,20 @@ def test_a_request_chat_template_is_refused_unless_allowed(tmp_path: Path, shm_p
     else:
         assert status == 400 and resp["param"] == "chat_template" and resp["code"] == 400
         assert resp["message"].startswith("chat_template cannot be supplied per request") and ctx_rec == []
+
+
+@pytest.mark.parametrize(("ours", "ok"), [("shared-key", True), ("another-key", False), (None, False)])
+def test_an_executor_that_requires_the_key_accepts_only_our_signed_handoffs(tmp_path: Path, shm_prefix: str, ours: str | None, ok: bool) -> None:
+    top = {"internal_request_auth_key": ours} if ours else {}
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        gen.script(auth_key="shared-key")
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1, **top)
+        with deployment(cfg) as dep:
+            status, body = post(dep, "/v1/completions", COMPLETION)
+            stream_status, events, _ = stream_lines(dep, "/v1/completions", {**COMPLETION, "stream": True})
+    if ok:
+        assert status == 200 and body["choices"][0]["text"] == "ABCD"
+        assert stream_status == 200 and events[-1] == b"[DONE]" and b"error" not in b"".join(events)
+    else:  # the worker's refusal, relayed with its status
+        assert status == 400 and body["message"] == "Invalid internal disaggregated request authentication"
+        assert stream_status == 400
