@@ -102,7 +102,7 @@ class DisaggService:
             req = parse_body(await read_body(receive, self.body_limit))
             if req.get("chat_template") is not None and not self.allow_request_chat_template:
                 raise RequestError(400, CHAT_TEMPLATE_REFUSED, "chat_template_not_allowed", "chat_template")
-            ids32 = validate(req, chat, self.models, want_ids=self.keys is not None and self.keys.wants_ids)
+            ids32 = validate(req, chat, want_ids=self.keys is not None and self.keys.wants_ids)
             if not self.admission.admit():
                 raise RequestError(429, "the deployment is at its in-flight request limit; retry shortly", "overloaded")
         except RequestError as err:

@@ -107,9 +107,10 @@ def _check_positive_int(req: dict[str, Any], key: str) -> None:
         raise _bad(f"'{key}' must be a positive integer", key)
 
 
-def validate(req: dict[str, Any], chat: bool, models: frozenset[str], want_ids: bool = False) -> bytes | None:
-    """Check a request in place. Raises `RequestError` (400, also for a field only the
-    orchestrator may set, or 404 for a model no executor serves).
+def validate(req: dict[str, Any], chat: bool, want_ids: bool = False) -> bytes | None:
+    """Check a request in place. Raises `RequestError(400)`, also for a field only the
+    orchestrator may set. The model's name is not checked against the executors' (neither
+    TensorRT-LLM's orchestrator nor its worker does: a client's alias is served).
 
     With `want_ids` (a router hashes the prompt), returns a token-id prompt's ids as native int32
     bytes, produced by the same pass that checks them (`_native.token_ids_int32`); else None."""
@@ -123,8 +124,6 @@ def validate(req: dict[str, Any], chat: bool, models: frozenset[str], want_ids: 
         raise _bad(f"'model' must be a string, got {_json_type(model)}", "model")
     if not model:
         raise _bad("'model' must not be empty", "model")
-    if models and model not in models:
-        raise RequestError(404, f"The model '{model}' does not exist", "model_not_found", "model")
     ids = None
     if chat:
         _check_messages(req)
