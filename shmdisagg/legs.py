@@ -25,6 +25,7 @@ from typing import Any
 
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.errors import RequestError
+from shmdisagg.observe import send_leg
 from shmdisagg.reporting import FailureReporter, KvHints
 from shmdisagg.routing import Policy, RoutingKey
 from shmdisagg.upstream import UpstreamConnectError, UpstreamDisconnected, UpstreamPool, UpstreamResponse
@@ -96,7 +97,7 @@ class LegRunner:
             opened: Opened | None = None
             try:
                 host, port = self.directory.address(slot)
-                resp = await self.upstream.request(host, port, "POST", path, make_body(attempt))
+                resp = await send_leg(self.upstream, role, host, port, path, make_body(attempt))  # observe.py: metrics, spans
                 # Only a KV-aware role routes on this server's KV events: hint for those alone.
                 opened = Opened(slot, resp, policy, key, self.hints if policy.name == "kv_cache_aware" else None)
             except UpstreamConnectError:

@@ -10,6 +10,17 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
 - `delay_s`: wait this long before answering a completion (bounded by the test's own timeout)
 - `omit_ids`: the context answer carries no `ctx_request_id` / `disagg_request_id`
 - `chunk_interval_s`: pause between streamed chunks (one chunk per socket write, as engines pace tokens)
+- `perf_metrics`: the worker's `return_perf_metrics` (default true): a request sent with
+  `X-TRTLLM-return-metrics: 1` gets upstream's per-request metrics as TensorRT-LLM's worker
+  sends them (`PerfMetricsMiddleware`, tensorrt_llm/serve/perf_metrics.py id 56757725682):
+  `Server-Timing` / `X-TRTLLM-Start-End-Time` / `X-TRTLLM-Step-Metrics` response headers on a
+  JSON answer, an `event: trtllm.perf_metrics` SSE event after `data: [DONE]` on a stream
+  (phase `server`, CLOCK_MONOTONIC seconds); without the header, nothing
+- `event_split`: write a stream's `[DONE]` and the start of its metrics event together and
+  the rest of the event (from this byte offset) in a later write (0: the event in its own write)
+
+Each recorded body carries `_headers`: the request's `x-trtllm-return-metrics` and
+`traceparent` headers, when sent.
 
 `GET /_events` lists what happened to streams: "cancelled:<n>" when a client went away mid-stream.
 
@@ -33,7 +44,7 @@ from starlette.routing import Route
 
 def build_app(name: str, addr: str) -> Starlette:
     recorded: list[dict[str, Any]] = []
-    script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False, "chunk_interval_s": 0.0}
+    script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False, "chunk_interval_s": 0.0, "perf_metrics": True, "event_split": 0}
     events: list[str] = []
     release = asyncio.Event()
     counter = {"n": 0}
@@ -70,8 +81,11 @@ def build_app(name: str, addr: str) -> Starlette:
         return JSONResponse({})
 
     async def completion(request: Request) -> Response:
+        arrival = time.monotonic()
         body = orjson.loads(await request.body())
         body["_path"] = request.url.path
+        body["_headers"] = {k: request.headers[k] for k in ("x-trtllm-return-metrics", "traceparent") if k in request.headers}
+        metrics = script["perf_metrics"] and request.headers.get("x-trtllm-return-metrics", "").strip() == "1"
         body["_server"] = name
         recorded.append(body)
         if script["delay_s"]:
@@ -103,11 +117,13 @@ def build_app(name: str, addr: str) -> Starlette:
                 choice["message"] = {"role": "assistant", "content": "A"}
             else:
                 choice["text"] = "A"
-            return JSONResponse({"id": f"cmpl-{name}-{counter['n']}", "object": "text_completion", "created": int(time.time()), "model": body.get("model"), "choices": [choice], "usage": usage, "prompt_token_ids": prompt_ids})
+            answer = {"id": f"cmpl-{name}-{counter['n']}", "object": "text_completion", "created": int(time.time()), "model": body.get("model"), "choices": [choice], "usage": usage, "prompt_token_ids": prompt_ids}
+            return JSONResponse(answer, headers=_metrics_headers(arrival) if metrics else None)
         if body.get("stream"):
-            return StreamingResponse(_stream(script, release, name, events), media_type="text/event-stream")
+            return StreamingResponse(_stream(script, release, name, events, arrival if metrics else None), media_type="text/event-stream")
         text = {"message": {"role": "assistant", "content": "ABCD"}} if chat else {"text": "ABCD"}
-        return JSONResponse({"id": f"cmpl-{name}", "object": "text_completion", "model": body.get("model"), "choices": [{"index": 0, "finish_reason": "length", **text}], "usage": usage})
+        answer = {"id": f"cmpl-{name}", "object": "text_completion", "model": body.get("model"), "choices": [{"index": 0, "finish_reason": "length", **text}], "usage": usage}
+        return JSONResponse(answer, headers=_metrics_headers(arrival) if metrics else None)
 
     return Starlette(
         routes=[
@@ -124,7 +140,18 @@ def build_app(name: str, addr: str) -> Starlette:
     )
 
 
-async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, events: list[str]):  # type: ignore[no-untyped-def]
+def _metrics_headers(arrival: float) -> dict[str, str]:
+    """A worker's phase-`server` metric lists, as upstream's `build_metrics_headers` writes them:
+    queue 1 ms, first token 2 ms after arrival, the end now, one decoding step of 0.5 ms."""
+    end = time.monotonic()
+    return {
+        "Server-Timing": f"server_queue;dur=1.000000, server_ttft;dur=2.000000, server_e2e;dur={(end - arrival) * 1000:.6f}",
+        "X-TRTLLM-Start-End-Time": f"server-start;ts={arrival:.9f}, server-end;ts={end:.9f}",
+        "X-TRTLLM-Step-Metrics": "server-step-0-forward;dur=0.500000",
+    }
+
+
+async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, events: list[str], arrival: float | None = None):  # type: ignore[no-untyped-def]
     try:
         for i in range(script["chunks"]):
             yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}) + b"\n\n"
@@ -132,7 +159,20 @@ async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, eve
                 await release.wait()
             if script["chunk_interval_s"]:
                 await asyncio.sleep(script["chunk_interval_s"])
-        yield b"data: [DONE]\n\n"
+        done = b"data: [DONE]\n\n"
+        if arrival is None:
+            yield done
+            return
+        # upstream's middleware appends the event to the stream's final body message
+        event = b"event: trtllm.perf_metrics\ndata: " + orjson.dumps(_metrics_headers(arrival)) + b"\n\n"
+        split = script["event_split"]
+        if split:
+            yield done + event[:split]
+            await asyncio.sleep(0.01)  # a separate write
+            yield event[split:]
+        else:
+            yield done
+            yield event
     except BaseException:
         events.append(f"cancelled:{len(events)}")
         raise
