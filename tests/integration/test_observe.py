@@ -17,7 +17,7 @@ import pytest
 from shmdisagg.metrics.jsonl import PerfMetricsJsonlWriter
 from shmdisagg.observe import Observability
 from shmdisagg.request_trace import RequestTraceWriter
-from tests.integration.harness import FakeExecutor, fake_executors
+from tests.integration.harness import FakeExecutor, deployment, fake_executors, write_config
 from tests.integration.inprocess import Answer, Stack, call, run
 
 ASK = [(b"x-trtllm-return-metrics", b"1")]
@@ -217,3 +217,37 @@ def test_trace_dir_has_what_each_client_sent_and_got(stack: Stack, tmp_path: Pat
     assert books["schema"] == "trtllm-request-trace-writer/1" and books["closed"] is True
     assert books["counts"]["submitted"] == books["counts"]["persisted"] == 5 and books["counts"]["pending"] == 0
     assert sum(s["persisted_records"] for s in books["shards"]) == 5
+
+
+# -- through a deployment -----------------------------------------------------------------------
+
+
+def test_a_deployment_honours_the_keys_in_every_fleet_worker(fakes: list[FakeExecutor], shm_prefix: str, tmp_path: Path) -> None:
+    """The fleet workers wire it all: headers to a client that asks, and each worker's JSONL
+    file, complete once the deployment stopped."""
+    import http.client
+
+    for f in fakes:
+        f.script(perf_metrics=True, event_split=0, status=200, finish_reason="length")
+    out = tmp_path / "perf"
+    cfg = write_config(tmp_path, shm_prefix, [fakes[0].addr], [fakes[1].addr], return_perf_metrics=True, perf_metrics_output_dir=str(out))
+    ids = []
+    with deployment(cfg) as dep:
+        for i in range(6):
+            c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
+            c.request("POST", "/v1/completions", body=orjson.dumps({**COMPLETION, "stream": i % 2 == 1}),
+                      headers={"content-type": "application/json", **({"x-trtllm-return-metrics": "1"} if i < 4 else {})})
+            r = c.getresponse()
+            body = r.read()
+            c.close()
+            assert r.status == 200
+            ids.append(int(r.getheader("x-disagg-request-id") or 0))
+            asked = i < 4
+            if i % 2:
+                assert (body.count(EVENT) == 1) is asked
+            else:
+                assert ("disagg_ttft;dur=" in (r.getheader("server-timing") or "")) is asked
+    files = sorted(out.glob("perf_metrics-disagg-*.jsonl"))
+    assert 1 <= len(files) <= 2  # one per fleet worker that served a request
+    lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    assert sorted(r["disagg_request_id"] for r in lines) == sorted(ids)
