@@ -230,7 +230,8 @@ def test_a_deployment_honours_the_keys_in_every_fleet_worker(fakes: list[FakeExe
     for f in fakes:
         f.script(perf_metrics=True, event_split=0, status=200, finish_reason="length")
     out = tmp_path / "perf"
-    cfg = write_config(tmp_path, shm_prefix, [fakes[0].addr], [fakes[1].addr], return_perf_metrics=True, perf_metrics_output_dir=str(out))
+    cfg = write_config(tmp_path, shm_prefix, [fakes[0].addr], [fakes[1].addr], return_perf_metrics=True, perf_metrics_output_dir=str(out),
+                       shmdisagg={"worker_timeout_s": 60})  # a loaded machine can take >10 s to import a worker: not this test's subject
     ids = []
     with deployment(cfg) as dep:
         for i in range(6):
