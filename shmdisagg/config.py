@@ -342,6 +342,13 @@ class ShmdisaggSection(_Strict):
     _numbers = field_validator("timeout_graceful_shutdown_s", "worker_timeout_s", mode="before")(_no_bool)
 
 
+class OtlpConfig(_Strict):
+    """`otlp_config` (TensorRT-LLM `llmapi/disagg_utils.py` `OtlpConfig`): where each fleet
+    worker exports its OpenTelemetry spans (`shmdisagg/tracing.py`)."""
+
+    otlp_traces_endpoint: str | None = None
+
+
 class DisaggConfig(BaseModel):
     """The whole config file. Top-level keys TensorRT-LLM inherits into both sections (`model`,
     `backend`, ...) are accepted as extras."""
@@ -360,6 +367,9 @@ class DisaggConfig(BaseModel):
     server_keep_alive_timeout: int = Field(10, ge=1)
     perf_metrics_max_requests: int = Field(0, ge=0)
     return_perf_metrics: bool = False
+    # per-request JSONL records (metrics/jsonl.py) and OpenTelemetry spans (tracing.py)
+    perf_metrics_output_dir: str | None = None
+    otlp_config: OtlpConfig | None = None
     gen_tokids_ctxbytes: bool = False
     gen_strip_message_history: bool = False
     allow_request_chat_template: bool = False
@@ -638,6 +648,23 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
         problem = log_dir_problem(spec.log_dir)
         if problem:
             raise ConfigError(f"shmdisagg.executors.log_dir: {problem}")
+    _check_observability(config)
+
+
+def _check_observability(config: DisaggConfig) -> None:
+    """Every fleet worker writes `perf_metrics_output_dir` and `TRTLLM_REQUEST_TRACE_DIR` and
+    exports to `otlp_config`: refuse what it could not honour (shmdisagg/observe.py)."""
+    from shmdisagg.request_trace import REQUEST_TRACE_DIR_ENV, trace_dir_from_env
+    from shmdisagg.tracing import otlp_problem
+
+    for key, path in (("perf_metrics_output_dir", config.perf_metrics_output_dir), (REQUEST_TRACE_DIR_ENV, trace_dir_from_env())):
+        problem = log_dir_problem(path) if path else None
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
+    if config.otlp_config is not None and config.otlp_config.otlp_traces_endpoint:
+        problem = otlp_problem()
+        if problem:
+            raise ConfigError(f"otlp_config.otlp_traces_endpoint: {problem}")
 
 
 def _host_problem(host: str, local: bool) -> str | None:

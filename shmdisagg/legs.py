@@ -30,6 +30,7 @@ from typing import Any
 
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.errors import RequestError
+from shmdisagg.observe import send_leg
 from shmdisagg.reporting import FailureReporter, KvHints
 from shmdisagg.routing import Policy, RoutingKey
 from shmdisagg.upstream import UpstreamConnectError, UpstreamDisconnected, UpstreamPool, UpstreamResponse, UpstreamTimeout
@@ -135,7 +136,8 @@ class LegRunner:
             try:
                 host, port = self.directory.address(slot)
                 deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
-                resp = await self.upstream.request(host, port, "POST", path, make_body(attempt), headers=headers, timeout_s=timeout_s)
+                # observe.py adds its metrics request header and span when the request is observed
+                resp = await send_leg(self.upstream, role, host, port, path, make_body(attempt), headers, timeout_s)
                 # Only a KV-aware role routes on this server's KV events: hint for those alone.
                 hints = self.hints if policy.name == "kv_cache_aware" else None
                 opened = Opened(slot, resp, policy, key, hints, deadline, role, timeout_s, (host, port))

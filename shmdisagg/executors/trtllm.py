@@ -113,7 +113,7 @@ def role_options(config: DisaggConfig, spec: ExecutorsSection, role: str) -> dic
         options["kv_cache_config"]["free_gpu_memory_fraction"] = top["free_gpu_memory_fraction"]
     _merge(options, inherited)
     _merge(options, own)
-    if config.return_perf_metrics:  # TensorRT-LLM forces it into both sections
+    if config.return_perf_metrics or config.perf_metrics_output_dir:  # TensorRT-LLM forces it into both sections
         options["return_perf_metrics"] = True
     if config.internal_request_auth_key:
         # The workers verify the signature of every handoff with the same key (a trtllm-serve

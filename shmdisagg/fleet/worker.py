@@ -40,6 +40,7 @@ from shmdisagg.fleet.cluster import ClusterView, fetch_cluster_info
 from shmdisagg.flows import SCHEDULE_STYLE, FlowOptions, Flows
 from shmdisagg.legs import LegRunner
 from shmdisagg.metrics.fleet import FleetMetrics
+from shmdisagg.observe import Observability
 from shmdisagg.reporting import FailureReporter, KvHints
 from shmdisagg.service import DisaggService, KeyBuilder
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
@@ -134,6 +135,7 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
     hints: KvHints | None = None
     index: BlockIndex | None = None
     metrics: FleetMetrics | None = None
+    observe: Observability | None = None
     try:
         metrics = FleetMetrics(config, worker_index, table)
         directory = ServerDirectory(table)
@@ -162,7 +164,10 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
             tokenizer = load_tokenizer(gen_args.tokenizer_dir or ctx_args.tokenizer_dir) if needs_tokens else None
             service.keys = KeyBuilder(tokenizer, conversations)
         service.models = view.models
-        app = FleetApp(service, control_app(service, directory, table, worker_index, metrics), metrics.request)
+        # return_perf_metrics, perf_metrics_output_dir, otlp_config, TRTLLM_REQUEST_TRACE_DIR
+        observe = Observability.from_config(config)
+        observe.start()
+        app = FleetApp(service, control_app(service, directory, table, worker_index, metrics), metrics.request, observe.wrap(service.handle))
         sock = bind_reuseport(config.hostname, config.port)
         uv = uvicorn.Config(
             app,
@@ -188,6 +193,8 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
             if stop.timer is not None:
                 stop.timer.cancel()
     finally:
+        if observe is not None:
+            observe.close()  # the JSONL and trace files flushed, the spans exported
         await reporter.stop()
         if hints is not None:
             hints.close()

@@ -49,7 +49,9 @@ class FleetMetrics:
             log.warning("metrics segment has no row for fleet worker %d: request metrics off", worker_index)
         elif self.segment is not None and (enabled_by_env() if enabled is None else enabled):
             row = self.segment.row(worker_row(worker_index))
-            self.shipper = RecordShipper(config.coordinator_socket, worker_index, row)
+            # perf_metrics_max_requests: 0 keeps no perf records (metrics/perf.py): none are sent
+            if config.perf_metrics_max_requests > 0:
+                self.shipper = RecordShipper(config.coordinator_socket, worker_index, row)
             self.request = RequestMetrics(row, self.shipper)
         routers = {"context": config.context_servers.router.type, "generation": config.generation_servers.router.type}
         self.collector = FleetCollector(table, self.segment, routers)

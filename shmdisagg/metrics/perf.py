@@ -9,8 +9,12 @@ generation side the generation server's record with the same `ctx_request_id`.
 
 A record waits (in `_pending`) until both of its sides arrived, or `grace_s` passed, or its
 server has never returned any perf record (an executor without `return_perf_metrics`); then it
-moves to `_ready`, a ring of `max_requests` records (TensorRT-LLM's `perf_metrics_max_requests`,
-else `DEFAULT_MAX_REQUESTS`; the oldest are dropped first).
+moves to `_ready`, a ring of at most `max_requests` records, TensorRT-LLM's
+`perf_metrics_max_requests` (the oldest are dropped first). As in TensorRT-LLM's
+`DisaggPerfMetricsCollector` (`serve/perf_metrics.py` @07fe6311: a `deque(maxlen=max_requests)`
+of requests, each server's records capped at `max_requests`), 0, the default, keeps none: the
+store takes no record, never polls the executors (whose own `/perf_metrics` buffers stay theirs
+to drain) and `GET /perf_metrics` answers `[]`.
 
 `GET /perf_metrics` drains `_ready` like TensorRT-LLM's endpoint (a record is returned once, to
 whichever worker's client asks first); `?keep=1` reads without draining, for dashboards.
@@ -39,7 +43,6 @@ from shmdisagg.tasks import stop_task
 
 log = logging.getLogger("shmdisagg.coordinator")
 
-DEFAULT_MAX_REQUESTS = 10_000
 POLL_S = 0.5
 GRACE_S = 2.0
 UNSUPPORTED_RETRY_S = 60.0
@@ -66,7 +69,7 @@ class PerfStore:
 
     def __init__(self, servers: dict[int, str], max_requests: int = 0, row: memoryview | None = None, grace_s: float = GRACE_S) -> None:
         self.servers = servers
-        self.max_requests = max_requests if max_requests > 0 else DEFAULT_MAX_REQUESTS
+        self.max_requests = max(max_requests, 0)
         self.grace_s = grace_s
         self.received = 0
         self.dropped = 0
@@ -82,8 +85,15 @@ class PerfStore:
 
     # -- from fleet workers ---------------------------------------------------------------
 
+    @property
+    def enabled(self) -> bool:
+        """False for `perf_metrics_max_requests: 0`: no records are kept."""
+        return self.max_requests > 0
+
     def add_batch(self, payload: dict[str, Any]) -> int:
-        """A worker's `POST /perf_records` body; returns how many records it held."""
+        """A worker's `POST /perf_records` body; returns how many records it kept."""
+        if not self.enabled:
+            return 0
         off = float(payload.get("monotonic_minus_wall") or 0.0)
         worker = payload.get("worker")
         now = time.monotonic()
@@ -204,6 +214,8 @@ class PerfStore:
 
     async def read(self, drain: bool = True) -> list[dict[str, Any]]:
         """Poll the executors, join, and return the ready records (removing them if `drain`)."""
+        if not self.enabled:
+            return []
         await self.poll_executors()
         self.join()
         out = list(self._ready)
@@ -216,7 +228,10 @@ class PerfStore:
         return len(self._pending)
 
     def start(self) -> None:
-        """Start polling the executors in the background (on the running loop)."""
+        """Start polling the executors in the background (on the running loop); a store that
+        keeps no records does not poll."""
+        if not self.enabled:
+            return
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
         self._task = asyncio.ensure_future(self._run())
 

@@ -20,6 +20,17 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
 - `auth_key`: verify the `x-trtllm-disagg-auth` signature of requests carrying protected handoff
   fields and refuse them with 400 when it is missing or wrong, as a worker holding
   `internal_request_auth_key` does (`validate_internal_disagg_request`, disagg_auth.py)
+- `perf_metrics`: the worker's `return_perf_metrics` (default true): a request sent with
+  `X-TRTLLM-return-metrics: 1` gets upstream's per-request metrics as TensorRT-LLM's worker
+  sends them (`PerfMetricsMiddleware`, tensorrt_llm/serve/perf_metrics.py id 56757725682):
+  `Server-Timing` / `X-TRTLLM-Start-End-Time` / `X-TRTLLM-Step-Metrics` response headers on a
+  JSON answer, an `event: trtllm.perf_metrics` SSE event after `data: [DONE]` on a stream
+  (phase `server`, CLOCK_MONOTONIC seconds); without the header, nothing
+- `event_split`: write a stream's `[DONE]` and the start of its metrics event together and
+  the rest of the event (from this byte offset) in a later write (0: the event in its own write)
+
+Each recorded body carries `_headers`: the request's `content-type`, `x-*` (such as
+`x-trtllm-return-metrics`, `x-trtllm-disagg-auth`) and `traceparent` headers, when sent.
 
 `GET /_events` lists what happened to streams: "cancelled:<n>" when a client went away mid-stream.
 
@@ -49,7 +60,8 @@ from starlette.routing import Route
 def build_app(name: str, addr: str) -> Starlette:
     recorded: list[dict[str, Any]] = []
     script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False, "chunk_interval_s": 0.0, "stream_finish_reason": "length",
-                              "gen_choices": 1, "completion_tokens": None, "leak": False, "error_message": None, "stream_error": None, "auth_key": None}
+                              "gen_choices": 1, "completion_tokens": None, "leak": False, "error_message": None, "stream_error": None, "auth_key": None,
+                              "perf_metrics": True, "event_split": 0}
     events: list[str] = []
     release = asyncio.Event()
     counter = {"n": 0}
@@ -86,6 +98,7 @@ def build_app(name: str, addr: str) -> Starlette:
         return JSONResponse({})
 
     async def completion(request: Request) -> Response:
+        arrival = time.monotonic()
         raw = await request.body()
         if request.headers.get("x-trtllm-msgpack") == "1":
             import msgspec
@@ -94,8 +107,9 @@ def build_app(name: str, addr: str) -> Starlette:
         else:
             body = orjson.loads(raw)
         body["_path"] = request.url.path
+        metrics = script["perf_metrics"] and request.headers.get("x-trtllm-return-metrics", "").strip() == "1"
         body["_server"] = name
-        body["_headers"] = {k: v for k, v in request.headers.items() if k.startswith(("x-", "content-type"))}
+        body["_headers"] = {k: v for k, v in request.headers.items() if k.startswith(("x-", "content-type", "traceparent"))}
         recorded.append(body)
         refusal = _auth_refusal(script["auth_key"], body.get("disaggregated_params"), request.headers.get("x-trtllm-disagg-auth"))
         if refusal:
@@ -133,16 +147,18 @@ def build_app(name: str, addr: str) -> Starlette:
             ids: dict[str, Any] = {"prompt_token_ids": prompt_ids}
             if params.get("return_prompt_token_ids_b64"):  # as the worker does (openai_server.py)
                 ids = {"prompt_token_ids": None, "prompt_token_ids_b64": base64.b64encode(struct.pack(f"<{len(prompt_ids)}i", *prompt_ids)).decode()}
-            return JSONResponse({"id": f"cmpl-{name}-{counter['n']}", "object": "text_completion", "created": int(time.time()), "model": body.get("model"), "choices": [choice], "usage": usage, **ids})
+            answer = {"id": f"cmpl-{name}-{counter['n']}", "object": "text_completion", "created": int(time.time()), "model": body.get("model"), "choices": [choice], "usage": usage, **ids}
+            return JSONResponse(answer, headers=_metrics_headers(arrival) if metrics else None)
         leak = {"disaggregated_params": params, "kv_transfer_params": {"remote_host": addr}} if script["leak"] else {}
         if body.get("stream"):
-            return StreamingResponse(_stream(script, release, name, events, leak), media_type="text/event-stream")
+            return StreamingResponse(_stream(script, release, name, events, leak, arrival if metrics else None), media_type="text/event-stream")
         text = {"message": {"role": "assistant", "content": "ABCD"}} if chat else {"text": "ABCD"}
         if script["completion_tokens"] is not None:
             usage = {**usage, "completion_tokens": script["completion_tokens"]}
         choices = [{"index": i, "finish_reason": "length", **text, **leak} for i in range(script["gen_choices"])]
         extra = {"prompt_token_ids": prompt_ids} if script["leak"] else {}
-        return JSONResponse({"id": f"cmpl-{name}", "object": "text_completion", "model": body.get("model"), "choices": choices, "usage": usage, **extra})
+        answer = {"id": f"cmpl-{name}", "object": "text_completion", "model": body.get("model"), "choices": choices, "usage": usage, **extra}
+        return JSONResponse(answer, headers=_metrics_headers(arrival) if metrics else None)
 
     return Starlette(
         routes=[
@@ -178,7 +194,18 @@ def _finish(script: dict[str, Any], i: int) -> str | None:
     return script["stream_finish_reason"] if i == script["chunks"] - 1 else None
 
 
-async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, events: list[str], leak: dict[str, Any]):  # type: ignore[no-untyped-def]
+def _metrics_headers(arrival: float) -> dict[str, str]:
+    """A worker's phase-`server` metric lists, as upstream's `build_metrics_headers` writes them:
+    queue 1 ms, first token 2 ms after arrival, the end now, one decoding step of 0.5 ms."""
+    end = time.monotonic()
+    return {
+        "Server-Timing": f"server_queue;dur=1.000000, server_ttft;dur=2.000000, server_e2e;dur={(end - arrival) * 1000:.6f}",
+        "X-TRTLLM-Start-End-Time": f"server-start;ts={arrival:.9f}, server-end;ts={end:.9f}",
+        "X-TRTLLM-Step-Metrics": "server-step-0-forward;dur=0.500000",
+    }
+
+
+async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, events: list[str], leak: dict[str, Any], arrival: float | None = None):  # type: ignore[no-untyped-def]
     try:
         for i in range(script["chunks"]):
             yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": _finish(script, i), **leak}]}) + b"\n\n"
@@ -193,7 +220,20 @@ async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, eve
         if script["completion_tokens"] is not None:
             usage = {"prompt_tokens": 3, "completion_tokens": script["completion_tokens"], "total_tokens": 3 + script["completion_tokens"]}
             yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [], "usage": usage}) + b"\n\n"
-        yield b"data: [DONE]\n\n"
+        done = b"data: [DONE]\n\n"
+        if arrival is None:
+            yield done
+            return
+        # upstream's middleware appends the event to the stream's final body message
+        event = b"event: trtllm.perf_metrics\ndata: " + orjson.dumps(_metrics_headers(arrival)) + b"\n\n"
+        split = script["event_split"]
+        if split:
+            yield done + event[:split]
+            await asyncio.sleep(0.01)  # a separate write
+            yield event[split:]
+        else:
+            yield done
+            yield event
     except BaseException:
         events.append(f"cancelled:{len(events)}")
         raise

@@ -37,6 +37,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     cfg = write_config(
         tmp, prefix, ctx, gen,
         routers=({"type": "load_balancing", "use_tokens": True}, "load_balancing"),
+        perf_metrics_max_requests=10_000,  # 0, the default, keeps no /perf_metrics record
         shmdisagg={"executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0, "num_blocks": 4096}}},
     )
     with deployment(cfg) as d:

@@ -15,6 +15,7 @@ from shmdisagg.metrics.schema import LAYOUT
 from tests.conftest import free_port
 
 SERVERS = {0: "127.0.0.1:1001", 2: "127.0.0.1:2001"}
+KEEP = 10_000  # perf_metrics_max_requests: 0 keeps nothing
 
 
 def record(rid: int, ctx_slot: int = 0, gen_slot: int = 2, **kw: Any) -> list[Any]:
@@ -33,7 +34,7 @@ def executor_record(rid: int, first_iter: int = 1, last_iter: int = 11, first: f
 
 
 def test_worker_records_get_names_servers_and_the_monotonic_timebase() -> None:
-    store = PerfStore(SERVERS)
+    store = PerfStore(SERVERS, KEEP)
     assert store.add_batch({"worker": 1, "monotonic_minus_wall": -900.0, "records": [record(11, gen_slot=-1, gen_dispatch=0.0)]}) == 1
     store.join()
     (rec,) = asyncio.run(store.read())
@@ -44,7 +45,7 @@ def test_worker_records_get_names_servers_and_the_monotonic_timebase() -> None:
 
 def test_both_sides_are_joined_by_ctx_request_id_and_feed_per_token_latency() -> None:
     row = memoryview(bytearray(8 * LAYOUT.words)).cast("d")
-    store = PerfStore(SERVERS, row=row)
+    store = PerfStore(SERVERS, KEEP, row=row)
     store.add_batch({"records": [record(11)]})
     store._store("127.0.0.1:1001", [executor_record(11, 1, 1)])
     store._store("127.0.0.1:2001", [executor_record(11, 1, 11, 5.0, 5.5)])
@@ -56,7 +57,7 @@ def test_both_sides_are_joined_by_ctx_request_id_and_feed_per_token_latency() ->
 
 
 def test_a_record_waits_for_a_reporting_server_until_the_grace_period() -> None:
-    store = PerfStore(SERVERS, grace_s=2.0)
+    store = PerfStore(SERVERS, KEEP, grace_s=2.0)
     store._store("127.0.0.1:2001", [executor_record(99)])  # the gen server reports perf records
     store.add_batch({"records": [record(11)]})
     now = time.monotonic()
@@ -69,7 +70,7 @@ def test_a_record_waits_for_a_reporting_server_until_the_grace_period() -> None:
 
 
 def test_read_drains_unless_kept() -> None:
-    store = PerfStore(SERVERS)
+    store = PerfStore(SERVERS, KEEP)
     store.add_batch({"records": [record(1), record(2)]})
     assert [r["disagg_request_id"] for r in asyncio.run(store.read(drain=False))] == [1, 2]
     assert len(asyncio.run(store.read(drain=True))) == 2
@@ -107,7 +108,7 @@ def test_executors_are_polled_and_a_404_is_not_polled_again() -> None:
             await web.TCPSite(runner, "127.0.0.1", port).start()
             runners.append(runner)
             ports.append(port)
-        store = PerfStore({0: f"127.0.0.1:{ports[0]}", 2: f"127.0.0.1:{ports[1]}"})
+        store = PerfStore({0: f"127.0.0.1:{ports[0]}", 2: f"127.0.0.1:{ports[1]}"}, KEEP)
         store._session = aiohttp.ClientSession()
         try:
             store.add_batch({"records": [record(5)]})
@@ -122,3 +123,34 @@ def test_executors_are_polled_and_a_404_is_not_polled_again() -> None:
     out, misses = asyncio.run(scenario())
     assert out[0]["ctx_perf_metrics"]["ctx_request_id"] == 5 and out[0]["gen_perf_metrics"] is None
     assert misses == 1
+
+
+def test_zero_keeps_no_record_and_never_polls_the_executors() -> None:
+    """perf_metrics_max_requests: 0 (the default) is off, as TensorRT-LLM's deque(maxlen=0):
+    no record is kept, and the executors' own /perf_metrics buffers are left alone."""
+
+    async def scenario() -> tuple[int, list[dict[str, Any]], int]:
+        hits = {"n": 0}
+
+        async def perf(request: web.Request) -> web.Response:
+            hits["n"] += 1
+            return web.json_response([executor_record(5)])
+
+        app = web.Application()
+        app.router.add_get("/perf_metrics", perf)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        store = PerfStore({0: f"127.0.0.1:{port}"}, 0)
+        try:
+            store.start()
+            kept = store.add_batch({"records": [record(5)]})
+            out = await store.read()
+            await store.stop()
+        finally:
+            await runner.cleanup()
+        return kept, out, hits["n"]
+
+    kept, out, polls = asyncio.run(scenario())
+    assert (kept, out, polls) == (0, [], 0)
