@@ -53,7 +53,8 @@ def serve(stack: Stack, obs: Observability, requests: list[tuple[str, Any, list[
 
 
 def last_headers(f: FakeExecutor) -> dict[str, str]:
-    return f.recorded()[-1]["_headers"]
+    """The observability headers the last leg to `f` carried (metrics request, trace context)."""
+    return {k: v for k, v in f.recorded()[-1]["_headers"].items() if k in ("x-trtllm-return-metrics", "traceparent")}
 
 
 # -- return_perf_metrics ------------------------------------------------------------------------
