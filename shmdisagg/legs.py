@@ -60,12 +60,25 @@ class Opened:
 class LegRunner:
     """Sends legs for one fleet worker."""
 
-    def __init__(self, directory: ServerDirectory, upstream: UpstreamPool, reporter: FailureReporter, max_retries: int, hints: KvHints | None = None) -> None:
+    def __init__(
+        self,
+        directory: ServerDirectory,
+        upstream: UpstreamPool,
+        reporter: FailureReporter,
+        max_retries: int,
+        hints: KvHints | None = None,
+        *,
+        leg_timeout_s: float | None = 180.0,
+    ) -> None:
         self.directory = directory
         self.upstream = upstream
         self.reporter = reporter
         self.max_retries = max_retries
         self.hints = hints
+        # `trtllm-serve disaggregated -r/--request_timeout`: TensorRT-LLM's total timeout of each
+        # call to an executor (one leg); None: no per-leg limit (`-r 0`). Enforced by the lead's
+        # leg code; the whole request's deadline is shmdisagg.request_timeout_s (service.py).
+        self.leg_timeout_s = leg_timeout_s
 
     async def open(
         self,
