@@ -494,7 +494,7 @@ def _refusals(data: dict[str, Any]) -> list[str]:
     """Problems found in the raw document: TensorRT-LLM keys refused by name, and more
     executors than the shared table can tell apart."""
     out = [f"{key}: {why}" for key, why in _REFUSED_KEYS.items() if data.get(key) is not None]
-    counts = {}
+    counts: dict[str, int] = {}
     for key in ("context_servers", "generation_servers"):
         section = data.get(key)
         urls = section.get("urls") if isinstance(section, dict) else None
