@@ -3,7 +3,9 @@
     shmdisagg launch -c CONFIG      start executors, coordinator and fleet; stop on SIGINT/SIGTERM
                                     (--dry-run: print the plan, start nothing)
     shmdisagg serve -c CONFIG       coordinator and fleet only, for executors already running
-                                    (what `trtllm-serve disaggregated -c CONFIG` does)
+                                    (what `trtllm-serve disaggregated -c CONFIG` does; alias
+                                    `shmdisagg disaggregated`, with its flags -t -r -l -s
+                                    --report_addr --metrics-log-interval)
     shmdisagg bench [...]           replay a trace or run a fixed-concurrency load
     shmdisagg check-config -c CONFIG
     shmdisagg stats -c CONFIG       live view of a running deployment's shared table (--once --json)
@@ -26,6 +28,7 @@ try:  # a Ctrl-C while the modules load (right after the command is typed) ends 
 
     from shmdisagg.config import ConfigError, DisaggConfig, check_machine, config_warnings, load_config
     from shmdisagg.procutil import STOP_SIGNALS
+    from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env
 except KeyboardInterrupt:
     print("shmdisagg: interrupted (SIGINT)", file=sys.stderr)
     raise SystemExit(130) from None
@@ -52,29 +55,57 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _refuse(err: ConfigError, prefix: str = "") -> None:
+    """Exit 2 with one line per problem of `err`."""
+    for line in err.problems:
+        print(f"shmdisagg: config error: {prefix}{line}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
 def _load(path: str) -> DisaggConfig:
     try:
         config = load_config(path)
     except ConfigError as err:
-        print(f"shmdisagg: config error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _refuse(err)
     for warning in config_warnings(config):
         print(f"shmdisagg: warning: {path}: {warning}", file=sys.stderr)
     return config
 
 
+def _check_env() -> TrtllmEnv:
+    """TensorRT-LLM's environment variables (`trtllm_env`): exit 2 naming each one that cannot
+    be honoured, warn about those that have no effect here."""
+    try:
+        env = read_env()
+    except ConfigError as err:
+        _refuse(err)
+    for warning in env.warnings:
+        print(f"shmdisagg: warning: {warning}", file=sys.stderr)
+    return env
+
+
 def _check_machine(config: DisaggConfig, path: str, executors_here: bool) -> None:
-    """`config.check_machine`, exiting 2 with one line naming the key."""
+    """`config.check_machine`, exiting 2 with one line per problem naming the key."""
     try:
         check_machine(config, executors_here)
     except ConfigError as err:
-        print(f"shmdisagg: config error: {path}: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _refuse(err, f"{path}: ")
+
+
+def _refuse_port_zero(config: DisaggConfig, path: str) -> None:
+    """`launch` and `bench --launch` cannot run `port: 0`: only `serve --report_addr` reports
+    the port the kernel picks."""
+    if config.port == 0:
+        print(f"shmdisagg: config error: {path}: port: 0 (a port the kernel picks) runs only under "
+              "shmdisagg serve --report_addr PATH, which writes the bound host:port to PATH; set a port", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _load_launchable(path: str) -> DisaggConfig:
     """`_load`, then the checks against this machine of a deployment started here."""
     config = _load(path)
+    _refuse_port_zero(config, path)
+    _check_env()
     _check_machine(config, path, executors_here=config.shmdisagg.executors is not None)
     return config
 
@@ -91,6 +122,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     for s in STOP_SIGNALS:
         signal.signal(s, _interrupt)
     config = _load(args.config)
+    _refuse_port_zero(config, args.config)
+    _check_env()
     spec = config.shmdisagg.executors
     log_dir = args.log_dir or (spec.log_dir if spec else None)
     try:
@@ -139,17 +172,44 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """`shmdisagg serve` / `shmdisagg disaggregated`: TensorRT-LLM's `trtllm-serve disaggregated`
+    command line (`commands/serve.py` @fb31828e; shared/reference/trtllm_protocol.md §5.6)."""
     from shmdisagg.coordinator.__main__ import main as coordinator_main
 
+    if args.metadata_server_config_file is not None:
+        print("shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is not supported; "
+              "list the executors under context_servers.urls and generation_servers.urls", file=sys.stderr)
+        return 2
     config = _load(args.config)
+    env = _check_env()
+    if args.report_addr is not None and config.num_workers > 1:
+        # the same refusal as TensorRT-LLM's (test_disaggregated_rejects_a_worker_fleet, test id 57374853910)
+        print(f"shmdisagg: --report_addr: TensorRT-LLM reports the address of a single self-contained disaggregated server only; "
+              f"{args.config} has num_workers: {config.num_workers}: set num_workers: 1", file=sys.stderr)
+        return 2
+    if config.port == 0 and args.report_addr is None:
+        print(f"shmdisagg: config error: {args.config}: port: 0 (a port the kernel picks) needs --report_addr PATH, "
+              "where the bound host:port is written; nothing else would learn the port", file=sys.stderr)
+        return 2
     _check_machine(config, args.config, executors_here=False)
-    return coordinator_main(["-c", args.config] + (["-s", args.schedule_style] if args.schedule_style else []))
+    argv = ["-c", args.config, "-r", str(args.request_timeout)]
+    if args.schedule_style:
+        argv += ["-s", args.schedule_style]
+    if args.server_start_timeout is not None:
+        argv += ["-t", str(args.server_start_timeout)]
+    if args.log_level:
+        argv += ["-l", args.log_level]
+    if args.report_addr is not None:
+        argv += ["--report_addr", args.report_addr]
+    # --metrics-log-interval: a deprecated no-op in TensorRT-LLM too; accepted, nothing to do
+    return coordinator_main(argv, env)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     from shmdisagg.executors.plan import build_plan
 
     config = _load(args.config)
+    _check_env()  # the variables the commands that start a deployment would refuse
     try:  # the launch plan's own checks too (trtllm options, GPUs), as `launch` runs them here
         build_plan(config, None)
     except ConfigError as err:
@@ -179,6 +239,23 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return run(args, resolve_prefix(args, _load))
 
 
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shmdisagg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -191,9 +268,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the plan (commands, environment, option files, ports, GPUs) and start nothing")
     p.set_defaults(func=cmd_launch)
 
-    p = sub.add_parser("serve", help="coordinator and fleet for executors already running")
-    p.add_argument("-c", "--config", required=True)
+    p = sub.add_parser("serve", aliases=["disaggregated"], help="coordinator and fleet for executors already running (trtllm-serve disaggregated)",
+                       description="The coordinator and fleet for executors already running: TensorRT-LLM's `trtllm-serve disaggregated` "
+                       "with its flags. A flag wins over the config's own setting.")
+    p.add_argument("-c", "--config", "--config_file", dest="config", required=True, help="the disaggregated config YAML")
+    p.add_argument("-t", "--server_start_timeout", type=_positive_int, metavar="SECONDS",
+                   help="wait up to this long for every executor's GET /health = 200, else fail (default: shmdisagg.server_start_timeout_s, 180)")
+    p.add_argument("-r", "--request_timeout", type=_non_negative_int, default=180, metavar="SECONDS",
+                   help="timeout of each leg, a call to one executor, as in TensorRT-LLM; 0: none (default 180). "
+                   "The whole request's deadline is shmdisagg.request_timeout_s")
+    p.add_argument("-l", "--log_level", choices=list(LOG_LEVELS), help="TensorRT-LLM's level names (default: shmdisagg.log_level, info; "
+                   "TLLM_LOG_LEVEL wins over both, as in TensorRT-LLM)")
     p.add_argument("-s", "--schedule_style", choices=["context_first", "generation_first"], help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE")
+    p.add_argument("--metrics-log-interval", type=int, default=0, metavar="SECONDS", help="accepted and ignored (deprecated no-op in TensorRT-LLM)")
+    p.add_argument("--report_addr", metavar="PATH", help="write the bound public host:port to PATH once the fleet starts "
+                   "(with port: 0 the kernel picks the port; num_workers: 1 only, as in TensorRT-LLM)")
+    p.add_argument("-m", "--metadata_server_config_file", metavar="FILE", help="refused: dynamic membership (etcd) is not supported")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check-config", help="validate a config file")

@@ -35,7 +35,15 @@ INDEX_MAX_SLOTS = 1 << 32  # the native index's largest capacity (shm/index.py i
 
 
 class ConfigError(ValueError):
-    """A config file that cannot be used; the message names the key and the problem."""
+    """A config file that cannot be used; the message names the key and the problem.
+
+    `problems` lists every problem found, one line each (the message is the first, with a
+    count of the others); `check-config` and the commands that start a deployment print them all.
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
 
 
 class KeyedError(ValueError):
@@ -337,7 +345,8 @@ class ShmdisaggSection(_Strict):
     breaker_failures: int = Field(3, ge=1)  # consecutive request failures that open a server's breaker
     breaker_cooldown_s: float = Field(2.0, gt=0)
     coordinator_socket: str | None = None
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # TensorRT-LLM's level names (`tensorrt_llm/logger.py`); -l/--log_level and TLLM_LOG_LEVEL win
+    log_level: Literal["trace", "debug", "verbose", "info", "warning", "error", "internal_error"] = "info"
 
     _numbers = field_validator("timeout_graceful_shutdown_s", "worker_timeout_s", mode="before")(_no_bool)
 
@@ -356,14 +365,17 @@ class DisaggConfig(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     hostname: str = "localhost"
-    port: StrictInt = Field(8000, ge=1, le=65535)
+    # 0: the kernel picks the port, which `shmdisagg serve --report_addr PATH` writes to PATH
+    # (TensorRT-LLM's newer trtllm-serve disaggregated; a single server only, see _check_port)
+    port: StrictInt = Field(8000, ge=0, le=65535)
     num_workers: StrictInt = Field(1, ge=1, le=64)
     context_servers: ServerSection = Field(default_factory=ServerSection)
     generation_servers: ServerSection
     max_retries: StrictInt = Field(1, ge=0)
     schedule_style: Literal["context_first", "generation_first"] = "context_first"
     conditional_disagg_config: ConditionalDisaggConfig | None = None
-    node_id: int | None = Field(None, ge=0, lt=256)
+    # the request id's node field; unset: uuid.getnode() % 256, as TensorRT-LLM (fleet/worker.py)
+    node_id: StrictInt | None = Field(None, ge=0, lt=256)
     server_keep_alive_timeout: int = Field(10, ge=1)
     perf_metrics_max_requests: int = Field(0, ge=0)
     return_perf_metrics: bool = False
@@ -395,10 +407,7 @@ class DisaggConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_supported(self) -> "DisaggConfig":
-        if self.disagg_cluster is not None:
-            raise ValueError("disagg_cluster (dynamic service discovery) is not supported; list static urls")
-        if self.disagg_coordinator_url is not None:
-            raise ValueError("disagg_coordinator_url: shmdisagg runs its own coordinator on this host")
+        # disagg_cluster and disagg_coordinator_url are refused before validation (_refusals)
         model = (self.model_extra or {}).get("model")
         # TensorRT-LLM's top-level `model` (inherited by both roles): a name or a path, never empty
         if model is not None and (not isinstance(model, str) or not model.strip()):
@@ -426,6 +435,16 @@ class DisaggConfig(BaseModel):
                     clash = next((c for c_ep, c in context.items() if _same_listener(ep, c_ep)), None)
                     if clash is not None:
                         raise KeyedError(f"{key}.urls", f"{url!r} is also a context_servers url ({clash!r}): an executor serves one role")
+        return self
+
+    @model_validator(mode="after")
+    def _check_port(self) -> "DisaggConfig":
+        """Port 0 only for one fleet worker: TensorRT-LLM publishes the bound address of a single
+        self-contained server only (`test_disaggregated_rejects_a_worker_fleet`, test id
+        57374853910)."""
+        if self.port == 0 and self.num_workers > 1:
+            raise KeyedError("port", f"0 (a port the kernel picks) needs num_workers: 1, not {self.num_workers}: "
+                                     "TensorRT-LLM reports the address of a single self-contained disaggregated server only")
         return self
 
     @model_validator(mode="after")
@@ -460,24 +479,67 @@ class DisaggConfig(BaseModel):
         return self.coordinator_socket + ".kvhint"
 
 
-def _one_line(err: ValidationError) -> str:
-    first = err.errors()[0]
-    keyed = (first.get("ctx") or {}).get("error")
-    parts = [*first["loc"], *(keyed.key.split(".") if isinstance(keyed, KeyedError) else ())]
+def _error_line(error: Any) -> str:
+    """One pydantic error as `dotted.key: message`."""
+    keyed = (error.get("ctx") or {}).get("error")
+    parts = [*error["loc"], *(keyed.key.split(".") if isinstance(keyed, KeyedError) else ())]
     loc = ".".join(str(p) for p in parts) or "(top level)"
-    msg = first["msg"].removeprefix("Value error, ")
-    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{loc}: {msg}{more}"
+    return f"{loc}: {error['msg'].removeprefix('Value error, ')}"
+
+
+MAX_EXECUTORS = 64  # the shared table's and the KV index's server bitmasks are 64 bits wide
+
+# TensorRT-LLM config keys shmdisagg refuses before anything else is checked: key -> what to do.
+_REFUSED_KEYS = {
+    "disagg_cluster": "dynamic service discovery is not supported; list the executors under context_servers.urls and generation_servers.urls",
+    "disagg_coordinator_url": "an external coordinator is not supported: shmdisagg runs its own on this host; remove the key",
+    "multimodal_servers": "multimodal encoder servers (EPD) are not supported: shmdisagg has no encoder leg; "
+                          "remove the section and serve through context_servers and generation_servers",
+    "conversation_affinity_header_for_subagents": "sub-agent parent-session affinity is not supported (requests route by their own "
+                                                  "conversation id under router type conversation); remove the key",
+    "subagent_affinity_scope": "sub-agent parent-session affinity is not supported; remove the key",
+    "bind_host": "a bind address apart from the advertised hostname is not supported; set hostname to the address to listen on and remove bind_host",
+}
+
+
+def _refusals(data: dict[str, Any]) -> list[str]:
+    """Problems found in the raw document: TensorRT-LLM keys refused by name, and more
+    executors than the shared table can tell apart."""
+    out = [f"{key}: {why}" for key, why in _REFUSED_KEYS.items() if data.get(key) is not None]
+    counts: dict[str, int] = {}
+    for key in ("context_servers", "generation_servers"):
+        section = data.get(key)
+        urls = section.get("urls") if isinstance(section, dict) else None
+        counts[key] = len(urls) if isinstance(urls, list) else 0
+    total = sum(counts.values())
+    if total > MAX_EXECUTORS:
+        out.append(f"context_servers.urls/generation_servers.urls: {total} executors ({counts['context_servers']} context + "
+                   f"{counts['generation_servers']} generation), more than the {MAX_EXECUTORS} one deployment can route to "
+                   "(the width of the shared table's server sets); split them over deployments")
+    return out
 
 
 def parse_config(data: Any, source: str = "config") -> DisaggConfig:
-    """Validate a loaded YAML document. Raises `ConfigError` (one line: file, key, problem)."""
+    """Validate a loaded YAML document. Raises `ConfigError` (one line: file, key, problem;
+    `problems` has every problem found, each such a line)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of keys")
+    problems = _refusals(data)
+    config = None
     try:
-        return DisaggConfig.model_validate(_normalise(data))
+        config = DisaggConfig.model_validate(_normalise(data))
     except ValidationError as err:
-        raise ConfigError(f"{source}: {_one_line(err)}") from None
+        lines = [_error_line(e) for e in err.errors()]
+        if data.get("multimodal_servers") is not None and "context_servers" not in data:
+            # TensorRT-LLM's EPD example has no context_servers: multimodal_servers is the problem
+            lines = [line for line in lines if not line.startswith("context_servers")]
+        problems += lines
+    if problems:
+        lines = [f"{source}: {p}" for p in problems]
+        more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+        raise ConfigError(lines[0] + more, lines)
+    assert config is not None
+    return config
 
 
 def _normalise(data: dict[str, Any]) -> dict[str, Any]:
@@ -495,32 +557,42 @@ def _normalise(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_SECTION_KEYS = ("num_instances", "urls", "router", "max_batch_size", "max_num_tokens", "kv_cache_config",
-                 "cache_transceiver_config", "tensor_parallel_size", "pipeline_parallel_size",
-                 "context_parallel_size", "disable_overlap_scheduler", "max_seq_len", "enable_chunked_prefill")
+# Top-level keys of TensorRT-LLM's disaggregated config that are no DisaggConfig field (kept as
+# extras, and read where they have an effect) and no LLM argument either.
+TRTLLM_TOP_LEVEL_EXTRAS = frozenset({"otlp_config", "internal_request_auth_key"})
+_SECTION_FIELDS = ("num_instances", "urls", "router", "max_batch_size", "max_num_tokens", "kv_cache_config")
 
 
 def config_warnings(config: DisaggConfig) -> list[str]:
-    """Keys that are probably typos: unknown to us and a near miss of a key we know.
+    """Every key of the file that is neither a key of TensorRT-LLM's disaggregated config nor an
+    LLM argument TensorRT-LLM knows (`trtllm_llm_args.LLM_ARG_NAMES`), with the closest known
+    key when one is near (`num_workrs`: did you mean num_workers?), and a port-0 reminder.
 
-    TensorRT-LLM passes unknown keys to the executors as LLM arguments, so they cannot be
-    errors; a near miss (`num_workrs`) is almost always a mistake that silently changes
-    behaviour, so it is reported.
+    TensorRT-LLM passes such a key to the executors as an LLM argument, where `trtllm-serve`
+    refuses it (its LLM arguments forbid unknown fields); `shmdisagg serve` does nothing with it.
     """
     import difflib
 
+    from shmdisagg.trtllm_llm_args import LLM_ARG_NAMES
+
+    def unknown(dotted: str, key: str, known: list[str]) -> str:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+        hint = f", did you mean {close[0]}?" if close else ""
+        return (f"{dotted}: unknown key{hint} (no TensorRT-LLM disaggregated-config key or LLM argument: "
+                "trtllm-serve executors would refuse it, shmdisagg serve ignores it)")
+
     out = []
-    top = list(DisaggConfig.model_fields)
+    top = [*DisaggConfig.model_fields, *TRTLLM_TOP_LEVEL_EXTRAS]
     for key in config.model_extra or {}:
-        close = difflib.get_close_matches(key, top, n=1, cutoff=0.8)
-        if close:
-            out.append(f"{key}: unknown key, did you mean {close[0]}? (it is passed to the executors as an LLM argument)")
+        if key not in LLM_ARG_NAMES and key not in TRTLLM_TOP_LEVEL_EXTRAS:
+            out.append(unknown(key, key, [*top, *LLM_ARG_NAMES]))
     for name in ("context_servers", "generation_servers"):
         section = getattr(config, name)
         for key in section.model_extra or {}:
-            close = difflib.get_close_matches(key, _SECTION_KEYS, n=1, cutoff=0.8)
-            if close and close[0] != key:
-                out.append(f"{name}.{key}: unknown key, did you mean {close[0]}? (it is passed to the executors as an LLM argument)")
+            if key not in LLM_ARG_NAMES:
+                out.append(unknown(f"{name}.{key}", key, [*_SECTION_FIELDS, *LLM_ARG_NAMES]))
+    if config.port == 0:
+        out.append("port: 0 lets the kernel pick the port; only shmdisagg serve --report_addr PATH can run it (it writes host:port to PATH)")
     return out
 
 
@@ -630,41 +702,48 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
     of this machine; every executor host resolves; with `executors_here` (`shmdisagg launch`
     starts them), each executor address is one of this machine's and
     `shmdisagg.executors.log_dir`, when set, is usable. Run by `check-config`, `launch`, `serve`
-    and `bench --launch` before anything starts. Raises `ConfigError` ("key: problem")."""
+    and `bench --launch` before anything starts. Raises `ConfigError` ("key: problem"; every
+    problem found in `problems`)."""
+    problems = []
     problem = _host_problem(config.hostname, local=True)
     if problem:
-        raise ConfigError(f"hostname: {problem}; the fleet listens there")
+        problems.append(f"hostname: {problem}; the fleet listens there")
     for key in ("context_servers", "generation_servers"):
         section = getattr(config, key)
         for url, (host, _) in zip(section.urls, section.addresses()):
             problem = _host_problem(host, local=executors_here)
             if problem and problem.startswith("cannot resolve"):
-                raise ConfigError(f"{key}.urls: {url!r}: {problem}")
-            if problem:
-                raise ConfigError(f"{key}.urls: {url!r}: {problem}; shmdisagg launch starts its executors on this machine "
-                                  "(for executors elsewhere, start them there and run shmdisagg serve)")
+                problems.append(f"{key}.urls: {url!r}: {problem}")
+            elif problem:
+                problems.append(f"{key}.urls: {url!r}: {problem}; shmdisagg launch starts its executors on this machine "
+                                "(for executors elsewhere, start them there and run shmdisagg serve)")
     spec = config.shmdisagg.executors
     if executors_here and spec is not None and spec.log_dir is not None:
         problem = log_dir_problem(spec.log_dir)
         if problem:
-            raise ConfigError(f"shmdisagg.executors.log_dir: {problem}")
-    _check_observability(config)
+            problems.append(f"shmdisagg.executors.log_dir: {problem}")
+    problems += _observability_problems(config)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(problems[0] + more, problems)
 
 
-def _check_observability(config: DisaggConfig) -> None:
+def _observability_problems(config: DisaggConfig) -> list[str]:
     """Every fleet worker writes `perf_metrics_output_dir` and `TRTLLM_REQUEST_TRACE_DIR` and
-    exports to `otlp_config`: refuse what it could not honour (shmdisagg/observe.py)."""
+    exports to `otlp_config`: what it could not honour (shmdisagg/observe.py), one line each."""
     from shmdisagg.request_trace import REQUEST_TRACE_DIR_ENV, trace_dir_from_env
     from shmdisagg.tracing import otlp_problem
 
+    problems = []
     for key, path in (("perf_metrics_output_dir", config.perf_metrics_output_dir), (REQUEST_TRACE_DIR_ENV, trace_dir_from_env())):
         problem = log_dir_problem(path) if path else None
         if problem:
-            raise ConfigError(f"{key}: {problem}")
+            problems.append(f"{key}: {problem}")
     if config.otlp_config is not None and config.otlp_config.otlp_traces_endpoint:
         problem = otlp_problem()
         if problem:
-            raise ConfigError(f"otlp_config.otlp_traces_endpoint: {problem}")
+            problems.append(f"otlp_config.otlp_traces_endpoint: {problem}")
+    return problems
 
 
 def _host_problem(host: str, local: bool) -> str | None:

@@ -94,6 +94,7 @@ class LegRunner:
         reporter: FailureReporter,
         max_retries: int,
         hints: KvHints | None = None,
+        *,
         leg_timeout_s: float | None = DEFAULT_LEG_TIMEOUT_S,
     ) -> None:
         self.directory = directory
@@ -101,6 +102,9 @@ class LegRunner:
         self.reporter = reporter
         self.max_retries = max_retries
         self.hints = hints
+        # `trtllm-serve disaggregated -r/--request_timeout`: TensorRT-LLM's total timeout of each
+        # call to an executor (one leg, connect to last byte); None: no per-leg limit (`-r 0`).
+        # The whole request's deadline is shmdisagg.request_timeout_s (service.py).
         self.leg_timeout_s = leg_timeout_s
 
     async def open(

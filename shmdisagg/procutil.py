@@ -1,4 +1,5 @@
-"""Process helpers: parent-death signal, SO_REUSEPORT socket binding (and a check that it can)."""
+"""Process helpers: parent-death signal, SO_REUSEPORT socket binding (and a check that it can), a
+reserved port for `port: 0` and the `--report_addr` file."""
 
 from __future__ import annotations
 
@@ -71,6 +72,42 @@ def bind_reuseport(host: str, port: int, backlog: int = 2048) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def reserve_port(host: str) -> socket.socket:
+    """A socket bound, not listening, to a port the kernel picks on `host` (`port: 0`), with
+    SO_REUSEADDR and SO_REUSEPORT: the fleet workers' listeners (`bind_reuseport`) join it on
+    that port, while no other user's socket can take the port, and it accepts no connection
+    itself (only listening sockets get them). Close it when the deployment stops."""
+    family, addr = listen_addr(host, 0)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(addr)
+        sock.set_inheritable(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def publish_address(path: str, host: str, port: int) -> None:
+    """Write `host:port` and a newline to `path` atomically (a reader polling the file sees
+    nothing or the whole line), creating missing parent directories: TensorRT-LLM's
+    `--report_addr` contract (`commands/serve.py` `_publish_bound_address`, test id 57374853910).
+    A wildcard host ("0.0.0.0", "::", "") is replaced by this machine's host name, which a reader
+    can dial; an IPv6 literal is bracketed."""
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    if ":" in host:
+        host = f"[{host}]"
+    target = os.path.abspath(path)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = f"{target}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{host}:{port}\n")
+    os.replace(tmp, target)
 
 
 def private_unix_socket(path: str, kind: int = socket.SOCK_STREAM) -> socket.socket:

@@ -1,4 +1,5 @@
-"""`python -m shmdisagg.coordinator -c CONFIG`: run the coordinator and its fleet."""
+"""`python -m shmdisagg.coordinator -c CONFIG [-s STYLE] [-t S] [-r S] [-l LEVEL] [--report_addr PATH]`:
+run the coordinator and its fleet (what `shmdisagg serve` and `shmdisagg launch` start)."""
 
 from __future__ import annotations
 
@@ -10,27 +11,40 @@ import sys
 
 import uvloop
 
-from shmdisagg.config import ConfigError, load_config
-from shmdisagg.coordinator.main import StartupError, StartupInterrupted, run_coordinator
+from shmdisagg.config import ConfigError, DisaggConfig, load_config
+from shmdisagg.coordinator.main import StartOptions, StartupError, StartupInterrupted, run_coordinator
+from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S
 from shmdisagg.shm.segment import ShmError
+from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_level
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
+    """`env`: TensorRT-LLM's variables already read (and their warnings shown) by the caller."""
     parser = argparse.ArgumentParser(prog="shmdisagg-coordinator")
     parser.add_argument("-c", "--config", required=True)
     parser.add_argument("-s", "--schedule_style", choices=["context_first", "generation_first"], help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE")
+    parser.add_argument("-t", "--server_start_timeout", type=float, help="overrides shmdisagg.server_start_timeout_s")
+    parser.add_argument("-r", "--request_timeout", type=float, default=DEFAULT_LEG_TIMEOUT_S, help="each leg's timeout, seconds (0: none)")
+    parser.add_argument("-l", "--log_level", choices=list(LOG_LEVELS))
+    parser.add_argument("--report_addr")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-        style = os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE")
-        if style and style not in ("context_first", "generation_first"):
-            raise ConfigError(f"TRTLLM_DISAGG_SCHEDULE_STYLE: {style!r} is not context_first or generation_first")
+        if env is None:
+            env = read_env()
+            if not os.environ.get("SHMDISAGG_LAUNCHED"):  # else the launcher showed them already
+                for warning in env.warnings:
+                    print(f"shmdisagg: warning: {warning}", file=sys.stderr)
     except ConfigError as err:
-        print(f"shmdisagg: config error: {err}", file=sys.stderr)
+        for line in err.problems:
+            print(f"shmdisagg: config error: {line}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.shmdisagg.log_level.upper(), format="%(asctime)s coordinator %(levelname)s %(message)s")
+    config = with_start_timeout(config, args.server_start_timeout)
+    level = resolve_log_level(env, args.log_level, config.shmdisagg.log_level)
+    logging.basicConfig(level=LOG_LEVELS[level], format="%(asctime)s coordinator %(levelname)s %(message)s", force=True)
+    options = StartOptions(args.schedule_style, args.request_timeout or None, level, args.report_addr, env)
     try:
-        uvloop.run(run_coordinator(config, args.config, args.schedule_style))
+        uvloop.run(run_coordinator(config, args.config, options))
     except StartupInterrupted as err:
         if not os.environ.get("SHMDISAGG_LAUNCHED"):  # else the launcher that stopped it says so
             print(f"shmdisagg: interrupted during start-up ({signal.Signals(err.signum).name}); stopped what had started", file=sys.stderr)
@@ -39,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shmdisagg: coordinator failed to start: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def with_start_timeout(config: DisaggConfig, seconds: float | None) -> DisaggConfig:
+    """The config with `-t/--server_start_timeout` as its `shmdisagg.server_start_timeout_s`
+    (the flag wins over the file, as a command line does)."""
+    if seconds is None:
+        return config
+    return config.model_copy(update={"shmdisagg": config.shmdisagg.model_copy(update={"server_start_timeout_s": float(seconds)})})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from shmdisagg.config import DisaggConfig
+from shmdisagg.config import MAX_EXECUTORS, DisaggConfig
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
 
 log = logging.getLogger("shmdisagg.coordinator")
@@ -71,8 +71,8 @@ def executors_from_config(config: DisaggConfig) -> list[Executor]:
     for role, section in ((ROLE_CONTEXT, config.context_servers), (ROLE_GENERATION, config.generation_servers)):
         for host, port in section.addresses():
             out.append(Executor(len(out), role, host, port))
-    if len(out) > 64:
-        raise ValueError(f"{len(out)} executors configured; the table holds at most 64")
+    # parse_config refuses more (config.MAX_EXECUTORS); a config built another way must not get here
+    assert len(out) <= MAX_EXECUTORS, f"{len(out)} executors configured; the table holds at most {MAX_EXECUTORS}"
     return out
 
 

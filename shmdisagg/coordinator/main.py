@@ -1,10 +1,13 @@
 """The coordinator process: the only writer of the shared table.
 
-Start-up, in order: create the table (cleaning a dead deployment's stale segments; a live one
+Start-up, in order: with `port: 0`, reserve a port the kernel picks (`procutil.reserve_port`);
+create the table (cleaning a dead deployment's stale segments; a live one
 holds the segment's flock and makes this fail), register the executors of the config, wait until
-every role has a healthy executor (up to `server_start_timeout_s`), serve the internal API on a
+every configured executor answers `GET /health` with 200 (up to `server_start_timeout_s` or
+`-t`, as TensorRT-LLM waits for all its servers before it serves), serve the internal API on a
 Unix socket only this user can connect to (mode 0600) and, with a `kv_cache_aware` router, listen for the fleet's KV poll hints on a Unix
-datagram socket (`kv_events.py`), start the fleet. Then it heart-beats the table, polls executor
+datagram socket (`kv_events.py`), start the fleet and, with `--report_addr PATH`, write the
+public host:port to PATH. Then it heart-beats the table, polls executor
 health, drains KV events and supervises the fleet until SIGTERM/SIGINT, and shuts down in a
 fixed, bounded order: stop the fleet (each worker gets `timeout_graceful_shutdown_s` for its
 requests in flight, then STOP_MARGIN_S to end the rest and exit before a SIGKILL), stop the
@@ -21,17 +24,20 @@ import logging
 import os
 import secrets
 import socket
+from dataclasses import dataclass, field
 
 import uvicorn
 
 from shmdisagg.config import DisaggConfig
+from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S, FleetOverrides
+from shmdisagg.trtllm_env import NOT_FOR_WORKERS, TrtllmEnv, apply_gc
 from shmdisagg.coordinator.api import internal_app
 from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor, executors_from_config
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
-from shmdisagg.procutil import private_unix_socket, public_port_problem
+from shmdisagg.procutil import private_unix_socket, public_port_problem, publish_address, reserve_port
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.index import BlockIndex, IndexSettings
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
@@ -57,11 +63,32 @@ class StartupInterrupted(StartupError):
         self.signum = signum
 
 
+@dataclass(frozen=True)
+class StartOptions:
+    """What `trtllm-serve disaggregated`'s command line adds to the config (`shmdisagg serve`).
+
+    `schedule_style`: `-s` (wins over TRTLLM_DISAGG_SCHEDULE_STYLE and the file);
+    `leg_timeout_s`: `-r`, every fleet worker's per-leg timeout (None: no limit);
+    `log_level`: resolved from TLLM_LOG_LEVEL, `-l` and the file (a trtllm_env.LOG_LEVELS name);
+    `report_addr`: `--report_addr`, where the bound public host:port is written;
+    `env`: TensorRT-LLM's environment variables, read once (`trtllm_env.read_env`).
+    """
+
+    schedule_style: str | None = None
+    leg_timeout_s: float | None = DEFAULT_LEG_TIMEOUT_S
+    log_level: str | None = None
+    report_addr: str | None = None
+    env: TrtllmEnv = field(default_factory=TrtllmEnv)
+
+
 class Coordinator:
     """State: the table it owns, the executor health monitor, the fleet supervisor."""
 
-    def __init__(self, config: DisaggConfig, config_path: str, schedule_style: str | None = None) -> None:
+    def __init__(self, config: DisaggConfig, config_path: str, options: StartOptions | None = None, public_port: int | None = None) -> None:
+        """`public_port`: the port reserved for `port: 0` (`config` carries it already)."""
+        options = options or StartOptions()
         self.config = config
+        self.options = options
         self.table = ControlTable.create(config.shm_prefix, config.shmdisagg.shm.max_workers)
         try:
             self.table.set_coordinator(os.getpid(), process_starttime(os.getpid()), secrets.randbits(63))
@@ -77,9 +104,10 @@ class Coordinator:
             kv_executors = [ex for ex in self.health.executors if ex.role in kv_roles]
             self.kv_events = KvEventIngestor(self.index, kv_executors, tpb.__getitem__, sd.kv_events) if kv_executors else None
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
-            self.schedule_style = schedule_style or os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE") or config.schedule_style
-            env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style}
-            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env, sd.worker_timeout_s)
+            self.schedule_style = options.schedule_style or options.env.schedule_style or config.schedule_style
+            overrides = FleetOverrides(public_port, options.leg_timeout_s, options.log_level)
+            env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style, **overrides.to_environ()}
+            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env, sd.worker_timeout_s, drop_env=NOT_FOR_WORKERS)
             # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
             # are folded into the retired row before its replacement starts
             self.metrics = MetricsSegment.create(config.shm_prefix, config.num_workers)
@@ -91,6 +119,7 @@ class Coordinator:
             raise
         self._stop = asyncio.Event()
         self.stop_signal: int | None = None  # the signal that asked it to stop
+        self.port_reserved = public_port is not None  # we hold the port: no need to probe it
 
     async def _maintain_index(self) -> None:
         """Sweep routed-bit TTLs and session LRU, resize/compact, retire old generations."""
@@ -112,33 +141,38 @@ class Coordinator:
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _wait_ready(self) -> None:
-        """Until every role has a healthy executor; after WAIT_NOTICE_S it logs what it waits
-        for, then every WAIT_REPORT_S which servers are still not ready."""
+        """Until every configured executor is healthy (TensorRT-LLM's orchestrator waits until
+        all its servers' /health is 200, up to `--server_start_timeout`, else it fails: §4.7 of
+        shared/reference/trtllm_protocol.md); after WAIT_NOTICE_S it logs what it waits for, then
+        every WAIT_REPORT_S which servers are still not ready."""
         loop = asyncio.get_running_loop()
         timeout = self.config.shmdisagg.server_start_timeout_s
         start = loop.time()
         deadline, report_at, reported = start + timeout, start + WAIT_NOTICE_S, False
-        while not self.health.ready():
+        # TRTLLM_DISAGG_BENCHMARK_GEN_ONLY: no context leg is ever sent, so upstream's wait skips
+        # the context servers (`_wait_for_all_servers_ready`, serve/openai_disagg_service.py)
+        awaited = [e for e in self.health.executors if not (self.options.env.benchmark_gen_only and e.role == ROLE_CONTEXT)]
+        while not all(e.healthy for e in awaited):
             if self._stop.is_set():
                 if self.stop_signal is not None:
                     raise StartupInterrupted(self.stop_signal)
                 raise StartupError("stopped before the executors were ready")
             now = loop.time()
             if now > deadline:
-                missing = [e.addr for e in self.health.executors if not e.healthy]
+                missing = [e.addr for e in awaited if not e.healthy]
                 raise StartupError(f"executors not healthy after {timeout:g} s: {', '.join(missing)}")
             if now >= report_at:
                 left = f"{deadline - now:.0f} s left"
                 if not reported:
-                    log.info("waiting for a healthy context and a healthy generation executor (GET /health = 200) before starting "
-                             "the fleet, up to server_start_timeout_s (%s); not ready: %s", left, not_ready(self.health.executors))
+                    log.info("waiting for every executor to be healthy (GET /health = 200) before starting "
+                             "the fleet, up to server_start_timeout_s or -t (%s); not ready: %s", left, not_ready(awaited))
                 else:
-                    log.info("still waiting for the executors (%s); not ready: %s", left, not_ready(self.health.executors))
+                    log.info("still waiting for the executors (%s); not ready: %s", left, not_ready(awaited))
                 report_at, reported = now + WAIT_REPORT_S, True
             await asyncio.sleep(0.05)
 
     async def run(self) -> None:
-        problem = public_port_problem(self.config.hostname, self.config.port)
+        problem = None if self.port_reserved else public_port_problem(self.config.hostname, self.config.port)
         if problem:  # the fleet could only crash-loop on it
             raise StartupError(problem)
         on_stop_signals(self.request_stop, with_signal=True)
@@ -155,7 +189,8 @@ class Coordinator:
                     hints = await listen_for_hints(self.config.kv_hint_socket, self.kv_events)
                 except OSError as err:
                     log.warning("no KV poll hints (%s: %s): KV events are only polled", self.config.kv_hint_socket, err)
-            api = EmbeddedServer(uvicorn.Config(internal_app(self), lifespan="off", access_log=False, log_level="warning", loop="none"))
+            api = EmbeddedServer(uvicorn.Config(internal_app(self), lifespan="off", access_log=False, log_level="warning", loop="none",
+                                                workers=1))  # else uvicorn reads WEB_CONCURRENCY
         except BaseException:  # cancelled or failed before the finally below owns the sockets
             api_sock.close()
             with contextlib.suppress(FileNotFoundError):
@@ -171,6 +206,8 @@ class Coordinator:
             await self._wait_ready()
             self.table.set_coord_state(COORD_RUNNING)
             self.supervisor.start()
+            if self.options.report_addr:  # the port is bound (or held) by now; readers poll /health next
+                publish_address(self.options.report_addr, self.config.hostname, self.config.port)
             n = self.config.num_workers
             log.info("coordinator ready: %d fleet worker%s on %s:%d", n, "" if n == 1 else "s", self.config.hostname, self.config.port)
             await self._stop.wait()
@@ -235,9 +272,21 @@ def index_settings(config: DisaggConfig) -> IndexSettings:
     )
 
 
-async def run_coordinator(config: DisaggConfig, config_path: str, schedule_style: str | None = None) -> None:
-    coord = Coordinator(config, config_path, schedule_style)
+async def run_coordinator(config: DisaggConfig, config_path: str, options: StartOptions | None = None) -> None:
+    """Run the coordinator until a stop signal. With `port: 0` a port is reserved first and the
+    whole deployment (shared-memory names, sockets, fleet) uses it."""
+    options = options or StartOptions()
+    reserved = reserve_port(config.hostname) if config.port == 0 else None
     try:
-        await coord.run()
+        port = reserved.getsockname()[1] if reserved is not None else None
+        if port is not None:
+            config = config.model_copy(update={"port": port})
+        coord = Coordinator(config, config_path, options, port)
+        apply_gc(options.env)  # TRTLLM_DISAGG_SERVER_DISABLE_GC, as in the fleet workers
+        try:
+            await coord.run()
+        finally:
+            coord.close()
     finally:
-        coord.close()
+        if reserved is not None:
+            reserved.close()

@@ -64,8 +64,12 @@ def _worker_preexec() -> None:
 class FleetSupervisor:
     """Owns the fleet worker processes. Signal handlers only call `stop()` via the loop."""
 
-    def __init__(self, table: ControlTable, config_path: str, num_workers: int, env: dict[str, str] | None = None, worker_timeout_s: float = 0.0) -> None:
+    def __init__(self, table: ControlTable, config_path: str, num_workers: int, env: dict[str, str] | None = None, worker_timeout_s: float = 0.0,
+                 drop_env: tuple[str, ...] = ()) -> None:
+        """`env` is added to this process's environment for every worker, `drop_env` removed
+        from it (WEB_CONCURRENCY, as TensorRT-LLM's fleet launcher strips it)."""
         self.table = table
+        self.drop_env = drop_env
         self.worker_timeout_s = worker_timeout_s
         self.stuck_kills = 0  # workers killed by `watch` for a stale heartbeat
         self.config_path = os.path.abspath(config_path)
@@ -87,7 +91,8 @@ class FleetSupervisor:
         self._start_standby()
 
     def _popen(self, index: str, stdin: int | None = None) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **self.env, "SHMDISAGG_CONFIG": self.config_path, "SHMDISAGG_WORKER_INDEX": index}
+        env = {k: v for k, v in os.environ.items() if k not in self.drop_env}
+        env.update(self.env, SHMDISAGG_CONFIG=self.config_path, SHMDISAGG_WORKER_INDEX=index)
         return subprocess.Popen(
             [sys.executable, "-m", "shmdisagg.fleet.worker"], env=env, stdin=stdin, preexec_fn=_worker_preexec, close_fds=True
         )

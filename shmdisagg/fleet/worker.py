@@ -7,8 +7,16 @@ worker's row, the server records or the block index: the coordinator does. Start
 
 - `SHMDISAGG_CONFIG`: path of the deployment config file
 - `SHMDISAGG_WORKER_INDEX`: this worker's index in the fleet (0..num_workers-1), also the
-  `process_id` field of the request ids it mints; `standby` for the supervisor's warm spare,
-  which imports everything, then reads its index from stdin (EOF: exit quietly)
+  `process_id` field of the request ids it mints (with `num_workers: 1`,
+  `TRTLLM_DISAGG_WORKER_PROCESS_ID` when set, as TensorRT-LLM's standalone server reads it);
+  `standby` for the supervisor's warm spare, which imports everything, then reads its index
+  from stdin (EOF: exit quietly)
+- set by the coordinator from the command line (`fleet/overrides.py`): `SHMDISAGG_PUBLIC_PORT` (the
+  port it picked for `port: 0`), `SHMDISAGG_LEG_TIMEOUT_S` (`-r`, 0 for none),
+  `SHMDISAGG_LOG_LEVEL` (`-l` / `TLLM_LOG_LEVEL`), `TRTLLM_DISAGG_SCHEDULE_STYLE` (`-s`)
+
+TensorRT-LLM's other variables are read through `trtllm_env.read_env` (retries, garbage
+collector), as in the coordinator.
 
 SIGTERM or SIGINT stops it gracefully (`GracefulStop`): the listener and idle keep-alive
 connections close at once, requests in flight run on for `timeout_graceful_shutdown_s`, then
@@ -19,7 +27,6 @@ the usual paths, so the row is back to zero before the process exits.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import sys
@@ -29,6 +36,8 @@ import uvicorn
 import uvloop
 
 from shmdisagg.config import ConfigError, DisaggConfig, load_config
+from shmdisagg.fleet.overrides import FleetOverrides
+from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, apply_gc, read_env
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.fleet.app import FleetApp, control_app
 from shmdisagg.ids import DisaggIdGenerator
@@ -37,7 +46,7 @@ from shmdisagg.routing import USES_INDEX, make_policy
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.tokenization import load_tokenizer
 from shmdisagg.fleet.cluster import ClusterView, fetch_cluster_info
-from shmdisagg.flows import SCHEDULE_STYLE, FlowOptions, Flows
+from shmdisagg.flows import FlowOptions, Flows
 from shmdisagg.legs import LegRunner
 from shmdisagg.metrics.fleet import FleetMetrics
 from shmdisagg.observe import Observability
@@ -97,37 +106,39 @@ async def _housekeeping(table: ControlTable, row: int, view: ClusterView, servic
         await asyncio.sleep(HEARTBEAT_S)
 
 
-def resolve_schedule_style(config: DisaggConfig) -> str:
-    """`TRTLLM_DISAGG_SCHEDULE_STYLE` overrides the file's `schedule_style`, as TensorRT-LLM's
-    fleet workers apply the style their launcher resolved. Raises ConfigError for a bad value."""
-    value = os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE")
-    if not value:
-        return config.schedule_style
-    if value not in SCHEDULE_STYLE:
-        raise ConfigError(f"TRTLLM_DISAGG_SCHEDULE_STYLE: {value!r} is not one of {', '.join(SCHEDULE_STYLE)}")
-    return value
-
-
-def flow_options(config: DisaggConfig) -> FlowOptions:
+def flow_options(config: DisaggConfig, env: TrtllmEnv) -> FlowOptions:
     """The config's and the environment's switches of the request flow (`flows.FlowOptions`)."""
     return FlowOptions(
         gen_tokids_ctxbytes=config.gen_tokids_ctxbytes,
         gen_strip_message_history=config.gen_strip_message_history,
-        benchmark_gen_only=os.environ.get("TRTLLM_DISAGG_BENCHMARK_GEN_ONLY") == "1",
+        benchmark_gen_only=env.benchmark_gen_only,
     )
 
 
-def wire_for(config: DisaggConfig) -> Wire:
+def wire_for(config: DisaggConfig, env: TrtllmEnv) -> Wire:
     """Leg encoding: msgpack with `TRTLLM_SERVE_ENABLE_MSGSPEC=1`, signed handoffs with
     `internal_request_auth_key` (`wire.py`)."""
-    return Wire(msgpack=os.environ.get("TRTLLM_SERVE_ENABLE_MSGSPEC") == "1", auth_key=config.internal_request_auth_key)
+    return Wire(msgpack=env.msgspec, auth_key=config.internal_request_auth_key)
 
 
 def _node_id(config: DisaggConfig) -> int:
+    """The request id's node field: `node_id`, else TensorRT-LLM's default `uuid.getnode() % 256`
+    (`llmapi/disagg_utils.py` DisaggServerConfig)."""
     return config.node_id if config.node_id is not None else uuid.getnode() % 256
 
 
-async def serve(config: DisaggConfig, worker_index: int) -> None:
+def process_id(config: DisaggConfig, env: TrtllmEnv, worker_index: int) -> int:
+    """The request id's process field: `TRTLLM_DISAGG_WORKER_PROCESS_ID` for a fleet of one
+    (TensorRT-LLM's standalone server reads it, `worker_local_process_id`), else the worker's
+    index, as TensorRT-LLM's fleet launcher assigns it to each worker."""
+    if config.num_workers == 1 and env.worker_process_id is not None:
+        return env.worker_process_id
+    return worker_index % 64
+
+
+async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None = None, overrides: FleetOverrides | None = None) -> None:
+    env = env or TrtllmEnv()
+    overrides = overrides or FleetOverrides()
     table = ControlTable.attach(config.shm_prefix)
     row = table.claim_row(os.getpid(), process_starttime(os.getpid()))
     upstream = UpstreamPool()
@@ -150,11 +161,12 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
         ctx_policy = make_policy(table, row, ROLE_CONTEXT, ctx_args, index, lambda: directory.tokens_per_block(ROLE_CONTEXT))
         gen_policy = make_policy(table, row, ROLE_GENERATION, gen_args, index, lambda: directory.tokens_per_block(ROLE_GENERATION))
         ctx_policy, gen_policy = metrics.wrap_policy(ctx_policy, False), metrics.wrap_policy(gen_policy, True)
-        ids = DisaggIdGenerator(_node_id(config), worker_index % 64)
-        legs = LegRunner(directory, upstream, reporter, config.max_retries, hints)
-        style = resolve_schedule_style(config)
+        ids = DisaggIdGenerator(_node_id(config), process_id(config, env, worker_index))
+        retries = 0 if env.no_retry else config.max_retries  # TRTLLM_DISAGG_NO_RETRY=1
+        legs = LegRunner(directory, upstream, reporter, retries, hints, leg_timeout_s=overrides.leg_timeout_s)
+        style = env.schedule_style or config.schedule_style  # the coordinator resolved -s into the variable
         local_prefill = config.conditional_disagg_config.max_local_prefill_length if config.conditional_disagg_config else 0
-        flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info, style, local_prefill, flow_options(config), wire_for(config))
+        flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info, style, local_prefill, flow_options(config, env), wire_for(config, env))
         admission = metrics.admission(config.shmdisagg.max_inflight_requests, lambda: sum(table.load(s.slot)[0] for s in directory.servers()))
         service = DisaggService(config, flows, ids, admission, style)
         metrics.install(service)
@@ -175,11 +187,12 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
             http="httptools",
             lifespan="off",
             access_log=False,
-            log_level=config.shmdisagg.log_level,
+            log_level=LOG_LEVELS[overrides.log_level or config.shmdisagg.log_level],
+            workers=1,  # else uvicorn reads WEB_CONCURRENCY (and fails on a non-integer)
             timeout_keep_alive=config.server_keep_alive_timeout,
             timeout_graceful_shutdown=config.shmdisagg.timeout_graceful_shutdown_s + END_MARGIN_S,  # type: ignore[arg-type]  # a float works
         )
-        gc.freeze()  # start-up objects are permanent: keep them out of every collection
+        apply_gc(env)  # TRTLLM_DISAGG_SERVER_DISABLE_GC: off unless 0, as TensorRT-LLM's fleet workers
         reporter.start()
         metrics.start()
         house = asyncio.ensure_future(_housekeeping(table, row, view, service, config.coordinator_socket))
@@ -207,20 +220,27 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
         table.close()
 
 
-def main() -> None:
-    config = load_config(os.environ["SHMDISAGG_CONFIG"])
+def main() -> int:
+    overrides = FleetOverrides.from_environ()
+    try:
+        config = overrides.apply(load_config(os.environ["SHMDISAGG_CONFIG"]))
+        env = read_env()  # the coordinator refused a bad one before it started the fleet
+    except ConfigError as err:
+        print(f"shmdisagg: config error: {err}", file=sys.stderr)
+        return 2
     given = os.environ.get("SHMDISAGG_WORKER_INDEX", "0")
     if given == "standby":
         line = sys.stdin.readline()
         if not line.strip():
-            return
+            return 0
         given = line
     index = int(given)
     logging.basicConfig(
-        level=config.shmdisagg.log_level.upper(),
+        level=LOG_LEVELS[overrides.log_level or config.shmdisagg.log_level],
         format=f"%(asctime)s fleet[{index}:{os.getpid()}] %(levelname)s %(message)s",
     )
-    uvloop.run(serve(config, index))
+    uvloop.run(serve(config, index, env, overrides))
+    return 0
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def test_an_interrupt_while_the_coordinator_waits_for_executors_is_one_line(tmp_
     ctx, gen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     cfg = write_config(tmp_path, shm_prefix, [ctx], [gen], num_workers=1)
     cmd = Command("launch", "-c", str(cfg))
-    line = cmd.wait_for_line("waiting for a healthy context and a healthy generation executor")
+    line = cmd.wait_for_line("waiting for every executor to be healthy")
     assert f"not ready: context {ctx}; generation {gen}" in line
     status, stderr = cmd.interrupt(signal.SIGINT)
     assert status == 130, stderr
@@ -167,7 +167,7 @@ def test_serve_says_what_it_waits_for_and_an_interrupt_ends_it_in_one_line(tmp_p
     gen = [f"127.0.0.1:{free_port()}"]
     cfg = write_config(tmp_path, shm_prefix, ctx, gen, num_workers=1, shmdisagg={"server_start_timeout_s": 120})
     cmd = Command("serve", "-c", str(cfg))
-    line = cmd.wait_for_line("waiting for a healthy context and a healthy generation executor", timeout_s=30)
+    line = cmd.wait_for_line("waiting for every executor to be healthy", timeout_s=30)
     assert f"not ready: context {ctx[0]}, {ctx[1]}; generation {gen[0]}" in line and "s left" in line, line
     status, stderr = cmd.interrupt(signal.SIGTERM)
     assert status == 143, stderr

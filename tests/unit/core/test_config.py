@@ -212,7 +212,9 @@ def test_check_config_and_launch_refuse_alike_in_one_line(tmp_path: Path, shm_pr
         out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", command, "-c", str(path)], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2, (command, out)
         lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith(f"shmdisagg: config error: {path}: {expected}"), (command, out.stderr)
+        # one line per problem (capacity and max_capacity are two), the expected one first
+        assert lines[0].startswith(f"shmdisagg: config error: {path}: {expected}"), (command, out.stderr)
+        assert all(line.startswith(f"shmdisagg: config error: {path}: ") for line in lines), out.stderr
         assert "ok" not in out.stdout
 
 
