@@ -16,6 +16,10 @@ second importing uvicorn, FastAPI and pydantic (measured: 0.8 s alone, 0.8-1.9 s
 answer on a loaded 2-core machine). So the supervisor keeps one warm **standby** process that
 has done its imports and waits on stdin for the index it is to take over; a death promotes it at
 once and a new standby is started in the background.
+
+Until a worker has claimed its row it is judged against `CLAIM_GRACE_S` or `worker_timeout_s`,
+whichever is longer: a process still importing on a loaded machine (seen: 2.4 s under pytest-xdist
+on 2 cores) is starting, not stuck.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ QUICK_DEATH_S = 2.0
 # On stop, how long past the workers' grace period (`timeout_graceful_shutdown_s`) they get to
 # end their last requests and exit before the SIGKILL (they need END_MARGIN_S of it at most).
 STOP_MARGIN_S = 5.0
+CLAIM_GRACE_S = 15.0  # seconds a started or promoted worker may take to claim its row
 
 
 @dataclass
@@ -167,7 +172,7 @@ class FleetSupervisor:
         """One `watch` round at `now_ns` (CLOCK_MONOTONIC); returns the indexes it killed. A
         worker is judged by its row's heartbeat, or, until it has claimed a row, by the time
         since it was started or promoted (a standby stopped before its promotion never claims
-        one)."""
+        one) against `max(worker_timeout_s, CLAIM_GRACE_S)`."""
         if self._stopping:  # workers finishing their graceful stop are not judged
             return []
         beats = {r.pid: r.heartbeat_ns for r in self.table.rows()}
@@ -175,7 +180,8 @@ class FleetSupervisor:
         for w in list(self.workers.values()):
             beat = beats.get(w.proc.pid)
             silent_s = (now_ns - beat) / 1e9 if beat is not None else now_ns / 1e9 - w.started
-            if w.killed or silent_s <= self.worker_timeout_s:  # killed: its exit is on its way
+            limit_s = self.worker_timeout_s if beat is not None else max(self.worker_timeout_s, CLAIM_GRACE_S)
+            if w.killed or silent_s <= limit_s:  # killed: its exit is on its way
                 continue
             w.killed = True
             what = "has not heart-beaten" if beat is not None else "has not claimed its row"

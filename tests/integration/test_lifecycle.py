@@ -44,13 +44,18 @@ def pair(tmp_path: Path, shm_prefix: str, request: pytest.FixtureRequest):  # ty
 
 
 def test_client_disaggregated_params_never_reach_an_executor(pair) -> None:  # type: ignore[no-untyped-def]
+    """A client's own `disaggregated_params` is the orchestrator's field: refused by name with a
+    400, and nothing reaches an executor; the orchestrator's own params still flow."""
     dep, ctx, g0, g1 = pair
     body = {**COMPLETION, "disaggregated_params": {"request_type": "generation_only", "ctx_request_id": 1}}
-    assert post(dep, "/v1/completions", body)[0] == 200
+    status, err = post(dep, "/v1/completions", body)
+    assert status == 400 and "disaggregated_params" in err["message"]
+    assert ctx.recorded() == [] and g0.recorded() + g1.recorded() == []
+    assert post(dep, "/v1/completions", COMPLETION)[0] == 200
     [c] = ctx.recorded()
     assert c["disaggregated_params"]["request_type"] == "context_only" and "ctx_request_id" not in c["disaggregated_params"]
     [g] = g0.recorded() + g1.recorded()
-    assert g["disaggregated_params"]["ctx_request_id"] == c["disaggregated_params"]["disagg_request_id"] != 1
+    assert g["disaggregated_params"]["ctx_request_id"] == c["disaggregated_params"]["disagg_request_id"]
 
 
 def test_context_stop_without_ids_is_final(pair) -> None:  # type: ignore[no-untyped-def]

@@ -245,3 +245,37 @@ def test_trtllm_disagg_no_retry_turns_retries_off(tmp_path: Path, shm_prefix: st
         seen = [get_json(s.endpoint, "/sim/stats")[1]["requests_seen"] for s in (bad, good)]
     assert sorted(s == 200 for s in statuses) == [False, True], statuses
     assert seen == [1, 1], seen  # the failed leg was not sent again to the good server
+
+
+def test_r_bounds_each_leg_and_a_leg_past_it_is_a_504_never_replayed(tmp_path: Path, shm_prefix: str) -> None:
+    """`-r/--request_timeout` is upstream's aiohttp total timeout of each call to an executor:
+    a context leg that takes longer is a 504 (not retried: its work may be running), and a
+    generation stream that stalls past it ends with an SSE error event, while a request whose legs
+    each finish within it passes even when the two together take longer."""
+    from tests.integration.harness import fake_executors
+
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], max_retries=3)
+        host, port = "127.0.0.1", yaml.safe_load(cfg.read_text())["port"]
+        cmd = Command(["disaggregated", "-c", str(cfg), "-r", "2"], tmp_path / "serve.log")
+        try:
+            serving(cmd, host, port)
+            body = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
+            ctx.script(delay_s=1.2)
+            gen.script(delay_s=1.2)  # 2.4 s in all, each leg under 2 s
+            assert call(host, port, "POST", "/v1/completions", body)[0] == 200
+            ctx.script(delay_s=4.0)
+            status, _, err = call(host, port, "POST", "/v1/completions", body)
+            assert status == 504 and err["code"] == 504 and "did not finish within 2 s (request_timeout)" in err["message"]
+            assert len(ctx.recorded()) == 2  # the timed-out leg was not replayed on a retry
+            ctx.script(delay_s=0.0)
+            gen.script(delay_s=0.0, hold=True)  # the stream stalls after its first chunk
+            c = http.client.HTTPConnection(host, port, timeout=30)
+            c.request("POST", "/v1/completions", body=orjson.dumps({**body, "stream": True}), headers={"content-type": "application/json"})
+            raw = c.getresponse().read()
+            c.close()
+            events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
+            assert events[-1] == b"[DONE]" and orjson.loads(events[-2])["error"]["code"] == 504
+        finally:
+            gen.release()
+            assert cmd.stop() == 0, cmd.output()
