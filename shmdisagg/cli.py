@@ -1,4 +1,5 @@
-"""`shmdisagg` command line. Only this module turns exceptions into exit codes.
+"""shmdisagg: disaggregated LLM serving on one machine, with the routers' state in shared memory.
+A drop-in for `trtllm-serve disaggregated`: the same config file, the same executors.
 
     shmdisagg launch -c CONFIG      start executors, coordinator and fleet; stop on SIGINT/SIGTERM
                                     (--dry-run: print the plan, start nothing)
@@ -13,6 +14,9 @@ Exit codes: 0 success, 1 runtime failure, 2 bad config or usage, 128 + the signa
 when interrupted before the command finished starting (130 SIGINT, 143 SIGTERM; `launch` and
 `serve` stopped by one once they serve exit 0).
 """
+
+# (This docstring is `shmdisagg --help`'s description.) Only this module turns exceptions into
+# exit codes.
 
 from __future__ import annotations
 
