@@ -7,6 +7,8 @@ A drop-in for `trtllm-serve disaggregated`: the same config file, the same execu
                                     (what `trtllm-serve disaggregated -c CONFIG` does)
     shmdisagg bench [...]           replay a trace or run a fixed-concurrency load
     shmdisagg check-config -c CONFIG
+                                    validate a config, its plan and its addresses here (and is
+                                    its public port free?)
     shmdisagg stats -c CONFIG       live view of a running deployment's shared table (--once --json)
     shmdisagg sim [...]             one executor simulator (see `shmdisagg sim --help`)
 
@@ -161,6 +163,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return 2
     # and the checks against this machine that launch and serve run (addresses, log directory)
     _check_machine(config, args.config, executors_here=config.shmdisagg.executors is not None)
+    from shmdisagg.portuser import public_port_user
+
+    port = public_port_user(config, args.config)  # what launch and serve would refuse right now
+    if port is not None and not port.ours:
+        print(f"shmdisagg: {args.config}: {port.problem}; launch and serve need it free", file=sys.stderr)
+        return 1
     n_ctx, n_gen = len(config.context_servers.urls), len(config.generation_servers.urls)
     print(
         f"{args.config}: ok — {n_ctx} context and {n_gen} generation server{'' if n_gen == 1 else 's'}, "
@@ -168,6 +176,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"routers {config.context_servers.router.type}/{config.generation_servers.router.type}, "
         f"shared memory /dev/shm/{config.shm_prefix}-*"
     )
+    if port is not None:
+        print(f"{args.config}: {port.problem}; launch and serve refuse a second one while it runs")
     return 0
 
 
@@ -200,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-s", "--schedule_style", choices=["context_first", "generation_first"], help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("check-config", help="validate a config file")
+    p = sub.add_parser("check-config", help="validate a config file here (keys, plan, addresses, public port)")
     p.add_argument("-c", "--config", required=True)
     p.set_defaults(func=cmd_check_config)
 
