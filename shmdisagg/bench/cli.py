@@ -31,7 +31,7 @@ from shmdisagg.bench import BenchError, procstat
 from shmdisagg.bench.client import Client, RequestRecord, cluster_pids, first_model
 from shmdisagg.bench.load import LoadCounters, LoadInterrupted, closed_loop, jobs, open_loop
 from shmdisagg.bench.metrics import Slo, parse_slo, summarize
-from shmdisagg.bench.plot import load_runs, plot_runs
+from shmdisagg.bench.plot import Plots, load_runs, plot_runs
 from shmdisagg.bench.progress import progress_for
 from shmdisagg.bench.report import aiperf_view, print_table, warm_note, write_json, write_records
 from shmdisagg.bench.timeline import LoadSampler, timeline
@@ -239,8 +239,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
     if note:
         print(f"shmdisagg bench: {note}", file=sys.stderr)
     if getattr(args, "plot", None):
-        files = plot_runs([(summary["label"], summary), *compare], args.plot)
-        print(f"plots: {', '.join(str(f) for f in files)}", file=sys.stderr)
+        _report_plots(plot_runs([(summary["label"], summary), *compare], args.plot))
     return summary
 
 
@@ -248,9 +247,15 @@ def plot_only(args: argparse.Namespace) -> list[str]:
     """`--plot-only`: draw the `--compare` runs into `--plot DIR`; returns the files."""
     if not args.plot or not args.compare:
         raise BenchError("--plot-only needs --plot DIR and --compare RUN_JSON [RUN_JSON ...]")
-    files = [str(f) for f in plot_runs(load_runs(args.compare), args.plot)]
-    print(f"plots: {', '.join(files)}", file=sys.stderr)
-    return files
+    plots = plot_runs(load_runs(args.compare), args.plot)
+    _report_plots(plots)
+    return [str(f) for f in plots.files]
+
+
+def _report_plots(plots: Plots) -> None:
+    print(f"plots: {', '.join(str(f) for f in plots.files)}", file=sys.stderr)
+    for line in plots.not_drawn:
+        print(f"plots: {line}", file=sys.stderr)
 
 
 async def _drive(
