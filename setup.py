@@ -7,6 +7,11 @@ setup(
     # here rather than in pyproject's [tool.setuptools]: setuptools < 69 warns on every build
     # that that table is beta (the venv's own setuptools runs build_ext --inplace)
     packages=find_packages(include=["shmdisagg*"]),
+    # The packages' root is the repository root. Said out loud, setuptools' editable install
+    # (pip install -e .) adds that root to sys.path with a plain .pth file; left implicit, it
+    # installs a meta-path finder instead and warns on every install ("Please be careful with
+    # folders in your working directory with the same name as your package").
+    package_dir={"": "."},
     ext_modules=[
         Extension(
             "shmdisagg._native",

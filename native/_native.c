@@ -6,7 +6,7 @@
  * closed under us. The layout is documented in native/README.md; the constants below are its
  * single source of truth (shmdisagg/shm/layout.py re-exports them).
  *
- * Rules (shared/reference/shm_design.md section 2, 3, 5, 9):
+ * Rules (from the project's shared-memory design notes, not part of the repository):
  * - Shared words are naturally aligned 4/8-byte integers accessed only through GCC __atomic
  *   builtins; no 16-byte atomics anywhere (libatomic may use a process-local lock).
  * - Multi-word records are seqlocks in Boehm's fence form. Readers give up after SEQ_TRIES tries

@@ -4,8 +4,9 @@
 TensorRT-LLM cannot be installed here, so this file rebuilds the request path of its
 `trtllm-serve disaggregated` server (`OpenAIDisaggServer` + `OpenAIDisaggregatedService` +
 `OpenAIHttpClient` + `RoundRobinRouter`, context-first schedule, lifecycle protocol v0) on the
-same libraries, following shared/reference/trtllm_protocol.md §2.1-2.4 and §2.11 and the
-TensorRT-LLM sources cited there. One process, FastAPI on uvicorn (uvloop, httptools).
+same libraries, following TensorRT-LLM's `tensorrt_llm/serve/openai_disagg_server.py`,
+`openai_disagg_service.py`, `openai_client.py` and `router.py`. One process, FastAPI on uvicorn
+(uvloop, httptools).
 
 What one `POST /v1/completions` does here, as in TensorRT-LLM:
 

@@ -1,4 +1,5 @@
-"""`shmdisagg` command line. Only this module turns exceptions into exit codes.
+"""shmdisagg: disaggregated LLM serving on one machine, with the routers' state in shared memory.
+A drop-in for `trtllm-serve disaggregated`: the same config file, the same executors.
 
     shmdisagg launch -c CONFIG      start executors, coordinator and fleet; stop on SIGINT/SIGTERM
                                     (--dry-run: print the plan, start nothing)
@@ -8,6 +9,8 @@
                                     --report_addr --metrics-log-interval)
     shmdisagg bench [...]           replay a trace or run a fixed-concurrency load
     shmdisagg check-config -c CONFIG
+                                    validate a config, its plan and its addresses here (and is
+                                    its public port free?)
     shmdisagg stats -c CONFIG       live view of a running deployment's shared table (--once --json)
     shmdisagg sim [...]             one executor simulator (see `shmdisagg sim --help`)
 
@@ -15,6 +18,9 @@ Exit codes: 0 success, 1 runtime failure, 2 bad config or usage, 128 + the signa
 when interrupted before the command finished starting (130 SIGINT, 143 SIGTERM; `launch` and
 `serve` stopped by one once they serve exit 0).
 """
+
+# (This docstring is `shmdisagg --help`'s description.) Only this module turns exceptions into
+# exit codes.
 
 from __future__ import annotations
 
@@ -217,6 +223,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return 2
     # and the checks against this machine that launch and serve run (addresses, log directory)
     _check_machine(config, args.config, executors_here=config.shmdisagg.executors is not None)
+    from shmdisagg.portuser import public_port_user
+
+    port = public_port_user(config, args.config)  # what launch and serve would refuse right now
+    if port is not None and not port.ours:
+        print(f"shmdisagg: {args.config}: {port.problem}; launch and serve need it free", file=sys.stderr)
+        return 1
     n_ctx, n_gen = len(config.context_servers.urls), len(config.generation_servers.urls)
     print(
         f"{args.config}: ok — {n_ctx} context and {n_gen} generation server{'' if n_gen == 1 else 's'}, "
@@ -224,6 +236,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"routers {config.context_servers.router.type}/{config.generation_servers.router.type}, "
         f"shared memory /dev/shm/{config.shm_prefix}-*"
     )
+    if port is not None:
+        print(f"{args.config}: {port.problem}; launch and serve refuse a second one while it runs")
     return 0
 
 
@@ -286,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--metadata_server_config_file", metavar="FILE", help="refused: dynamic membership (etcd) is not supported")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("check-config", help="validate a config file")
+    p = sub.add_parser("check-config", help="validate a config file here (keys, plan, addresses, public port)")
     p.add_argument("-c", "--config", required=True)
     p.set_defaults(func=cmd_check_config)
 

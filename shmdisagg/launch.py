@@ -78,6 +78,12 @@ class Child:
     reported: bool = False  # its unexpected exit was logged
     own_group: bool = False  # leads its own process group: signals go to the whole group
     health_url: str = ""
+    addr: str = ""  # an executor's host:port
+
+    @property
+    def label(self) -> str:
+        """How log lines name it: `generation-1 (127.0.0.1:8202)`, the coordinator by name."""
+        return f"{self.name} ({self.addr})" if self.addr else self.name
 
 
 @dataclass(frozen=True)
@@ -275,7 +281,7 @@ class Deployment:
             except OSError as err:
                 raise self._log_dir_error(f"cannot write {inst.name}'s option file: ", err) from None
             child = self._spawn(inst.name, inst.argv, log_to_file=True, env=inst.env, own_group=True)
-            child.health_url = f"http://{inst.addr}/health"
+            child.health_url, child.addr = f"http://{inst.addr}/health", inst.addr
             log.info("started %s (pid %d) on %s%s", inst.name, child.proc.pid, inst.addr, f", GPUs {','.join(inst.gpus)}" if inst.gpus else "")
         self._wait_ready(self.executors, spec.startup_timeout_s)
 
@@ -305,10 +311,10 @@ class Deployment:
                 p = probe(child.health_url)
                 if p.ready:
                     pending.remove(child)
-                    log.info("%s is ready", child.name)
+                    log.info("%s is ready", child.label)
                     continue
                 if p.state and (child.name not in last or last[child.name].state != p.state):
-                    log.info("%s is %s", child.name, p.state)
+                    log.info("%s is %s", child.label, p.state)
                 last[child.name] = p
             if not pending:
                 return
@@ -316,7 +322,7 @@ class Deployment:
             if now >= report_at:
                 report_at = now + WAIT_REPORT_S
                 log.info("still waiting (%.0f s left) for /health to answer 200: %s", max(0.0, deadline - now),
-                         "; ".join(f"{c.name}: {last[c.name].describe()}" for c in pending if c.name in last))
+                         "; ".join(f"{c.label}: {last[c.name].describe()}" for c in pending if c.name in last))
             if now > deadline:
                 child = pending[0]
                 others = f"; {len(pending) - 1} more not ready" if len(pending) > 1 else ""
@@ -354,7 +360,7 @@ class Deployment:
                     return 1
                 for child in self.executors:
                     if child.proc.poll() is not None and not child.reported:
-                        log.error("executor %s exited with code %s%s", child.name, child.proc.returncode, self._log_hint(child))
+                        log.error("executor %s exited with code %s%s", child.label, child.proc.returncode, self._log_hint(child))
                         child.reported = True
                 time.sleep(0.2)
             return 0
@@ -477,7 +483,7 @@ def _terminate(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None
         try:
             child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %g s; killing it", child.name, timeout_s)
+            log.warning("%s did not stop within %g s; killing it", child.label, timeout_s)
             _signal(child, signal.SIGKILL)
             child.proc.kill()
             child.proc.wait()

@@ -1,5 +1,5 @@
-"""Process helpers: parent-death signal, SO_REUSEPORT socket binding (and a check that it can), a
-reserved port for `port: 0` and the `--report_addr` file."""
+"""Process helpers: parent-death signal, SO_REUSEPORT socket binding (and a check that it can), who
+listens on a port, a reserved port for `port: 0` and the `--report_addr` file."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import errno
 import os
 import signal
 import socket
+from dataclasses import dataclass, field
 
 _PR_SET_PDEATHSIG = 1
 
@@ -40,18 +41,106 @@ def public_port_problem(host: str, port: int) -> str | None:
     another deployment's fleet (whose reuse-port group ours would otherwise join).
     """
     try:
-        family, addr = listen_addr(host, port)
-    except (socket.gaierror, UnicodeError) as err:
-        return f"public address {host}:{port}: cannot resolve {host!r}: {getattr(err, 'strerror', None) or err}"
+        err = bind_error(host, port)
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"public address {host}:{port}: cannot resolve {host!r}: {getattr(exc, 'strerror', None) or exc}"
+    if err is None:
+        return None
+    if err.errno == errno.EADDRINUSE:
+        return f"public address {host}:{port} already in use (is another deployment or server running there?)"
+    return f"public address {host}:{port}: cannot listen there: {err.strerror or err}"
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """The error a plain listener (SO_REUSEADDR, no SO_REUSEPORT) binding host:port gets now, or
+    None. Raises socket.gaierror or UnicodeError if `host` does not resolve."""
+    family, addr = listen_addr(host, port)
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(addr)
     except OSError as err:
-        if err.errno == errno.EADDRINUSE:
-            return f"public address {host}:{port} already in use (is another deployment or server running there?)"
-        return f"public address {host}:{port}: cannot listen there: {err.strerror or err}"
+        return err
     return None
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A process listening on a TCP port (from /proc): `pid` None when it belongs to another user
+    (only the socket's `uid` is visible then); `argv` its command line; `env` the few variables
+    that say which shmdisagg deployment a fleet worker serves."""
+
+    uid: int
+    pid: int | None = None
+    argv: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+_TCP_LISTEN = "0A"
+_ENV_KEYS = ("SHMDISAGG_CONFIG", "SHMDISAGG_WORKER_INDEX")
+
+
+def listeners(port: int) -> list[Listener]:
+    """The processes with a TCP socket listening on `port` (any address, IPv4 or IPv6), found
+    through /proc/net/tcp{,6} and the fds in /proc/<pid>/fd that this user may read. Sockets
+    of processes it cannot see come back with `pid` None. Linux only; [] where /proc is absent."""
+    sockets: dict[int, int] = {}  # inode -> uid
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)  # the header
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 9 and parts[3] == _TCP_LISTEN and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                        sockets[int(parts[9])] = int(parts[7])
+        except (OSError, ValueError):
+            continue
+    found: list[Listener] = []
+    if not sockets:
+        return found
+    wanted = {f"socket:[{inode}]": inode for inode in sockets}
+    seen: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        for link in _fd_links(entry.name) & wanted.keys():
+            inode = wanted[link]
+            seen.add(inode)
+            found.append(Listener(sockets[inode], int(entry.name), _argv(entry.name), _env(entry.name)))
+    found.extend(Listener(uid) for inode, uid in sockets.items() if inode not in seen)
+    return found
+
+
+def _fd_links(pid: str) -> set[str]:
+    """What the fds of `pid` point at; empty for another user's process or one that exited."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    links = set()
+    for fd in fds:
+        try:
+            links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile (the listing's own fd, in this process)
+            continue
+    return links
+
+
+def _argv(pid: str) -> tuple[str, ...]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return tuple(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
+    except OSError:
+        return ()
+
+
+def _env(pid: str) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = (item.decode(errors="replace").partition("=") for item in f.read().split(b"\0") if item)
+            return {k: v for k, _, v in pairs if k in _ENV_KEYS}
+    except OSError:
+        return {}
 
 
 def bind_reuseport(host: str, port: int, backlog: int = 2048) -> socket.socket:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import secrets
 import signal
 import sys
 import threading
@@ -30,9 +31,9 @@ from shmdisagg.bench import BenchError, procstat
 from shmdisagg.bench.client import Client, RequestRecord, cluster_pids, first_model
 from shmdisagg.bench.load import LoadCounters, LoadInterrupted, closed_loop, jobs, open_loop
 from shmdisagg.bench.metrics import Slo, parse_slo, summarize
-from shmdisagg.bench.plot import load_runs, plot_runs
+from shmdisagg.bench.plot import Plots, load_runs, plot_runs
 from shmdisagg.bench.progress import progress_for
-from shmdisagg.bench.report import aiperf_view, print_table, write_json, write_records
+from shmdisagg.bench.report import aiperf_view, print_table, warm_note, write_json, write_records
 from shmdisagg.bench.timeline import LoadSampler, timeline
 from shmdisagg.bench.trace import (
     DEFAULT_VOCAB,
@@ -73,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="output tokens per synthetic request (default: %(default)s)")
     load.add_argument("--max-output-tokens", type=int, metavar="TOKENS",
                       help="cap every request's max_tokens at this")
-    load.add_argument("--seed", type=int, default=0, help="prompt synthesis seed (default: %(default)s)")
+    load.add_argument("--seed", type=int, help="prompt synthesis seed (default: a fresh one per run, so a run never finds "
+                      "an earlier run's prompts cached; the summary records it: give it again to send the same prompts)")
     load.add_argument("--vocab-range", type=int, nargs=2, default=list(DEFAULT_VOCAB),
                       metavar=("LOW", "HIGH"), help="token ids are drawn from [LOW, HIGH) "
                       "(default: %(default)s)")
@@ -147,8 +149,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
     slo = _slo(args.goodput or [])
     requests, source = _workload(args)
     low, high = args.vocab_range
+    # A fresh seed by default: the same prompts again would find the previous run's KV blocks
+    # still cached in a long-running deployment and measure a warm cache (a fresh --launch
+    # deployment is cold either way); the seed is in the summary for an exact re-run.
+    seed = args.seed if args.seed is not None else secrets.randbits(32)
     try:
-        synth = PromptSynthesizer(seed=args.seed, vocab=(low, high))
+        synth = PromptSynthesizer(seed=seed, vocab=(low, high))
     except ValueError as exc:
         raise BenchError(str(exc)) from None
     if args.speedup <= 0:
@@ -214,7 +220,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
             "concurrency": args.concurrency,
             "speedup": None if closed else args.speedup,
             "max_output_tokens": args.max_output_tokens,
-            "seed": args.seed,
+            "seed": seed,
+            "seed_given": args.seed is not None,
             "vocab_range": [low, high],
             "timeout_s": args.timeout,
         },
@@ -228,9 +235,11 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
     if args.records:
         write_records(args.records, records, origin)
     print_table(summary)
+    note = warm_note(summary)
+    if note:
+        print(f"shmdisagg bench: {note}", file=sys.stderr)
     if getattr(args, "plot", None):
-        files = plot_runs([(summary["label"], summary), *compare], args.plot)
-        print(f"plots: {', '.join(str(f) for f in files)}", file=sys.stderr)
+        _report_plots(plot_runs([(summary["label"], summary), *compare], args.plot))
     return summary
 
 
@@ -238,9 +247,15 @@ def plot_only(args: argparse.Namespace) -> list[str]:
     """`--plot-only`: draw the `--compare` runs into `--plot DIR`; returns the files."""
     if not args.plot or not args.compare:
         raise BenchError("--plot-only needs --plot DIR and --compare RUN_JSON [RUN_JSON ...]")
-    files = [str(f) for f in plot_runs(load_runs(args.compare), args.plot)]
-    print(f"plots: {', '.join(files)}", file=sys.stderr)
-    return files
+    plots = plot_runs(load_runs(args.compare), args.plot)
+    _report_plots(plots)
+    return [str(f) for f in plots.files]
+
+
+def _report_plots(plots: Plots) -> None:
+    print(f"plots: {', '.join(str(f) for f in plots.files)}", file=sys.stderr)
+    for line in plots.not_drawn:
+        print(f"plots: {line}", file=sys.stderr)
 
 
 async def _drive(

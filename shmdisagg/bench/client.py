@@ -37,6 +37,9 @@ class RequestRecord:
     index: int
     input_length: int  # prompt tokens sent
     max_tokens: int
+    # prompt tokens an earlier request of this run shares (`trace.RunPrefixes`): more cached
+    # tokens than this means the cache held the prompt from before the run
+    reusable_tokens: int = 0
     # timing
     scheduled: float | None = None  # open loop: when it was due; None in closed loop
     send: float = 0.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shmdisagg.bench.client import RequestRecord, completion_body
-from shmdisagg.bench.trace import PromptSynthesizer, TraceRequest
+from shmdisagg.bench.trace import PromptSynthesizer, RunPrefixes, TraceRequest
 
 # Bodies built ahead in open loop: a whole-second burst of the conversation trace fits.
 LOOKAHEAD = 32
@@ -63,17 +63,20 @@ def jobs(
     speedup: float = 1.0,
     max_output_tokens: int | None = None,
 ) -> Iterator[Job]:
-    """Jobs in trace order; arrival offsets are `(timestamp - first timestamp) / speedup`."""
+    """Jobs in trace order; arrival offsets are `(timestamp - first timestamp) / speedup`. Each
+    record carries the prompt tokens earlier requests of the run share (`reusable_tokens`)."""
     if speedup <= 0:
         raise ValueError("speedup must be > 0")
     origin = requests[0].timestamp_ms if requests else 0.0
+    prefixes = RunPrefixes()
     for index, req in enumerate(requests):
         max_tokens = req.output_length
         if max_output_tokens is not None:
             max_tokens = min(max_tokens, max_output_tokens)
         prompt = synth.prompt(req.hash_ids, req.input_length)
         yield Job(
-            record=RequestRecord(index=index, input_length=req.input_length, max_tokens=max_tokens),
+            record=RequestRecord(index=index, input_length=req.input_length, max_tokens=max_tokens,
+                                 reusable_tokens=prefixes.reusable(req)),
             body=completion_body(model, prompt, max_tokens),
             arrival_s=(req.timestamp_ms - origin) / 1000.0 / speedup,
         )

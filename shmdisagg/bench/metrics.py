@@ -13,6 +13,10 @@
 * Goodput: completed requests per second meeting every given SLO (`value <= limit`); a request
   with one output token has TPOT 0, as in vLLM.
 * KV cache hit rate: sum of `cached_tokens` over sum of `prompt_tokens`, over completed requests.
+* Warm cache: a request reporting more cached tokens than earlier requests of the run share with
+  it (`reusable_tokens`) found its prompt cached from before the run (an earlier run with the
+  same `--seed`, other traffic): `cache.warm_requests`, and `cache.warm_cached_tokens` the tokens
+  beyond that share.
 
 Pure functions of records; no I/O.
 """
@@ -166,6 +170,7 @@ def summarize(
     reporting = [r for r in done if r.cached_tokens is not None]
     cached = sum(r.cached_tokens or 0 for r in reporting)
     reported_prompt = sum(_prompt_tokens(r) for r in reporting)
+    warm = [(r.cached_tokens or 0) - r.reusable_tokens for r in reporting if (r.cached_tokens or 0) > r.reusable_tokens]
     per_s = 1.0 / duration_s if duration_s > 0 else 0.0
     good = sum(1 for r in done if slo.met_by(r)) if slo.is_set else None
     lags = [(r.send - r.scheduled) * 1000.0 for r in records if r.scheduled is not None]
@@ -203,6 +208,8 @@ def summarize(
             "prompt_tokens": reported_prompt,
             "cached_tokens": cached,
             "requests_reporting": len(reporting),
+            "warm_requests": len(warm),
+            "warm_cached_tokens": sum(warm),
         },
         "errors": {"count": failed, "kinds": error_kinds(records), "examples": _examples(records)},
     }

@@ -99,6 +99,7 @@ def record_row(rec: RequestRecord, origin: float) -> dict[str, Any]:
         "e2e_ms": rel(rec.end, rec.send),
         "chunk_ms": [rel(t, rec.send) for t in rec.chunk_times],
         "input_length": rec.input_length,
+        "reusable_tokens": rec.reusable_tokens,
         "max_tokens": rec.max_tokens,
         "prompt_tokens": rec.prompt_tokens,
         "output_tokens": rec.output_tokens,
@@ -128,9 +129,45 @@ def _fmt(value: float | int | None, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _ms(value: float | int | None) -> str:
+    """A latency in ms, to 3-4 significant digits and at most 7 characters below 1,000 s."""
+    if value is None:
+        return "-"
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if value >= 100 else f"{value:.2f}"
+
+
+TABLE_COLUMNS = 80  # the table fits a default terminal (and rich's width when not a terminal)
+_LATENCY = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms"))
+_LATENCY_STATS = ("mean", "p50", "p90", "p99")
+
+
+def _latency_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows: a header, then one row per metric, its columns aligned."""
+    cells = [[_ms(summary[key][k]) for k in _LATENCY_STATS] for _, key in _LATENCY]
+    width = max(len(c) for row in [list(_LATENCY_STATS), *cells] for c in row)
+    line = lambda row: "  ".join(c.rjust(width) for c in row)  # noqa: E731
+    return [("[cyan]Latency (ms)", line(_LATENCY_STATS))] + [(label, line(row)) for (label, _), row in zip(_LATENCY, cells)]
+
+
+def warm_note(summary: dict[str, Any]) -> str | None:
+    """One line when requests found their prompts cached from before the run, else None."""
+    cache, req = summary["cache"], summary["requests"]
+    if not cache.get("warm_requests"):
+        return None
+    config = summary.get("config") or {}
+    earlier = f"an earlier run with --seed {config['seed']}" if config.get("seed_given") else "an earlier run with the same --seed"
+    return (f"the KV cache was warm: {cache['warm_requests']:,} of {req['completed']:,} requests found "
+            f"{cache['warm_cached_tokens']:,} prompt tokens cached that no earlier request of this run had sent "
+            f"({earlier}, or other traffic with these prompts); their latencies are a warm cache's")
+
+
 def results_table(summary: dict[str, Any]) -> Table:
-    """One two-column table in sections: requests, latency, throughput, cache, CPU."""
+    """One two-column table in sections: requests, latency, throughput, cache, CPU; at most
+    `TABLE_COLUMNS` wide for any run of up to 1,000 s latencies and 9-digit counts."""
     req, thr, cache, cpu = summary["requests"], summary["throughput"], summary["cache"], summary.get("cpu")
+    config = summary.get("config") or {}
     interrupted = summary.get("was_cancelled")
     table = Table(title="shmdisagg bench (interrupted)" if interrupted else "shmdisagg bench",
                   show_header=False, title_justify="left")
@@ -150,12 +187,12 @@ def results_table(summary: dict[str, Any]) -> Table:
     lag = summary["send_lag_ms"]
     if lag["count"]:
         table.add_row("send lag p99 / max (ms)", f"{_fmt(lag['p99'])} / {_fmt(lag['max'])}")
+    if config.get("seed") is not None:
+        table.add_row("prompt seed", f"{config['seed']} ({'--seed' if config.get('seed_given') else 'fresh'})")
 
     table.add_section()
-    table.add_row("[cyan]Latency (ms)", "mean / p50 / p90 / p99")
-    for label, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms")):
-        d = summary[key]
-        table.add_row(label, " / ".join(_fmt(d[k]) for k in ("mean", "p50", "p90", "p99")))
+    for label, value in _latency_rows(summary):
+        table.add_row(label, value)
 
     table.add_section()
     table.add_row("[cyan]Throughput", "")
@@ -165,15 +202,18 @@ def results_table(summary: dict[str, Any]) -> Table:
     table.add_row("input / output tokens", f"{thr['total_input_tokens']:,} / {thr['total_output_tokens']:,}")
     goodput = summary.get("goodput_slo")
     if goodput is not None:
-        slo = ", ".join(f"{k.removesuffix('_ms')}<={v:g}ms" for k, v in goodput["limits_ms"].items())
-        table.add_row(f"goodput req/s ({slo})",
-                      f"{_fmt(goodput['request_goodput'], 3)} ({goodput['good_requests']:,} good)")
+        table.add_row("goodput req/s", f"{_fmt(goodput['request_goodput'], 3)} ({goodput['good_requests']:,} good)")
+        table.add_row("goodput SLO (ms)", " ".join(f"{k.removesuffix('_ms')}<={v:g}" for k, v in goodput["limits_ms"].items()))
 
     table.add_section()
     table.add_row("[cyan]Cache", "")
     rate = summary["kv_cache_hit_rate"]
     table.add_row("KV cache hit rate", "-" if rate is None else f"{rate:.1%}")
     table.add_row("cached / prompt tokens", f"{cache['cached_tokens']:,} / {cache['prompt_tokens']:,}")
+    if cache.get("warm_requests") is not None and cache["requests_reporting"]:
+        warm = cache["warm_requests"]
+        table.add_row("warm from before the run",
+                      f"[bold yellow]yes: {warm:,} req, {cache['warm_cached_tokens']:,} tok" if warm else "no")
 
     table.add_section()
     table.add_row("[cyan]CPU", "")

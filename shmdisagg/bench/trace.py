@@ -110,6 +110,28 @@ def synthetic_requests(count: int, input_len: int, output_len: int) -> list[Trac
     ]
 
 
+class RunPrefixes:
+    """What a run's own earlier requests can have left in a prefix cache: the hash ids sent so
+    far. A trace id names a whole prefix (equal ids, equal prompts up to and through that block;
+    `PromptSynthesizer` expands each id alone, so different ids never share a block's tokens),
+    so a request can find cached at most its leading run of ids already sent."""
+
+    def __init__(self) -> None:
+        self._sent: set[int] = set()
+
+    def reusable(self, req: TraceRequest) -> int:
+        """Prompt tokens of `req` that earlier requests of this run share (its leading block ids
+        already sent, in 512-token blocks, capped at its length), an upper bound on the cached
+        tokens a cache holding nothing from before the run can report; then records its ids."""
+        shared = 0
+        for hash_id in req.hash_ids:
+            if hash_id not in self._sent:
+                break
+            shared += 1
+        self._sent.update(req.hash_ids)
+        return min(shared * BLOCK_TOKENS, req.input_length)
+
+
 class PromptSynthesizer:
     """Expands hash ids into token-id blocks; deterministic in (seed, hash id, vocab range).
 

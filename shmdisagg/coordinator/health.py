@@ -2,9 +2,9 @@
 
 Each executor of the config gets a slot in the shared table (context servers first). A poll loop
 GETs every executor's `/health`; the first 200 is followed by `/server_info` and `/v1/models`
-(TensorRT-LLM's "prepare" step, shared/reference/trtllm_protocol.md §3.1) before the server is
-published healthy. A refused connection marks a server unhealthy at once; other failures (a
-non-200, a timeout) after `FAILURES_TO_UNHEALTHY` polls in a row. A 503 with
+(TensorRT-LLM's "prepare" step, `Router._prepare_server` in `tensorrt_llm/serve/router.py`)
+before the server is published healthy. A refused connection marks a server unhealthy at once;
+other failures (a non-200, a timeout) after `FAILURES_TO_UNHEALTHY` polls in a row. A 503 with
 `x-trtllm-server-state: starting` is "loading", never healthy.
 
 Fleet workers report request failures (`report`): a refused connection triggers an immediate

@@ -1,7 +1,7 @@
 """KV-cache events from every executor into the shared block index, drained when hinted.
 
 The coordinator drains each healthy executor's `POST /kv_cache_events` (TensorRT-LLM's
-`KVCacheEventSerializer` list, shared/reference/trtllm_protocol.md §3.7; a non-blocking drain,
+`KVCacheEventSerializer` list, `tensorrt_llm/_utils.py`; a non-blocking drain,
 so it cannot be waited on) and applies `stored` / `removed` / `all_cleared` to that executor's
 bit in the index. When to drain: executors emit events at known moments of a request (evictions
 when its blocks are allocated, the prompt's blocks when its KV is complete, i.e. just before a
@@ -10,7 +10,7 @@ finishes), so fleet workers send a *poll hint* naming the server at those moment
 datagram, `reporting.KvHints`; see `flows.py`) and the coordinator drains that server at once
 (`KvHintProtocol` on `config.kv_hint_socket`). Drains are coalesced per server: one in flight,
 and any number of hints arriving during it re-arm exactly one more drain after it. This is
-TensorRT-LLM's "poll on finish" (§3.4 (a)), but fleet-wide, immediate, and at the first token
+TensorRT-LLM's kv_cache_aware "poll on finish", but fleet-wide, immediate, and at the first token
 too. A fallback poll catches events no hint announced (an executor that emits them later than
 the response, faults, `/sim/clear_cache`): after `busy_poll_s` while un-hinted events keep
 coming, after `hinted_poll_s` while hints flow for that server, else after `idle_poll_s`

@@ -2,9 +2,9 @@
 worker's counter row exactly, start a replacement in the same index.
 
 Death is detected with a pidfd per child registered on the event loop (readable the moment the
-process exits; shared/reference/shm_design.md §5.2), not by polling. The dead worker's row is
-zeroed by `ControlTable.reclaim_rows_of_pid`, which is exact because the row is that worker's
-whole contribution to every load sum. Children get a parent-death signal, so a SIGKILLed
+process exits, so a dead worker's picks are reclaimed at once), not by polling. The dead worker's
+row is zeroed by `ControlTable.reclaim_rows_of_pid`, which is exact because the row is that
+worker's whole contribution to every load sum. Children get a parent-death signal, so a SIGKILLed
 coordinator leaves no orphan worker holding the port.
 
 A worker that is alive but stuck (a blocked event loop, SIGSTOP) still has connections queued on

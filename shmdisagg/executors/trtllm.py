@@ -2,8 +2,8 @@
 environment (`CUDA_VISIBLE_DEVICES`) and extra LLM-API options YAML on one node.
 
 What an instance serves is read from TensorRT-LLM's own keys, as `trtllm-serve disaggregated`
-reads them (shared/reference/trtllm_protocol.md §5.1-5.2): LLM arguments in a section
-(`tensor_parallel_size`, `kv_cache_config`, `cache_transceiver_config`, ...) apply to its
+reads them (`extract_disagg_cfg` in `tensorrt_llm/llmapi/disagg_utils.py`): LLM arguments in a
+section (`tensor_parallel_size`, `kv_cache_config`, `cache_transceiver_config`, ...) apply to its
 instances, top-level keys that are not the orchestrator's are inherited by both sections, and a
 section may not set an inherited key to a different value. On top of TensorRT-LLM's defaults we
 generate what disaggregated serving behind shmdisagg needs (docs/deploy.md says why):

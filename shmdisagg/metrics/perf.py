@@ -3,7 +3,7 @@
 Fleet workers send each routed request's record (`POST /perf_records` on the coordinator's Unix
 socket, see `shipper.py`). The coordinator polls every executor's `GET /perf_metrics` (drained
 on read by the executor) every `POLL_S`, keeps those records by request id, and joins them as
-TensorRT-LLM's orchestrator does (shared/reference/trtllm_protocol.md §6): the context side is
+TensorRT-LLM's orchestrator did (`serve/perf_metrics.py` @07fe6311): the context side is
 the context server's record whose `ctx_request_id` equals the request's `disagg_request_id`, the
 generation side the generation server's record with the same `ctx_request_id`.
 

@@ -7,8 +7,8 @@ is the same in every process of a deployment (it is a constant of this module), 
 `LAYOUT_HASH` in the segment header makes a process of another version refuse the segment.
 
 Names: TensorRT-LLM's disaggregated-server names where it has one
-(shared/reference/trtllm_protocol.md §6; prometheus-client renders a counter `x` as
-`x_total`, as TensorRT-LLM's own exposition does), `shmdisagg_*` for ours.
+(`tensorrt_llm/serve/perf_metrics.py`; prometheus-client renders a counter `x` as `x_total`, as
+TensorRT-LLM's own exposition does), `shmdisagg_*` for ours.
 """
 
 from __future__ import annotations

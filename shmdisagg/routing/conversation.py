@@ -1,5 +1,5 @@
 """`conversation`: a conversation stays on one server, fleet-wide (TensorRT-LLM's
-`ConversationRouter`, shared/reference/trtllm_protocol.md §3.5).
+`ConversationRouter` in `tensorrt_llm/serve/router.py`).
 
 - An explicit conversation id (body `conversation_params.conversation_id`, else the first
   non-empty `x-session-id`, `x-correlation-id`, `x-session-affinity`, `x-multi-turn-session-id`

@@ -1,7 +1,7 @@
 """`kv_cache_aware`: the server holding the longest prefix of the request's KV blocks, less a
 load penalty — TensorRT-LLM's newest formula, score = matched blocks - `load_weight` x active
 requests, among servers under `load_cap` x `max_batch_size` (`serve/router.py`,
-`KvCacheAwareRouter._route`; shared/reference/trtllm_protocol.md §3.4).
+`KvCacheAwareRouter._route` in TensorRT-LLM's `tensorrt_llm/serve/router.py`).
 
 The block index is shared by the whole fleet: KV events from every executor (applied by the
 coordinator) and the blocks any worker routed a moment ago (routed-block tracking) both count,

@@ -4,7 +4,7 @@ Owns the lifecycle of every segment: `O_CREX` mode 0600, `os.posix_fallocate` (n
 `ftruncate`: a first touch on a full tmpfs is SIGBUS), the creator's `flock`, mapping, closing and
 unlinking. It never reads or writes the words inside a segment; `shmdisagg._native` does. It uses
 posix_ipc, not `multiprocessing.shared_memory`, whose resource tracker unlinks segments on 3.11
-when an attacher exits (CPython gh-82300). Design: shared/reference/shm_design.md section 1.
+when an attacher exits (CPython gh-82300).
 """
 
 from __future__ import annotations

@@ -10,10 +10,14 @@ Not a terminal (piped, logged): printed at the view's full width, or $COLUMNS wh
 
 A deployment killed hard (SIGKILL) leaves its segments behind: the view then says "STALE"
 (`"state": "stale"` in the JSON) rather than "running", since the coordinator's pid is gone (or
-is another process now); a new launch of that deployment removes them.
+is another process now); the next `shmdisagg launch` or `serve` of that deployment removes them.
 
-Exit codes: 0, 1 when no deployment runs under that prefix (or it stopped, or what is there is
-stale: --once still prints the snapshot), 2 bad usage/config (an invalid --prefix included).
+The live view ends, with one line on stderr saying why, when the deployment stops (its
+coordinator was asked to stop and removed its segments; a new deployment replaced them) or dies.
+
+Exit codes: 0 (the live view too when the deployment it watches stops), 1 when no deployment runs
+under that prefix, the watched one dies, or what is there is stale (--once still prints the
+snapshot), 2 bad usage/config (an invalid --prefix included).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 import orjson
 
 from shmdisagg.config import ShmSection
-from shmdisagg.stats.snapshot import NotRunning, StatsReader, snapshot, stale_reason
+from shmdisagg.stats.snapshot import NotRunning, StatsReader, snapshot, stale_reason, stopped_reason
 
 # A prefix names files directly under /dev/shm ("/{prefix}-ctl", ...): what the config's
 # shmdisagg.shm.prefix accepts, or the default a config without one gets (shmdisagg-<uid>-<port>,
@@ -121,7 +125,8 @@ def run(args: argparse.Namespace, prefix: str) -> int:
 
 def _live(reader: StatsReader, interval: float) -> int:
     """Refresh in place on a terminal (rich `Live`); print one frame per interval otherwise
-    (like `top -b`), so the view can be piped or logged."""
+    (like `top -b`), so the view can be piped or logged. Ends, with one line saying why, when the
+    deployment stops (0) or dies (1)."""
     from rich.console import Console
     from rich.live import Live
 
@@ -146,13 +151,18 @@ def _live(reader: StatsReader, interval: float) -> int:
         try:
             while True:
                 time.sleep(interval)
-                if not reader.alive():
-                    print(f"shmdisagg stats: the deployment {reader.prefix} stopped", file=sys.stderr)
-                    return 0
+                state = reader.segment_state()
+                if state != "present":
+                    code, why = 0, stopped_reason(reader.prefix, state, prev)
+                    break
                 cur = reader.sample()
-                if cur.coordinator_alive is False:  # killed hard: the segments stay behind
-                    print(f"shmdisagg stats: the deployment {reader.prefix} died: {stale_reason(cur.coordinator)}", file=sys.stderr)
-                    return 1
+                if cur.coordinator_alive is False:
+                    state = reader.segment_state()
+                    if state != "present":  # it removed its segments and exited between the two reads
+                        code, why = 0, stopped_reason(reader.prefix, state, cur)
+                    else:  # killed hard: the segments stay behind
+                        code, why = 1, f"the deployment {reader.prefix} died: {stale_reason(cur.coordinator)}"
+                    break
                 frame = render(snapshot(prev, cur, reader.prefix))
                 prev = cur
                 if live is None:
@@ -166,3 +176,5 @@ def _live(reader: StatsReader, interval: float) -> int:
                 live.stop()
     except KeyboardInterrupt:
         return 0
+    print(f"shmdisagg stats: {why}", file=sys.stderr)  # after the last frame, not above it
+    return code

@@ -70,7 +70,30 @@ def stale_reason(coordinator: dict[str, int]) -> str:
     except (OSError, ValueError, IndexError):
         reused = False
     gone = f"coordinator pid {pid} is gone" + (" (the pid now belongs to another process)" if reused else "")
-    return f"{gone}: stale segments; a new launch removes them"
+    return f"{gone}: stale segments; the next `shmdisagg launch` or `shmdisagg serve` of this deployment removes them"
+
+
+def stopped_reason(prefix: str, segment_state: str, last: Sample) -> str:
+    """Why a watched deployment ended, from how its control segment went (`segment_state`) and
+    the last sample read before it did: for the live view's last line."""
+    if segment_state == "replaced":
+        return (f"the deployment {prefix} stopped and a new one now runs under this prefix; "
+                "run shmdisagg stats again to watch it")
+    pid = last.coordinator["pid"]
+    if COORD_STATES.get(last.coordinator["state"]) == "stopping":
+        return (f"the deployment {prefix} stopped: its coordinator (pid {pid}) was asked to stop (SIGTERM or "
+                "Ctrl-C to shmdisagg launch or serve, or the end of bench --launch), stopped the fleet and removed "
+                "its shared memory")
+    still = process_alive(pid, last.coordinator.get("starttime", 0))
+    return (f"the deployment {prefix} stopped: its shared memory was removed; its coordinator (pid {pid}) "
+            + ("still runs" if still else "has exited"))
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
 
 
 @dataclass
@@ -109,6 +132,11 @@ class StatsReader:
         except (FileNotFoundError, ShmError):
             pass  # an older deployment: everything but the per-request counters
         self._servers: list[ServerInfo] = []
+        self._inode = _inode(self._ctl_path)  # which control segment we mapped, to tell a newer one apart
+
+    @property
+    def _ctl_path(self) -> str:
+        return os.path.join(SHM_DIR, f"{self.prefix}-ctl")
 
     def close(self) -> None:
         if self.metrics is not None:
@@ -123,7 +151,15 @@ class StatsReader:
 
     def alive(self) -> bool:
         """False once the coordinator unlinked the control segment (our mapping outlives it)."""
-        return os.path.exists(os.path.join(SHM_DIR, f"{self.prefix}-ctl"))
+        return self.segment_state() == "present"
+
+    def segment_state(self) -> str:
+        """"present" (the control segment we mapped), "gone" (unlinked: the coordinator removes
+        it as it stops) or "replaced" (a newer deployment created its own under this prefix)."""
+        inode = _inode(self._ctl_path)
+        if inode is None:
+            return "gone"
+        return "present" if inode == self._inode else "replaced"
 
     def sample(self, scan_index: bool = True) -> Sample:
         """`scan_index=False` skips the per-server KV block count (a full index scan) for a

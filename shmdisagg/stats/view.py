@@ -56,7 +56,7 @@ def render(snap: dict[str, Any]) -> RenderableType:
     else:
         head.append("\nrequests     - (no metrics segment)")
 
-    servers = Table(title="servers", title_justify="left", expand=False, pad_edge=False)
+    servers = Table(title="servers", title_justify="left", expand=False)
     for col, just in (("slot", "right"), ("role", "left"), ("server", "left"), ("health", "left"),
                       ("active req", "right"), ("active tok", "right"), ("routed", "right"),
                       ("routed/s", "right"), ("KV blocks", "right"), ("hit", "right")):
@@ -71,7 +71,7 @@ def render(snap: dict[str, Any]) -> RenderableType:
 
     fleet = snap["fleet"]
     workers = Table(title=f"fleet workers ({fleet['workers']}; {_n(fleet['legs_in_flight'])} legs in flight, {_rate(fleet['legs_per_s'])} legs/s)",
-                    title_justify="left", pad_edge=False)
+                    title_justify="left")
     # "worker" is the coordinator's fleet index ("fleet worker N" in its log, /cluster_info's
     # worker_index); "table row" the control table row that process claimed
     for col in ("worker", "table row", "pid", "heartbeat", "req in flight", "req/s", "requests", "legs in flight", "legs/s"):

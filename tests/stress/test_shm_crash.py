@@ -1,8 +1,8 @@
 """Crashes around the control table, each in a child process; the parent asserts.
 
-Pins design-guide regressions (shared/reference/shm_design.md section 8): (c) a worker SIGKILLed
-mid-request leaves no residual load after reclaim; (f) the coordinator flock is released on
-SIGKILL; (g) a writer killed mid-seqlock does not hang readers.
+Pins regressions the project's shared-memory design notes list (not part of the repository):
+(c) a worker SIGKILLed mid-request leaves no residual load after reclaim; (f) the coordinator
+flock is released on SIGKILL; (g) a writer killed mid-seqlock does not hang readers.
 """
 
 from __future__ import annotations

@@ -70,6 +70,8 @@ def test_trace_replay_summary_counts_tokens_cache_hits_and_cpu(tmp_path: Path) -
     assert summary["kv_cache_hit_rate"] == pytest.approx(expected_hit_rate(25))
     assert summary["kv_cache_hit_rate"] > 0
     assert summary["cache"]["cached_tokens"] == sum(fake.cached)
+    # every hit is explained by an earlier request of this run: a cold cache, not a warm one
+    assert summary["cache"]["warm_requests"] == 0 and summary["cache"]["warm_cached_tokens"] == 0
     assert summary["ttft_ms"]["count"] == 25
     assert summary["tpot_ms"]["count"] == sum(1 for n in outputs if n > 1)
     assert summary["itl_ms"]["count"] == sum(n - 1 for n in outputs)  # empty chunks ignored
@@ -139,8 +141,46 @@ def test_table_shows_every_section(capsys: pytest.CaptureFixture[str]) -> None:
     bench(["--num-requests", "3", "--speedup", "1000", "--max-output-tokens", "2", "--goodput", "ttft:1000"])
     table = capsys.readouterr().out
     for heading in ("Requests", "Latency (ms)", "Throughput", "Cache", "CPU", "KV cache hit rate",
-                    "goodput req/s (ttft<=1000ms)", "orchestrator CPU ms/request"):
+                    "goodput req/s", "goodput SLO (ms)", "ttft<=1000", "orchestrator CPU ms/request", "prompt seed"):
         assert heading in table
+
+
+def _two_runs(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any], FakeOpenAI]:
+    """The same bench command twice against one server (whose prefix cache outlives a run)."""
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], FakeOpenAI]:
+        async with FakeOpenAI(free_port()) as fake:
+            first = await cli.run(parse(["--url", fake.url, "--no-progress", *argv]))
+            return first, await cli.run(parse(["--url", fake.url, "--no-progress", *argv])), fake
+
+    return asyncio.run(scenario())
+
+
+SYNTHETIC = ["--concurrency", "2", "--input-len", "1100", "--output-len", "2", "--num-requests", "6"]
+
+
+def test_a_second_run_of_the_same_command_is_cold_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: the seed was 0 unless given, so the second run sent the first run's prompts and
+    measured the cache they had left (a 100 % hit rate, and 30 % faster on the simulator)."""
+    first, second, fake = _two_runs(SYNTHETIC)
+    assert fake.cached == [0] * 12  # the second run's prompts were new to the server too
+    assert second["kv_cache_hit_rate"] == 0.0 and second["cache"]["warm_requests"] == 0
+    assert first["config"]["seed"] != second["config"]["seed"]  # a fresh seed per run, recorded
+    assert second["config"]["seed_given"] is False
+    out, err = capsys.readouterr()
+    warm_rows = [line for line in out.splitlines() if "warm from before the run" in line]
+    assert len(warm_rows) == 2 and all(line.rstrip().endswith(" no │") for line in warm_rows)
+    assert "was warm" not in err
+
+
+def test_the_same_seed_again_measures_the_cache_it_left_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    _, second, fake = _two_runs([*SYNTHETIC, "--seed", "5"])
+    assert fake.cached[6:] == [1024] * 6  # every full 512-token block of the repeated prompts
+    assert second["config"]["seed"] == 5 and second["config"]["seed_given"] is True
+    assert second["cache"]["warm_requests"] == 6 and second["cache"]["warm_cached_tokens"] == 6 * 1024
+    out, err = capsys.readouterr()
+    assert "yes: 6 req, 6,144 tok" in out
+    assert ("shmdisagg bench: the KV cache was warm: 6 of 6 requests found 6,144 prompt tokens cached that no earlier "
+            "request of this run had sent (an earlier run with --seed 5, or other traffic with these prompts)") in err
 
 
 @pytest.mark.parametrize("argv", [

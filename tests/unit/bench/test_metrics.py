@@ -65,8 +65,20 @@ def test_throughputs_count_completed_requests_over_the_duration() -> None:
 def test_hit_rate_is_cached_over_prompt_tokens_of_requests_that_report_it() -> None:
     s = summarize(RECORDS, duration_s=1.0)
     assert s["kv_cache_hit_rate"] == pytest.approx((512 + 0 + 100) / (1000 + 2000 + 100))
-    assert s["cache"] == {"prompt_tokens": 3100, "cached_tokens": 612, "requests_reporting": 3}
+    # these records say no earlier request of the run shared their prompts (reusable_tokens 0),
+    # so every cached token is one the cache held from before the run
+    assert s["cache"] == {"prompt_tokens": 3100, "cached_tokens": 612, "requests_reporting": 3,
+                          "warm_requests": 2, "warm_cached_tokens": 612}
     assert summarize(RECORDS[2:4], duration_s=1.0)["kv_cache_hit_rate"] is None
+
+
+def test_only_hits_beyond_what_the_run_itself_sent_make_the_cache_warm() -> None:
+    shared = [rec(0, 0.0, [0.1], 0.2, out=1, prompt=1000, cached=0),
+              rec(1, 0.3, [0.4], 0.5, out=1, prompt=1000, cached=512),  # request 0 sent that block
+              rec(2, 0.6, [0.7], 0.8, out=1, prompt=1000, cached=600)]  # 88 tokens more than request 0 sent
+    shared[1].reusable_tokens = shared[2].reusable_tokens = 512
+    cache = summarize(shared, duration_s=1.0)["cache"]
+    assert (cache["warm_requests"], cache["warm_cached_tokens"]) == (1, 88)
 
 
 def test_goodput_counts_completed_requests_meeting_every_slo() -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import io
 
+import pytest
 from rich.console import Console
 
 from shmdisagg.bench.client import RequestRecord
@@ -70,3 +71,36 @@ def test_progress_bar_draws_counts_and_the_null_one_draws_nothing() -> None:
     asyncio.run(show())
     assert "2/4" in out.getvalue() and "sent 3" in out.getvalue() and "errors 1" in out.getvalue()
     assert type(progress_for(counters, enabled=False)) is NullProgress
+
+
+def test_the_table_fits_80_columns_for_a_long_interrupted_run_with_every_row() -> None:
+    """Before: latencies in the thousands of ms wrapped the TTFT and E2E rows (scripts/demo.sh's
+    own output on an 80-column terminal)."""
+    from rich.measure import Measurement
+
+    from shmdisagg.bench.report import TABLE_COLUMNS
+
+    def slow(index: int) -> RequestRecord:  # 15 s to the first token, 999 s to the end
+        send = index * 0.1
+        chunks = [send + 15.0 + k * 1.5 for k in range(600)]
+        return RequestRecord(index=index, input_length=120_000, max_tokens=600, send=send, first_token=chunks[0],
+                             chunk_times=chunks, end=send + 999.0, status=200, prompt_tokens=120_000,
+                             output_tokens=600, cached_tokens=100_000, reusable_tokens=0, scheduled=send - 0.5)
+
+    records = [slow(i) for i in range(2000)] + [
+        RequestRecord(index=2000, input_length=10, max_tokens=1, send=1.0, end=2.0, status=503, error_kind="http_503", error="x"),
+        RequestRecord(index=2001, input_length=10, max_tokens=1, send=1.0, end=2.0, error_kind="incomplete_stream", error="y")]
+    summary = {**summarize(records, 1234.5, Slo(ttft_ms=2000, tpot_ms=50, e2e_ms=30000), cancelled=17),
+               "was_cancelled": True, "config": {"seed": 4_294_967_295, "seed_given": False},
+               "cpu": {"pids": list(range(12)), "total_ms": 1.0e7, "vanished_pids": [4_194_304], "client_ms_per_request": 1.5},
+               "orchestrator_cpu_ms_per_request": 26.6}
+    assert summary["e2e_ms"]["p99"] == pytest.approx(999_000.0) and summary["cache"]["warm_requests"] == 2000
+    console = Console(file=io.StringIO(), width=200)
+    table = results_table(summary)
+    assert Measurement.get(console, console.options, table).maximum <= TABLE_COLUMNS == 80
+    console = Console(file=io.StringIO(), width=80)
+    console.print(table)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    e2e = next(line for line in text.splitlines() if line.startswith("│ E2E"))
+    assert e2e.split("│")[2].split() == ["999,000"] * 4  # one line: mean, p50, p90, p99
+    assert "yes: 2,000 req, 200,000,000 tok" in text and "4294967295 (fresh)" in text

@@ -105,3 +105,17 @@ def test_synthetic_requests_share_no_block() -> None:
 
 # shake_128(b"0:0"), little-endian uint32 words w, token = 1000 + w % 31000
 KNOWN_BLOCK0_SEED0 = [11678, 12296, 14316, 30122, 2326, 25804, 6186, 8566]
+
+
+def test_run_prefixes_bound_the_hits_a_run_can_explain_by_its_own_earlier_requests() -> None:
+    from shmdisagg.bench.trace import RunPrefixes, TraceRequest
+
+    def req(ids: tuple[int, ...], length: int) -> TraceRequest:
+        return TraceRequest(0.0, length, 1, tuple(ids))  # type: ignore[arg-type]
+
+    run = RunPrefixes()
+    assert run.reusable(req((0, 1), 1000)) == 0  # the first request: nothing sent before it
+    assert run.reusable(req((0, 1, 2), 1400)) == 1024  # shares blocks 0 and 1
+    assert run.reusable(req((0, 7, 2), 1400)) == 512  # block 7 is new: block 2 after it is another prefix
+    assert run.reusable(req((0, 1), 700)) == 700  # all of it, cut at its own length
+    assert run.reusable(req((5,), 100)) == 0

@@ -1,9 +1,10 @@
 """A public port something else already listens on stops `shmdisagg launch` and `shmdisagg
 serve` at once with one line, before any executor or fleet worker starts (the fleet could only
-crash-loop on "Address already in use")."""
+crash-loop on "Address already in use"); `shmdisagg check-config` says so beforehand, and by whom."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -116,3 +117,60 @@ def test_a_launch_refused_for_a_busy_executor_port_leaves_no_log_directory(tmp_p
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and f"executor address already in use: 127.0.0.1:{busy_port}" in out.stderr, out
     assert not logs.exists()
+
+
+def test_check_config_names_the_process_on_a_busy_public_port(tmp_path: Path, shm_prefix: str, busy_port: int,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from shmdisagg.cli import main
+
+    path, _ = _config(tmp_path, shm_prefix, busy_port)
+    assert main(["check-config", "-c", str(path)]) == 1  # launch and serve would fail now (exit 1 too)
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"shmdisagg: {path}: public address 127.0.0.1:{busy_port} already in use by pid {os.getpid()} (")
+    assert err.rstrip().endswith("; launch and serve need it free")
+
+
+def test_check_config_on_its_own_running_deployment_is_ok_and_says_it_runs(tmp_path: Path, shm_prefix: str, busy_port: int,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from shmdisagg.cli import main
+    from shmdisagg.shm.table import ControlTable, process_starttime
+
+    path, _ = _config(tmp_path, shm_prefix, busy_port)
+    coord = ControlTable.create(shm_prefix, max_workers=2)  # this config's coordinator (this process) is up
+    try:
+        coord.set_coordinator(os.getpid(), process_starttime(os.getpid()), 1)
+        assert main(["check-config", "-c", str(path)]) == 0
+    finally:
+        coord.unlink()
+        coord.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and ": ok — " in lines[0]
+    assert lines[1] == (f"{path}: public address 127.0.0.1:{busy_port} is served by this deployment, which runs now "
+                        f"(coordinator pid {os.getpid()}); launch and serve refuse a second one while it runs")
+
+
+def test_check_config_names_another_deployment_on_its_public_port(tmp_path: Path, shm_prefix: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A fleet worker of another config listens there (its command line and SHMDISAGG_CONFIG are
+    what a coordinator gives its workers)."""
+    import select
+
+    from shmdisagg.cli import main
+
+    other = tmp_path / "other.yaml"
+    other.write_text("# another deployment's config\n")
+    code = ("import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+            "print(s.getsockname()[1], flush=True); sys.stdin.read()")
+    worker = subprocess.Popen([sys.executable, "-c", code, "-m", "shmdisagg.fleet.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env={**os.environ, "SHMDISAGG_CONFIG": str(other)}, text=True)
+    try:
+        assert worker.stdout is not None
+        ready, _, _ = select.select([worker.stdout], [], [], 30)
+        assert ready
+        path, _ = _config(tmp_path, shm_prefix, int(worker.stdout.readline()))
+        assert main(["check-config", "-c", str(path)]) == 1
+    finally:
+        worker.communicate("")
+    err = capsys.readouterr().err
+    assert f"already in use by another shmdisagg deployment (config {other}, coordinator pid {os.getpid()})" in err

@@ -78,3 +78,25 @@ def test_a_command_that_cannot_run_fails_the_launch_and_leaves_nothing(tmp_path:
     # the option file was written before the attempt; the log names the command line
     assert yaml.safe_load((tmp_path / "logs" / "context-0.yaml").read_text())["cache_transceiver_config"] == {"backend": "UCX"}
     assert "CUDA_VISIBLE_DEVICES=0 " in (tmp_path / "logs" / "context-0.log").read_text()
+
+
+def test_the_launchers_log_lines_name_an_instance_by_its_address(
+        tmp_path: Path, health_server: ThreadingHTTPServer, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import subprocess
+    import sys
+
+    from shmdisagg.launch import Child
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(small_config()))
+    dep = Deployment(load_config(path), str(path), str(tmp_path / "logs"))
+    addr = f"127.0.0.1:{health_server.server_address[1]}"
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        child = Child("context-0", proc, None, health_url=f"http://{addr}/health", addr=addr)
+        with caplog.at_level(logging.INFO, logger="shmdisagg.launch"):
+            dep._wait_ready([child], timeout_s=30)
+    finally:
+        proc.communicate(b"")
+    assert f"context-0 ({addr}) is ready" in caplog.messages

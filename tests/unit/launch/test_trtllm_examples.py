@@ -1,5 +1,5 @@
 """TensorRT-LLM's own disaggregated config files load unchanged, and the launcher plans from
-their keys when a `shmdisagg.executors` section is added (shared/reference/trtllm_protocol.md §5)."""
+their keys when a `shmdisagg.executors` section is added (`tensorrt_llm/llmapi/disagg_utils.py`)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -43,7 +45,10 @@ def test_a_port_names_the_default_prefix() -> None:
     assert resolve_prefix(args, None) == f"shmdisagg-{os.getuid()}-9123"
 
 
-def test_the_live_view_runs_until_the_deployment_stops(shm_prefix: str) -> None:
+def _watch_until(shm_prefix: str, end: Callable[[ControlTable, Callable[[bytes], None]], None]) -> tuple[int, str]:
+    """Run the live view (piped) on a table this test owns until `end(table, wait_for)` ends the
+    deployment (`wait_for(text)` returns once the view printed a line holding `text`); (exit
+    status, stderr)."""
     import select
     import subprocess
     import sys
@@ -53,21 +58,62 @@ def test_the_live_view_runs_until_the_deployment_stops(shm_prefix: str) -> None:
     coord.set_coordinator(os.getpid(), process_starttime(os.getpid()), 1)
     proc = subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--interval", "0.05"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "120"})
-    try:
+
+    def wait_for(text: bytes) -> None:
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)  # never hang the suite
-        assert ready and b"shmdisagg stats" in proc.stdout.readline()  # a frame, printed (not a terminal)
+        deadline = time.monotonic() + 30  # never hang the suite
+        while True:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"the view printed no line with {text!r}"
+            if text in proc.stdout.readline():
+                return
+
+    try:
+        wait_for(b"shmdisagg stats")  # a frame, printed (not a terminal)
     finally:
         seg.close()
-        coord.unlink()  # what a stopping coordinator does: the view notices and exits
+        end(coord, wait_for)
         coord.close()
         try:
-            out, err = proc.communicate(timeout=30)
+            _, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
             raise
-    assert proc.returncode == 0 and b"stopped" in err
+    return proc.returncode, err.decode()
+
+
+def test_the_live_view_runs_until_the_deployment_stops_and_says_why(shm_prefix: str) -> None:
+    def stop(coord: ControlTable, wait_for: Callable[[bytes], None]) -> None:
+        coord.set_coord_state(2)  # what a stopping coordinator does: say so, stop the fleet, unlink
+        wait_for(b"stopping")
+        coord.unlink()
+
+    rc, err = _watch_until(shm_prefix, stop)
+    assert rc == 0 and err.count("\n") == 1
+    assert f"the deployment {shm_prefix} stopped: its coordinator (pid {os.getpid()}) was asked to stop" in err
+    assert "removed its shared memory" in err
+
+
+def test_the_live_view_says_when_the_segments_vanish_without_a_stop(shm_prefix: str) -> None:
+    rc, err = _watch_until(shm_prefix, lambda coord, _: coord.unlink())  # removed by hand, coordinator running
+    assert rc == 0 and f"its shared memory was removed; its coordinator (pid {os.getpid()}) still runs" in err
+
+
+def test_the_live_view_says_when_a_new_deployment_replaced_the_watched_one(shm_prefix: str) -> None:
+    newer: list[ControlTable] = []
+
+    def replace(coord: ControlTable, _: Callable[[bytes], None]) -> None:
+        coord.unlink()
+        newer.append(ControlTable.create(shm_prefix, max_workers=2))  # a new launch under the same prefix
+
+    try:
+        rc, err = _watch_until(shm_prefix, replace)
+    finally:
+        for table in newer:
+            table.unlink()
+            table.close()
+    assert rc == 0 and "stopped and a new one now runs under this prefix" in err
 
 
 @pytest.mark.parametrize("prefix", ["../etc", "a" * 300, "x/y", ""])
@@ -149,7 +195,7 @@ def test_once_on_the_segments_of_a_killed_deployment_says_stale_and_exits_1(
         coord.unlink()
         coord.close()
     out, err = capsys.readouterr()
-    reason = f"coordinator pid {pid} is gone: stale segments; a new launch removes them"
+    reason = f"coordinator pid {pid} is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` of this deployment removes them"
     assert rc == 1 and reason in err
     if as_json:
         snap = orjson.loads(out)

@@ -57,7 +57,7 @@ def test_the_view_shows_cancelled_requests_and_the_coordinators_worker_numbers()
 
 
 def test_a_stale_deployment_says_so_and_shows_no_server_as_ok() -> None:
-    reason = "coordinator pid 10 is gone: stale segments; a new launch removes them"
+    reason = "coordinator pid 10 is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` of this deployment removes them"
     snap = {**SNAP, "state": "stale", "stale_reason": reason, "coordinator": {**SNAP["coordinator"], "state": "stale", "alive": False},
             "servers": [{**s, "healthy": True} for s in SNAP["servers"]], "workers": [{**SNAP["workers"][0], "alive": False}]}
     out = text_of(snap)
@@ -65,3 +65,11 @@ def test_a_stale_deployment_says_so_and_shows_no_server_as_ok() -> None:
     servers = [line for line in out.splitlines() if "127.0.0.1:8" in line]
     assert len(servers) == 2 and all("stale" in line and " ok " not in line for line in servers)
     assert "running" not in out and "gone" in out
+
+
+def test_every_cell_is_padded_on_both_sides() -> None:
+    out = text_of(SNAP)
+    rows = [line for line in out.splitlines() if line[:1] in ("┃", "│")]
+    assert len(rows) == 5  # two headers, two servers, one worker
+    for line in rows:  # the edge cells too: "│ 0 │ ... │ 50.0 % │", not "│0 │ ... │50.0 %│"
+        assert line[1] == " " and line[-2] == " ", line
