@@ -617,8 +617,9 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
     runs read configs written for other machines): the public `hostname` resolves to an address
     of this machine; every executor host resolves; with `executors_here` (`shmdisagg launch`
     starts them), each executor address is one of this machine's and
-    `shmdisagg.executors.log_dir`, when set, is usable. Run by `check-config`, `launch`, `serve`
-    and `bench --launch` before anything starts. Raises `ConfigError` ("key: problem")."""
+    `shmdisagg.executors.log_dir`, when set, is usable; the routing tokenizer, when a router
+    tokenizes, loads (`tokenizer_source.py`). Run by `check-config`, `launch`, `serve` and
+    `bench --launch` before anything starts. Raises `ConfigError` ("key: problem")."""
     problem = _host_problem(config.hostname, local=True)
     if problem:
         raise ConfigError(f"hostname: {problem}; the fleet listens there")
@@ -636,6 +637,9 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
         problem = log_dir_problem(spec.log_dir)
         if problem:
             raise ConfigError(f"shmdisagg.executors.log_dir: {problem}")
+    from shmdisagg.tokenizer_source import check_routing_tokenizer  # transformers only when a router tokenizes
+
+    check_routing_tokenizer(config)
 
 
 def _host_problem(host: str, local: bool) -> str | None:

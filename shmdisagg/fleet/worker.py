@@ -35,7 +35,7 @@ from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.procutil import bind_reuseport
 from shmdisagg.routing import USES_INDEX, make_policy
 from shmdisagg.shm.index import BlockIndex
-from shmdisagg.tokenization import load_tokenizer
+from shmdisagg.tokenizer_source import load_routing_tokenizer
 from shmdisagg.fleet.cluster import ClusterView, fetch_cluster_info
 from shmdisagg.flows import SCHEDULE_STYLE, Flows
 from shmdisagg.legs import LegRunner
@@ -143,7 +143,7 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
         needs_tokens = ctx_policy.needs_tokens or gen_policy.needs_tokens
         conversations = "conversation" in (ctx_args.type, gen_args.type)
         if needs_tokens or conversations:
-            tokenizer = load_tokenizer(gen_args.tokenizer_dir or ctx_args.tokenizer_dir) if needs_tokens else None
+            tokenizer = load_routing_tokenizer(config) if needs_tokens else None
             service.keys = KeyBuilder(tokenizer, conversations)
         service.models = view.models
         app = FleetApp(service, control_app(service, directory, table, worker_index, metrics), metrics.request)
