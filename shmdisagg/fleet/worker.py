@@ -24,6 +24,8 @@ import logging
 import os
 import sys
 import uuid
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import uvicorn
 import uvloop
@@ -49,6 +51,7 @@ from shmdisagg.upstream import UpstreamPool
 log = logging.getLogger("shmdisagg.fleet")
 
 HEARTBEAT_S = 0.25
+T = TypeVar("T")
 INFO_REFRESH_S = 1.0
 # After the grace period, how long uvicorn still waits for the ended requests' last bytes before
 # it cancels their tasks itself (a client that does not read); the supervisor waits longer.
@@ -93,6 +96,15 @@ async def _housekeeping(table: ControlTable, row: int, view: ClusterView, servic
             except TimeoutError:
                 log.warning("coordinator did not answer /cluster_info; keeping the last view")
         await asyncio.sleep(HEARTBEAT_S)
+
+
+async def _beating(table: ControlTable, row: int, work: Awaitable[T]) -> T:
+    """`await work`, heart-beating the row every HEARTBEAT_S meanwhile."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        table.heartbeat(row)
+        await asyncio.wait({task}, timeout=HEARTBEAT_S)
+    return task.result()
 
 
 def resolve_schedule_style(config: DisaggConfig) -> str:
@@ -143,7 +155,9 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
         needs_tokens = ctx_policy.needs_tokens or gen_policy.needs_tokens
         conversations = "conversation" in (ctx_args.type, gen_args.type)
         if needs_tokens or conversations:
-            tokenizer = load_routing_tokenizer(config) if needs_tokens else None
+            # importing transformers and loading a tokenizer take seconds: beat meanwhile, so the
+            # coordinator does not take the slow start for a stuck worker (worker_timeout_s)
+            tokenizer = await _beating(table, row, asyncio.to_thread(load_routing_tokenizer, config)) if needs_tokens else None
             service.keys = KeyBuilder(tokenizer, conversations)
         service.models = view.models
         app = FleetApp(service, control_app(service, directory, table, worker_index, metrics), metrics.request)
