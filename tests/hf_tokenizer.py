@@ -74,9 +74,10 @@ def corpus(lines: int = 2000, seed: int = 11) -> list[str]:
     return out + _EXTRA * 20
 
 
-def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, lines: int = 2000, model_type: str | None = "llama") -> Path:
+def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, lines: int = 2000, model_type: str | None = "llama",
+                    training_text: list[str] | None = None) -> Path:
     """Write the tokenizer to `out_dir` (created) and return it; `vocab_size` includes the
-    256 byte symbols and the special tokens."""
+    256 byte symbols and the special tokens. `training_text`: the corpus (default: `corpus(lines)`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     out = Path(out_dir)
@@ -86,7 +87,7 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, lines: int = 20
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus(lines), trainer=trainer)
+    tok.train_from_iterator(training_text if training_text is not None else corpus(lines), trainer=trainer)
     bos = tok.token_to_id("<|begin_of_text|>")
     tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
                                                        special_tokens=[("<|begin_of_text|>", bos)])
