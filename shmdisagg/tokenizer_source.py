@@ -116,10 +116,13 @@ def routing_source(config: DisaggConfig) -> Source | None:
         source = _role_source(config, role, args)
         if source is None:
             continue
-        if chosen is not None and (source.path, source.trust_remote_code) != (chosen.path, chosen.trust_remote_code):
+        if chosen is None:
+            chosen = source
+        elif source.path != chosen.path:
             raise ConfigError(f"{source.key}: {source.path!r} differs from {chosen.key} ({chosen.path!r}); both roles' "
                               "executors serve one model: route both on one tokenizer")
-        chosen = chosen or source
+        elif source.trust_remote_code and not chosen.trust_remote_code:
+            chosen = source  # the same files, named by a tokenizer_dir: trusted as upstream trusts it
     return chosen
 
 
