@@ -701,8 +701,9 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
     runs read configs written for other machines): the public `hostname` resolves to an address
     of this machine; every executor host resolves; with `executors_here` (`shmdisagg launch`
     starts them), each executor address is one of this machine's and
-    `shmdisagg.executors.log_dir`, when set, is usable. Run by `check-config`, `launch`, `serve`
-    and `bench --launch` before anything starts. Raises `ConfigError` ("key: problem"; every
+    `shmdisagg.executors.log_dir`, when set, is usable; the routing tokenizer, when a router
+    tokenizes, loads (`tokenizer_source.py`). Run by `check-config`, `launch`, `serve` and
+    `bench --launch` before anything starts. Raises `ConfigError` ("key: problem"; every
     problem found in `problems`)."""
     problems = []
     problem = _host_problem(config.hostname, local=True)
@@ -723,6 +724,12 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
         if problem:
             problems.append(f"shmdisagg.executors.log_dir: {problem}")
     problems += _observability_problems(config)
+    from shmdisagg.tokenizer_source import check_routing_tokenizer  # transformers only when a router tokenizes
+
+    try:
+        check_routing_tokenizer(config)
+    except ConfigError as err:
+        problems += err.problems
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ConfigError(problems[0] + more, problems)

@@ -1,14 +1,31 @@
-"""Token ids for routing: text prompts and chats tokenized exactly as the executor will.
+"""Token ids for routing: text prompts and chats tokenized exactly as the executors tokenize them.
 
-Two tokenizers, chosen per role from the router args:
-- `tokenizer_dir` set: a Hugging Face tokenizer loaded from that local directory
-  (`transformers.AutoTokenizer`, `trust_remote_code` only because the directory is configured,
-  as TensorRT-LLM's router does); chats are rendered with its chat template
-  (`apply_chat_template(..., add_generation_prompt=True, tokenize=True)`);
-- otherwise the simulator's built-in tokenizer and chat template (`executors/sim/tokenizer.py`).
-Token-id prompts are used as given. The ids are written back into the request (`prompt` for
-completions, `prompt_token_ids` for chats) so the executor does not tokenize again and its KV
-blocks hash to exactly what the router matched on (TensorRT-LLM's router does the same).
+Which tokenizer a deployment routes with is decided in `tokenizer_source.py`: the executors' own
+Hugging Face tokenizer (`HFTokenizer`), or the simulator's built-in one for simulator executors
+(`SimTokenizer`). Token-id prompts are used as given.
+
+When the ids are written back into the request (so the executor does not tokenize again and its
+KV blocks hash to exactly what the router matched on), following TensorRT-LLM
+(`serve/router_utils.py` `BlockHashMixin._tokenize` / `_tokenize_chat` @00d403d7):
+- completions: a text prompt is replaced by its ids (`prompt`), always, as upstream does; its
+  `add_special_tokens` is the request's (default true), as the worker's `DefaultInputProcessor`
+  applies it. With `truncate_prompt_tokens` the text is sent as it came: the worker truncates
+  with its own tokenizer's `truncation_side` (left), which the router's tokenizer does not share.
+- chats: upstream's router writes `prompt_token_ids` only when every worker reports a
+  `render_fingerprint` (in `/server_info`) equal to the router's own (`_may_write_back_token_ids`),
+  or always under `TRTLLM_RENDER_LEGACY=1` (`render/chat.py` `legacy_render_enabled`). That
+  fingerprint digests the tokenizer's `init_kwargs`, and the router loads its tokenizer with other
+  arguments than the worker (`TransformersTokenizer.from_pretrained(path, trust_remote_code=...)`
+  against the worker's `legacy=False, padding_side="left", truncation_side="left"`, which land in
+  `init_kwargs`), so a router's fingerprint does not match a worker's: upstream's router then
+  routes on its ids and lets the worker render. shmdisagg does the same without computing the
+  fingerprint: an HF-rendered chat's ids are written back only under `TRTLLM_RENDER_LEGACY=1`
+  (read at start-up), and never when they are only an estimate (a named `tool_choice`, which
+  makes the worker append a tool-call prefix; `truncate_prompt_tokens`; a model whose serving
+  extension rewrites chats). The simulator's ids are always written back: the simulator renders
+  with the very same code.
+A chat that cannot be rendered as the worker would (`chat_render.Unrenderable`: media parts, a
+shape the worker refuses) gets no ids: it is routed on load alone and sent untokenized.
 
 Long texts are tokenized in a worker thread, off the event loop (TensorRT-LLM measured ~50 ms
 for a 40k-token chat); short ones inline, where a thread hand-off would cost more than the work.
@@ -17,22 +34,34 @@ for a 40k-token chat); short ones inline, where a thread hand-off would cost mor
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any, Protocol
+import logging
+import os
+from typing import Any, NamedTuple, Protocol
 
-from shmdisagg.config import ConfigError
+from shmdisagg import chat_render
 
 INLINE_CHARS = 4096  # below this many characters, tokenize on the loop (thread hand-off costs ~50 µs)
+LEGACY_ENV = "TRTLLM_RENDER_LEGACY"
+
+log = logging.getLogger("shmdisagg.tokenization")
+
+
+class Encoded(NamedTuple):
+    """A prompt's routing ids, and whether they may replace the executor's own tokenization."""
+
+    ids: list[int]
+    write_back: bool
 
 
 class RoutingTokenizer(Protocol):
-    def encode_prompt(self, prompt: str, add_special_tokens: bool) -> list[int]: ...
+    def encode_prompt(self, prompt: str, req: dict[str, Any]) -> Encoded | None: ...
 
-    def encode_chat(self, messages: list[Any], req: dict[str, Any]) -> list[int]: ...
+    def encode_chat(self, req: dict[str, Any]) -> Encoded | None: ...
 
 
 class SimTokenizer:
-    """The executor simulator's own tokenizer and chat template."""
+    """The executor simulator's own tokenizer and chat template (`executors/sim/tokenizer.py`).
+    Raises ValueError for a chat the simulator refuses (the caller answers 400, as the simulator would)."""
 
     def __init__(self) -> None:
         from shmdisagg.executors.sim.tokenizer import Tokenizer, render_chat
@@ -40,76 +69,88 @@ class SimTokenizer:
         self._tok = Tokenizer()
         self._render = render_chat
 
-    def encode_prompt(self, prompt: str, add_special_tokens: bool) -> list[int]:
-        return self._tok.encode(prompt, add_bos=add_special_tokens)
+    def encode_prompt(self, prompt: str, req: dict[str, Any]) -> Encoded:
+        return Encoded(self._tok.encode(prompt, add_bos=bool(req.get("add_special_tokens", True))), True)
 
-    def encode_chat(self, messages: list[Any], req: dict[str, Any]) -> list[int]:
-        return self._tok.encode(self._render(messages, bool(req.get("add_generation_prompt", True))))
+    def encode_chat(self, req: dict[str, Any]) -> Encoded:
+        text = self._render(req["messages"], bool(req.get("add_generation_prompt", True)))
+        return Encoded(self._tok.encode(text), True)
 
 
 class HFTokenizer:
-    """A Hugging Face tokenizer from a local directory (no downloads)."""
+    """The executors' Hugging Face tokenizer (loaded by `tokenizer_source.load_routing_tokenizer`),
+    rendering chats as `trtllm-serve` does (`chat_render.py`). `model_type`: the checkpoint's
+    `config.json` model type, if known. Never raises for a request: what it cannot tokenize as
+    the worker would gets None (routed on load, sent as it came)."""
 
-    def __init__(self, directory: str) -> None:
-        path = Path(directory)
-        if not path.is_dir():
-            raise ConfigError(f"router.tokenizer_dir: {directory!r} is not a directory")
+    def __init__(self, tokenizer: Any, model_type: str | None = None, legacy: bool | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.model_type = model_type
+        self.legacy = os.environ.get(LEGACY_ENV, "0") == "1" if legacy is None else legacy
+        self.unrenderable = 0  # chats routed without ids (a count for logs and tests)
+
+    def encode_prompt(self, prompt: str, req: dict[str, Any]) -> Encoded | None:
+        add_special = req.get("add_special_tokens", True)
+        if not isinstance(add_special, bool):
+            return None
+        ids = self.tokenizer.encode(prompt, add_special_tokens=add_special)
+        return Encoded(list(ids), req.get("truncate_prompt_tokens") is None)
+
+    def encode_chat(self, req: dict[str, Any]) -> Encoded | None:
         try:
-            from transformers import AutoTokenizer
-        except ImportError:
-            raise ConfigError("router.tokenizer_dir needs the 'hf' extra: pip install 'shmdisagg[hf]'") from None
-        try:
-            self._tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=True, local_files_only=True)
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"router.tokenizer_dir: cannot load a tokenizer from {directory!r}: {err}") from None
+            text = chat_render.render(self.tokenizer, req)
+            add_special = chat_render.add_special_tokens(req)
+        except chat_render.Unrenderable as err:
+            self.unrenderable += 1
+            if self.unrenderable == 1:
+                log.info("a chat was routed without token ids and sent for the executor to render (%s)", err)
+            return None
+        ids = list(self.tokenizer.encode(text, add_special_tokens=add_special))
+        return Encoded(ids, self.legacy and self._exact(req))
 
-    def encode_prompt(self, prompt: str, add_special_tokens: bool) -> list[int]:
-        return list(self._tok(prompt, add_special_tokens=add_special_tokens)["input_ids"])
-
-    def encode_chat(self, messages: list[Any], req: dict[str, Any]) -> list[int]:
-        kwargs = dict(req.get("chat_template_kwargs") or {})
-        out = self._tok.apply_chat_template(
-            messages,
-            tools=req.get("tools"),
-            add_generation_prompt=bool(req.get("add_generation_prompt", True)),
-            tokenize=True,
-            **kwargs,
-        )
-        ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
-        return list(ids)
+    def _exact(self, req: dict[str, Any]) -> bool:
+        """Whether the ids are the executed prompt, not an estimate (module docstring)."""
+        named_tool = isinstance(req.get("tool_choice"), dict)
+        return not named_tool and req.get("truncate_prompt_tokens") is None and self.model_type not in chat_render.EXTENSION_MODEL_TYPES
 
 
-def load_tokenizer(tokenizer_dir: str | None) -> RoutingTokenizer:
-    """The tokenizer a role's router uses. Raises ConfigError naming the key."""
-    return HFTokenizer(tokenizer_dir) if tokenizer_dir else SimTokenizer()
+def _chars(content: Any) -> int:
+    """Characters of a message's text (a string, or its text parts)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(_chars(p.get("text") if isinstance(p, dict) else p) for p in content if not isinstance(p, list))
+    return 0
 
 
 def _text_size(req: dict[str, Any], chat: bool) -> int:
     if not chat:
         prompt = req["prompt"]
         return len(prompt) if isinstance(prompt, str) else 0
-    return sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else 256 for m in req["messages"])
+    return sum(_chars(m.get("content")) for m in req["messages"])
 
 
-def _tokenize(tokenizer: RoutingTokenizer, req: dict[str, Any], chat: bool) -> list[int]:
+def _tokenize(tokenizer: RoutingTokenizer, req: dict[str, Any], chat: bool) -> Encoded | None:
     if chat:
-        return tokenizer.encode_chat(req["messages"], req)
-    return tokenizer.encode_prompt(req["prompt"], bool(req.get("add_special_tokens", True)))
+        return tokenizer.encode_chat(req)
+    return tokenizer.encode_prompt(req["prompt"], req)
 
 
-async def prompt_token_ids(tokenizer: RoutingTokenizer, req: dict[str, Any], chat: bool) -> list[int]:
-    """The request's prompt as token ids, written back into the request. Raises ValueError for
-    a chat the template cannot render (the caller turns it into a 400)."""
+async def prompt_token_ids(tokenizer: RoutingTokenizer, req: dict[str, Any], chat: bool) -> list[int] | None:
+    """The request's prompt as routing token ids, written back into the request when they may
+    replace the executor's tokenization (`prompt` for completions, `prompt_token_ids` for chats);
+    None when it cannot be tokenized as the executor would. Raises ValueError for a chat the
+    simulator's template refuses (the caller turns it into a 400)."""
     if not chat and isinstance(req["prompt"], list):
         return req["prompt"]
     if chat and isinstance(req.get("prompt_token_ids"), list):  # the client's own ids: the worker uses them
         return req["prompt_token_ids"]
     if _text_size(req, chat) < INLINE_CHARS:
-        ids = _tokenize(tokenizer, req, chat)
+        out = _tokenize(tokenizer, req, chat)
     else:
-        ids = await asyncio.to_thread(_tokenize, tokenizer, req, chat)
-    if chat:
-        req["prompt_token_ids"] = ids
-    else:
-        req["prompt"] = ids
-    return ids
+        out = await asyncio.to_thread(_tokenize, tokenizer, req, chat)
+    if out is None:
+        return None
+    if out.write_back:
+        req["prompt_token_ids" if chat else "prompt"] = out.ids
+    return out.ids

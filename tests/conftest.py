@@ -32,3 +32,12 @@ def shm_prefix() -> Iterator[str]:
     for path in leftovers:
         os.unlink(path)
     assert not leftovers, f"shared-memory segments left behind: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small byte-level BPE Hugging Face tokenizer with Llama-3 special tokens and a chat
+    template, built offline once per test process (`tests/hf_tokenizer.py`)."""
+    from tests.hf_tokenizer import build_tokenizer
+
+    return str(build_tokenizer(tmp_path_factory.mktemp("hf-tokenizer") / "tinytok"))

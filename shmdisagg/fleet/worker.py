@@ -31,6 +31,8 @@ import logging
 import os
 import sys
 import uuid
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import uvicorn
 import uvloop
@@ -44,7 +46,7 @@ from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.procutil import bind_reuseport
 from shmdisagg.routing import USES_INDEX, make_policy
 from shmdisagg.shm.index import BlockIndex
-from shmdisagg.tokenization import load_tokenizer
+from shmdisagg.tokenizer_source import load_routing_tokenizer
 from shmdisagg.fleet.cluster import ClusterView, fetch_cluster_info
 from shmdisagg.flows import FlowOptions, Flows
 from shmdisagg.legs import LegRunner
@@ -60,6 +62,7 @@ from shmdisagg.wire import Wire
 log = logging.getLogger("shmdisagg.fleet")
 
 HEARTBEAT_S = 0.25
+T = TypeVar("T")
 INFO_REFRESH_S = 1.0
 # After the grace period, how long uvicorn still waits for the ended requests' last bytes before
 # it cancels their tasks itself (a client that does not read); the supervisor waits longer.
@@ -121,6 +124,15 @@ def wire_for(config: DisaggConfig, env: TrtllmEnv) -> Wire:
     return Wire(msgpack=env.msgspec, auth_key=config.internal_request_auth_key)
 
 
+async def _beating(table: ControlTable, row: int, work: Awaitable[T]) -> T:
+    """`await work`, heart-beating the row every HEARTBEAT_S meanwhile."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        table.heartbeat(row)
+        await asyncio.wait({task}, timeout=HEARTBEAT_S)
+    return task.result()
+
+
 def _node_id(config: DisaggConfig) -> int:
     """The request id's node field: `node_id`, else TensorRT-LLM's default `uuid.getnode() % 256`
     (`llmapi/disagg_utils.py` DisaggServerConfig)."""
@@ -173,7 +185,9 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         needs_tokens = ctx_policy.needs_tokens or gen_policy.needs_tokens
         conversations = "conversation" in (ctx_args.type, gen_args.type)
         if needs_tokens or conversations:
-            tokenizer = load_tokenizer(gen_args.tokenizer_dir or ctx_args.tokenizer_dir) if needs_tokens else None
+            # importing transformers and loading a tokenizer take seconds: beat meanwhile, so the
+            # coordinator does not take the slow start for a stuck worker (worker_timeout_s)
+            tokenizer = await _beating(table, row, asyncio.to_thread(load_routing_tokenizer, config)) if needs_tokens else None
             service.keys = KeyBuilder(tokenizer, conversations)
         service.models = view.models
         # return_perf_metrics, perf_metrics_output_dir, otlp_config, TRTLLM_REQUEST_TRACE_DIR

@@ -40,9 +40,10 @@ def test_repeated_prefixes_hit_the_cache_through_kv_events(tmp_path: Path, shm_p
             assert stats.used > 0 and stats.lag_samples > 0
 
 
-def test_concurrent_requests_for_a_new_prefix_through_two_workers_land_together(tmp_path: Path, shm_prefix: str) -> None:
+def test_concurrent_requests_for_a_new_prefix_through_two_workers_land_together(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
     with fake_executors(["c0", "c1", "c2", "g0"]) as (*ctxs, gen):
-        cfg = write_config(tmp_path, shm_prefix, [c.addr for c in ctxs], [gen.addr], routers=("kv_cache_aware", "round_robin"))
+        kv = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}  # real-executor stand-ins: their tokenizer
+        cfg = write_config(tmp_path, shm_prefix, [c.addr for c in ctxs], [gen.addr], routers=(kv, "round_robin"))
         with deployment(cfg) as dep:
             conns = [connection_to_worker(dep, 0), connection_to_worker(dep, 1)]
             for round_ in range(6):
@@ -148,9 +149,10 @@ def test_implicit_conversation_of_token_id_prompts_follows_its_prefix(tmp_path: 
             assert len(homes["a"]) == 1 and len(homes["b"]) == 1
 
 
-def test_conditional_disaggregation_keeps_cached_prompts_on_the_generation_server(tmp_path: Path, shm_prefix: str) -> None:
+def test_conditional_disaggregation_keeps_cached_prompts_on_the_generation_server(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
     with fake_executors(["c0", "g0", "g1"]) as (ctx, g0, g1):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], routers=("round_robin", "kv_cache_aware"),
+        kv = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], routers=("round_robin", kv),
                            conditional_disagg_config={"max_local_prefill_length": 64})
         with deployment(cfg) as dep:
             prompt = list(range(70_000, 70_000 + 1024))

@@ -139,11 +139,12 @@ def _coordinator_answers(sock_path: str) -> bool:
         conn.close()
 
 
-def test_a_refused_second_launch_leaves_the_live_deployments_sockets(tmp_path: Path, shm_prefix: str) -> None:
+def test_a_refused_second_launch_leaves_the_live_deployments_sockets(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
     import yaml
 
+    kv = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}  # the fakes stand for real executors
     with fake_executors(["c0", "g0"]) as (ctx, gen):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], routers=("kv_cache_aware", "kv_cache_aware"))
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], routers=(kv, kv))
         with deployment(cfg) as dep:
             sockets = [dep.config.coordinator_socket, dep.config.kv_hint_socket]
             assert all(stat.S_ISSOCK(os.stat(p).st_mode) for p in sockets)
@@ -168,9 +169,10 @@ def test_a_refused_second_launch_leaves_the_live_deployments_sockets(tmp_path: P
     assert not os.path.exists(sockets[0]) and not os.path.exists(sockets[1])
 
 
-def test_the_launcher_removes_a_hard_killed_coordinators_sockets_and_segments(tmp_path: Path, shm_prefix: str) -> None:
+def test_the_launcher_removes_a_hard_killed_coordinators_sockets_and_segments(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
+    kv = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}  # the fakes stand for real executors
     with fake_executors(["c0", "g0"]) as (ctx, gen):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], routers=("kv_cache_aware", "kv_cache_aware"))
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], routers=(kv, kv))
         with deployment(cfg) as dep:
             sockets = [dep.config.coordinator_socket, dep.config.kv_hint_socket]
             assert all(os.path.exists(p) for p in sockets)

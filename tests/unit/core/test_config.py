@@ -122,7 +122,7 @@ def test_cli_exits_2_with_one_line_for_a_bad_config(tmp_path: Path) -> None:
         assert len(lines) == 1 and "generation_servers.router.type" in lines[0], out.stderr
 
 
-def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path) -> None:
+def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path, hf_tokenizer_dir: str) -> None:
     from shmdisagg.config import config_warnings
 
     data = yaml.safe_load(TRTLLM_EXAMPLE)
@@ -134,6 +134,7 @@ def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path) -> None:
     # genuine LLM arguments are not flagged
     assert not config_warnings(parse_config(yaml.safe_load(TRTLLM_EXAMPLE)))
     bad = tmp_path / "typo.yaml"
+    data["context_servers"]["router"]["tokenizer_dir"] = hf_tokenizer_dir  # kv_cache_aware: check-config loads the executors' tokenizer
     bad.write_text(yaml.safe_dump(data))
     out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(bad)], capture_output=True, text=True)
     assert out.returncode == 0 and "did you mean num_workers" in out.stderr

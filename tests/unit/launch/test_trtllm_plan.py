@@ -233,13 +233,14 @@ def test_without_an_executors_section_nothing_is_planned() -> None:
     assert plan.instances == () and plan.backend == ""
 
 
-def test_check_config_runs_the_plan_checks_that_launch_runs(tmp_path: Path, shm_prefix: str) -> None:
+def test_check_config_runs_the_plan_checks_that_launch_runs(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
     """A config the trtllm plan refuses is refused by `check-config` too, in the same one line,
     instead of 'ok' there and a failure only at `launch`."""
     import subprocess
     import sys
 
-    cfg = small_config(context_servers={"router": {"type": "kv_cache_aware"}, "kv_cache_config": {"event_buffer_max_size": 0}})
+    router = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}  # the executors' tokenizer (loaded by check-config)
+    cfg = small_config(context_servers={"router": router, "kv_cache_config": {"event_buffer_max_size": 0}})
     cfg["shmdisagg"].update(shm={"prefix": shm_prefix}, coordinator_socket=str(tmp_path / "coord.sock"))
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))

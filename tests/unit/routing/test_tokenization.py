@@ -1,52 +1,28 @@
-"""Routing token ids: the executor's own tokenization, from a local Hugging Face tokenizer or the
-simulator's built-in one, written back into the request."""
+"""Routing token ids: the executors' own tokenization (the simulator's, or the executors' Hugging
+Face tokenizer), and when the ids replace the executor's own tokenization in the request."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from pathlib import Path
+import copy
+from typing import Any
 
 import orjson
 import pytest
 
-from shmdisagg.config import ConfigError
 from shmdisagg.executors.sim.requests import Limits, parse_request
 from shmdisagg.executors.sim.tokenizer import Tokenizer
-from shmdisagg.tokenization import INLINE_CHARS, HFTokenizer, SimTokenizer, load_tokenizer, prompt_token_ids
-
-TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+from shmdisagg.tokenization import INLINE_CHARS, HFTokenizer, SimTokenizer, prompt_token_ids
 
 
-@pytest.fixture
-def hf_dir(tmp_path: Path) -> Path:
-    """A tiny word-level Hugging Face tokenizer with a chat template, built locally."""
-    from tokenizers import Tokenizer as RawTokenizer
-    from tokenizers import models, pre_tokenizers
+@pytest.fixture(scope="module")
+def tok(hf_tokenizer_dir: str) -> Any:
+    from transformers import AutoTokenizer
 
-    words = ["[UNK]", "<s>", "hello", "world", "how", "are", "you", "<|user|>", "<|assistant|>", "<|system|>", "be", "brief"]
-    raw = RawTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    raw.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "chat_template": TEMPLATE}))
-    return tmp_path
+    return AutoTokenizer.from_pretrained(hf_tokenizer_dir, local_files_only=True)
 
 
-def test_hf_tokenizer_from_a_local_directory_encodes_prompts_and_chats(hf_dir: Path) -> None:
-    tok = load_tokenizer(str(hf_dir))
-    assert isinstance(tok, HFTokenizer)
-    assert tok.encode_prompt("hello world", add_special_tokens=False) == [2, 3]
-    req = {"messages": [{"role": "user", "content": "how are you"}]}
-    ids = asyncio.run(prompt_token_ids(tok, req, chat=True))
-    assert req["prompt_token_ids"] == ids
-    assert ids == [7, 4, 5, 6, 8]  # <|user|> how are you <|assistant|> (the generation prompt)
-
-
-def test_a_bad_tokenizer_dir_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="router.tokenizer_dir"):
-        load_tokenizer(str(tmp_path / "missing"))
-    with pytest.raises(ConfigError, match="router.tokenizer_dir"):
-        load_tokenizer(str(tmp_path))  # a directory without a tokenizer
+CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello world"}]}
 
 
 @pytest.mark.parametrize("chat", [False, True])
@@ -65,3 +41,65 @@ def test_sim_tokenizer_matches_what_the_simulator_executes(chat: bool, size: int
 def test_token_id_prompts_are_used_as_given() -> None:
     req = {"prompt": [5, 6, 7]}
     assert asyncio.run(prompt_token_ids(SimTokenizer(), req, False)) == [5, 6, 7]
+
+
+@pytest.mark.parametrize("add_special_tokens", [None, True, False])
+def test_a_completion_prompt_is_tokenized_as_the_worker_does_and_written_back(tok: Any, add_special_tokens: bool | None) -> None:
+    """The worker's DefaultInputProcessor: encode(prompt, add_special_tokens=request's, default true)."""
+    req: dict[str, Any] = {"prompt": "hello world"}
+    if add_special_tokens is not None:
+        req["add_special_tokens"] = add_special_tokens
+    expected = tok.encode("hello world", add_special_tokens=add_special_tokens is not False)
+    assert asyncio.run(prompt_token_ids(HFTokenizer(tok), req, False)) == expected
+    assert req["prompt"] == expected
+    assert (expected[0] == tok.bos_token_id) == (add_special_tokens is not False)
+
+
+def test_a_truncated_completion_goes_as_text_for_the_worker_to_truncate(tok: Any) -> None:
+    req = {"prompt": "hello world " * 20, "truncate_prompt_tokens": 5}
+    ids = asyncio.run(prompt_token_ids(HFTokenizer(tok), req, False))
+    assert ids == tok.encode("hello world " * 20)  # routed on these
+    assert req["prompt"] == "hello world " * 20
+
+
+def test_chat_ids_route_but_are_not_written_back_unless_legacy(tok: Any) -> None:
+    """TensorRT-LLM's router writes prompt_token_ids only when the workers' render fingerprint
+    matches its own, or under TRTLLM_RENDER_LEGACY=1."""
+    req = copy.deepcopy(CHAT)
+    ids = asyncio.run(prompt_token_ids(HFTokenizer(tok, legacy=False), req, True))
+    assert ids and "prompt_token_ids" not in req
+    legacy = copy.deepcopy(CHAT)
+    assert asyncio.run(prompt_token_ids(HFTokenizer(tok, legacy=True), legacy, True)) == ids
+    assert legacy["prompt_token_ids"] == ids
+
+
+def test_the_legacy_switch_is_read_from_the_environment(tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRTLLM_RENDER_LEGACY", "1")
+    assert HFTokenizer(tok).legacy
+    monkeypatch.setenv("TRTLLM_RENDER_LEGACY", "0")
+    assert not HFTokenizer(tok).legacy
+
+
+@pytest.mark.parametrize("extra, model_type", [
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, None),  # the worker appends a tool-call prefix
+    ({"truncate_prompt_tokens": 4}, None),
+    ({}, "kimi_k3"),  # a serving extension rewrites the chat
+])
+def test_estimated_chat_ids_are_never_written_back(tok: Any, extra: dict[str, Any], model_type: str | None) -> None:
+    req = {**copy.deepcopy(CHAT), **extra}
+    assert asyncio.run(prompt_token_ids(HFTokenizer(tok, model_type, legacy=True), req, True))
+    assert "prompt_token_ids" not in req
+
+
+def test_a_long_chat_is_tokenized_off_the_loop_to_the_same_ids(tok: Any) -> None:
+    text = "the weather is sunny today " * (INLINE_CHARS // 10)
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
+    plain = {"messages": [{"role": "user", "content": text}]}
+    hf = HFTokenizer(tok)
+    assert asyncio.run(prompt_token_ids(hf, parts, True)) == asyncio.run(prompt_token_ids(hf, plain, True))
+
+
+def test_an_unrenderable_chat_has_no_ids(tok: Any) -> None:
+    req = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}
+    assert asyncio.run(prompt_token_ids(HFTokenizer(tok, legacy=True), req, True)) is None
+    assert "prompt_token_ids" not in req
