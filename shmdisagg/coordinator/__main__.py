@@ -10,7 +10,7 @@ import sys
 
 import uvloop
 
-from shmdisagg.config import ConfigError, load_config
+from shmdisagg.config import ConfigError, env_tokens_per_block, load_config
 from shmdisagg.coordinator.main import StartupError, StartupInterrupted, run_coordinator
 from shmdisagg.shm.segment import ShmError
 
@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         style = os.environ.get("TRTLLM_DISAGG_SCHEDULE_STYLE")
         if style and style not in ("context_first", "generation_first"):
             raise ConfigError(f"TRTLLM_DISAGG_SCHEDULE_STYLE: {style!r} is not context_first or generation_first")
+        env_tokens_per_block()
     except ConfigError as err:
         print(f"shmdisagg: config error: {err}", file=sys.stderr)
         return 2
