@@ -129,8 +129,8 @@ async def serve(config: DisaggConfig, worker_index: int) -> None:
             hints = KvHints(config.kv_hint_socket)  # the coordinator drains KV events only then
         if {ctx_args.type, gen_args.type} & USES_INDEX:
             index = BlockIndex.attach(table, timeout=config.shmdisagg.server_start_timeout_s)
-        ctx_policy = make_policy(table, row, ROLE_CONTEXT, ctx_args, index, lambda: directory.tokens_per_block(ROLE_CONTEXT))
-        gen_policy = make_policy(table, row, ROLE_GENERATION, gen_args, index, lambda: directory.tokens_per_block(ROLE_GENERATION))
+        ctx_policy = make_policy(table, row, ROLE_CONTEXT, ctx_args, index, lambda: view.routing_keys.get(ROLE_CONTEXT))
+        gen_policy = make_policy(table, row, ROLE_GENERATION, gen_args, index, lambda: view.routing_keys.get(ROLE_GENERATION))
         ctx_policy, gen_policy = metrics.wrap_policy(ctx_policy, False), metrics.wrap_policy(gen_policy, True)
         ids = DisaggIdGenerator(_node_id(config), worker_index % 64)
         legs = LegRunner(directory, upstream, reporter, config.max_retries, hints)
