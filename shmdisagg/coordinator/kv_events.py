@@ -17,14 +17,25 @@ coming, after `hinted_poll_s` while hints flow for that server, else after `idle
 (`shmdisagg.kv_events` in the config). Malformed hint datagrams, or hints naming no registered
 server, are counted (`bad_hints`) and ignored.
 
-Payloads are decoded with msgspec into just the fields we use (event type, block hashes,
-timestamp), skipping the per-token lists TensorRT-LLM puts in every `stored` block: measured on
-an 884 KB payload of 440 blocks, 1.4 ms against 9.9 ms for orjson into dicts. A payload that does
-not fit that shape falls back to a tolerant per-event path.
+Payloads are decoded with msgspec into just the fields we use (event type, `event_id`,
+`window_size`, `hash_algo`, `attention_dp_rank`, block hashes, timestamp), skipping the per-token
+lists TensorRT-LLM puts in every `stored` block: measured on an 884 KB payload of 440 blocks,
+1.4 ms against 9.9 ms for orjson into dicts. A payload that does not fit that shape falls back to
+a tolerant per-event path.
 
-Malformed events, and events from an executor whose `tokens_per_block` does not match the
-router's (their hashes cannot align; TensorRT-LLM skips such servers too), are dropped and
-counted, never applied; nothing an executor sends can crash the coordinator. Event-to-visibility
+Each executor's events are one stream (`_check_stream`): an `event_id` gap in a complete stream,
+an id that goes back and a `created` event after others clear that server's entries in the index
+(event and routed bits) and are counted, per server, in `/cluster_info` and the metrics. Only the
+largest attention window's `stored` / `removed` events are applied, as TensorRT-LLM's fanout
+keeps them; `updated` events change nothing, as in TensorRT-LLM's router. Block hashes are v1 or
+v2_sha256_64 ints, or v2_sha256 hex keys folded to their first 8 bytes
+(`hashing.event_block_hash`); an event's `hash_algo` tells the routing keys which algorithm the
+executor really uses (`routing_keys.RoutingKeys.saw_algo`).
+
+Executors whose `tokens_per_block` does not match the router's (their hashes cannot align;
+TensorRT-LLM skips such servers too) are not drained. Malformed events, and events of an
+algorithm the router cannot compute, are dropped and counted, never applied; nothing an
+executor sends can crash the coordinator. Event-to-visibility
 lag is recorded per block: from the event's `timestamp` (seconds, when the executor sends one —
 the simulator does; TensorRT-LLM does not, so there it is measured from receipt) to the moment
 the native apply made it visible to every worker.
@@ -101,14 +112,16 @@ class _Stream:
     attention-DP rank; `prev_kind`: the last event's type (None after a restart: the `created`
     events that open a stream are expected); `max_window`: the largest attention window (events
     of other windows are skipped), `window_known` once the opening `created` events gave it;
-    `algo`: the last `hash_algo` its events carried."""
+    `algo`: the last `hash_algo` its events carried; `complete`: see `_check_stream`."""
 
     last_id: dict[int, int] = field(default_factory=dict)
     prev_kind: str | None = None
     max_window: int | None = None
     window_known: bool = False
     algo: str | None = None
+    complete: bool = False  # it carried events a filtering relay would drop (see _check_stream)
     gaps: int = 0
+    skips: int = 0
     restarts: int = 0
     window_skipped: int = 0
 
@@ -170,7 +183,8 @@ class KvEventIngestor:
             "drained": self.keys.aligned(slot) if self.keys is not None else True,
             "kv_cache_hash_algo": self.keys.algo_of(slot) if self.keys is not None else None,
             "last_event_id": max(st.last_id.values()) if st.last_id else None,
-            "event_gaps": st.gaps, "restarts": st.restarts, "window_skipped_events": st.window_skipped,
+            "event_gaps": st.gaps, "event_id_skips": st.skips, "restarts": st.restarts,
+            "window_skipped_events": st.window_skipped, "stream_complete": st.complete,
             "max_window_size": st.max_window,
         }
 
@@ -334,26 +348,38 @@ class KvEventIngestor:
         self.applied_events += 1
 
     def _check_stream(self, slot: int, st: _Stream, event_id: int | None, rank: int, kind: str) -> bool:
-        """The stream's integrity (TensorRT-LLM `serve/kv_event_fanout.py` @48f2db0b clears the
-        advertised index on an event-id gap; an id that goes back, or a `created` event after
-        other events, is a restarted executor). Either clears every block of `slot` in the index,
-        event and routed bits alike (they would claim blocks its cache may no longer hold: a
-        restart empties it, a gap may have hidden `removed` events), and is counted. The first
-        event seen from an executor counts as a gap unless its id is 0 (its earlier events went
-        elsewhere, e.g. to a previous coordinator). True on a restart."""
+        """The stream's integrity; True on a restart.
+
+        A restart (an id that goes back, or a `created` event after other events: the executor
+        restarted, perhaps on the same port between two health polls) and a gap in a stream known
+        to be complete (TensorRT-LLM `serve/kv_event_fanout.py` @48f2db0b clears the advertised
+        index on an event-id gap: the executor's bounded buffer dropped events, so `removed`
+        events may be missing) clear every block of `slot` in the index, event and routed bits
+        alike (they would claim blocks its cache may no longer hold), and are counted.
+
+        A stream is known complete once it carried the events a filtering relay drops (`created`,
+        which opens an engine's stream at event_id 0, or `updated`): TensorRT-LLM's KvEventFanout
+        keeps only the largest window's `stored` / `removed` events, engine ids and all, so its
+        holes are not losses. In a stream not known complete (a fanout's, or one this coordinator
+        joined after its opening events) a hole is only counted (`event_id_skips`)."""
+        restarted = False
         if event_id is not None:
             last = st.last_id.get(rank)
             if last is not None and event_id <= last:
                 self._restart(slot, st, f"event_id {event_id} after {last}")
-                st.last_id[rank] = event_id
-                return True
-            if event_id != (0 if last is None else last + 1):
-                self._gap(slot, st, 0 if last is None else last + 1, event_id)
+                restarted = True
+            elif last is not None and event_id != last + 1:
+                if st.complete:
+                    self._gap(slot, st, last + 1, event_id)
+                else:
+                    st.skips += 1
             st.last_id[rank] = event_id
-        if kind == "created" and st.prev_kind not in (None, "created"):
+        if kind == "created" and not restarted and st.prev_kind not in (None, "created"):
             self._restart(slot, st, "a created event after other events")
-            return True
-        return False
+            restarted = True
+        if kind == "created" or kind == "updated":
+            st.complete = True
+        return restarted
 
     def _gap(self, slot: int, st: _Stream, expected: int, got: int) -> None:
         self.index.apply_all_cleared(slot)
@@ -370,7 +396,7 @@ class KvEventIngestor:
         self.restarts += 1
         self._count(_RESTARTS, slot)
         st.last_id.clear()
-        st.prev_kind, st.max_window, st.window_known, st.algo = None, None, False, None
+        st.prev_kind, st.max_window, st.window_known, st.algo, st.complete = None, None, False, None, False
         log.warning("%s restarted (%s): its index entries are cleared and its /server_info is read again", self._addr(slot), why)
         if self.keys is not None and self.keys.restarted(slot):
             self.on_key_change(slot)
