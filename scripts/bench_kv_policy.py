@@ -10,6 +10,12 @@ whose `Deployment` it uses: 8 context servers, 16 claimed rows, 400k cached bloc
 min in µs after 100 unrecorded decisions. Runs against whichever tree PYTHONPATH names, so an
 older commit can be measured side by side (it takes the policy's older signature). `--algos`
 other than v1_block_key need a tree that has them.
+
+`--ab` (this tree only): decisions in pairs, one through the policy and one through what the
+policy did before the per-role routing key (`RoutingKey.block_hashes(tpb)` and a 9-argument
+`pick_kv`, the release likewise), each on its own prompt of a different family, taking turns at
+going first, so both see the same load on the host; prints both and the difference (the mean of
+the two orders' median per-pair differences, which cancels the second call's warmer caches).
 """
 
 from __future__ import annotations
@@ -53,12 +59,16 @@ def main() -> None:
     ap.add_argument("--algos", default="v1_block_key")
     ap.add_argument("--tpb", type=int, default=32)
     ap.add_argument("--capacity", type=int, default=1 << 22)
+    ap.add_argument("--ab", action="store_true")
     args = ap.parse_args()
     rng = random.Random(11)
     for size in map(int, args.sizes.split(",")):
         families = [[rng.randrange(100, 150_000) for _ in range(size * 3 // 4)] for _ in range(16)]
         dep = Deployment(args, families)
         try:
+            if args.ab:
+                ab(dep, families, size, args, rng)
+                continue
             for algo in args.algos.split(","):
                 policy = policy_for(dep, args.tpb, algo)
                 times = []
@@ -76,6 +86,43 @@ def main() -> None:
                 print(f"{size:>6} tokens {algo:<13} pick+release us p50 {pct(times, 0.5):7.1f}  p99 {pct(times, 0.99):7.1f}  min {min(times) / 1000:7.1f}")
         finally:
             dep.close()
+
+
+def ab(dep: Deployment, families: list[list[int]], size: int, args: argparse.Namespace, rng: random.Random) -> None:
+    policy = policy_for(dep, args.tpb, "v1_block_key")
+    a = policy.args
+    clock = time.perf_counter_ns
+    times: dict[str, list[int]] = {"old": [], "new": []}
+    diffs: dict[bool, list[int]] = {True: [], False: []}  # by whether the new path went first
+    half = len(families) // 2
+    for i in range(args.reps + WARMUP):
+        new_first = bool(i % 2)
+        t = {}
+        for n, which in enumerate(("new", "old") if new_first else ("old", "new")):
+            # each path its own prompt, of a family the other path did not just touch
+            fam = families[(i + n * half) % len(families)]
+            prompt = fam + [rng.randrange(100, 150_000) for _ in range(size - size * 3 // 4)]
+            ids32 = _native.token_ids_int32(prompt)
+            t0 = clock()
+            key = RoutingKey(len(prompt), prompt, ids32=ids32)
+            if which == "new":
+                slot = policy.pick(key, -1)
+                policy.release(slot, key)
+            else:
+                slot, _ = dep.wix.pick_kv(dep.row, ROLE_CONTEXT, -1, key.block_hashes(a.tokens_per_block), key.num_tokens,
+                                          a.load_weight, a.load_cap, a.use_tokens, a.track_routed_blocks)
+                dep.worker.release(dep.row, slot, key.num_tokens)
+            t[which] = clock() - t0
+        if i >= WARMUP:
+            for which in t:
+                times[which].append(t[which])
+            diffs[new_first].append(t["new"] - t["old"])
+    for name, which in (("before (direct)", "old"), ("after (policy)", "new")):
+        xs = times[which]
+        print(f"{size:>6} tokens {name:<16} us p50 {pct(xs, 0.5):7.1f}  p99 {pct(xs, 0.99):7.1f}  min {min(xs) / 1000:7.1f}")
+    # the second call of a pair runs warmer; averaging both orders' medians cancels that
+    d = (pct(diffs[True], 0.5) + pct(diffs[False], 0.5)) / 2
+    print(f"{size:>6} tokens after - before: {d:+.2f} us (mean of the two orders' median differences)")
 
 
 if __name__ == "__main__":

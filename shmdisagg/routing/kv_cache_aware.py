@@ -63,7 +63,7 @@ class KvCacheAwarePolicy(TablePolicy):
 
     def pick(self, key: RoutingKey, exclude_slot: int) -> int:
         a = self.args
-        cfg = self.key_config()
+        cfg = self._config() or self._fallback
         algo = cfg.kv_cache_hash_algo
         hashes = key.block_hashes(cfg.tokens_per_block, algo) if algo is not None else b""
         slot, matched = self.index.pick_kv(

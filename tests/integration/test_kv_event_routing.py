@@ -177,6 +177,17 @@ def test_the_load_cap_denominator_is_the_router_s_max_batch_size_the_section_s_w
                 held.join(timeout=30)
 
 
+def test_the_environment_overrides_the_router_s_tokens_per_block(tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK", "64")
+    with fake_executors(["c0", "g0"]) as (c0, g0):  # both report tokens_per_block 32
+        cfg = write_config(tmp_path, shm_prefix, [c0.addr], [g0.addr], routers=({"type": "kv_cache_aware", "tokens_per_block": 16}, "round_robin"))
+        with deployment(cfg) as dep:
+            info = coordinator_info(dep)
+            assert info["routing_key_configs"]["context"]["tokens_per_block"] == 64
+            assert _server(info, c0.addr)["kv_events"]["drained"] is False  # 32 divides 64: admitted, events not read
+            assert post(dep, "/v1/completions", {"model": "fake-model", "prompt": list(range(100, 300)), "max_tokens": 2})[0] == 200
+
+
 # -- TensorRT-LLM's worker server -----------------------------------------------------------------
 
 WORKER = Path("/work/shared/trtllm_worker")
