@@ -268,9 +268,11 @@ class Index:
     # -- picks (workers; RowLost if the row is not ours)
     def pick_kv(
         self, row: int, role: int, exclude_slot: int, hashes: Buffer, num_tokens: int,
-        load_weight: float, load_cap: float, use_tokens: bool, track_routed: bool, /,
+        load_weight: float, load_cap: float, use_tokens: bool, track_routed: bool,
+        max_batch_size: int = 0, /,
     ) -> tuple[int, int] | None:
-        """(slot, matched_blocks) | (-1, 0) | None (generation changed). See the README."""
+        """(slot, matched_blocks) | (-1, 0) | None (generation changed). `max_batch_size`: the
+        load_cap denominator of every candidate (0: each server's record). See the README."""
     def match(self, hashes: Buffer, role: int = -1, jump: bool = False, /) -> list[tuple[int, int]] | None:
         """[(slot, depth)] of present, healthy servers (of role if >= 0); None: remap. Depths by the
         linear walk, or with `jump` by pick_kv's jump walk."""

@@ -177,6 +177,7 @@ static int least_tokens(Region *r, uint64_t mask, int role)
 typedef struct {
     int role, use_tokens;
     double load_weight, load_cap;
+    uint64_t max_batch; /* the load_cap denominator; 0: each server's record */
     uint64_t cand;
     Py_ssize_t depth[MAX_SERVERS];
     uint64_t drop[MAX_SERVERS];
@@ -203,7 +204,7 @@ static int kv_choose(Index *self, KvPick *k, uint64_t claimed, Py_ssize_t claim_
         uint64_t mbs;
         if ((rec = server_at(self->ctl, s)) == NULL)
             return -1;
-        mbs = LD((uint64_t *)(rec + S_MAXBATCH));
+        mbs = k->max_batch ? k->max_batch : LD((uint64_t *)(rec + S_MAXBATCH));
         if (!isfinite(k->load_cap) || mbs == 0 || (double)req[s] / (double)mbs < k->load_cap)
             qualify |= 1ULL << s;
     }
@@ -278,24 +279,29 @@ fail:
 }
 
 /* pick_kv(row, role, exclude_slot, hashes, num_tokens, load_weight, load_cap, use_tokens,
- *         track_routed) -> (slot, matched_blocks) | (-1, 0) | None (generation changed: remap) */
+ *         track_routed[, max_batch_size]) -> (slot, matched_blocks) | (-1, 0) | None (generation
+ * changed: remap). max_batch_size is the load_cap denominator for every candidate (TensorRT-LLM's
+ * router arg); 0 or absent: each server's record (its /server_info value). */
 PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *result = NULL;
     KvPick k;
-    int64_t role, tokens;
+    int64_t role, tokens, max_batch = 0;
     int track, slot = -1, rerun = 0;
     uint64_t bit, *s, r, other, *found_stack[FOUND_STACK], edrop[MAX_SERVERS];
     Py_ssize_t d = 0, edepth[MAX_SERVERS];
     Hashes hb = {0};
     char *p;
     k.walk.found = found_stack;
-    if (!nargs_ok("pick_kv", nargs, 9) || (p = pick_head(self, args, &role, &k.cand)) == NULL ||
+    if (!nargs_ok("pick_kv", nargs, nargs == 10 ? 10 : 9) ||
+        (p = pick_head(self, args, &role, &k.cand)) == NULL ||
         !hashes_open(args[3], &hb) || !arg_range(args[4], 0, INT64_MAX, "num_tokens", &tokens) ||
         !arg_double(args[5], "load_weight", &k.load_weight) ||
         !arg_double(args[6], "load_cap", &k.load_cap) ||
-        (k.use_tokens = PyObject_IsTrue(args[7])) < 0 || (track = PyObject_IsTrue(args[8])) < 0)
+        (k.use_tokens = PyObject_IsTrue(args[7])) < 0 || (track = PyObject_IsTrue(args[8])) < 0 ||
+        (nargs == 10 && !arg_range(args[9], 0, INT64_MAX, "max_batch_size", &max_batch)))
         goto fail;
+    k.max_batch = (uint64_t)max_batch;
     if (stale(self)) {
         result = Py_NewRef(Py_None);
         goto fail;

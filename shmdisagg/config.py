@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -186,20 +187,49 @@ class ServerSection(BaseModel):
             out.append((m["host"].strip("[]"), int(m["port"])))
         return out
 
-    def router_args(self) -> RouterConfig:
-        """Router args with the section's `max_batch_size`, `max_num_tokens` and
-        `kv_cache_config.tokens_per_block` copied in unless set (as TensorRT-LLM's
-        `extract_router_config` does)."""
+    def router_args(self, environ: Mapping[str, str] = os.environ) -> RouterConfig:
+        """The router args as TensorRT-LLM's router sees them.
+
+        `extract_router_config` (`llmapi/disagg_utils.py` @0228a712, id 54588247121) copies the
+        section's `max_batch_size` and `max_num_tokens` over the router's own (the section wins
+        when it sets them), and `kv_cache_config.tokens_per_block` unless the router set
+        `tokens_per_block`. Then `TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK`, when set,
+        overrides `tokens_per_block` of a `kv_cache_aware` or `conversation` router
+        (`serve/router_utils.py` @00d403d7 `BlockHashMixin._init_block_hashing`, which both call).
+        `max_num_tokens` has no effect on routing (TensorRT-LLM's router ignores it too). Raises
+        ConfigError naming the variable when it is not a positive integer."""
         updates: dict[str, Any] = {}
-        given = self.router.model_fields_set
-        if "max_batch_size" not in given and self.max_batch_size:
+        if self.max_batch_size:
             updates["max_batch_size"] = self.max_batch_size
-        if "max_num_tokens" not in given and self.max_num_tokens:
+        if self.max_num_tokens:
             updates["max_num_tokens"] = self.max_num_tokens
         tpb = self.kv_cache_config.get("tokens_per_block")
-        if "tokens_per_block" not in given and isinstance(tpb, int):
+        if "tokens_per_block" not in self.router.model_fields_set and isinstance(tpb, int):
             updates["tokens_per_block"] = tpb
+        if self.router.type in ("kv_cache_aware", "conversation"):
+            env_tpb = env_tokens_per_block(environ)
+            if env_tpb is not None:
+                updates["tokens_per_block"] = env_tpb
         return self.router.model_copy(update=updates)
+
+
+HASH_TOKENS_PER_BLOCK_ENV = "TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK"
+
+
+def env_tokens_per_block(environ: Mapping[str, str] = os.environ) -> int | None:
+    """`TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK` as an int, None when unset. Raises
+    ConfigError (naming the variable) for anything but a positive integer, where TensorRT-LLM's
+    `int()` would raise a ValueError or take a value no block size can have."""
+    raw = environ.get(HASH_TOKENS_PER_BLOCK_ENV)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{HASH_TOKENS_PER_BLOCK_ENV}: {raw!r} is not a positive integer (the router's tokens_per_block)")
+    return value
 
 
 class ConditionalDisaggConfig(_Strict):
@@ -702,9 +732,11 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
     of this machine; every executor host resolves; with `executors_here` (`shmdisagg launch`
     starts them), each executor address is one of this machine's and
     `shmdisagg.executors.log_dir`, when set, is usable; the routing tokenizer, when a router
-    tokenizes, loads (`tokenizer_source.py`). Run by `check-config`, `launch`, `serve` and
+    tokenizes, loads (`tokenizer_source.py`); `TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK`,
+    when set, is a positive integer. Run by `check-config`, `launch`, `serve` and
     `bench --launch` before anything starts. Raises `ConfigError` ("key: problem"; every
     problem found in `problems`)."""
+    env_tokens_per_block()  # the router's environment override, read by every process
     problems = []
     problem = _host_problem(config.hostname, local=True)
     if problem:

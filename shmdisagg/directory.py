@@ -51,15 +51,6 @@ class ServerDirectory:
         self._refresh()
         return self._servers
 
-    def tokens_per_block(self, role: int) -> int:
-        """What the role's executors report in `/server_info` (the most common value; 0 if none
-        has reported yet)."""
-        counts: dict[int, int] = {}
-        for s in self.servers():
-            if s.role == role and s.tokens_per_block > 0:
-                counts[s.tokens_per_block] = counts.get(s.tokens_per_block, 0) + 1
-        return max(counts, key=counts.__getitem__) if counts else 0
-
     def healthy_roles(self) -> tuple[bool, bool]:
         """(some context server healthy, some generation server healthy)."""
         servers = self.servers()

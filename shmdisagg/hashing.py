@@ -14,6 +14,10 @@ SHA-256(parent key || the block's tokens as u32 little-endian) per block, the ro
 `v2_sha256_64` keeps a key's first 8 bytes read big-endian. Releases before the 4-byte
 `TokenIdExt` layout hashed tokens as u64 (`token_bytes=8`).
 
+Which one a role hashes with is what its executors report in `/server_info.kv_cache_hash_algo`
+(`KV_CACHE_HASH_ALGOS`; `block_hashes_for`); KV events carry v1 and v2_sha256_64 keys as ints
+and v2_sha256 keys as hex, all reduced to the index's u64 by `event_block_hash`.
+
 The `*_py` functions are the pure-Python references (tests only). `block_hashes`,
 `block_hashes_bytes` and the v2 functions call the native extension (`shmdisagg._native`,
 native/hash.c). The hot path is `block_hashes_bytes`: packed little-endian u64 per block, the
@@ -23,6 +27,7 @@ format every native index call takes, with no list of Python ints in between.
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from collections.abc import Sequence
 
@@ -167,6 +172,56 @@ def v2_key_to_u64(key: bytes | str) -> int:
     as v2_sha256_64 does: the first 8 bytes read big-endian."""
     raw = bytes.fromhex(key) if isinstance(key, str) else key
     return int.from_bytes(raw[:8], "big")
+
+
+# -- the hash algorithm of a role -----------------------------------------------------------------
+
+KV_CACHE_HASH_ALGO_V1 = "v1_block_key"
+KV_CACHE_HASH_ALGO_V2 = "v2_sha256"
+KV_CACHE_HASH_ALGO_V2_SHA256_64 = "v2_sha256_64"
+KV_CACHE_HASH_ALGO_AUTO = "auto"
+KV_CACHE_HASH_ALGOS = (KV_CACHE_HASH_ALGO_V1, KV_CACHE_HASH_ALGO_V2, KV_CACHE_HASH_ALGO_V2_SHA256_64)
+"""What an executor may report in `/server_info.kv_cache_hash_algo` and in an event's `hash_algo`
+(TensorRT-LLM `runtime/kv_cache_hash.py` @991de58c; `serve/router_utils.py` KV_CACHE_HASH_ALGOS).
+`auto` is resolved by the executor before it reports (`get_effective_kv_cache_event_hash_algo`:
+v1_block_key), so it never reaches the router."""
+
+_U64_MAX = (1 << 64) - 1
+_V2_HEX = re.compile(r"(?:[0-9a-fA-F]{2}){8,}")  # a v2 key's hex has 64 digits; 8 bytes are read
+
+
+def event_block_hash(value: object) -> int:
+    """The index's u64 key of one block hash as an executor reports it in a KV event.
+
+    An int (v1_block_key, v2_sha256_64: TensorRT-LLM serialises both as unsigned 64-bit ints) is
+    the key itself. A string is a v2_sha256 key in hex (KV cache manager V2's `key.hex()`): its
+    first 8 bytes read big-endian, exactly TensorRT-LLM's `truncate_sha256_hash_to_int64`, so a
+    v2_sha256 block and the same block under v2_sha256_64 have the same key, and the request path
+    hashes a v2_sha256 role's prompts with `block_hashes_v2_64_bytes` (`block_hashes_for`).
+
+    Raises ValueError (a negative or over-64-bit int, a string that is not hex of at least 8
+    bytes) or TypeError (anything else, bools included)."""
+    if type(value) is int:
+        if 0 <= value <= _U64_MAX:
+            return value
+        raise ValueError(f"block hash {value} is not an unsigned 64-bit integer")
+    if isinstance(value, str):
+        if _V2_HEX.fullmatch(value) is None:
+            raise ValueError(f"block hash {value!r} is not a v2_sha256 key in hex")
+        return int(value[:16], 16)
+    raise TypeError(f"block hash of type {type(value).__name__}")
+
+
+def block_hashes_for(algo: str, tokens: Sequence[int] | memoryview, tokens_per_block: int, salt_id: int | None = None) -> bytes:
+    """A prompt's block keys under `algo` (one of KV_CACHE_HASH_ALGOS), packed little-endian u64
+    as the index takes them: v1_block_key's chain, or for both V2 algorithms the v2_sha256_64
+    keys (`event_block_hash` reduces v2_sha256 events to the same). `tokens`: ints or an
+    int32/int64 buffer. Raises ValueError for another algorithm."""
+    if algo == KV_CACHE_HASH_ALGO_V1:
+        return _native.block_hashes_v1(tokens, tokens_per_block, salt_id)  # type: ignore[no-any-return]
+    if algo == KV_CACHE_HASH_ALGO_V2 or algo == KV_CACHE_HASH_ALGO_V2_SHA256_64:
+        return _native.block_hashes_v2_64(tokens, tokens_per_block, salt_id, None, 4)  # type: ignore[no-any-return]
+    raise ValueError(f"kv_cache_hash_algo {algo!r} is not one of {', '.join(KV_CACHE_HASH_ALGOS)}")
 
 
 PrefixHashCache = _native.PrefixHashCache

@@ -11,7 +11,7 @@ import sys
 
 import uvloop
 
-from shmdisagg.config import ConfigError, DisaggConfig, load_config
+from shmdisagg.config import ConfigError, DisaggConfig, env_tokens_per_block, load_config
 from shmdisagg.coordinator.main import StartOptions, StartupError, StartupInterrupted, run_coordinator
 from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S
 from shmdisagg.shm.segment import ShmError
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
             if not os.environ.get("SHMDISAGG_LAUNCHED"):  # else the launcher showed them already
                 for warning in env.warnings:
                     print(f"shmdisagg: warning: {warning}", file=sys.stderr)
+        env_tokens_per_block()
     except ConfigError as err:
         for line in err.problems:
             print(f"shmdisagg: config error: {line}", file=sys.stderr)

@@ -1,8 +1,10 @@
 """The coordinator's internal API, served on a Unix socket (never on the request path).
 
 `GET /health`: 200 when every role has a healthy server, else 503.
-`GET /cluster_info`: servers with their `/server_info`, model names, fleet pids, restarts, KV
-event and poll-hint counters.
+`GET /cluster_info`: servers with their `/server_info` (and, with a kv_cache_aware router, why
+one is `refused` and its KV event stream: `kv_events`), model names, `routing_key_configs` (each
+kv_cache_aware role's block size and hash algorithm, which the fleet hashes prompts with), fleet
+pids, restarts, KV event and poll-hint counters.
 `POST /perf_records`: fleet workers' per-request records (`shmdisagg/metrics/shipper.py`).
 `GET /perf_metrics`: those records joined with the executors' (`shmdisagg/metrics/perf.py`);
 drained on read unless `?keep=1`.
@@ -30,9 +32,13 @@ def internal_app(coord: "Coordinator") -> FastAPI:
         return JSONResponse({"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503)
 
     @api.get("/cluster_info")
-    def cluster_info() -> dict[str, Any]:
+    async def cluster_info() -> dict[str, Any]:  # async: on the loop that mutates what it reads
+        info = coord.health.cluster_info()
+        if coord.kv_events is not None:
+            for server in info["servers"]:
+                server["kv_events"] = coord.kv_events.server_state(server["slot"])
         return {
-            **coord.health.cluster_info(),
+            **info,
             "coordinator_pid": os.getpid(),
             "fleet_pids": coord.supervisor.pids(),
             "num_workers": coord.config.num_workers,

@@ -11,13 +11,18 @@ Fleet workers report request failures (`report`): a refused connection triggers 
 probe; `breaker_failures` failed requests within `BREAKER_WINDOW_S` open the server's circuit
 breaker (unhealthy for the whole fleet) for a cool-down that doubles on each re-open (up to
 `BREAKER_MAX_COOLDOWN_S`); after it, the server is re-admitted on its next healthy probe.
-`/server_info` is re-read every `SERVER_INFO_REFRESH_S`; a change is republished.
+`/server_info` is re-read every `SERVER_INFO_REFRESH_S`; a change is republished. With a
+`kv_cache_aware` router, each read is checked by `routing_keys.RoutingKeys.admit` (block size and
+hash algorithm, as TensorRT-LLM's `KvCacheAwareRouter._prepare_server`): a refused executor is
+never published healthy, its reason is logged once and shown as `refused` in `/cluster_info`, and
+it is checked again at the next refresh.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from shmdisagg.config import MAX_EXECUTORS, DisaggConfig
+from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
 
 log = logging.getLogger("shmdisagg.coordinator")
@@ -55,6 +61,7 @@ class Executor:
     breaker_until: float = 0.0  # open breaker: no re-admission before this loop time
     breaker_cooldown: float = 0.0
     breaker_opens: int = 0
+    refused: str | None = None  # why the router refuses it (routing_keys), or None
 
     @property
     def addr(self) -> str:
@@ -86,6 +93,7 @@ class HealthMonitor:
         self.breaker_failures = breaker_failures
         self.breaker_cooldown_s = breaker_cooldown_s
         self.on_unhealthy: Callable[[int], object] = lambda slot: None
+        self.keys: RoutingKeys | None = None  # the kv_cache_aware roles' routing keys, if any
         self._late_until = 0.0  # loop time until which health-check timeouts are not trusted
         self._session: aiohttp.ClientSession | None = None
         for ex in executors:
@@ -134,11 +142,17 @@ class HealthMonitor:
             if ok and (ex.server_info is None or loop.time() - ex.info_at > SERVER_INFO_REFRESH_S):
                 info = await self._get_json(f"{ex.base}/server_info")
                 models = await self._get_json(f"{ex.base}/v1/models")
+                fresh = ex.server_info is None or not ex.healthy
                 changed = ex.server_info is not None and info != ex.server_info
                 ex.server_info, ex.info_at = info, loop.time()
                 ex.models = [m["id"] for m in models.get("data", []) if isinstance(m, dict) and "id" in m]
+                self._admit(ex, info, fresh)
                 if changed and ex.healthy:
                     self._publish(ex)  # bumps servers_version: workers refresh their copy
+            if ex.refused is not None:
+                if ex.healthy:
+                    self._set_unhealthy(ex, keep_info=True)
+                return
         except (aiohttp.ClientConnectorError, ConnectionRefusedError):
             self._mark(ex, False, refused=True)
             return
@@ -150,6 +164,27 @@ class HealthMonitor:
             log.debug("health check of %s failed: %r", ex.addr, err)
             ok = False
         self._mark(ex, ok)
+
+    def _admit(self, ex: Executor, info: dict[str, Any], fresh: bool) -> None:
+        """Ask the routing keys whether the router takes `ex` as `info` describes it."""
+        reason = self.keys.admit(ex.slot, ex.role, ex.addr, info, fresh) if self.keys is not None else None
+        if reason != ex.refused:
+            if reason is not None:
+                log.warning("%s server %s refused: %s", ROLE_NAMES[ex.role], ex.addr, reason)
+            else:
+                log.info("%s server %s is no longer refused", ROLE_NAMES[ex.role], ex.addr)
+        ex.refused = reason
+
+    def republish(self, slot: int) -> None:
+        """Publish `slot` again (bumps servers_version, so fleet workers re-read `/cluster_info`,
+        e.g. after its role's routing key changed)."""
+        ex = self.executors[slot]
+        if ex.healthy:
+            self._publish(ex)
+
+    def reprepare(self, slot: int) -> None:
+        """Read `slot`'s `/server_info` again at its next health check (it restarted)."""
+        self.executors[slot].info_at = -math.inf
 
     def report(self, slot: int, kind: str) -> None:
         """A fleet worker's failed request to `slot` ("refused", "disconnected", "error")."""
@@ -190,12 +225,16 @@ class HealthMonitor:
             max_num_tokens=int(info.get("max_num_tokens") or 0),
         )
 
-    def _set_unhealthy(self, ex: Executor) -> None:
+    def _set_unhealthy(self, ex: Executor, keep_info: bool = False) -> None:
         ex.healthy = False
-        ex.server_info = None  # prepare again when it comes back (it may have restarted)
+        if not keep_info:
+            ex.server_info = None  # prepare again when it comes back (it may have restarted)
         self.table.set_healthy(ex.slot, False)
         self.on_unhealthy(ex.slot)
-        log.warning("%s server %s is unhealthy", ROLE_NAMES[ex.role], ex.addr)
+        if self.keys is not None:
+            self.keys.remove(ex.slot)  # set_healthy bumped servers_version: workers re-read the keys
+        if ex.refused is None:
+            log.warning("%s server %s is unhealthy", ROLE_NAMES[ex.role], ex.addr)
 
     def _mark(self, ex: Executor, ok: bool, refused: bool = False) -> None:
         if ok:
@@ -223,8 +262,10 @@ class HealthMonitor:
                     "healthy": e.healthy,
                     "server_info": e.server_info,
                     "breaker_opens": e.breaker_opens,
+                    "refused": e.refused,
                 }
                 for e in self.executors
             ],
             "models": self.models(),
+            "routing_key_configs": self.keys.configs() if self.keys is not None else {},
         }

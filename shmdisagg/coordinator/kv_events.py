@@ -17,14 +17,25 @@ coming, after `hinted_poll_s` while hints flow for that server, else after `idle
 (`shmdisagg.kv_events` in the config). Malformed hint datagrams, or hints naming no registered
 server, are counted (`bad_hints`) and ignored.
 
-Payloads are decoded with msgspec into just the fields we use (event type, block hashes,
-timestamp), skipping the per-token lists TensorRT-LLM puts in every `stored` block: measured on
-an 884 KB payload of 440 blocks, 1.4 ms against 9.9 ms for orjson into dicts. A payload that does
-not fit that shape falls back to a tolerant per-event path.
+Payloads are decoded with msgspec into just the fields we use (event type, `event_id`,
+`window_size`, `hash_algo`, `attention_dp_rank`, block hashes, timestamp), skipping the per-token
+lists TensorRT-LLM puts in every `stored` block: measured on an 884 KB payload of 440 blocks,
+1.4 ms against 9.9 ms for orjson into dicts. A payload that does not fit that shape falls back to
+a tolerant per-event path.
 
-Malformed events, and events from an executor whose `tokens_per_block` does not match the
-router's (their hashes cannot align; TensorRT-LLM skips such servers too), are dropped and
-counted, never applied; nothing an executor sends can crash the coordinator. Event-to-visibility
+Each executor's events are one stream (`_check_stream`): an `event_id` gap in a complete stream,
+an id that goes back and a `created` event after others clear that server's entries in the index
+(event and routed bits) and are counted, per server, in `/cluster_info` and the metrics. Only the
+largest attention window's `stored` / `removed` events are applied, as TensorRT-LLM's fanout
+keeps them; `updated` events change nothing, as in TensorRT-LLM's router. Block hashes are v1 or
+v2_sha256_64 ints, or v2_sha256 hex keys folded to their first 8 bytes
+(`hashing.event_block_hash`); an event's `hash_algo` tells the routing keys which algorithm the
+executor really uses (`routing_keys.RoutingKeys.saw_algo`).
+
+Executors whose `tokens_per_block` does not match the router's (their hashes cannot align;
+TensorRT-LLM skips such servers too) are not drained. Malformed events, and events of an
+algorithm the router cannot compute, are dropped and counted, never applied; nothing an
+executor sends can crash the coordinator. Event-to-visibility
 lag is recorded per block: from the event's `timestamp` (seconds, when the executor sends one —
 the simulator does; TensorRT-LLM does not, so there it is measured from receipt) to the moment
 the native apply made it visible to every worker.
@@ -38,6 +49,9 @@ import logging
 import os
 import socket
 import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -45,6 +59,9 @@ import orjson
 
 from shmdisagg.config import KvEventsSection
 from shmdisagg.coordinator.health import Executor
+from shmdisagg.coordinator.routing_keys import RoutingKeys
+from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1, KV_CACHE_HASH_ALGOS, event_block_hash
+from shmdisagg.metrics.schema import LAYOUT
 from shmdisagg.procutil import private_unix_socket
 from shmdisagg.reporting import HINT_MAGIC
 from shmdisagg.shm.index import BlockIndex
@@ -62,43 +79,88 @@ _HINT_LEN = len(HINT_MAGIC) + 4
 
 
 class _Block(msgspec.Struct):
-    block_hash: int
+    block_hash: int | str
 
 
 class _Data(msgspec.Struct):
     type: str
     blocks: list[_Block] | None = None
-    block_hashes: list[int] | None = None
+    block_hashes: list[int | str] | None = None
+    hash_algo: str | None = None
     timestamp: float | None = None
 
 
 class _Event(msgspec.Struct):
     data: _Data
+    event_id: int | None = None
+    window_size: int | None = None
+    hash_algo: str | None = None
+    attention_dp_rank: int | None = None
     timestamp: float | None = None
 
 
 _DECODE = msgspec.json.Decoder(list[_Event])
+_CLEARED = frozenset({"all_cleared", "cleared", "all_blocks_cleared"})
+_ALGO_EVENTS = frozenset({"created", "stored", "removed"})  # the ones TensorRT-LLM's router reads hash_algo from
+_GAPS = LAYOUT.per_server["shmdisagg_server_kv_event_gaps"]
+_RESTARTS = LAYOUT.per_server["shmdisagg_server_kv_cache_restarts"]
+
+
+@dataclass
+class _Stream:
+    """What the ingest knows of one executor's event stream. `last_id`: the last `event_id` per
+    attention-DP rank; `prev_kind`: the last event's type (None after a restart: the `created`
+    events that open a stream are expected); `max_window`: the largest attention window (events
+    of other windows are skipped), `window_known` once the opening `created` events gave it;
+    `algo`: the last `hash_algo` its events carried; `complete`: see `_check_stream`."""
+
+    last_id: dict[int, int] = field(default_factory=dict)
+    prev_kind: str | None = None
+    max_window: int | None = None
+    window_known: bool = False
+    algo: str | None = None
+    complete: bool = False  # it carried events a filtering relay would drop (see _check_stream)
+    gaps: int = 0
+    skips: int = 0
+    restarts: int = 0
+    window_skipped: int = 0
 
 
 class KvEventIngestor:
     """Per-executor drain loops, woken by `hint(slot)` or their fallback timer.
-    `expected_tpb(role)` is the router's tokens_per_block for that role (0 = adopt the
-    executor's). Counters: `applied_events`, `dropped_events`, `hints` (accepted),
-    `bad_hints`, `hinted_drains`, `polled_drains` (by the fallback timer)."""
 
-    def __init__(self, index: BlockIndex, executors: list[Executor], expected_tpb: Any, settings: KvEventsSection | None = None) -> None:
+    `keys`: the roles' routing keys (block size alignment, hash algorithms), None to drain and
+    apply everything; `row`: the coordinator's metrics row (per-server counters), if any;
+    `on_key_change(slot)`: the role of `slot` changed its routing key (republish it);
+    `on_restart(slot)`: `slot` restarted (read its `/server_info` again).
+    Counters: `applied_events`, `dropped_events`, `hints` (accepted), `bad_hints`,
+    `hinted_drains`, `polled_drains` (by the fallback timer), `event_gaps`, `restarts`,
+    `window_skipped_events` (also per server: `server_state`)."""
+
+    def __init__(
+        self, index: BlockIndex, executors: list[Executor], keys: RoutingKeys | None = None,
+        settings: KvEventsSection | None = None, row: memoryview | None = None,
+        on_key_change: Callable[[int], object] = lambda slot: None, on_restart: Callable[[int], object] = lambda slot: None,
+    ) -> None:
         self.index = index
         self.executors = executors
         self._slots = {ex.slot for ex in executors}
-        self.expected_tpb = expected_tpb
+        self.keys = keys
         self.settings = settings or KvEventsSection()
+        self.row = row
+        self.on_key_change = on_key_change
+        self.on_restart = on_restart
         self.applied_events = 0
         self.dropped_events = 0
         self.hints = 0
         self.bad_hints = 0
         self.hinted_drains = 0
         self.polled_drains = 0
-        self._warned: set[int] = set()
+        self.event_gaps = 0
+        self.restarts = 0
+        self.window_skipped_events = 0
+        self._streams = {ex.slot: _Stream() for ex in executors}
+        self._warned: set[tuple[int, str]] = set()
         self._wake = {ex.slot: asyncio.Event() for ex in executors}
         self._last_hint = {ex.slot: -HINTS_FLOWING_S for ex in executors}  # time.monotonic()
 
@@ -107,6 +169,23 @@ class KvEventIngestor:
             "applied_events": self.applied_events, "dropped_events": self.dropped_events,
             "hints": self.hints, "bad_hints": self.bad_hints,
             "hinted_drains": self.hinted_drains, "polled_drains": self.polled_drains,
+            "event_gaps": self.event_gaps, "restarts": self.restarts,
+            "window_skipped_events": self.window_skipped_events,
+        }
+
+    def server_state(self, slot: int) -> dict[str, Any] | None:
+        """One executor's event stream for `/cluster_info` (None if its events are not
+        drained: not a kv_cache_aware role)."""
+        st = self._streams.get(slot)
+        if st is None:
+            return None
+        return {
+            "drained": self.keys.aligned(slot) if self.keys is not None else True,
+            "kv_cache_hash_algo": self.keys.algo_of(slot) if self.keys is not None else None,
+            "last_event_id": max(st.last_id.values()) if st.last_id else None,
+            "event_gaps": st.gaps, "event_id_skips": st.skips, "restarts": st.restarts,
+            "window_skipped_events": st.window_skipped, "stream_complete": st.complete,
+            "max_window_size": st.max_window,
         }
 
     def hint(self, slot: int) -> bool:
@@ -160,8 +239,9 @@ class KvEventIngestor:
 
     async def _drain_once(self, pool: UpstreamPool, ex: Executor) -> int:
         """One `POST /kv_cache_events` (on the fleet's lean HTTP client: a tenth of aiohttp's
-        CPU per exchange), applied; returns how many events it held."""
-        if not (ex.healthy and self._aligned(ex)):
+        CPU per exchange), applied; returns how many events it held. Executors whose block size
+        is not the router's are not drained (TensorRT-LLM skips their event polls too)."""
+        if not ex.healthy or (self.keys is not None and not self.keys.aligned(ex.slot)):
             return 0
         try:
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
@@ -172,15 +252,7 @@ class KvEventIngestor:
             return 0
         return self.apply_raw(ex.slot, raw, time.time()) if raw and r.status == 200 else 0
 
-    def _aligned(self, ex: Executor) -> bool:
-        want = self.expected_tpb(ex.role)
-        have = int((ex.server_info or {}).get("tokens_per_block") or 0)
-        if want and have and want != have:
-            if ex.slot not in self._warned:
-                self._warned.add(ex.slot)
-                log.warning("%s reports tokens_per_block %d but the router uses %d: its KV events cannot align and are not applied", ex.addr, have, want)
-            return False
-        return True
+    # -- applying events -------------------------------------------------------------------
 
     def apply_raw(self, slot: int, raw: bytes, received: float) -> int:
         """Decode and apply one `/kv_cache_events` body; returns how many events it held."""
@@ -193,60 +265,192 @@ class KvEventIngestor:
                 self._drop(1)
                 return 1
             return self.apply(slot, loose, received)
-        if slot not in self._slots:
+        st = self._streams.get(slot)
+        if st is None:
             self._drop(len(typed))
             return len(typed)
         for event in typed:
             d = event.data
-            ts = event.timestamp or d.timestamp or received
+            raw_hashes = [b.block_hash for b in d.blocks] if d.blocks is not None else d.block_hashes
             try:
-                if d.type == "stored" and d.blocks is not None:
-                    self.index.apply_stored(slot, [b.block_hash for b in d.blocks], int(ts * 1e9))
-                elif d.type == "removed" and d.block_hashes is not None:
-                    self.index.apply_removed(slot, d.block_hashes)
-                elif d.type in ("all_cleared", "cleared", "all_blocks_cleared"):
-                    self.index.apply_all_cleared(slot)
-                elif d.type not in ("created", "updated"):
-                    raise ValueError(d.type)
-                self.applied_events += 1
+                self._one(slot, st, event.event_id, event.attention_dp_rank or 0, d.type, event.window_size,
+                          event.hash_algo or d.hash_algo, raw_hashes, event.timestamp or d.timestamp or received, fast=True)
             except (ValueError, OverflowError, TypeError):
                 self._drop(1)
         return len(typed)
 
     def apply(self, slot: int, events: Any, received: float) -> int:
-        """Apply one drained list for server `slot`; returns how many events it held. Events for
-        a slot that holds no registered executor are dropped and counted."""
+        """Apply one drained list for server `slot` (any JSON value: the tolerant path);
+        returns how many events it held. Events for a slot that holds no registered executor,
+        and malformed events, are dropped and counted."""
         if not isinstance(events, list):
             self._drop(1)
             return 1
-        if slot not in self._slots:
+        st = self._streams.get(slot)
+        if st is None:
             self._drop(len(events))
             return len(events)
         for event in events:
             try:
-                self._apply_one(slot, event, received)
-                self.applied_events += 1
+                self._apply_loose(slot, st, event, received)
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
                 self._drop(1)
         return len(events)
 
-    def _apply_one(self, slot: int, event: dict[str, Any], received: float) -> None:
+    def _apply_loose(self, slot: int, st: _Stream, event: dict[str, Any], received: float) -> None:
         data = event.get("data", event)
         kind = data["type"]
+        if not isinstance(kind, str):
+            raise TypeError("event type")
         if kind == "stored":
-            ts = event.get("timestamp") or data.get("timestamp") or received
-            hashes = [int(b["block_hash"]) for b in data["blocks"]]
-            self.index.apply_stored(slot, hashes, int(float(ts) * 1e9))
+            raw_hashes = [b["block_hash"] for b in data["blocks"]]
         elif kind == "removed":
-            self.index.apply_removed(slot, [int(h) for h in data["block_hashes"]])
-        elif kind in ("all_cleared", "cleared", "all_blocks_cleared"):
+            raw_hashes = data["block_hashes"]
+            if not isinstance(raw_hashes, list):
+                raise TypeError("block_hashes")
+        else:
+            raw_hashes = None
+        ts = event.get("timestamp") or data.get("timestamp") or received
+        self._one(slot, st, _opt_int(event.get("event_id")), _opt_int(event.get("attention_dp_rank")) or 0, kind,
+                  _opt_int(event.get("window_size")), event.get("hash_algo", data.get("hash_algo")), raw_hashes, float(ts), fast=False)
+
+    def _one(self, slot: int, st: _Stream, event_id: int | None, rank: int, kind: str, window: int | None,
+             algo: str | None, raw_hashes: list[Any] | None, ts: float, fast: bool) -> None:
+        """Apply one event of `slot`. Raises ValueError / TypeError / OverflowError when it is
+        malformed (the caller drops and counts it); its `event_id` still counts for the stream."""
+        restarted = self._check_stream(slot, st, event_id, rank, kind)
+        opening = st.prev_kind in (None, "created")
+        st.prev_kind = kind
+        if kind in _ALGO_EVENTS:
+            self._saw_algo(slot, st, algo or KV_CACHE_HASH_ALGO_V1)
+        if kind == "created":
+            if window is not None and (opening or restarted):
+                st.max_window = max(st.max_window or 0, window)
+                st.window_known = True
+            self.applied_events += 1
+            return
+        if window is not None and kind in ("stored", "removed") and self._other_window(st, window):
+            st.window_skipped += 1
+            self.window_skipped_events += 1
+            return
+        if kind == "stored" or kind == "removed":
+            if raw_hashes is None:
+                raise ValueError(f"{kind} event without block hashes")
+            hashes = _pack(raw_hashes, fast)
+            if kind == "stored":
+                self.index.apply_stored(slot, hashes, int(ts * 1e9))
+            else:
+                self.index.apply_removed(slot, hashes)
+        elif kind in _CLEARED:
             self.index.apply_all_cleared(slot)
-        elif kind not in ("created", "updated"):
+        elif kind != "updated":  # cache-level/priority changes: no effect on routing, as upstream
             raise ValueError(f"unknown KV event type {kind!r}")
+        self.applied_events += 1
+
+    def _check_stream(self, slot: int, st: _Stream, event_id: int | None, rank: int, kind: str) -> bool:
+        """The stream's integrity; True on a restart.
+
+        A restart (an id that goes back, or a `created` event after other events: the executor
+        restarted, perhaps on the same port between two health polls) and a gap in a stream known
+        to be complete (TensorRT-LLM `serve/kv_event_fanout.py` @48f2db0b clears the advertised
+        index on an event-id gap: the executor's bounded buffer dropped events, so `removed`
+        events may be missing) clear every block of `slot` in the index, event and routed bits
+        alike (they would claim blocks its cache may no longer hold), and are counted.
+
+        A stream is known complete once it carried the events a filtering relay drops (`created`,
+        which opens an engine's stream at event_id 0, or `updated`): TensorRT-LLM's KvEventFanout
+        keeps only the largest window's `stored` / `removed` events, engine ids and all, so its
+        holes are not losses. In a stream not known complete (a fanout's, or one this coordinator
+        joined after its opening events) a hole is only counted (`event_id_skips`)."""
+        restarted = False
+        if event_id is not None:
+            last = st.last_id.get(rank)
+            if last is not None and event_id <= last:
+                self._restart(slot, st, f"event_id {event_id} after {last}")
+                restarted = True
+            elif last is not None and event_id != last + 1:
+                if st.complete:
+                    self._gap(slot, st, last + 1, event_id)
+                else:
+                    st.skips += 1
+            st.last_id[rank] = event_id
+        if kind == "created" and not restarted and st.prev_kind not in (None, "created"):
+            self._restart(slot, st, "a created event after other events")
+            restarted = True
+        if kind == "created" or kind == "updated":
+            st.complete = True
+        return restarted
+
+    def _gap(self, slot: int, st: _Stream, expected: int, got: int) -> None:
+        self.index.apply_all_cleared(slot)
+        st.gaps += 1
+        self.event_gaps += 1
+        self._count(_GAPS, slot)
+        level = logging.WARNING if st.gaps == 1 else logging.DEBUG
+        log.log(level, "%s: KV event gap (expected event_id %d, got %d; its event buffer dropped events): its index entries are "
+                "cleared (%d gap(s) so far)", self._addr(slot), expected, got, st.gaps)
+
+    def _restart(self, slot: int, st: _Stream, why: str) -> None:
+        self.index.apply_all_cleared(slot)
+        st.restarts += 1
+        self.restarts += 1
+        self._count(_RESTARTS, slot)
+        st.last_id.clear()
+        st.prev_kind, st.max_window, st.window_known, st.algo, st.complete = None, None, False, None, False
+        log.warning("%s restarted (%s): its index entries are cleared and its /server_info is read again", self._addr(slot), why)
+        if self.keys is not None and self.keys.restarted(slot):
+            self.on_key_change(slot)
+        self.on_restart(slot)
+
+    def _other_window(self, st: _Stream, window: int) -> bool:
+        """Whether an event of attention window `window` is skipped: only the largest window's
+        events describe the cache a prompt can reuse (TensorRT-LLM's fanout keeps those, the
+        largest taken from the opening `created` events; before any, the largest seen so far)."""
+        if not st.window_known and (st.max_window is None or window > st.max_window):
+            st.max_window = window
+        return window != st.max_window
+
+    def _saw_algo(self, slot: int, st: _Stream, algo: str) -> None:
+        if algo == st.algo:
+            return
+        if algo not in KV_CACHE_HASH_ALGOS:
+            if (slot, algo) not in self._warned:
+                self._warned.add((slot, algo))
+                log.warning("%s: KV events with hash_algo %r, which the router cannot compute, are dropped", self._addr(slot), algo)
+            raise ValueError(f"hash_algo {algo!r}")
+        st.algo = algo
+        if self.keys is not None and self.keys.saw_algo(slot, algo):
+            self.on_key_change(slot)
+
+    def _count(self, base: int, slot: int) -> None:
+        if self.row is not None:
+            self.row[base + slot] += 1
+
+    def _addr(self, slot: int) -> str:
+        return next((ex.addr for ex in self.executors if ex.slot == slot), f"slot {slot}")
 
     def _drop(self, n: int) -> None:
         self.dropped_events += n
         self.index.count_dropped(n)
+
+
+def _opt_int(value: Any) -> int | None:
+    """An optional integer field of an event; TypeError for anything else (bools too)."""
+    if value is None or type(value) is int:
+        return value
+    raise TypeError(f"expected an integer, got {type(value).__name__}")
+
+
+def _pack(raw: list[Any], fast: bool) -> bytes:
+    """Block hashes as the index's packed u64 keys (`hashing.event_block_hash`). The decoder
+    already gave ints or strings: ints pack at once (OverflowError outside u64), strings are v2
+    hex keys reduced one by one. The tolerant path checks every value."""
+    if fast:
+        try:
+            return array("Q", raw).tobytes()
+        except TypeError:
+            pass
+    return array("Q", [event_block_hash(h) for h in raw]).tobytes()
 
 
 class KvHintProtocol(asyncio.DatagramProtocol):

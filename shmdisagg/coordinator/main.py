@@ -34,6 +34,7 @@ from shmdisagg.trtllm_env import NOT_FOR_WORKERS, TrtllmEnv, apply_gc
 from shmdisagg.coordinator.api import internal_app
 from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor, executors_from_config
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
+from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
@@ -97,20 +98,25 @@ class Coordinator:
             self.health = HealthMonitor(self.table, executors_from_config(config), sd.health_check_interval_s, sd.breaker_failures, sd.breaker_cooldown_s)
             self.health.on_unhealthy = self.index.clear_server  # its cache may be gone: stop attracting traffic
             ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
-            tpb = {ROLE_CONTEXT: ctx_args.tokens_per_block or 0, ROLE_GENERATION: gen_args.tokens_per_block or 0}
             # Only a kv_cache_aware role routes on its executors' KV events (and only its legs
             # send poll hints): draining the others would cost CPU and fill the index for nothing.
-            kv_roles = {role for role, args in ((ROLE_CONTEXT, ctx_args), (ROLE_GENERATION, gen_args)) if args.type == "kv_cache_aware"}
+            kv_roles = {role: (ROLE_NAMES[role], args.tokens_per_block)
+                        for role, args in ((ROLE_CONTEXT, ctx_args), (ROLE_GENERATION, gen_args)) if args.type == "kv_cache_aware"}
+            self.keys = RoutingKeys(kv_roles)
+            self.health.keys = self.keys if kv_roles else None
             kv_executors = [ex for ex in self.health.executors if ex.role in kv_roles]
-            self.kv_events = KvEventIngestor(self.index, kv_executors, tpb.__getitem__, sd.kv_events) if kv_executors else None
+            # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
+            # are folded into the retired row before its replacement starts
+            self.metrics = MetricsSegment.create(config.shm_prefix, config.num_workers)
+            self.kv_events = KvEventIngestor(
+                self.index, kv_executors, self.keys, sd.kv_events, self.metrics.row(ROW_COORDINATOR),
+                on_key_change=self.health.republish, on_restart=self.health.reprepare,
+            ) if kv_executors else None
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
             self.schedule_style = options.schedule_style or options.env.schedule_style or config.schedule_style
             overrides = FleetOverrides(public_port, options.leg_timeout_s, options.log_level)
             env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style, **overrides.to_environ()}
             self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env, sd.worker_timeout_s, drop_env=NOT_FOR_WORKERS)
-            # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
-            # are folded into the retired row before its replacement starts
-            self.metrics = MetricsSegment.create(config.shm_prefix, config.num_workers)
             self.supervisor.on_exit = lambda index: self.metrics.fold(worker_row(index))
             self.perf = PerfStore({e.slot: e.addr for e in self.health.executors}, config.perf_metrics_max_requests, self.metrics.row(ROW_COORDINATOR))
         except BaseException:
@@ -159,8 +165,7 @@ class Coordinator:
                 raise StartupError("stopped before the executors were ready")
             now = loop.time()
             if now > deadline:
-                missing = [e.addr for e in awaited if not e.healthy]
-                raise StartupError(f"executors not healthy after {timeout:g} s: {', '.join(missing)}")
+                raise StartupError(f"executors not healthy after {timeout:g} s: {not_ready(awaited)}")
             if now >= report_at:
                 left = f"{deadline - now:.0f} s left"
                 if not reported:
@@ -239,10 +244,11 @@ class Coordinator:
 
 
 def not_ready(executors: list[Executor]) -> str:
-    """The executors not healthy, by role: `context 127.0.0.1:8001, ...; generation ...`."""
+    """The executors not healthy, by role: `context 127.0.0.1:8001, ...; generation ...`, a
+    refused one with its reason."""
     parts = []
     for role, name in ROLE_NAMES.items():
-        addrs = [e.addr for e in executors if e.role == role and not e.healthy]
+        addrs = [e.addr + (f" (refused: {e.refused})" if e.refused else "") for e in executors if e.role == role and not e.healthy]
         if addrs:
             parts.append(f"{name} {', '.join(addrs)}")
     return "; ".join(parts) or "none"

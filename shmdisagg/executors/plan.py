@@ -9,7 +9,8 @@ do (`describe_plan`). A plan that cannot work raises `PlanError`, one line namin
 Backend `sim`: the executor simulator (`python -m shmdisagg.executors.sim`), with the
 `shmdisagg.executors.sim` settings of the config and the TensorRT-LLM options of the role it
 models (`SIM_LLM_OPTIONS`: `max_batch_size`, `max_num_tokens`, `kv_cache_config`'s
-`tokens_per_block`, `enable_block_reuse` and `event_buffer_max_size`, `enable_chunked_prefill`,
+`tokens_per_block`, `enable_block_reuse`, `event_buffer_max_size` and `kv_cache_event_hash_algo`,
+`enable_chunked_prefill`,
 `disable_overlap_scheduler`, `max_seq_len`; a section's own or the top level's), with
 TensorRT-LLM's defaults where the config is silent, so the simulator serves what a real executor
 with that config would. Backend `trtllm`: see `executors/trtllm.py`.
@@ -29,6 +30,7 @@ from typing import Any
 import yaml
 
 from shmdisagg.config import ConfigError, DisaggConfig, ExecutorsSection, ServerSection
+from shmdisagg.hashing import KV_CACHE_HASH_ALGO_AUTO, KV_CACHE_HASH_ALGOS
 
 ROLE_SECTIONS = (("context", "context_servers"), ("generation", "generation_servers"))
 UNSET_RUN_DIR = Path("<log-dir>")  # where files would go when a dry run has no --log-dir
@@ -152,6 +154,7 @@ SIM_LLM_OPTIONS: dict[str, tuple[str, type, Any]] = {
     "enable_chunked_prefill": ("enable-chunked-prefill", bool, False),
     "disable_overlap_scheduler": ("disable-overlap-scheduler", bool, None),
     "max_seq_len": ("max-seq-len", int, None),
+    "kv_cache_config.kv_cache_event_hash_algo": ("kv-cache-event-hash-algo", str, None),
 }
 
 
@@ -171,6 +174,11 @@ def sim_llm_flags(config: DisaggConfig, key: str, section: ServerSection) -> lis
             if not isinstance(value, bool):
                 raise PlanError(f"{key}.{name}: must be true or false, got {value!r}")
             flags.append(f"--{flag}" if value else f"--no-{flag}")
+        elif kind is str:
+            choices = (KV_CACHE_HASH_ALGO_AUTO, *KV_CACHE_HASH_ALGOS)
+            if value not in choices:
+                raise PlanError(f"{key}.{name}: must be one of {', '.join(choices)}, got {value!r}")
+            flags += [f"--{flag}", value]
         else:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise PlanError(f"{key}.{name}: must be an integer >= 0, got {value!r}")

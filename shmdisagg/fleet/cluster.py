@@ -1,6 +1,8 @@
-"""A worker's copy of what the coordinator knows beyond the table: model names and each
+"""A worker's copy of what the coordinator knows beyond the table: model names, each
 executor's `/server_info` (generation-first needs the context server's advertised
-`disaggregated_params`). Refreshed when the table's `servers_version` changes."""
+`disaggregated_params`) and each kv_cache_aware role's routing key (`routing_key_configs`: the
+block size and hash algorithm its prompts are hashed with). Refreshed when the table's
+`servers_version` changes."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from typing import Any
 import aiohttp
 
 from shmdisagg.directory import ServerDirectory
+from shmdisagg.routing.kv_cache_aware import RoutingKeyConfig
+from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION
 
 log = logging.getLogger("shmdisagg.fleet")
 
@@ -36,17 +40,24 @@ async def fetch_cluster_info(socket_path: str, timeout_s: float) -> dict[str, An
 
 
 class ClusterView:
-    """State: `models` (names executors serve), `server_info` (slot -> its `/server_info`)."""
+    """State: `models` (names executors serve), `server_info` (slot -> its `/server_info`),
+    `routing_keys` (role -> RoutingKeyConfig of a kv_cache_aware role)."""
 
     def __init__(self, directory: ServerDirectory) -> None:
         self.directory = directory
         self.models: frozenset[str] = frozenset()
         self.server_info: dict[int, dict[str, Any]] = {}
+        self.routing_keys: dict[int, RoutingKeyConfig] = {}
         self.version = -1
 
     def apply(self, info: dict[str, Any], version: int) -> None:
         self.models = frozenset(info.get("models", []))
         self.server_info = {int(s["slot"]): s.get("server_info") or {} for s in info.get("servers", [])}
+        keys = info.get("routing_key_configs") or {}
+        self.routing_keys = {
+            role: RoutingKeyConfig(int(keys[name]["tokens_per_block"]), keys[name].get("kv_cache_hash_algo"))
+            for role, name in ((ROLE_CONTEXT, "context"), (ROLE_GENERATION, "generation")) if name in keys
+        }
         self.version = version
 
     def ctx_server_info(self, slot: int) -> dict[str, Any]:

@@ -170,8 +170,8 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
             hints = KvHints(config.kv_hint_socket)  # the coordinator drains KV events only then
         if {ctx_args.type, gen_args.type} & USES_INDEX:
             index = BlockIndex.attach(table, timeout=config.shmdisagg.server_start_timeout_s)
-        ctx_policy = make_policy(table, row, ROLE_CONTEXT, ctx_args, index, lambda: directory.tokens_per_block(ROLE_CONTEXT))
-        gen_policy = make_policy(table, row, ROLE_GENERATION, gen_args, index, lambda: directory.tokens_per_block(ROLE_GENERATION))
+        ctx_policy = make_policy(table, row, ROLE_CONTEXT, ctx_args, index, lambda: view.routing_keys.get(ROLE_CONTEXT))
+        gen_policy = make_policy(table, row, ROLE_GENERATION, gen_args, index, lambda: view.routing_keys.get(ROLE_GENERATION))
         ctx_policy, gen_policy = metrics.wrap_policy(ctx_policy, False), metrics.wrap_policy(gen_policy, True)
         ids = DisaggIdGenerator(_node_id(config), process_id(config, env, worker_index))
         retries = 0 if env.no_retry else config.max_retries  # TRTLLM_DISAGG_NO_RETRY=1

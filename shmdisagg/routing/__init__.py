@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from shmdisagg.config import ConfigError, RouterConfig
 from shmdisagg.routing.conversation import ConversationPolicy
-from shmdisagg.routing.kv_cache_aware import KvCacheAwarePolicy
+from shmdisagg.routing.kv_cache_aware import KvCacheAwarePolicy, RoutingKeyConfig
 from shmdisagg.routing.load_balancing import LoadBalancingPolicy
 from shmdisagg.routing.policy import Policy, RoutingKey, TablePolicy
 from shmdisagg.routing.round_robin import RoundRobinPolicy
@@ -18,7 +18,7 @@ POLICIES: dict[str, type[TablePolicy]] = {
 }
 USES_INDEX = frozenset({KvCacheAwarePolicy.name, ConversationPolicy.name})
 
-__all__ = ["POLICIES", "USES_INDEX", "Policy", "RoutingKey", "make_policy"]
+__all__ = ["POLICIES", "USES_INDEX", "Policy", "RoutingKey", "RoutingKeyConfig", "make_policy"]
 
 
 def make_policy(
@@ -27,16 +27,17 @@ def make_policy(
     role: int,
     args: RouterConfig,
     index: BlockIndex | None = None,
-    tokens_per_block: Callable[[], int] | None = None,
+    key_config: Callable[[], RoutingKeyConfig | None] | None = None,
 ) -> Policy:
     """The policy named by `args.type` for one role. The index-backed policies need `index`
-    (and `kv_cache_aware` the role's executor `tokens_per_block`). Raises `ConfigError`."""
+    (and `kv_cache_aware` the role's routing key, as the coordinator gives it: `key_config`,
+    None until known). Raises `ConfigError`."""
     if args.type not in POLICIES:
         raise ConfigError(f"router.type: {args.type!r} is not one of {', '.join(POLICIES)}")
     if args.type in USES_INDEX and index is None:
         raise ConfigError(f"router.type: {args.type!r} needs the shared block index")
     if args.type == KvCacheAwarePolicy.name:
-        return KvCacheAwarePolicy(table, row, role, args, index, tokens_per_block or (lambda: 0))  # type: ignore[arg-type]
+        return KvCacheAwarePolicy(table, row, role, args, index, key_config or (lambda: None))  # type: ignore[arg-type]
     if args.type == ConversationPolicy.name:
         return ConversationPolicy(table, row, role, args, index)  # type: ignore[arg-type]
     return POLICIES[args.type](table, row, role, args)

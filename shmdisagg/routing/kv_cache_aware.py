@@ -1,20 +1,30 @@
 """`kv_cache_aware`: the server holding the longest prefix of the request's KV blocks, less a
 load penalty — TensorRT-LLM's newest formula, score = matched blocks - `load_weight` x active
-requests, among servers under `load_cap` x `max_batch_size` (`serve/router.py`,
-`KvCacheAwareRouter._route` in TensorRT-LLM's `tensorrt_llm/serve/router.py`).
+requests, among servers with active requests / `max_batch_size` < `load_cap`
+(`KvCacheAwareRouter._route` in TensorRT-LLM's `tensorrt_llm/serve/router.py`).
+`max_batch_size` is the router arg (64 by default, or the section's, `ServerSection.router_args`)
+for every server, as there, not each executor's `/server_info` value.
 
 The block index is shared by the whole fleet: KV events from every executor (applied by the
 coordinator) and the blocks any worker routed a moment ago (routed-block tracking) both count,
 so every worker decides as a single router would. One native call per decision
 (`BlockIndex.pick_kv`); the chosen server's match is left in `key.matched_blocks` for
 conditional disaggregation.
+
+Prompts are hashed with the role's routing key, which the coordinator decides from the
+executors' `/server_info` and KV events (`coordinator/routing_keys.py`) and hands to the workers
+in `/cluster_info.routing_key_configs`: the block size and the hash algorithm (v1_block_key,
+v2_sha256, v2_sha256_64). A role whose executors disagree on the algorithm has none
+(`kv_cache_hash_algo: null`) and routes by load only: the pick gets no blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from shmdisagg.config import RouterConfig
+from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1
 from shmdisagg.routing.policy import RoutingKey, TablePolicy
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.shm.table import ControlTable
@@ -22,24 +32,43 @@ from shmdisagg.shm.table import ControlTable
 DEFAULT_TOKENS_PER_BLOCK = 32  # TensorRT-LLM's default until the executors report theirs
 
 
+@dataclass(frozen=True)
+class RoutingKeyConfig:
+    """How one role's prompts are hashed: TensorRT-LLM's `routing_key_config()` fields.
+    `kv_cache_hash_algo` None: no common algorithm, route by load only."""
+
+    tokens_per_block: int
+    kv_cache_hash_algo: str | None = KV_CACHE_HASH_ALGO_V1
+
+
 class KvCacheAwarePolicy(TablePolicy):
     name = "kv_cache_aware"
     needs_tokens = True
 
-    def __init__(self, table: ControlTable, row: int, role: int, args: RouterConfig, index: BlockIndex, tokens_per_block: Callable[[], int]) -> None:
+    def __init__(self, table: ControlTable, row: int, role: int, args: RouterConfig, index: BlockIndex,
+                 key_config: Callable[[], RoutingKeyConfig | None]) -> None:
         super().__init__(table, row, role, args)
         self.index = index
-        self._tpb = tokens_per_block
+        self._config = key_config
+        # before the coordinator's first answer: the router's own block size, v1 (never on a
+        # request: workers start serving after they read /cluster_info)
+        self._fallback = RoutingKeyConfig(args.tokens_per_block or DEFAULT_TOKENS_PER_BLOCK)
+
+    def key_config(self) -> RoutingKeyConfig:
+        return self._config() or self._fallback
 
     def tokens_per_block(self) -> int:
-        """The configured value, else what the role's executors report (`/server_info`)."""
-        return self.args.tokens_per_block or self._tpb() or DEFAULT_TOKENS_PER_BLOCK
+        """The role's block size (the router's, or adopted from its executors)."""
+        return self.key_config().tokens_per_block
 
     def pick(self, key: RoutingKey, exclude_slot: int) -> int:
         a = self.args
+        cfg = self._config() or self._fallback
+        algo = cfg.kv_cache_hash_algo
+        hashes = key.block_hashes(cfg.tokens_per_block, algo) if algo is not None else b""
         slot, matched = self.index.pick_kv(
-            self.row, self.role, exclude_slot, key.block_hashes(self.tokens_per_block()), key.num_tokens,
-            a.load_weight, a.load_cap, a.use_tokens, a.track_routed_blocks,
+            self.row, self.role, exclude_slot, hashes, key.num_tokens,
+            a.load_weight, a.load_cap, a.use_tokens, a.track_routed_blocks, a.max_batch_size,
         )
         key.matched_blocks = matched if slot >= 0 else 0
         return slot

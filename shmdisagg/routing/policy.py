@@ -13,7 +13,7 @@ from typing import ClassVar, Protocol
 
 from shmdisagg._native import token_ids_int32
 from shmdisagg.config import RouterConfig
-from shmdisagg.hashing import block_hashes_bytes, cached_block_hashes_bytes
+from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1, block_hashes_bytes, block_hashes_for, cached_block_hashes_bytes
 from shmdisagg.shm.table import ControlTable
 
 
@@ -26,7 +26,7 @@ class RoutingKey:
     `ids32`: the same ids as native int32 bytes when validation produced them (token-id prompts);
     `conversation_id`: from the body's `conversation_params` or the session headers;
     `text`: the canonical text the conversation router hashes when it has no ids.
-    Block hashes are computed once per `tokens_per_block` and cached here; they are hashed from
+    Block hashes are computed once per `tokens_per_block` and algorithm and cached here; v1 keys are hashed from
     the int32 ids through this process's prefix hash cache, so a conversation's next turn only
     chains its new blocks.
     """
@@ -55,8 +55,13 @@ class RoutingKey:
                 self._view = memoryview(raw).cast("i")
         return self._view
 
-    def block_hashes(self, tokens_per_block: int) -> bytes:
-        """Packed u64 v1 block hashes of `token_ids` (empty without ids)."""
+    def block_hashes(self, tokens_per_block: int, algo: str = KV_CACHE_HASH_ALGO_V1) -> bytes:
+        """Packed u64 block keys of `token_ids` under `algo` (`hashing.KV_CACHE_HASH_ALGOS`;
+        empty without ids). v1_block_key goes through the process's prefix hash cache; the V2
+        algorithms are hashed directly (`hashing.block_hashes_for`). Raises ValueError for an
+        unknown `algo`."""
+        if algo != KV_CACHE_HASH_ALGO_V1:
+            return self._v2_hashes(tokens_per_block, algo)
         cached = self._hashes.get(tokens_per_block)
         if cached is None:
             view = self.ids_view()
@@ -66,6 +71,16 @@ class RoutingKey:
                 ids = self.token_ids or []
                 cached = block_hashes_bytes(ids, tokens_per_block, self.salt_id) if ids else b""
             self._hashes[tokens_per_block] = cached
+        return cached
+
+    def _v2_hashes(self, tokens_per_block: int, algo: str) -> bytes:
+        # both V2 algorithms reduce to the same 64-bit keys, so one cache entry serves both
+        cached = self._hashes.get(-tokens_per_block)
+        if cached is None:
+            view = self.ids_view()
+            ids = view if view is not None else self.token_ids
+            cached = block_hashes_for(algo, ids, tokens_per_block, self.salt_id) if ids else b""
+            self._hashes[-tokens_per_block] = cached
         return cached
 
 

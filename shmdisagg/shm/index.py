@@ -412,7 +412,7 @@ class BlockIndex:
 
     def pick_kv(self, row: int, role: int, exclude_slot: int, hashes: bytes, num_tokens: int,
                 load_weight: float = 0.25, load_cap: float = math.inf, use_tokens: bool = False,
-                track_routed: bool = True) -> tuple[int, int]:
+                track_routed: bool = True, max_batch_size: int = 0) -> tuple[int, int]:
         """KV-cache-aware pick, one native call: (slot, matched_blocks), or (-1, 0) if no server
         of `role` is eligible.
 
@@ -422,7 +422,8 @@ class BlockIndex:
         bisection where servers drop out: exact when each server's blocks are prefix-closed
         along the prompt; with holes see native/README.md); load is its active requests (or
         active tokens / its tokens_per_block with `use_tokens`) over every worker row. Among
-        candidates with active / max_batch_size < load_cap (all, if none), the best depth -
+        candidates with active / `max_batch_size` < load_cap (all, if none; `max_batch_size` 0:
+        each server's own `/server_info` value, as published), the best depth -
         load_weight x load wins; ties rotate fleet-wide. With `track_routed`, the request's
         blocks past those the winner's KV events confirm are marked as routed to the winner
         (visible to every worker's next pick), after claiming the first
@@ -431,7 +432,7 @@ class BlockIndex:
         is added to `row`; release it with `ControlTable.release(row, slot, num_tokens)`.
         """
         return self._pick("pick_kv", row, role, exclude_slot, hashes, num_tokens, load_weight,
-                          load_cap, use_tokens, track_routed)  # type: ignore[no-any-return]
+                          load_cap, use_tokens, track_routed, max_batch_size)  # type: ignore[no-any-return]
 
     def match(self, hashes: bytes, role: int = -1, jump: bool = False) -> list[tuple[int, int]]:
         """[(slot, depth)] of present, healthy servers (of `role`, if >= 0); read-only. Depths by

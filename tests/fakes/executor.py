@@ -31,6 +31,7 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
 
 Each recorded body carries `_headers`: the request's `content-type`, `x-*` (such as
 `x-trtllm-return-metrics`, `x-trtllm-disagg-auth`) and `traceparent` headers, when sent.
+- `server_info`: fields merged into its `/server_info` (None removes one)
 
 `GET /_events` lists what happened to streams: "cancelled:<n>" when a client went away mid-stream.
 
@@ -70,15 +71,15 @@ def build_app(name: str, addr: str) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def server_info(_: Request) -> Response:
-        return JSONResponse(
-            {
-                "disaggregated_params": {"ctx_info_endpoint": [addr], "encoded_opaque_state": "b3BhcXVl"},
-                "max_batch_size": 8,
-                "max_num_tokens": 4096,
-                "kv_cache_hash_algo": "v1_block_key",
-                "tokens_per_block": 32,
-            }
-        )
+        info = {
+            "disaggregated_params": {"ctx_info_endpoint": [addr], "encoded_opaque_state": "b3BhcXVl"},
+            "max_batch_size": 8,
+            "max_num_tokens": 4096,
+            "kv_cache_hash_algo": "v1_block_key",
+            "tokens_per_block": 32,
+        }
+        info.update(script.get("server_info") or {})  # a value of None removes the field
+        return JSONResponse({k: v for k, v in info.items() if v is not None})
 
     async def models(_: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tensorrt_llm"}]})

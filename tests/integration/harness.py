@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import socket
 import subprocess
 import sys
 import time
@@ -129,6 +130,29 @@ def request_json(host: str, port: int, method: str, path: str, body: Any = None,
     finally:
         if own:
             c.close()
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = 10.0) -> None:
+        super().__init__("coordinator", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def coordinator_info(dep: Deployment) -> dict[str, Any]:
+    """The coordinator's own `/cluster_info` (its internal API, on its Unix socket)."""
+    c = _UnixHTTPConnection(dep.config.coordinator_socket)
+    try:
+        c.request("GET", "/cluster_info")
+        r = c.getresponse()
+        assert r.status == 200
+        return orjson.loads(r.read())  # type: ignore[no-any-return]
+    finally:
+        c.close()
 
 
 def post(dep: Deployment, path: str, body: Any, conn: http.client.HTTPConnection | None = None) -> tuple[int, Any]:

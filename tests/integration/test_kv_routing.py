@@ -178,7 +178,7 @@ def test_bad_and_unknown_kv_events_are_dropped_and_counted(shm_prefix: str) -> N
     with ControlTable.create(shm_prefix) as table:
         table.publish_server(0, "127.0.0.1:1", 0, True, tokens_per_block=32)
         with BlockIndex.create(table) as index:
-            ing = KvEventIngestor(index, [Executor(0, 0, "127.0.0.1", 1)], lambda role: 0)
+            ing = KvEventIngestor(index, [Executor(0, 0, "127.0.0.1", 1)])
             good = {"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [{"block_hash": 12345}, {"block_hash": 67890}]}}
             bad = [
                 "not an event",
@@ -215,7 +215,7 @@ def test_the_fast_event_decoder_applies_what_the_tolerant_one_does(shm_prefix: s
     with ControlTable.create(shm_prefix) as table:
         table.publish_server(0, "127.0.0.1:1", 0, True, tokens_per_block=32)
         with BlockIndex.create(table) as index:
-            ing = KvEventIngestor(index, [Executor(0, 0, "127.0.0.1", 1)], lambda role: 0)
+            ing = KvEventIngestor(index, [Executor(0, 0, "127.0.0.1", 1)])
             assert ing.apply_raw(0, orjson.dumps(events), 2.0) == 3
             assert ing.applied_events == 3 and ing.dropped_events == 0
             assert index.lookup(111)[0] == 0 and index.lookup(222)[0] == 1  # stored then removed; stored

@@ -3,7 +3,8 @@
 trtllm-serve endpoints: POST /v1/completions, POST /v1/chat/completions, GET /health,
 GET /server_info, POST /kv_cache_events, GET /perf_metrics, GET /metrics, GET /v1/models,
 GET|POST /steady_clock_offset. Simulator-only: POST /sim/fault, GET /sim/stats,
-POST /sim/clear_cache, POST /sim/kv_transfer (the KV pull between executors).
+POST /sim/clear_cache, POST /sim/kv_transfer (the KV pull between executors), POST /sim/kv_events
+(lose KV events, or restart the event stream).
 
 While `--startup-delay` runs, every non-/sim request gets 503 with `x-trtllm-server-state:
 starting` and `retry-after: 1`, like a loading trtllm-serve. A `hang` fault holds every
@@ -26,7 +27,7 @@ from typing import Any
 import orjson
 
 from shmdisagg.executors.sim import responses, timing
-from shmdisagg.executors.sim.block_keys import block_hashes
+from shmdisagg.executors.sim.block_keys import block_hashes, effective_hash_algo
 from shmdisagg.executors.sim.block_pool import BlockPool
 from shmdisagg.executors.sim.config import SimConfig
 from shmdisagg.executors.sim.engine import Engine
@@ -73,10 +74,12 @@ class SimApp:
             role=config.role,
             disagg_enabled=config.disagg_enabled,
         )
+        self.hash_algo = effective_hash_algo(config.kv_cache_event_hash_algo)
         self.events = KvEventBuffer(
             config.event_buffer_max_size if config.enable_block_reuse else 0,
             window_size=config.effective_max_seq_len,
             include_tokens=config.event_tokens,
+            hash_algo=self.hash_algo,
         )
         self.pool = BlockPool(config.effective_num_blocks, config.tokens_per_block, config.enable_block_reuse, self.events)
         self.perf = (
@@ -102,6 +105,7 @@ class SimApp:
             slow_factor=lambda: self.faults.slow_factor,
             perf_metrics=self.perf,
             clock_offset=lambda: self.clock_offset,
+            hash_algo=self.hash_algo,
         )
         state = {"sim": 1, "ctx_info_endpoint": self.endpoint, "instance": uuid.uuid4().hex}
         self.opaque_state = base64.b64encode(orjson.dumps(state)).decode("ascii")
@@ -122,6 +126,7 @@ class SimApp:
             ("GET", "/sim/stats"): self._sim_stats,
             ("POST", "/sim/clear_cache"): self._sim_clear_cache,
             ("POST", "/sim/kv_transfer"): self._sim_kv_transfer,
+            ("POST", "/sim/kv_events"): self._sim_kv_events,
         }
         self._paths = {path for _, path in self._routes}
 
@@ -253,7 +258,7 @@ class SimApp:
             max_tokens=req.max_tokens,
             stop_ids=req.stop_ids,
             ignore_eos=req.ignore_eos,
-            block_hashes=block_hashes(req.prompt, self.pool.tokens_per_block) if self.pool.reuse else [],
+            block_hashes=block_hashes(req.prompt, self.pool.tokens_per_block, self.hash_algo) if self.pool.reuse else [],
             ctx_request_id=ctx_request_id,
             first_gen_tokens=req.first_gen_tokens,
             ctx_endpoint=req.ctx_endpoint,
@@ -318,7 +323,7 @@ class SimApp:
                 "disaggregated_params": disagg,
                 "max_batch_size": self.config.max_batch_size,
                 "max_num_tokens": self.config.max_num_tokens,
-                "kv_cache_hash_algo": "v1_block_key",
+                "kv_cache_hash_algo": self.hash_algo,
                 "tokens_per_block": self.config.tokens_per_block,
             },
         )
@@ -383,7 +388,8 @@ class SimApp:
             profile=self.profile.name,
             endpoint=self.endpoint,
             faults=self.faults.describe(),
-            events={"buffered": len(self.events), "dropped": self.events.dropped, "next_event_id": self.events.next_event_id},
+            events={"buffered": len(self.events), "dropped": self.events.dropped, "next_event_id": self.events.next_event_id,
+                    "restarts": self.events.restarts},
             requests_seen=self.faults.requests_seen,
             estimates_ms={
                 "ttft_256": round(1000 * timing.ttft_seconds(self.profile, 256), 3),
@@ -395,6 +401,29 @@ class SimApp:
     async def _sim_clear_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
         await _read_body(receive)
         await _send_json(send, 200, {"dropped_blocks": self.pool.clear()})
+
+    async def _sim_kv_events(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`{"drop_next": n}`: lose the next n KV events, as a full event buffer would;
+        `{"restart": true}`: drop every cached block and start the event stream again (ids from
+        0, one `created`), as a restarted executor on the same port would, without ever failing
+        a health check. A restart needs an idle executor (409 otherwise)."""
+        body = await _read_json(receive, send)
+        if body is None:
+            return
+        drop = body.get("drop_next", 0) if isinstance(body, dict) else None
+        restart = body.get("restart", False) if isinstance(body, dict) else None
+        if isinstance(drop, bool) or not isinstance(drop, int) or drop < 0 or not isinstance(restart, bool):
+            await _send_json(send, 400, error_body(RequestError("body must be {drop_next: int >= 0, restart: bool}")))
+            return
+        if restart:
+            stats = self.engine.stats()
+            if stats["num_waiting"] or stats["num_running"] or stats["num_transferring"] or stats["num_ready"] or stats["num_pinned"]:
+                await _send_json(send, 409, error_body(SimError("restart needs an idle executor", 409)))
+                return
+            self.pool.clear()
+            self.events.restart(self.pool.num_blocks)
+        self.events.drop_next(drop)
+        await _send_json(send, 200, {"next_event_id": self.events.next_event_id, "dropped": self.events.dropped})
 
     async def _sim_kv_transfer(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await _read_json(receive, send)

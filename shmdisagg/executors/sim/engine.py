@@ -35,6 +35,7 @@ from shmdisagg.executors.sim import sampler, timing
 from shmdisagg.executors.sim.block_pool import BlockPool
 from shmdisagg.executors.sim.errors import SimError, TransferError
 from shmdisagg.executors.sim.block_keys import extension_blocks
+from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1
 from shmdisagg.executors.sim.metrics import Counters, PerfMetricsBuffer
 from shmdisagg.executors.sim.profiles import Profile
 from shmdisagg.executors.sim.sequence import Kind, Phase, Sequence
@@ -65,11 +66,13 @@ class Engine:
         slow_factor: Callable[[], float] = lambda: 1.0,
         perf_metrics: PerfMetricsBuffer | None = None,
         clock_offset: Callable[[], float] = lambda: 0.0,
+        hash_algo: str = KV_CACHE_HASH_ALGO_V1,
     ) -> None:
         # configuration
         self.profile = profile
         self.pool = pool
         self.tokens_per_block = pool.tokens_per_block
+        self.hash_algo = hash_algo  # of the block hashes (block_keys.py)
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
         self.chunked_prefill = chunked_prefill
@@ -370,7 +373,7 @@ class Engine:
             return  # the prompt itself did not get stored (pool pressure); do not extend
         tokens = s.prompt + s.output
         parent = s.block_hashes[full_prompt - 1] if full_prompt else None
-        self.pool.store(s.alloc, parent, extension_blocks(tokens, tpb, full_prompt, parent))
+        self.pool.store(s.alloc, parent, extension_blocks(tokens, tpb, full_prompt, parent, self.hash_algo))
 
     def _finish(self, s: Sequence, error: SimError | None, release: bool = True) -> None:
         s.phase = Phase.DONE

@@ -8,7 +8,8 @@ Honoured from the YAML (TensorRT-LLM LLM-API keys, TensorRT-LLM defaults when ab
 
 - `kv_cache_config`: `tokens_per_block` (32), `enable_block_reuse` (true),
   `event_buffer_max_size` (0: no KV events, as TensorRT-LLM), `free_gpu_memory_fraction` (0.9),
-  `max_tokens` (caps the pool: ceil(max_tokens / tokens_per_block) blocks);
+  `max_tokens` (caps the pool: ceil(max_tokens / tokens_per_block) blocks),
+  `kv_cache_event_hash_algo` (auto | v1_block_key | v2_sha256 | v2_sha256_64; auto is v1_block_key);
 - `max_batch_size` (2048), `max_num_tokens` (8192), `max_seq_len`, `tensor_parallel_size`;
 - `cache_transceiver_config`: present with a `backend` enables context_only / generation_only
   (absent: they are refused with 400, where TensorRT-LLM silently does no disaggregation);
@@ -59,7 +60,7 @@ _KNOWN_IGNORED_KEYS = frozenset(
         "mm_encoder_only", "peft_cache_config", "enable_lora", "reasoning_parser", "revision",
     }
 )  # fmt: skip
-_KV_CACHE_KEYS = {"tokens_per_block", "enable_block_reuse", "event_buffer_max_size", "free_gpu_memory_fraction", "max_tokens"}
+_KV_CACHE_KEYS = {"tokens_per_block", "enable_block_reuse", "event_buffer_max_size", "free_gpu_memory_fraction", "max_tokens", "kv_cache_event_hash_algo"}
 
 
 def parse_serve_args(argv: list[str], prog: str = "python -m shmdisagg.executors.sim serve") -> SimConfig:
@@ -159,6 +160,8 @@ def _kv_cache_config(value: Any, path: str) -> dict[str, Any]:
     for key, v in value.items():
         if key == "tokens_per_block" or key == "event_buffer_max_size":
             out[key] = _int(v, f"kv_cache_config.{key}", path)
+        elif key == "kv_cache_event_hash_algo":
+            out[key] = v
         elif key == "enable_block_reuse":
             out[key] = _bool(v, "kv_cache_config.enable_block_reuse", path)
         elif key == "free_gpu_memory_fraction":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -251,3 +252,50 @@ def test_the_simulator_gets_the_sections_tokens_per_block_else_the_sim_default()
 
     plan = build_plan(parse_config(data))
     assert [flag(i.argv) for i in plan.instances] == ["1", "1", "16"]
+
+
+def _section(**section: object) -> object:
+    base = {"hostname": "localhost", "port": 8000,
+            "context_servers": {"num_instances": 1, "urls": ["localhost:8001"]},
+            "generation_servers": {"num_instances": 1, "urls": ["localhost:8002"]}}
+    base["generation_servers"].update(section)  # type: ignore[attr-defined]
+    return parse_config(base, "t.yaml").generation_servers
+
+
+def test_the_section_s_max_batch_size_and_max_num_tokens_win_over_the_router_s_as_in_extract_router_config():
+    # TensorRT-LLM llmapi/disagg_utils.py extract_router_config: args[key] = server_cfg[key]
+    both = _section(max_batch_size=8, max_num_tokens=1024, router={"type": "kv_cache_aware", "max_batch_size": 64, "max_num_tokens": 99})
+    assert both.router_args({}).max_batch_size == 8 and both.router_args({}).max_num_tokens == 1024
+    router_only = _section(router={"type": "kv_cache_aware", "max_batch_size": 16})
+    assert router_only.router_args({}).max_batch_size == 16
+    assert _section(router={"type": "kv_cache_aware"}).router_args({}).max_batch_size == 64
+
+
+def test_the_router_s_tokens_per_block_wins_over_kv_cache_config_and_the_environment_over_both():
+    env = {"TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK": "16"}
+    kv = _section(kv_cache_config={"tokens_per_block": 64}, router={"type": "kv_cache_aware", "tokens_per_block": 128})
+    assert kv.router_args({}).tokens_per_block == 128
+    assert _section(kv_cache_config={"tokens_per_block": 64}, router={"type": "kv_cache_aware"}).router_args({}).tokens_per_block == 64
+    assert _section(router={"type": "kv_cache_aware"}).router_args({}).tokens_per_block is None  # unset: adopt the executors'
+    assert kv.router_args(env).tokens_per_block == 16
+    # the conversation router takes it too (both call BlockHashMixin._init_block_hashing); others ignore it
+    assert _section(router={"type": "conversation"}).router_args(env).tokens_per_block == 16
+    assert _section(router={"type": "round_robin"}).router_args(env).tokens_per_block is None
+
+
+@pytest.mark.parametrize("value", ["", "abc", "0", "-32", "1.5"])
+def test_a_bad_tokens_per_block_environment_override_is_refused_by_name(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"^TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK: .* is not a positive integer"):
+        _section(router={"type": "kv_cache_aware"}).router_args({"TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK": value})
+
+
+def test_check_config_exits_2_naming_a_bad_tokens_per_block_override(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"hostname": "127.0.0.1", "port": 8000,
+                                   "context_servers": {"num_instances": 1, "urls": ["127.0.0.1:8001"], "router": {"type": "kv_cache_aware"}},
+                                   "generation_servers": {"num_instances": 1, "urls": ["127.0.0.1:8002"]}}))
+    env = {**os.environ, "TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK": "lots"}
+    r = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(cfg)], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2
+    assert "TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK: 'lots' is not a positive integer" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -129,7 +129,7 @@ def test_malformed_hints_are_counted_and_ignored(tmp_path: Path) -> None:
     ],
 )
 def test_fallback_poll_interval(got: int, hinted: bool, recently_hinted: bool, expected: float) -> None:
-    ing = KvEventIngestor(None, [Executor(0, 0, "127.0.0.1", 1)], lambda role: 0, KvEventsSection())  # type: ignore[arg-type]
+    ing = KvEventIngestor(None, [Executor(0, 0, "127.0.0.1", 1)], None, KvEventsSection())  # type: ignore[arg-type]
     if recently_hinted:
         assert ing.hint(0)
     assert ing._fallback_s(0, got, hinted) == expected

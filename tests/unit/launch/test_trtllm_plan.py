@@ -288,6 +288,7 @@ def test_the_simulator_gets_the_roles_trtllm_options_with_trtllm_defaults() -> N
         ({"kv_cache_config": {"enable_block_reuse": "no"}}, "context_servers.kv_cache_config.enable_block_reuse: must be true or false, got 'no'"),
         ({"enable_chunked_prefill": 1}, "context_servers.enable_chunked_prefill: must be true or false, got 1"),
         ({"kv_cache_config": {"event_buffer_max_size": -1}}, "context_servers.kv_cache_config.event_buffer_max_size: must be an integer >= 0, got -1"),
+        ({"kv_cache_config": {"kv_cache_event_hash_algo": "v3"}}, "context_servers.kv_cache_config.kv_cache_event_hash_algo: must be one of auto, v1_block_key, v2_sha256, v2_sha256_64, got 'v3'"),
     ],
 )
 def test_the_simulator_plan_refuses_what_trtllm_would(section: dict[str, Any], expected: str) -> None:
@@ -314,3 +315,9 @@ def test_the_internal_auth_key_reaches_each_executor_in_its_private_option_file_
     assert (tmp_path / "ctx.yaml").stat().st_mode & 0o777 == 0o600
     printed = describe_plan(plan, config, "cfg.yaml")
     assert "k3y-Sec" not in printed and "internal_request_auth_key: <redacted>" in printed
+
+
+def test_the_simulator_hashes_blocks_with_the_section_s_kv_cache_event_hash_algo() -> None:
+    ctx, gen = (_sim_argv(small_config(context_servers={"kv_cache_config": {"kv_cache_event_hash_algo": "v2_sha256"}}), r) for r in (0, 1))
+    assert ctx[ctx.index("--kv-cache-event-hash-algo") + 1] == "v2_sha256"
+    assert "--kv-cache-event-hash-algo" not in gen  # the simulator's own default (auto) there
