@@ -448,6 +448,23 @@ def test_max_tokens_beyond_max_seq_len_is_clamped_as_the_pytorch_backend_does(si
     assert answers["worker"][0] == 400, STAND_IN["max_tokens_over_max_seq_len"]
 
 
+def test_a_stream_that_fails_after_it_started_ends_with_the_workers_error_event(sides):
+    """A completion stream whose generation fails: 200, then the error event and [DONE]. The worker
+    copy's fake engine fails a request over max_seq_len only once it runs; the simulator fails a
+    generation leg whose context request never arrives (after its KV-transfer timeout)."""
+    worker = post(sides["worker"][0], COMPLETIONS, body_of({"prompt": [7] * (MAX_SEQ_LEN - 3), "max_tokens": 50,
+                                                           "stream": True}))  # fmt: skip
+    params = {"request_type": "generation_only", "ctx_request_id": 999_999, "first_gen_tokens": [9],
+              "ctx_info_endpoint": sides["sim"][0]}
+    sim = post(sides["sim"][1], COMPLETIONS, body_of({"prompt": [1, 2, 3], "max_tokens": 4, "stream": True,
+                                                     "disaggregated_params": params}))  # fmt: skip
+    s_raw, w_raw = compare_stream({"sim": sim, "worker": worker}, False)
+    for raw in (s_raw, w_raw):
+        assert sse_pattern(raw, False)[0] == ["error", "done"]
+        error = json.loads(sse_frames(raw)[0][1])["error"]  # the worker copy repeats [DONE] after it
+        assert (error["type"], error["code"], error["param"]) == ("server_error", None, None)
+
+
 def test_unknown_paths_and_methods_get_starlettes_bodies(sides):
     for side, (ctx, _) in sides.items():
         status, headers, raw = call(ctx, "GET", "/nope")
