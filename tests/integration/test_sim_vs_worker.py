@@ -57,8 +57,9 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[
     ports = [free_port() for _ in range(4)]
     workers = [Worker(ports[0], "context", "--itl-ms", "1", "--ttft-ms", "1"),
                Worker(ports[1], "generation", "--itl-ms", "1", "--ttft-ms", "1")]
+    # msgpack bodies on, as run_worker.sh sets it for the workers
     sims = [SimProcess(["serve", "sim-model", "--host", "127.0.0.1", "--port", str(p), "--extra_llm_api_options",
-                        str(extra)], p) for p in ports[2:]]  # fmt: skip
+                        str(extra)], p, env={"TRTLLM_SERVE_ENABLE_MSGSPEC": "1"}) for p in ports[2:]]  # fmt: skip
     try:
         for s in sims:
             s.start(wait=False)
@@ -463,6 +464,24 @@ def test_a_stream_that_fails_after_it_started_ends_with_the_workers_error_event(
         assert sse_pattern(raw, False)[0] == ["error", "done"]
         error = json.loads(sse_frames(raw)[0][1])["error"]  # the worker copy repeats [DONE] after it
         assert (error["type"], error["code"], error["param"]) == ("server_error", None, None)
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_a_msgpack_body_is_read_as_the_worker_reads_it(sides, path):
+    """TRTLLM_SERVE_ENABLE_MSGSPEC=1: a body flagged `X-TRTLLM-Msgpack: 1` is msgpack (what the
+    orchestrator sends), validated like JSON; one that does not decode is FastAPI's 400."""
+    import msgspec
+
+    body = body_of({"messages": MESSAGES} if path == CHAT else {"prompt": TEXT}) | {"max_tokens": 3}
+    flag = {"x-trtllm-msgpack": "1"}
+    answers = {side: post(eps[0], path, msgspec.msgpack.encode(body), flag) for side, eps in sides.items()}
+    compare_json(answers)
+    bad = {side: post(eps[0], path, msgspec.msgpack.encode(dict(body, bogus=1)), flag) for side, eps in sides.items()}
+    assert {side: (a[0], shape(json.loads(a[2]))) for side, a in bad.items()} == {
+        side: (400, {"error": "str"}) for side in sides}
+    broken = {side: post(eps[0], path, b"\xc1 not msgpack", flag) for side, eps in sides.items()}
+    assert {side: (a[0], json.loads(a[2])) for side, a in broken.items()} == {
+        side: (400, {"detail": "There was an error parsing the body"}) for side in sides}
 
 
 def test_unknown_paths_and_methods_get_starlettes_bodies(sides):

@@ -131,6 +131,8 @@ class SimApp:
         self.opaque_state = base64.b64encode(orjson.dumps(state)).decode("ascii")
         self.ready_at = time.monotonic() + config.startup_delay
         self._next_request_id = 1
+        # openai_server.py: msgpack bodies (X-TRTLLM-Msgpack: 1) are decoded only with this set
+        self.msgspec_bodies = os.environ.get("TRTLLM_SERVE_ENABLE_MSGSPEC", "0") == "1"
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat_completions,
@@ -237,7 +239,8 @@ class SimApp:
             return
         headers = scope.get("headers", [])
         try:
-            req = parse_request(raw, chat, self.tokenizer, self.limits)
+            msgpack = self.msgspec_bodies and any(k.lower() == b"x-trtllm-msgpack" and v == b"1" for k, v in headers)
+            req = parse_request(raw, chat, self.tokenizer, self.limits, msgpack)
             if req.auth_fields is not None:
                 disagg_auth.validate(self.config.internal_request_auth_key, req.auth_fields, disagg_auth.header_value(headers))
             seq = self._sequence(req)
@@ -448,6 +451,10 @@ class SimApp:
             model=self.model,
             profile=self.profile.name,
             endpoint=self.endpoint,
+            # the limits it runs with (/server_info, as trtllm-serve's, has no max_num_tokens)
+            max_batch_size=self.config.max_batch_size,
+            max_num_tokens=self.config.max_num_tokens,
+            max_seq_len=self.config.effective_max_seq_len,
             faults=self.faults.describe(),
             events={"buffered": len(self.events), "dropped": self.events.dropped, "next_event_id": self.events.next_event_id},
             requests_seen=self.faults.requests_seen,

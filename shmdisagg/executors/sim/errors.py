@@ -4,7 +4,8 @@ Three shapes, as TensorRT-LLM's `serve/openai_server.py` (worker copy @fb31828e)
 
 - `ValidationFailed` (the request does not fit the protocol models: unknown field, wrong type,
   a model validator): status 400, body `{"error": "<message>"}`, FastAPI's
-  `RequestValidationError` handler.
+  `RequestValidationError` handler (`UnreadableBody`, a msgpack body that does not decode:
+  FastAPI's 400 `{"detail": ...}`).
 - `RequestError` / `SimError` (a ValueError while handling the request): `ErrorResponse`
   `{"object": "error", "message", "type", "param", "code": <int status>}` (`error_body`).
 - an error after an SSE stream started: `data: {"error": {"message", "type": "server_error",
@@ -58,6 +59,10 @@ class ValidationFailed(RequestError):
     """The body does not validate against the protocol models (status 400, `{"error": ...}`)."""
 
 
+class UnreadableBody(RequestError):
+    """A msgpack body that does not decode: FastAPI's 400 `{"detail": "There was an error parsing the body"}`."""
+
+
 class TransferError(SimError):
     """The KV pull from the context executor failed (status 500 to the generation client)."""
 
@@ -70,6 +75,8 @@ def error_body(exc: SimError) -> dict[str, Any]:
     gets FastAPI's `{"error": message}` instead."""
     if isinstance(exc, ValidationFailed):
         return {"error": exc.message}
+    if isinstance(exc, UnreadableBody):
+        return {"detail": exc.message}
     return {
         "object": "error",
         "message": exc.message,

@@ -42,7 +42,7 @@ from typing import Any
 
 import msgspec
 
-from shmdisagg.executors.sim.errors import RequestError, ValidationFailed
+from shmdisagg.executors.sim.errors import RequestError, UnreadableBody, ValidationFailed
 from shmdisagg.executors.sim.sequence import Kind
 from shmdisagg.executors.sim.tokenizer import Tokenizer, render_chat
 
@@ -177,6 +177,9 @@ class ChatCompletionRequest(_Sampling, forbid_unknown_fields=True, kw_only=True)
 
 _COMPLETION = msgspec.json.Decoder(CompletionRequest, strict=False)
 _CHAT = msgspec.json.Decoder(ChatCompletionRequest, strict=False)
+# msgpack bodies (`X-TRTLLM-Msgpack: 1` with TRTLLM_SERVE_ENABLE_MSGSPEC=1), validated the same way
+_COMPLETION_MSGPACK = msgspec.msgpack.Decoder(CompletionRequest, strict=False)
+_CHAT_MSGPACK = msgspec.msgpack.Decoder(ChatCompletionRequest, strict=False)
 
 
 # -- what the rest of the simulator reads -----------------------------------------------------
@@ -227,12 +230,18 @@ class ParsedRequest:
     auth_fields: dict[str, str | None] | None = None
 
 
-def parse_request(raw: bytes, chat: bool, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest:
-    """Validate `raw` (a request body) into a ParsedRequest. Raises `ValidationFailed` (400
-    `{"error"}`) or `RequestError` (400 `ErrorResponse`)."""
+def parse_request(raw: bytes, chat: bool, tokenizer: Tokenizer, limits: Limits, msgpack: bool = False) -> ParsedRequest:
+    """Validate `raw` (a JSON body, or msgpack when `msgpack`) into a ParsedRequest. Raises
+    `ValidationFailed` (400 `{"error"}`), `UnreadableBody` (400 `{"detail"}`, msgpack that does not
+    decode) or `RequestError` (400 `ErrorResponse`)."""
+    decoder = (_CHAT_MSGPACK if chat else _COMPLETION_MSGPACK) if msgpack else (_CHAT if chat else _COMPLETION)
     try:
-        body: CompletionRequest | ChatCompletionRequest = (_CHAT if chat else _COMPLETION).decode(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        body: CompletionRequest | ChatCompletionRequest = decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise ValidationFailed(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        if msgpack:  # FastAPI's answer to a body its Request.json() could not read
+            raise UnreadableBody("There was an error parsing the body") from None
         raise ValidationFailed(_validation_message(raw, exc)) from None
     _model_validators(body)
     _sampling_checks(body, limits.vocab_size)
@@ -280,9 +289,7 @@ def parse_request(raw: bytes, chat: bool, tokenizer: Tokenizer, limits: Limits) 
 
 
 def _validation_message(raw: bytes, exc: Exception) -> str:
-    """msgspec's message, with upstream's wording for a body that is not JSON at all."""
-    if isinstance(exc, msgspec.ValidationError):
-        return str(exc)
+    """msgspec's message for a body that is not JSON at all."""
     if not raw.strip():
         return "Field required: the request body is missing"
     return f"JSON decode error: {exc}"

@@ -246,3 +246,17 @@ def test_generation_first_may_omit_first_gen_tokens_and_find_the_context_executo
 )  # fmt: skip
 def test_disaggregated_params_the_executor_cannot_serve_are_refused(params, limits, match):
     refused({"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "disaggregated_params": params}, match, limits=limits)
+
+
+def test_a_msgpack_body_is_validated_as_json_is():
+    import msgspec
+
+    from shmdisagg.executors.sim.errors import UnreadableBody
+
+    raw = msgspec.msgpack.encode({"model": "m", "prompt": [5, 6], "max_tokens": 2})
+    assert parse_request(raw, False, TOK, LIMITS, msgpack=True).prompt == [5, 6]
+    with pytest.raises(ValidationFailed, match="bogus"):
+        parse_request(msgspec.msgpack.encode({"model": "m", "prompt": "x", "bogus": 1}), False, TOK, LIMITS, msgpack=True)
+    with pytest.raises(UnreadableBody) as info:
+        parse_request(b"\xc1", False, TOK, LIMITS, msgpack=True)
+    assert error_body(info.value) == {"detail": "There was an error parsing the body"}
