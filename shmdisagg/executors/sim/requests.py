@@ -408,7 +408,7 @@ def _completion_prompt(body: CompletionRequest, tokenizer: Tokenizer) -> tuple[l
     """(prompt ids, the text `echo` prepends). One string or one id list; a one-element batch is
     unwrapped, as a one-prompt batch answers like a single prompt upstream."""
     prompt: Any = body.prompt
-    if isinstance(prompt, list):
+    if isinstance(prompt, list) and not _all_ints(prompt):
         if not prompt:
             raise RequestError("prompt must not be empty")
         kinds = {_prompt_item_kind(p) for p in prompt}
@@ -420,6 +420,8 @@ def _completion_prompt(body: CompletionRequest, tokenizer: Tokenizer) -> tuple[l
             prompt = prompt[0]
             if isinstance(prompt, list) and not prompt:
                 raise RequestError("prompt must not be empty")
+    if isinstance(prompt, list) and not prompt:
+        raise RequestError("prompt must not be empty")
     if isinstance(prompt, str):
         ids = tokenizer.encode(prompt, add_bos=body.add_special_tokens)
         if body.truncate_prompt_tokens is not None:
@@ -430,7 +432,19 @@ def _completion_prompt(body: CompletionRequest, tokenizer: Tokenizer) -> tuple[l
     if body.echo:
         # upstream concatenates the id list to the text and fails with a 400; refuse it by name
         raise RequestError("echo is not supported with a token-id prompt")
-    return list(prompt), None
+    return prompt, None  # msgspec made a new list
+
+
+def _all_ints(values: list[Any]) -> bool:
+    """Every item an int (a token-id prompt), at C speed; out-of-int64 ids count as ints (the
+    vocabulary check refuses them)."""
+    try:
+        array("q", values)
+    except OverflowError:
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    except TypeError:
+        return False
+    return True
 
 
 def _prompt_item_kind(item: Any) -> str | None:
