@@ -68,15 +68,21 @@ def test_context_response_carries_the_handoff_fields(pair):
     choice = resp["choices"][0]
     assert choice["finish_reason"] == "length"
     params = choice["disaggregated_params"]
-    assert params == {
+    assert params == {  # every DisaggregatedParams field, as to_disaggregated_params fills them
         "request_type": "context_only",
         "first_gen_tokens": [output_tokens(prompt_ids, 1)[0]],
+        "first_gen_log_probs": None,
+        "first_gen_logits": None,
         "ctx_request_id": disagg_id,
-        "disagg_request_id": disagg_id,
         "encoded_opaque_state": params["encoded_opaque_state"],
         "draft_tokens": None,
+        "disagg_request_id": disagg_id,
         "ctx_dp_rank": 0,
         "ctx_info_endpoint": ctx.endpoint,
+        "schedule_style": None,
+        "ctx_usage": None,
+        "return_prompt_token_ids_b64": False,
+        "resolved_thinking": None,
     }
     _, info = get_json(ctx.endpoint, "/server_info")
     assert params["encoded_opaque_state"] == info["disaggregated_params"]["encoded_opaque_state"]
@@ -104,6 +110,8 @@ def test_non_streaming_handoff_continues_the_tokens_and_reports_the_context_usag
         "total_tokens": len(prompt_ids) + 12,
         "prompt_tokens_details": {"cached_tokens": ctx_cached},
     }
+    echoed = resp["choices"][0]["disaggregated_params"]  # the worker echoes the request's params
+    assert echoed["request_type"] == "generation_only" and echoed["ctx_usage"] == ctx_resp["usage"]
     # the same request served locally (no disaggregation) produces the same text
     _, local = post_json(gen.endpoint, "/v1/completions", body)
     assert local["choices"][0]["text"] == resp["choices"][0]["text"]
@@ -133,7 +141,7 @@ def test_streaming_handoff_starts_with_first_gen_tokens_and_ends_with_usage(pair
     assert expected[0] == first[0]
     assert texts == [Tokenizer().decode([t]) for t in expected]
     assert token_chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert all(c["choices"][0]["finish_reason"] is None for c in token_chunks[:-1])
+    assert all(c["choices"][0].get("finish_reason") is None for c in token_chunks[:-1])  # chat chunks omit nulls
     if chat:
         assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
 
@@ -146,7 +154,7 @@ def test_generation_first_the_generation_request_may_arrive_before_the_context_r
     # gen-first: the generation request is built from the context server's /server_info, without
     # a context response (no first_gen_tokens, no ctx_usage).
     gen_params = {"request_type": "generation_only", "ctx_request_id": disagg_id, "disagg_request_id": disagg_id,
-                  "schedule_style": "generation_first",
+                  "schedule_style": 1,  # DisaggScheduleStyle.GENERATION_FIRST
                   "ctx_info_endpoint": info["disaggregated_params"]["ctx_info_endpoint"][0],
                   "encoded_opaque_state": info["disaggregated_params"]["encoded_opaque_state"]}
     result: dict[str, Any] = {}
@@ -199,18 +207,22 @@ def test_a_relayed_prompt_that_differs_from_the_context_prompt_is_an_error(pair)
 
 def test_role_mismatched_requests_are_refused(pair):
     ctx, gen = pair
-    status, resp = post_json(gen.endpoint, "/v1/completions", {"prompt": "x", "disaggregated_params": {
+    status, resp = post_json(gen.endpoint, "/v1/completions", {"model": "m", "prompt": "x", "disaggregated_params": {
         "request_type": "context_only"}})
     assert status == 400 and "generation role" in resp["message"]
-    status, resp = post_json(ctx.endpoint, "/v1/completions", {"prompt": "x", "disaggregated_params": {
+    status, resp = post_json(ctx.endpoint, "/v1/completions", {"model": "m", "prompt": "x", "disaggregated_params": {
         "request_type": "generation_only", "ctx_request_id": 1, "first_gen_tokens": [1], "ctx_info_endpoint": "h:1"}})
     assert status == 400 and "context role" in resp["message"]
 
 
-def test_a_one_token_request_ends_on_the_context_leg(pair):
+def test_a_context_leg_ends_with_length_unless_its_token_is_a_stop_word(pair):
     ctx, _ = pair
+    # TensorRT-LLM's context phase reports "length" ("continue on generation") even for max_tokens 1
     resp = context_leg(ctx, {"model": "m", "prompt": PROMPT, "max_tokens": 1})
-    assert resp["choices"][0]["finish_reason"] == "stop"
+    assert resp["choices"][0]["finish_reason"] == "length"
     stop = output_tokens(resp["prompt_token_ids"], 1)[0]
     resp = context_leg(ctx, {"model": "m", "prompt": PROMPT, "max_tokens": 9, "stop_token_ids": [stop]})
-    assert resp["choices"][0]["finish_reason"] == "stop" and resp["choices"][0]["stop_reason"] == stop
+    choice = resp["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
+    assert choice["text"] == "" and resp["usage"]["completion_tokens"] == 0  # the stop word is dropped
+    assert choice["disaggregated_params"]["first_gen_tokens"] == [stop]  # the token the context phase generated

@@ -12,7 +12,7 @@ import pytest
 from shmdisagg.executors.sim.testing import SimProcess, get_json, post_json, request, stream_sse
 from tests.conftest import free_port
 
-BODY = {"prompt": [1, 2, 3, 4], "max_tokens": 4}
+BODY = {"model": "m", "prompt": [1, 2, 3, 4], "max_tokens": 4}
 
 
 def start(*args: str) -> SimProcess:
@@ -61,7 +61,7 @@ def test_hang_accepts_requests_and_never_answers_until_cleared():
 def test_slow_multiplies_the_modelled_time():
     sim = start("--speedup", "10")
     try:
-        body = {"prompt": [1, 2, 3, 4], "max_tokens": 10}
+        body = {"model": "m", "prompt": [1, 2, 3, 4], "max_tokens": 10}
         began = time.monotonic()
         assert post_json(sim.endpoint, "/v1/completions", body)[0] == 200
         normal = time.monotonic() - began
@@ -85,7 +85,7 @@ def test_error_answers_the_given_status_for_count_requests():
             assert status == 503 and body["message"] == "overloaded" and body["object"] == "error"
         assert post_json(sim.endpoint, "/v1/completions", BODY)[0] == 200
         post_json(sim.endpoint, "/sim/fault", {"kind": "error", "status": 500})
-        assert post_json(sim.endpoint, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})[0] == 500
+        assert post_json(sim.endpoint, "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}]})[0] == 500
         assert request(sim.endpoint, "GET", "/health")[0] == 200  # control endpoints are not failed
     finally:
         sim.stop()
@@ -94,7 +94,7 @@ def test_error_answers_the_given_status_for_count_requests():
 def test_disconnect_mid_stream_cuts_the_stream_after_k_chunks():
     sim = start("--fault", "disconnect_mid_stream:after_chunks=2")
     try:
-        body = {"prompt": [1, 2, 3, 4], "max_tokens": 8, "stream": True}
+        body = {"model": "m", "prompt": [1, 2, 3, 4], "max_tokens": 8, "stream": True}
         events: list[str] = []
         with pytest.raises(http.client.HTTPException):
             for event in stream_sse(sim.endpoint, "/v1/completions", body):

@@ -31,18 +31,19 @@ def test_serve_honours_the_yaml_and_serves_the_disaggregated_protocol(tmp_path):
     with SimProcess(serve_args(port, str(extra)), port) as sim:
         status, info = get_json(sim.endpoint, "/server_info")
         assert status == 200
-        assert (info["tokens_per_block"], info["max_batch_size"], info["max_num_tokens"]) == (64, 24, 2048)
+        assert (info["tokens_per_block"], info["max_batch_size"]) == (64, 24) and "max_num_tokens" not in info
         assert info["disaggregated_params"]["ctx_info_endpoint"] == [sim.endpoint]
         _, models = get_json(sim.endpoint, "/v1/models")
         assert models["data"][0]["id"] == "meta-llama/Llama-3.1-8B-Instruct"
         # The role is decided per request, as on a real trtllm-serve.
         status, ctx = post_json(sim.endpoint, "/v1/completions", {
-            "prompt": list(range(1, 200)), "max_tokens": 4,
+            "model": "m", "prompt": list(range(1, 200)), "max_tokens": 4,
             "disaggregated_params": {"request_type": "context_only", "disagg_request_id": 1 << 45}})
         assert status == 200 and ctx["choices"][0]["finish_reason"] == "length"
         params = dict(ctx["choices"][0]["disaggregated_params"], request_type="generation_only")
         status, gen = post_json(sim.endpoint, "/v1/completions",
-                                {"prompt": ctx["prompt_token_ids"], "max_tokens": 4, "disaggregated_params": params})
+                                {"model": "m", "prompt": ctx["prompt_token_ids"], "max_tokens": 4,
+                                 "disaggregated_params": params})
         assert status == 200 and gen["usage"]["completion_tokens"] == 4
         status, events = post_json(sim.endpoint, "/kv_cache_events", None)
         stored = [b for e in events if e["data"]["type"] == "stored" for b in e["data"]["blocks"]]
@@ -57,9 +58,9 @@ def test_without_cache_transceiver_config_disaggregated_requests_are_refused_and
         _, info = get_json(sim.endpoint, "/server_info")
         assert info["disaggregated_params"] is None and info["tokens_per_block"] == 32
         status, err = post_json(sim.endpoint, "/v1/completions", {
-            "prompt": "x", "disaggregated_params": {"request_type": "context_only"}})
+            "model": "m", "prompt": "x", "disaggregated_params": {"request_type": "context_only"}})
         assert status == 400 and "cache_transceiver_config" in err["message"]
-        assert post_json(sim.endpoint, "/v1/completions", {"prompt": "hello", "max_tokens": 2})[0] == 200
+        assert post_json(sim.endpoint, "/v1/completions", {"model": "m", "prompt": "hello", "max_tokens": 2})[0] == 200
         assert post_json(sim.endpoint, "/kv_cache_events", None) == (200, [])  # event_buffer_max_size defaults to 0
 
 

@@ -1,21 +1,29 @@
 """The simulator's HTTP surface: a plain ASGI app (no framework) over the engine.
 
-trtllm-serve endpoints: POST /v1/completions, POST /v1/chat/completions, GET /health,
-GET /server_info, POST /kv_cache_events, GET /perf_metrics, GET /metrics, GET /v1/models,
+trtllm-serve endpoints (`tensorrt_llm/serve/openai_server.py` @fb31828e `register_routes`):
+POST /v1/completions, POST /v1/chat/completions, GET /health, GET /version, GET /server_info,
+POST /kv_cache_events, GET /perf_metrics, GET /metrics, GET /v1/models,
 GET|POST /steady_clock_offset. Simulator-only: POST /sim/fault, GET /sim/stats,
 POST /sim/clear_cache, POST /sim/kv_transfer (the KV pull between executors), POST /sim/kv_events
 (lose KV events, or restart the event stream).
 
+Errors in upstream's shapes (`errors.py`): a body that fails validation 400 `{"error": ...}`,
+a refused request 400 `ErrorResponse`, an unknown path 404 `{"detail": "Not Found"}`, a wrong
+method 405 `{"detail": "Method Not Allowed"}`. With `return_perf_metrics`, a request carrying
+`X-TRTLLM-return-metrics: 1` gets its perf metrics on the answer (`perf_metrics.py`); with
+`internal_request_auth_key`, protected disaggregated fields need their HMAC (`disagg_auth.py`).
+
 While `--startup-delay` runs, every non-/sim request gets 503 with `x-trtllm-server-state:
-starting` and `retry-after: 1`, like a loading trtllm-serve. A `hang` fault holds every
-non-/sim request until it is cleared or the client leaves. Each inference request gets a
-watcher on `receive()` so a client that disconnects aborts its request and frees its blocks.
+starting`, `retry-after: 1` and the body of TensorRT-LLM's `serve/readiness.py`. A `hang` fault
+holds every non-/sim request until it is cleared or the client leaves. Each inference request
+gets a watcher on `receive()` so a client that disconnects aborts its request and frees its blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import os
 import signal
@@ -26,15 +34,16 @@ from typing import Any
 
 import orjson
 
-from shmdisagg.executors.sim import responses, timing
+from shmdisagg import __version__
+from shmdisagg.executors.sim import disagg_auth, perf_metrics, responses, timing
 from shmdisagg.executors.sim.block_keys import block_hashes, effective_hash_algo
 from shmdisagg.executors.sim.block_pool import BlockPool
 from shmdisagg.executors.sim.config import SimConfig
 from shmdisagg.executors.sim.engine import Engine
-from shmdisagg.executors.sim.errors import ConfigError, RequestError, SimError, error_body
+from shmdisagg.executors.sim.errors import ConfigError, RequestError, SimError, ValidationFailed, error_body, sse_error
 from shmdisagg.executors.sim.faults import FaultSpec, FaultState
 from shmdisagg.executors.sim.kv_events import KvEventBuffer
-from shmdisagg.executors.sim.metrics import PerfMetricsBuffer
+from shmdisagg.executors.sim.perf_metrics import PerfMetricsBuffer
 from shmdisagg.executors.sim.requests import Limits, ParsedRequest, parse_request
 from shmdisagg.executors.sim.sampler import prompt_seed
 from shmdisagg.executors.sim.sequence import Kind, Sequence, TokenChannel
@@ -48,7 +57,19 @@ Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 MAX_BODY_BYTES = 256 << 20
 _JSON = [(b"content-type", b"application/json")]
-_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]  # StreamingResponse's
+# TensorRT-LLM's serve/readiness.py: the constant body of every request while the model loads
+_STARTING_BODY = json.dumps(
+    {
+        "error": {
+            "message": "The server is still initializing the model and cannot serve requests yet. It is listening, "
+            "so this is not a crash; retry until /health returns 200.",
+            "type": "ServiceUnavailableError",
+            "code": "starting",
+        }
+    }
+).encode()
+_UNAVAILABLE = b"LLM is unavailable. Please check the server logs for more details."
 
 log = logging.getLogger("shmdisagg.executors.sim")
 
@@ -73,6 +94,7 @@ class SimApp:
             max_seq_len=config.effective_max_seq_len,
             role=config.role,
             disagg_enabled=config.disagg_enabled,
+            max_prompt_tokens=None if config.enable_chunked_prefill else config.max_num_tokens,
         )
         self.hash_algo = effective_hash_algo(config.kv_cache_event_hash_algo)
         self.events = KvEventBuffer(
@@ -82,9 +104,12 @@ class SimApp:
             hash_algo=self.hash_algo,
         )
         self.pool = BlockPool(config.effective_num_blocks, config.tokens_per_block, config.enable_block_reuse, self.events)
+        # return_perf_metrics: per-request metrics on answers that ask for them, and (with
+        # perf_metrics_max_requests > 0) the /perf_metrics ring, as openai_server.py sets them up
+        self.perf_enabled = config.return_perf_metrics
         self.perf = (
             PerfMetricsBuffer(config.perf_metrics_max_requests, self.profile.kv_bytes_per_token)
-            if config.return_perf_metrics
+            if config.return_perf_metrics and config.perf_metrics_max_requests > 0
             else None
         )
         self.faults = FaultState(config.seed, exit_fn=exit_fn)
@@ -103,7 +128,6 @@ class SimApp:
             transfer_timeout_s=config.kv_transfer_timeout,
             own_endpoint=self.endpoint,
             slow_factor=lambda: self.faults.slow_factor,
-            perf_metrics=self.perf,
             clock_offset=lambda: self.clock_offset,
             hash_algo=self.hash_algo,
         )
@@ -111,10 +135,13 @@ class SimApp:
         self.opaque_state = base64.b64encode(orjson.dumps(state)).decode("ascii")
         self.ready_at = time.monotonic() + config.startup_delay
         self._next_request_id = 1
+        # openai_server.py: msgpack bodies (X-TRTLLM-Msgpack: 1) are decoded only with this set
+        self.msgspec_bodies = os.environ.get("TRTLLM_SERVE_ENABLE_MSGSPEC", "0") == "1"
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat_completions,
             ("GET", "/health"): self._health,
+            ("GET", "/version"): self._version,
             ("GET", "/server_info"): self._server_info,
             ("POST", "/kv_cache_events"): self._kv_cache_events,
             ("GET", "/perf_metrics"): self._perf_metrics,
@@ -145,18 +172,14 @@ class SimApp:
                     return
                 receive = held
             if time.monotonic() < self.ready_at:
-                await _send_json(
-                    send,
-                    503,
-                    {"object": "error", "message": "The server is starting", "type": "ServiceUnavailableError",
-                     "param": None, "code": "starting"},
-                    extra_headers=[(b"x-trtllm-server-state", b"starting"), (b"retry-after", b"1")],
+                await _send_raw(
+                    send, 503, _STARTING_BODY, _JSON + [(b"retry-after", b"1"), (b"x-trtllm-server-state", b"starting")]
                 )
                 return
         handler = self._routes.get((scope["method"], path))
-        if handler is None:
-            status = 405 if path in self._paths else 404
-            await _send_json(send, status, error_body(SimError(f"{scope['method']} {path} is not served", status)))
+        if handler is None:  # Starlette's answers
+            missing = path not in self._paths
+            await _send_json(send, 404 if missing else 405, {"detail": "Not Found" if missing else "Method Not Allowed"})
             return
         await handler(scope, receive, send)
 
@@ -164,6 +187,9 @@ class SimApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                # the simulated model load starts when the server is about to listen, as a trtllm-serve
+                # that binds its socket first and answers 503 "starting" until the model is up
+                self.ready_at = time.monotonic() + self.config.startup_delay
                 self.engine.start(on_fatal=lambda exc: os.kill(os.getpid(), signal.SIGINT))
                 if self.config.role != "context" and self.config.disagg_enabled:
                     self.engine.puller.warm_up()
@@ -201,12 +227,13 @@ class SimApp:
 
     # -- inference --------------------------------------------------------------------------
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._generate(receive, send, chat=False)
+        await self._generate(scope, receive, send, chat=False)
 
     async def _chat_completions(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._generate(receive, send, chat=True)
+        await self._generate(scope, receive, send, chat=True)
 
-    async def _generate(self, receive: Receive, send: Send, chat: bool) -> None:
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+        server_arrival = self.engine.now()  # ServerArrivalTimeMiddleware's stamp
         raw = await _read_body(receive)
         if raw is None:
             return
@@ -215,12 +242,17 @@ class SimApp:
             fault = verdict.error
             await _send_json(send, fault.status, error_body(SimError(fault.message, fault.status)))
             return
+        headers = scope.get("headers", [])
         try:
-            req = parse_request(raw, chat, self.tokenizer, self.limits)
+            msgpack = self.msgspec_bodies and any(k.lower() == b"x-trtllm-msgpack" and v == b"1" for k, v in headers)
+            req = parse_request(raw, chat, self.tokenizer, self.limits, msgpack)
+            if req.auth_fields is not None:
+                disagg_auth.validate(self.config.internal_request_auth_key, req.auth_fields, disagg_auth.header_value(headers))
             seq = self._sequence(req)
         except RequestError as exc:
             await _send_json(send, exc.status, error_body(exc))
             return
+        metrics = self.perf_enabled and perf_metrics.wants_metrics(headers)
         watcher = asyncio.ensure_future(_watch_disconnect(receive, self.engine, seq))
         try:
             overhead = self.profile.request_overhead_s * self.engine.time_scale()
@@ -234,18 +266,21 @@ class SimApp:
                 await _send_json(send, exc.status, error_body(exc))
                 return
             if req.stream:
-                await self._stream(req, seq, send, verdict.disconnect_after_chunks)
+                first_token = await self._stream(req, seq, send, verdict.disconnect_after_chunks, metrics)
             else:
-                await self._unary(req, seq, send)
+                first_token = await self._unary(req, seq, send, metrics)
+            if first_token is not None:
+                self._finished(req, seq, server_arrival, first_token)
         finally:
             watcher.cancel()
 
     def _sequence(self, req: ParsedRequest) -> Sequence:
-        request_id = self._next_request_id
+        # TensorRT-LLM uses disagg_request_id as the request id when it is given
+        request_id = req.disagg_request_id if req.disagg_request_id is not None else self._next_request_id
         self._next_request_id += 1
         ctx_request_id = req.ctx_request_id
         if req.kind is Kind.CONTEXT_ONLY:
-            ctx_request_id = req.disagg_request_id if req.disagg_request_id is not None else request_id
+            ctx_request_id = request_id
         try:
             pseed = prompt_seed(req.prompt, self.config.seed)
         except (TypeError, OverflowError):  # pragma: no cover - parse_request checked the ids
@@ -255,9 +290,10 @@ class SimApp:
             kind=req.kind,
             prompt=req.prompt,
             prompt_seed=pseed,
-            max_tokens=req.max_tokens,
-            stop_ids=req.stop_ids,
-            ignore_eos=req.ignore_eos,
+            max_tokens=1 if req.kind is Kind.CONTEXT_ONLY else req.max_tokens,
+            stops=req.stops,
+            include_stop=req.include_stop,
+            min_tokens=req.min_tokens,
             block_hashes=block_hashes(req.prompt, self.pool.tokens_per_block, self.hash_algo) if self.pool.reuse else [],
             ctx_request_id=ctx_request_id,
             first_gen_tokens=req.first_gen_tokens,
@@ -266,24 +302,38 @@ class SimApp:
             arrival_time=self.engine.now(),
         )
 
-    async def _unary(self, req: ParsedRequest, seq: Sequence, send: Send) -> None:
+    def _disagg_out(self, req: ParsedRequest, seq: Sequence) -> dict[str, Any] | None:
+        if seq.kind is Kind.CONTEXT_ONLY:
+            return responses.context_params(req, seq, self.endpoint, self.opaque_state)
+        return req.disagg_echo
+
+    def _finished(self, req: ParsedRequest, seq: Sequence, server_arrival: float, first_token: float) -> None:
+        """`_extract_metrics`: the `/perf_metrics` record of a request answered in full."""
+        if self.perf is not None:
+            has_params = seq.kind is not Kind.LOCAL or req.disagg_echo is not None
+            self.perf.record(seq, server_arrival, first_token, seq.ctx_request_id, has_params)
+
+    async def _unary(self, req: ParsedRequest, seq: Sequence, send: Send, metrics: bool) -> float | None:
+        """Answer once the request finished; returns its server first-token time, None if it failed."""
         channel = seq.channel
         while not channel.closed:
             await channel.wait()
         if channel.error is not None:
             if not seq.cancelled:
                 await _send_json(send, channel.error.status, error_body(channel.error))
-            return
-        disagg = None
-        if seq.kind is Kind.CONTEXT_ONLY:
-            disagg = responses.disagg_params_out(req, seq, self.endpoint, self.opaque_state)
-        await _send_json(send, 200, responses.full_response(req, seq, self.tokenizer, self.model, disagg))
+            return None
+        body = responses.full_response(req, seq, self.tokenizer, self._disagg_out(req, seq))
+        extra = [(k.encode(), v.encode()) for k, v in perf_metrics.metrics_headers(seq).items()] if metrics else None
+        await _send_json(send, 200, body, extra)
+        return self.engine.now()
 
-    async def _stream(self, req: ParsedRequest, seq: Sequence, send: Send, cut_after: int | None) -> None:
+    async def _stream(self, req: ParsedRequest, seq: Sequence, send: Send, cut_after: int | None, metrics: bool) -> float | None:
+        """Stream the request's chunks; returns its server first-token time, None if it failed."""
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-        encoder = responses.StreamEncoder(req, self.tokenizer, self.model)
+        encoder = responses.StreamEncoder(req, self.tokenizer, seq.request_id)
         channel = seq.channel
         sent = 0
+        first_token: float | None = None
         while True:
             await channel.wait()
             tokens = channel.take()
@@ -291,24 +341,34 @@ class SimApp:
                 if cut_after is not None and sent >= cut_after:
                     self.engine.abort(seq)
                     raise InjectedDisconnect(f"disconnect_mid_stream after {sent} chunks")
+                if first_token is None:
+                    first_token = self.engine.now()
                 await send({"type": "http.response.body", "body": encoder.chunks(tokens, seq), "more_body": True})
                 sent += 1
             elif channel.closed:
                 break
         if channel.error is not None:
             if not seq.cancelled:
-                await send({"type": "http.response.body", "body": responses.sse_error(channel.error)})
-            return
-        tail = encoder.usage_chunk(seq) + responses.DONE if req.include_usage else responses.DONE
+                await send({"type": "http.response.body", "body": sse_error(channel.error)})
+            return None
+        tail = encoder.finish_chunk(seq)
+        if req.include_usage:
+            tail += encoder.usage_chunk(seq)
+        tail += responses.DONE
+        if metrics:
+            tail += perf_metrics.sse_event(perf_metrics.metrics_headers(seq))
         await send({"type": "http.response.body", "body": tail})
+        return first_token if first_token is not None else self.engine.now()
 
     # -- trtllm-serve control endpoints ------------------------------------------------------
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.engine.fatal is not None:  # trtllm-serve: 503 once the executor has a fatal error
-            await _send_json(send, 503, error_body(SimError(f"LLM is unavailable: {self.engine.fatal!r}", 503)))
+        if self.engine.fatal is not None:  # trtllm-serve: 503 (a plain-text body) once the executor failed
+            await _send_raw(send, 503, _UNAVAILABLE)
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
-        await send({"type": "http.response.body", "body": b""})
+        await _send_raw(send, 200, b"")
+
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _send_json(send, 200, {"version": f"{__version__}+shmdisagg-sim"})
 
     async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
         disagg = (
@@ -322,7 +382,6 @@ class SimApp:
             {
                 "disaggregated_params": disagg,
                 "max_batch_size": self.config.max_batch_size,
-                "max_num_tokens": self.config.max_num_tokens,
                 "kv_cache_hash_algo": self.hash_algo,
                 "tokens_per_block": self.config.tokens_per_block,
             },
@@ -348,15 +407,25 @@ class SimApp:
         await _send_json(send, 200, {"receive_ts": receive_ts, "transmit_ts": time.monotonic()})
 
     async def _set_clock(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await _read_json(receive, send)
-        if body is None:
+        """`set_steady_clock_offset(offset: Annotated[float, Body(embed=True)])`: 200, no body."""
+        raw = await _read_body(receive)
+        if raw is None:
             return
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
         offset = body.get("offset") if isinstance(body, dict) else None
+        if isinstance(offset, str):
+            try:
+                offset = float(offset)  # pydantic's lax float
+            except ValueError:
+                offset = None
         if isinstance(offset, bool) or not isinstance(offset, (int, float)):
-            await _send_json(send, 400, error_body(RequestError("body must be {\"offset\": <seconds>}")))
+            await _send_json(send, 400, error_body(ValidationFailed("offset: Input should be a valid number")))
             return
         self.clock_offset = float(offset)
-        await _send_json(send, 200, {"offset": self.clock_offset})
+        await _send_raw(send, 200, b"")
 
     # -- simulator endpoints -----------------------------------------------------------------
     async def _sim_fault(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -387,6 +456,10 @@ class SimApp:
             model=self.model,
             profile=self.profile.name,
             endpoint=self.endpoint,
+            # the limits it runs with (/server_info, as trtllm-serve's, has no max_num_tokens)
+            max_batch_size=self.config.max_batch_size,
+            max_num_tokens=self.config.max_num_tokens,
+            max_seq_len=self.config.effective_max_seq_len,
             faults=self.faults.describe(),
             events={"buffered": len(self.events), "dropped": self.events.dropped, "next_event_id": self.events.next_event_id,
                     "restarts": self.events.restarts},
@@ -475,8 +548,11 @@ async def _read_json(receive: Receive, send: Send) -> Any:
 
 
 async def _send_json(send: Send, status: int, body: Any, extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    data = orjson.dumps(body)
-    headers = [*_JSON, (b"content-length", str(len(data)).encode()), *(extra_headers or ())]
+    await _send_raw(send, status, orjson.dumps(body), [*_JSON, *(extra_headers or ())])
+
+
+async def _send_raw(send: Send, status: int, data: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-length", str(len(data)).encode()), *(headers or ())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 

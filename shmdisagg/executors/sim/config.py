@@ -52,8 +52,17 @@ class SimConfig:
     )
     enable_chunked_prefill: bool = field(default=True, metadata=_opt("split long prefills across iterations"))
     disable_overlap_scheduler: bool = field(default=False, metadata=_opt("host overhead adds to GPU time"))
-    return_perf_metrics: bool = field(default=True, metadata=_opt("record per-request metrics for /perf_metrics"))
-    perf_metrics_max_requests: int = field(default=1000, metadata=_opt("per-request metrics kept until drained"))
+    return_perf_metrics: bool = field(
+        default=True, metadata=_opt("per-request perf metrics (X-TRTLLM-return-metrics: 1, /perf_metrics)")
+    )
+    perf_metrics_max_requests: int = field(
+        default=1000, metadata=_opt("/perf_metrics records kept until drained (0: none)")
+    )
+    internal_request_auth_key: str | None = field(
+        default=None,
+        repr=False,  # a secret
+        metadata=_opt("HMAC key checked on protected disaggregated fields (x-trtllm-disagg-auth header)"),
+    )
     kv_transfer_timeout: float = field(default=60.0, metadata=_opt("seconds a context result waits to be pulled"))
     disagg_enabled: bool = field(default=True, metadata=_opt("accept context_only / generation_only requests"))
     free_gpu_memory_fraction: float = field(default=0.9, metadata=_opt("share of free GPU memory for the KV pool"))
@@ -65,9 +74,15 @@ class SimConfig:
         if self.role not in ROLES:
             raise ConfigError(f"role must be one of {ROLES}, got {self.role!r}")
         get_profile(self.profile)
-        for name in ("tokens_per_block", "max_batch_size", "max_num_tokens", "perf_metrics_max_requests"):
+        for name in ("tokens_per_block", "max_batch_size", "max_num_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
+        if self.perf_metrics_max_requests < 0:
+            raise ConfigError("perf_metrics_max_requests must be >= 0")
+        if self.internal_request_auth_key is not None and (
+            not isinstance(self.internal_request_auth_key, str) or not self.internal_request_auth_key
+        ):
+            raise ConfigError("internal_request_auth_key must be a non-empty string")
         for name in ("num_blocks", "max_seq_len", "tp_size"):
             value = getattr(self, name)
             if value is not None and value < 1:

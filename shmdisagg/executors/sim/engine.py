@@ -36,7 +36,7 @@ from shmdisagg.executors.sim.block_pool import BlockPool
 from shmdisagg.executors.sim.errors import SimError, TransferError
 from shmdisagg.executors.sim.block_keys import extension_blocks
 from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1
-from shmdisagg.executors.sim.metrics import Counters, PerfMetricsBuffer
+from shmdisagg.executors.sim.metrics import Counters
 from shmdisagg.executors.sim.profiles import Profile
 from shmdisagg.executors.sim.sequence import Kind, Phase, Sequence
 from shmdisagg.executors.sim.transfer import KvPuller, TransferTable
@@ -64,7 +64,6 @@ class Engine:
         transfer_timeout_s: float,
         own_endpoint: str,
         slow_factor: Callable[[], float] = lambda: 1.0,
-        perf_metrics: PerfMetricsBuffer | None = None,
         clock_offset: Callable[[], float] = lambda: 0.0,
         hash_algo: str = KV_CACHE_HASH_ALGO_V1,
     ) -> None:
@@ -90,7 +89,6 @@ class Engine:
         self.puller = KvPuller(own_endpoint, self.transfers, transfer_timeout_s)
         # bookkeeping
         self.counters = Counters()
-        self.perf_metrics = perf_metrics
         self.iteration = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -148,9 +146,9 @@ class Engine:
                 f"request needs {self.blocks_needed(seq)} KV blocks, the executor has {self.pool.num_blocks}", 400
             )
         if not self.chunked_prefill and seq.kind is not Kind.GENERATION_ONLY and seq.prompt_len > self.max_num_tokens:
-            raise SimError(
-                f"prompt length {seq.prompt_len} exceeds max_num_tokens {self.max_num_tokens} "
-                "(enable chunked prefill)",
+            raise SimError(  # llmapi/llm.py `_check_arguments` (PyTorch backend, no chunked prefill)
+                f"The sum of prompt length ({float(seq.prompt_len)}), query length (0) should not exceed "
+                f"max_num_tokens ({self.max_num_tokens})",
                 400,
             )
         if seq.kind is Kind.CONTEXT_ONLY:
@@ -293,9 +291,11 @@ class Engine:
             emitted += 1
             s.last_token_time = now
             s.last_iter = iteration
-            if t in s.stop_ids and not s.ignore_eos:
-                s.finish_reason, s.stop_reason = "stop", t
-            elif len(out) >= s.max_tokens:
+            if s.stops is not None and stop_matched(s):
+                if s.include_stop and s.channel.streaming:
+                    s.channel.push1(t)
+                continue
+            if len(out) >= s.max_tokens:
                 s.finish_reason = "length"
             if s.channel.streaming:
                 s.channel.push1(t)
@@ -335,22 +335,28 @@ class Engine:
             s.first_token_time = now
         s.last_token_time = now
         s.last_iter = self.iteration
+        shown: list[int] = []
         n = 0
         for t in tokens:
             s.output.append(t)
             n += 1
-            if t in s.stop_ids and not s.ignore_eos:
-                s.finish_reason, s.stop_reason = "stop", t
+            if s.stops is not None and stop_matched(s):
+                if s.include_stop:
+                    shown.append(t)
                 break
+            shown.append(t)
             if len(s.output) >= s.max_tokens:
                 s.finish_reason = "length"
                 break
         self.counters.generated_tokens += n
-        s.channel.push(tokens if n == len(tokens) else tokens[:n])
+        s.channel.push(shown)
         if s.kind is Kind.CONTEXT_ONLY:
-            # "length" means "continue on a generation executor"; a context request whose first
-            # token already ends it (max_tokens == 1) reports "stop" so the orchestrator stops there.
-            s.finish_reason = "length" if s.finish_reason is None else "stop"
+            # TensorRT-LLM's context phase ends after one token with "length" ("continue on a
+            # generation executor") unless a stop word ended it; first_gen_tokens is the token
+            # it generated, even a stop word trimmed from the output (ContextPhaseParams).
+            s.first_gen_tokens_out = list(tokens[:1])
+            if s.finish_reason is None:
+                s.finish_reason = "length"
 
     def _retire(self, s: Sequence) -> None:
         if s.kind is Kind.CONTEXT_ONLY:
@@ -465,8 +471,6 @@ class Engine:
     def _record(self, s: Sequence) -> None:
         self.counters.prompt_tokens += s.prompt_len
         self.counters.cached_tokens += s.cached_tokens
-        if self.perf_metrics is not None:
-            self.perf_metrics.record(s)
 
     def stats(self) -> dict[str, Any]:
         pool = self.pool
@@ -488,3 +492,21 @@ class Engine:
             "transfers": {"completed": self.transfers.completed, "expired": self.transfers.expired},
             "counters": self.counters.as_dict(),
         }
+
+
+def stop_matched(s: Sequence) -> bool:
+    """Whether the token just appended to `s.output` completes one of its stop words, as
+    TensorRT-LLM's result handling does (`executor/result.py` `_handle_sequence`): finish
+    "stop", `stop_reason` = the word's reason (a stop token id or the stop string), and, unless
+    `include_stop_str_in_output`, the word's tokens dropped from the output (so not counted in
+    `completion_tokens`). A word matches only after `min_tokens` tokens came before it."""
+    out = s.output
+    assert s.stops is not None
+    for word, reason in s.stops:
+        n = len(word)
+        if len(out) - n >= s.min_tokens and (out[-1] == word[0] if n == 1 else tuple(out[-n:]) == word):
+            s.finish_reason, s.stop_reason = "stop", reason
+            if not s.include_stop:
+                del out[-n:]
+            return True
+    return False

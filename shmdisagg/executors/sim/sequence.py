@@ -93,8 +93,10 @@ class Sequence:
     prompt: list[int]
     prompt_seed: int
     max_tokens: int
-    stop_ids: frozenset[int] = frozenset()
-    ignore_eos: bool = False
+    # stop words (token ids, stop_reason), None when there are none: the per-token fast path
+    stops: tuple[tuple[tuple[int, ...], int | str], ...] | None = None
+    include_stop: bool = False  # include_stop_str_in_output: a matched stop word stays in the output
+    min_tokens: int = 0  # stop words match only once this many tokens came before them
     block_hashes: list[int] = field(default_factory=list)
     ctx_request_id: int | None = None
     first_gen_tokens: list[int] = field(default_factory=list)
@@ -106,7 +108,8 @@ class Sequence:
     ctx_cached_tokens: int | None = None  # generation_only: the context leg's cached tokens
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None
+    first_gen_tokens_out: list[int] = field(default_factory=list)  # context_only: the token it generated
     alloc: Allocation | None = None
     stored_blocks: int = 0  # leading blocks of `block_hashes` this request holds as cached blocks
     total_blocks: int = 0

@@ -20,8 +20,10 @@ from typing import Any
 
 
 class SimProcess:
-    def __init__(self, args: Sequence[str], port: int, host: str = "127.0.0.1", startup_timeout: float = 30.0) -> None:
+    def __init__(self, args: Sequence[str], port: int, host: str = "127.0.0.1", startup_timeout: float = 30.0,
+                 env: dict[str, str] | None = None) -> None:
         self.args = list(args)
+        self.env = env or {}  # added to this process's environment
         self.port = port
         self.host = host
         self.startup_timeout = startup_timeout
@@ -33,7 +35,7 @@ class SimProcess:
         return f"{self.host}:{self.port}"
 
     def start(self, wait: bool = True) -> SimProcess:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shmdisagg.executors.sim", *self.args],

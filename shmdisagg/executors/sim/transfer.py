@@ -115,7 +115,7 @@ class TransferTable:
             "ctx_request_id": ctx_request_id,
             "prompt_len": seq.prompt_len,
             "cached_tokens": seq.cached_tokens,
-            "first_gen_tokens": list(seq.output),
+            "first_gen_tokens": list(seq.first_gen_tokens_out),
         }
 
     def _finish(self, ctx_request_id: int, entry: _Entry, seq: Sequence) -> None:

@@ -15,7 +15,11 @@ Honoured from the YAML (TensorRT-LLM LLM-API keys, TensorRT-LLM defaults when ab
   (absent: they are refused with 400, where TensorRT-LLM silently does no disaggregation);
   `kv_transfer_timeout_ms` (60000);
 - `disable_overlap_scheduler` (false), `enable_chunked_prefill` (false, as TensorRT-LLM),
-  `return_perf_metrics` (false), `perf_metrics_max_requests`;
+  `return_perf_metrics` (false: per-request perf metrics on answers that send
+  `X-TRTLLM-return-metrics: 1`), `perf_metrics_max_requests` (0: `/perf_metrics` keeps nothing);
+- `internal_request_auth_key` (a non-empty string; TensorRT-LLM's worker option, checked on the
+  `x-trtllm-disagg-auth` header of requests with protected disaggregated fields, see
+  `disagg_auth.py`);
 - `sim:` simulator-only keys, named as `SimConfig` fields (`profile`, `num_blocks`, `speedup`,
   `faults` (a list of fault specs), `startup_delay`, `seed`, `advertise_host`, ...).
 
@@ -90,6 +94,7 @@ def parse_serve_args(argv: list[str], prog: str = "python -m shmdisagg.executors
         "event_buffer_max_size": 0,
         "enable_chunked_prefill": False,
         "return_perf_metrics": False,
+        "perf_metrics_max_requests": 0,
         "disagg_enabled": False,
         **yaml_opts.pop("llm", {}),
     }
@@ -148,6 +153,11 @@ def load_extra_options(path: str) -> dict[str, Any]:
             llm["tp_size"] = _int(value, key, path)
         elif key in ("disable_overlap_scheduler", "enable_chunked_prefill", "return_perf_metrics"):
             llm[key] = _bool(value, key, path)
+        elif key == "internal_request_auth_key":
+            if value is not None:
+                if not isinstance(value, str) or not value:
+                    raise ConfigError(f"{path}: internal_request_auth_key must be a non-empty string")
+                llm[key] = value
         elif key not in _KNOWN_IGNORED_KEYS:
             raise ConfigError(f"{path}: unknown extra_llm_api_options key {key!r}")
     return {"llm": llm, "sim": sim}

@@ -50,6 +50,8 @@ def test_serve_honours_the_extra_llm_api_options_yaml(tmp_path):
             "cache_transceiver_config": {"backend": "UCX", "kv_transfer_timeout_ms": 5000},
             "disable_overlap_scheduler": True,
             "return_perf_metrics": True,
+            "perf_metrics_max_requests": 50,
+            "internal_request_auth_key": "k3y",
             "cuda_graph_config": {"enable_padding": True},
             "sim": {"speedup": 20.0, "num_blocks": 300, "faults": ["slow:factor=2"]},
         },
@@ -61,6 +63,7 @@ def test_serve_honours_the_extra_llm_api_options_yaml(tmp_path):
     assert (cfg.max_batch_size, cfg.max_num_tokens) == (32, 4096)
     assert cfg.disagg_enabled and cfg.kv_transfer_timeout == 5.0
     assert cfg.disable_overlap_scheduler and cfg.return_perf_metrics and not cfg.enable_chunked_prefill
+    assert cfg.perf_metrics_max_requests == 50 and cfg.internal_request_auth_key == "k3y"
     assert (cfg.speedup, cfg.num_blocks, cfg.faults) == (20.0, 300, ("slow:factor=2",))
     assert cfg.free_gpu_memory_fraction == 0.5 and cfg.log_level == "info"
     assert cfg.served_model == "meta-llama/Llama-3.1-8B-Instruct" and cfg.port == 8123
@@ -70,6 +73,7 @@ def test_serve_defaults_follow_tensorrt_llm(tmp_path):
     cfg = parse_args(["serve", "/models/llama-3.1-70b-instruct", "--tp_size", "4"])
     assert cfg.profile == "h100-sxm-llama-3.1-70b-tp4" and cfg.tp_size == 4
     assert cfg.event_buffer_max_size == 0 and not cfg.disagg_enabled and not cfg.return_perf_metrics
+    assert cfg.perf_metrics_max_requests == 0 and cfg.internal_request_auth_key is None  # TensorRT-LLM's defaults
     assert cfg.tokens_per_block == 32 and cfg.max_batch_size == 2048 and cfg.max_num_tokens == 8192
 
 
@@ -89,6 +93,8 @@ def test_command_line_values_win_over_the_yaml(tmp_path):
         ({"kv_cache_config": {"enable_block_reuse": "yes"}}, "true or false"),
         ({"sim": {"faults": [1]}}, "sim.faults"),
         ({"sim": {"speedup": -1}}, "speedup"),
+        ({"internal_request_auth_key": ""}, "internal_request_auth_key must be a non-empty string"),
+        ({"internal_request_auth_key": 42}, "internal_request_auth_key must be a non-empty string"),
     ],
 )
 def test_bad_yaml_raises_config_error(tmp_path, data, match):
@@ -123,3 +129,11 @@ def test_errors_through_the_shmdisagg_cli_name_shmdisagg_sim(capsys):
 def test_help_of_the_module_still_names_the_module(capsys):
     assert main(["--help"]) == 0
     assert capsys.readouterr().out.startswith("usage: python -m shmdisagg.executors.sim [")
+
+
+def test_the_simulators_own_flags_take_the_auth_key_and_perf_metrics_options():
+    cfg = parse_args(["--internal-request-auth-key", "k3y", "--perf-metrics-max-requests", "0", "--no-return-perf-metrics"])
+    assert cfg.internal_request_auth_key == "k3y" and cfg.perf_metrics_max_requests == 0 and not cfg.return_perf_metrics
+    assert "k3y" not in repr(cfg)  # a secret
+    with pytest.raises(ConfigError, match="internal_request_auth_key"):
+        parse_args(["--internal-request-auth-key", ""])

@@ -90,18 +90,35 @@ def test_a_repeated_prompt_reports_cached_tokens():
     assert run(body) == (0, 20)
 
 
-def test_a_stop_token_ends_the_request_with_stop():
-    prompt = list(range(40, 50))
-    third = output_tokens(prompt, 3)[2]
+def stopped(prompt: list[int], **kw: Any) -> tuple[Sequence, list[int]]:
+    """A request run to its end: (its sequence, every token its channel delivered)."""
 
-    async def body(engine: Engine) -> Sequence:
-        s = seq(prompt, max_tokens=10, stop_ids=frozenset({third}))
+    async def body(engine: Engine) -> tuple[Sequence, list[int]]:
+        s = seq(prompt, max_tokens=10, **kw)
         engine.submit(s)
-        await collect(s)
-        return s
+        return s, [t for batch in await collect(s) for t in batch]
 
-    s = run(body)
-    assert (s.finish_reason, s.stop_reason, len(s.output)) == ("stop", third, 3)
+    return run(body)
+
+
+def test_a_stop_word_ends_the_request_and_is_dropped_from_the_output_as_tensorrt_llm_does():
+    prompt = list(range(40, 50))
+    tokens = output_tokens(prompt, 10)
+    s, streamed = stopped(prompt, stops=(((tokens[2],), tokens[2]),))
+    # the stop token is not part of the output (nor counted as a completion token), nor streamed
+    assert (s.finish_reason, s.stop_reason, s.output, streamed) == ("stop", tokens[2], tokens[:2], tokens[:2])
+    s, streamed = stopped(prompt, stops=(((tokens[2],), tokens[2]),), include_stop=True)
+    assert (s.finish_reason, s.output, streamed) == ("stop", tokens[:3], tokens[:3])
+
+
+def test_a_multi_token_stop_word_and_min_tokens():
+    prompt = list(range(60, 70))
+    tokens = output_tokens(prompt, 10)
+    s, _ = stopped(prompt, stops=((tuple(tokens[3:5]), " two words"),))
+    assert (s.finish_reason, s.stop_reason, s.output) == ("stop", " two words", tokens[:3])
+    # min_tokens: the first token may not stop the request; the stop word never comes again
+    s, _ = stopped(prompt, stops=(((tokens[0],), tokens[0]),), min_tokens=1)
+    assert tokens[0] not in tokens[1:] and (s.finish_reason, len(s.output)) == ("length", 10)
 
 
 def test_chunked_prefill_splits_a_long_prompt_over_the_token_budget():
