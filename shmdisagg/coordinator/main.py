@@ -158,7 +158,9 @@ class Coordinator:
         # TRTLLM_DISAGG_BENCHMARK_GEN_ONLY: no context leg is ever sent, so upstream's wait skips
         # the context servers (`_wait_for_all_servers_ready`, serve/openai_disagg_service.py)
         awaited = [e for e in self.health.executors if not (self.options.env.benchmark_gen_only and e.role == ROLE_CONTEXT)]
-        while not all(e.healthy for e in awaited):
+        # a refused executor answered /health but the router will not route to it (routing_keys):
+        # waiting for it could only time out, so it is logged and the fleet starts without it
+        while not all(e.healthy or e.refused is not None for e in awaited):
             if self._stop.is_set():
                 if self.stop_signal is not None:
                     raise StartupInterrupted(self.stop_signal)

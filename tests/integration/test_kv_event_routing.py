@@ -127,13 +127,13 @@ def _scrape(dep: Deployment) -> str:
         c.close()
 
 
-def test_executors_the_router_cannot_align_with_are_refused_and_divisible_ones_are_not_drained(tmp_path: Path, shm_prefix: str) -> None:
+def test_executors_the_router_cannot_align_with_are_refused_and_divisible_ones_are_not_drained(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
     with fake_executors(["c32", "c48", "c64", "cv3", "g0"]) as (c32, c48, c64, cv3, g0):
         c48.script(server_info={"tokens_per_block": 48})
         c64.script(server_info={"tokens_per_block": 64})
         cv3.script(server_info={"kv_cache_hash_algo": "v3_sha512"})
         ctxs = [c32, c48, c64, cv3]
-        router = {"type": "kv_cache_aware", "tokens_per_block": 32}
+        router = {"type": "kv_cache_aware", "tokens_per_block": 32, "tokenizer_dir": hf_tokenizer_dir}
         cfg = write_config(tmp_path, shm_prefix, [c.addr for c in ctxs], [g0.addr], routers=(router, "round_robin"))
         with deployment(cfg) as dep:
             wait_until(lambda: all(_server(coordinator_info(dep), c.addr)["refused"] for c in (c48, cv3)), what="the refusals")
@@ -152,13 +152,13 @@ def test_executors_the_router_cannot_align_with_are_refused_and_divisible_ones_a
             assert c32.recorded() and c64.recorded()
 
 
-def test_the_load_cap_denominator_is_the_router_s_max_batch_size_the_section_s_winning(tmp_path: Path, shm_prefix: str) -> None:
+def test_the_load_cap_denominator_is_the_router_s_max_batch_size_the_section_s_winning(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
     with fake_executors(["c0", "g0", "g1"]) as (c0, g0, g1):
         for g in (g0, g1):
             g.script(hold=True)  # a streamed generation leg stays active until released
         # the executors report max_batch_size 8; the section's 1 beats the router's 64
         gen = {"num_instances": 2, "urls": [g0.addr, g1.addr], "max_batch_size": 1,
-               "router": {"type": "kv_cache_aware", "max_batch_size": 64, "load_cap": 1.0}}
+               "router": {"type": "kv_cache_aware", "max_batch_size": 64, "load_cap": 1.0, "tokenizer_dir": hf_tokenizer_dir}}
         cfg = write_config(tmp_path, shm_prefix, [c0.addr], [g0.addr, g1.addr], generation_servers=gen)
         with deployment(cfg) as dep:
             prompt = list(range(5000, 5320))
@@ -177,10 +177,10 @@ def test_the_load_cap_denominator_is_the_router_s_max_batch_size_the_section_s_w
                 held.join(timeout=30)
 
 
-def test_the_environment_overrides_the_router_s_tokens_per_block(tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_environment_overrides_the_router_s_tokens_per_block(tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch, hf_tokenizer_dir: str) -> None:
     monkeypatch.setenv("TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK", "64")
     with fake_executors(["c0", "g0"]) as (c0, g0):  # both report tokens_per_block 32
-        cfg = write_config(tmp_path, shm_prefix, [c0.addr], [g0.addr], routers=({"type": "kv_cache_aware", "tokens_per_block": 16}, "round_robin"))
+        cfg = write_config(tmp_path, shm_prefix, [c0.addr], [g0.addr], routers=({"type": "kv_cache_aware", "tokens_per_block": 16, "tokenizer_dir": hf_tokenizer_dir}, "round_robin"))
         with deployment(cfg) as dep:
             info = coordinator_info(dep)
             assert info["routing_key_configs"]["context"]["tokens_per_block"] == 64
@@ -223,7 +223,7 @@ def trtllm_workers(tmp_path: Path) -> Iterator[list[str]]:
 def test_trtllm_worker_events_land_on_the_block_hashes_the_router_computes(tmp_path: Path, shm_prefix: str, trtllm_workers: list[str]) -> None:
     ctx, gen = trtllm_workers
     # routed-block tracking off, so every bit in the index comes from the worker's own events
-    cfg = write_config(tmp_path, shm_prefix, [ctx], [gen], routers=({"type": "kv_cache_aware", "track_routed_blocks": False}, "round_robin"))
+    cfg = write_config(tmp_path, shm_prefix, [ctx], [gen], routers=({"type": "kv_cache_aware", "track_routed_blocks": False, "tokenizer_dir": str(TOKENIZER)}, "round_robin"))
     with deployment(cfg) as dep:
         info = coordinator_info(dep)
         assert info["routing_key_configs"] == {"context": {"tokens_per_block": 32, "kv_cache_hash_algo": "v1_block_key"}}
