@@ -47,7 +47,7 @@ from typing import Any
 
 import orjson
 
-from shmdisagg.anthropic.protocol import AnthropicRequestError, Message, MessagesRequest, TextBlock, ToolChoice
+from shmdisagg.anthropic.protocol import AnthropicRequestError, CountTokensRequest, Message, MessagesRequest, TextBlock, ToolChoice
 
 log = logging.getLogger("shmdisagg.anthropic")
 
@@ -93,6 +93,17 @@ def chat_request(req: MessagesRequest) -> dict[str, Any]:
     if req.stream:
         chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     return chat
+
+
+def count_tokens_chat_request(req: CountTokensRequest) -> dict[str, Any]:
+    """The chat request whose prompt a `count_tokens` body counts: the same conversion as a real
+    request (a count taken any other way drifts from the prompt that request builds), with the
+    smallest `max_tokens` it accepts (1, or the thinking budget + 1) (upstream's
+    `convert_anthropic_count_tokens_request`). For executors that serve the route (the
+    orchestrator only forwards it). Raises `AnthropicRequestError`."""
+    budget = req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else 0
+    fields = {k: getattr(req, k) for k in CountTokensRequest.model_fields}
+    return chat_request(MessagesRequest.model_construct(**fields, max_tokens=budget + 1, stream=False))
 
 
 def _template_kwargs(req: MessagesRequest, chat: dict[str, Any]) -> dict[str, Any]:

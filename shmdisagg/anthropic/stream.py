@@ -86,6 +86,8 @@ class StreamReframer:
         self._tail = data[cut:]
         out: list[bytes] = []
         for line in data[:cut].split(b"\n"):
+            if not line or line == b"\r":  # the blank line after each event
+                continue
             self._line(line, out)
             if self.over:
                 self._tail = b""

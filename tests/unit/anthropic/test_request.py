@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from shmdisagg.anthropic.convert import chat_request
+from shmdisagg.anthropic.convert import chat_request, count_tokens_chat_request
 from shmdisagg.anthropic.protocol import AnthropicRequestError, CountTokensRequest, MessagesRequest, parse
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.223.520; cc_entrypoint=cli; cc_is_subagent=true;"
@@ -247,3 +247,11 @@ def test_a_count_tokens_body_needs_no_max_tokens_but_messages() -> None:
     parse(CountTokensRequest, b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}')
     with pytest.raises(AnthropicRequestError, match="messages"):
         parse(CountTokensRequest, b'{"model": "m", "messages": []}')
+
+
+def test_a_count_tokens_body_renders_the_prompt_its_messages_request_would() -> None:
+    fields = {"system": [{"type": "text", "text": BILLING}, {"type": "text", "text": "s"}], "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "f", "input_schema": {}}]}
+    counted = count_tokens_chat_request(parse(CountTokensRequest, orjson.dumps({"model": "m", **fields, "thinking": {"type": "enabled", "budget_tokens": 2048}})))
+    real = convert(**fields, max_tokens=2049, thinking={"type": "enabled", "budget_tokens": 2048})
+    assert counted == real  # a budget that the smallest accepted max_tokens clears
+    assert count_tokens_chat_request(parse(CountTokensRequest, orjson.dumps({"model": "m", **fields})))["max_completion_tokens"] == 1
