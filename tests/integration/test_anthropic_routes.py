@@ -40,9 +40,9 @@ def test_messages_run_both_legs_as_a_chat_and_come_back_in_anthropics_shape(tmp_
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         with deployment(write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], schedule_style=style)) as dep:
             raw = _messages_round_trip(dep, stream)
+        [ctx_req] = ctx.recorded()
+        [gen_req] = gen.recorded()
     assert not any(key in raw for key in INTERNAL)
-    [ctx_req] = ctx.recorded()
-    [gen_req] = gen.recorded()
     assert ctx_req["_path"] == gen_req["_path"] == "/v1/chat/completions"
     assert ctx_req["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}] and ctx_req["max_completion_tokens"] == 4
     assert ctx_req["disaggregated_params"]["request_type"] == "context_only" and ctx_req["stream"] is False
