@@ -41,8 +41,8 @@ from shmdisagg.answers import executor_error_message
 from shmdisagg.anthropic.convert import AnthropicResponseError, anthropic_message, chat_request
 from shmdisagg.anthropic.protocol import AnthropicRequestError, CountTokensRequest, MessagesRequest, error_envelope, parse
 from shmdisagg.anthropic.stream import StreamReframer
-from shmdisagg.directory import ServerDirectory
 from shmdisagg.asgi import JSON_HEADERS, ClientDisconnected, Message, Receive, Scope, Send, read_body, send_bytes
+from shmdisagg.directory import ServerDirectory
 from shmdisagg.errors import RequestError
 from shmdisagg.routing import RoutingKey
 from shmdisagg.service import DisaggService

@@ -100,6 +100,7 @@ class StreamReframer:
             self._line(self._tail, out)
         self._tail = b""
         if not self.over:
+            log.warning("a chat stream ended before [DONE]: the Anthropic stream ends with an error event")
             out.extend(self.error(TRUNCATED))
         return b"".join(out)
 
@@ -118,6 +119,7 @@ class StreamReframer:
         except orjson.JSONDecodeError:
             obj = None
         if not isinstance(obj, dict):
+            log.warning("a chat stream chunk is not a JSON object: %.80r", data)
             out.extend(self.error(MALFORMED))
             return
         if "error" in obj:
@@ -183,7 +185,6 @@ class StreamReframer:
 
     def error(self, message: str, status: int = 500) -> list[bytes]:
         """Close the open block, then an `error` event; the stream is over."""
-        log.error("Anthropic stream failed: %s", message)
         frames = self._close()
         frames.append(sse({"type": "error", "error": {"type": error_type(status), "message": message}}))
         self.over = self.failed = True
