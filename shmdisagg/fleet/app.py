@@ -3,6 +3,9 @@
 The two hot routes (`POST /v1/completions`, `POST /v1/chat/completions`) go straight to
 `DisaggService.handle` as plain ASGI: no request model, no response model, bodies relayed as
 bytes (shared/reference/stack_calibration.md: FastAPI + pydantic doubles the proxy's CPU).
+`POST /v1/messages` and `/v1/messages/count_tokens` go to the Anthropic adapter
+(`shmdisagg/anthropic/`), which runs messages through the same chat path; `POST /v1/responses`
+is a 501 (`shmdisagg/responses_api.py` says why).
 Everything else (`/health`, `/v1/models`, `/version`, `/cluster_info`, `/metrics`,
 `/perf_metrics`, the OpenAPI docs) is a FastAPI app. `/metrics` and `/perf_metrics` answer for the whole fleet
 (`shmdisagg/metrics/`), whichever worker the kernel hands the connection to.
@@ -22,10 +25,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shmdisagg import __version__
+from shmdisagg.anthropic.route import AnthropicRoutes
 from shmdisagg.answers import executor_error_message
 from shmdisagg.asgi import Receive, Scope, Send
 from shmdisagg.directory import ServerDirectory, split_addr
 from shmdisagg.errors import error_body
+from shmdisagg.responses_api import responses
 from shmdisagg.upstream import UpstreamError
 from shmdisagg.service import DisaggService
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable
@@ -37,6 +42,9 @@ if TYPE_CHECKING:
 _HOT = {"/v1/completions": False, "/v1/chat/completions": True}
 _turns = itertools.count()  # which healthy context server /v1/models asks, in turn
 log = logging.getLogger("shmdisagg.fleet")
+# TensorRT-LLM's newer public routes, served by FleetApp before FastAPI (shmdisagg/anthropic/,
+# responses_api.py)
+_NEWER = {"/v1/messages": "Anthropic Messages", "/v1/messages/count_tokens": "Anthropic token count", "/v1/responses": "OpenAI Responses (501)"}
 
 
 def control_app(service: DisaggService, directory: ServerDirectory, table: ControlTable, worker_index: int, metrics: FleetMetrics | None = None) -> FastAPI:
@@ -136,6 +144,8 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
     # Declared for the OpenAPI document only: FleetApp serves these paths before FastAPI.
     for path in _HOT:
         api.add_api_route(path, _documented_only, methods=["POST"], include_in_schema=True, summary=f"OpenAI {path}")
+    for path, summary in _NEWER.items():
+        api.add_api_route(path, _documented_only, methods=["POST"], include_in_schema=True, summary=summary)
     return api
 
 
@@ -170,14 +180,27 @@ class FleetApp:
         self.control = control
         self.metrics = metrics  # request-path counting (None: off)
         self.handle = handle or service.handle  # the service's handler, observed (shmdisagg/observe.py)
+        self.anthropic = AnthropicRoutes(service, self.handle)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            chat = _HOT.get(scope["path"])
+            path = scope["path"]
+            chat = _HOT.get(path)
             if chat is not None:
-                if self.metrics is None:
-                    await self.handle(scope, receive, send, chat)
+                await self._counted(self.handle, scope, receive, send, chat)
+                return
+            if path in _NEWER:
+                if path == "/v1/messages":  # a chat request underneath: counted as one
+                    await self._counted(self.anthropic.messages, scope, receive, send, True)
+                elif path == "/v1/messages/count_tokens":
+                    await self.anthropic.count_tokens(scope, receive, send)
                 else:
-                    await self.metrics.serve(self.handle, scope, receive, send, chat)
+                    await responses(scope, receive, send)
                 return
         await self.control(scope, receive, send)
+
+    async def _counted(self, handle: Any, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+        if self.metrics is None:
+            await handle(scope, receive, send, chat)
+        else:
+            await self.metrics.serve(handle, scope, receive, send, chat)

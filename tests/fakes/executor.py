@@ -28,10 +28,13 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
   (phase `server`, CLOCK_MONOTONIC seconds); without the header, nothing
 - `event_split`: write a stream's `[DONE]` and the start of its metrics event together and
   the rest of the event (from this byte offset) in a later write (0: the event in its own write)
+- `server_info`: fields merged into its `/server_info` (None removes one)
 
 Each recorded body carries `_headers`: the request's `content-type`, `x-*` (such as
 `x-trtllm-return-metrics`, `x-trtllm-disagg-auth`) and `traceparent` headers, when sent.
-- `server_info`: fields merged into its `/server_info` (None removes one)
+
+`POST /v1/messages/count_tokens` is recorded too and answers `{"input_tokens": N}`, or the scripted
+`status` with `error_message` in Anthropic's error envelope.
 
 `GET /_events` lists what happened to streams: "cancelled:<n>" when a client went away mid-stream.
 
@@ -152,7 +155,7 @@ def build_app(name: str, addr: str) -> Starlette:
             return JSONResponse(answer, headers=_metrics_headers(arrival) if metrics else None)
         leak = {"disaggregated_params": params, "kv_transfer_params": {"remote_host": addr}} if script["leak"] else {}
         if body.get("stream"):
-            return StreamingResponse(_stream(script, release, name, events, leak, arrival if metrics else None), media_type="text/event-stream")
+            return StreamingResponse(_stream(script, release, name, events, leak, chat, arrival if metrics else None), media_type="text/event-stream")
         text = {"message": {"role": "assistant", "content": "ABCD"}} if chat else {"text": "ABCD"}
         if script["completion_tokens"] is not None:
             usage = {**usage, "completion_tokens": script["completion_tokens"]}
@@ -161,6 +164,19 @@ def build_app(name: str, addr: str) -> Starlette:
         answer = {"id": f"cmpl-{name}", "object": "text_completion", "model": body.get("model"), "choices": choices, "usage": usage, **extra}
         return JSONResponse(answer, headers=_metrics_headers(arrival) if metrics else None)
 
+    async def count_tokens(request: Request) -> Response:
+        """`POST /v1/messages/count_tokens` as TensorRT-LLM's worker answers it: `{"input_tokens": N}`
+        (here N is the characters of the messages' string contents), errors in Anthropic's envelope."""
+        body = await request.json()
+        body["_path"] = request.url.path
+        body["_server"] = name
+        recorded.append(body)
+        if script["status"] != 200:
+            message = script["error_message"] or f"scripted {script['status']}"
+            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": message}}, status_code=script["status"])
+        count = sum(len(m["content"]) for m in body.get("messages", []) if isinstance(m.get("content"), str))
+        return JSONResponse({"input_tokens": count})
+
     return Starlette(
         routes=[
             Route("/health", health),
@@ -168,6 +184,7 @@ def build_app(name: str, addr: str) -> Starlette:
             Route("/v1/models", models),
             Route("/v1/completions", completion, methods=["POST"]),
             Route("/v1/chat/completions", completion, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/_recorded", recorded_ep),
             Route("/_script", script_ep, methods=["POST"]),
             Route("/_release", release_ep, methods=["POST"]),
@@ -206,10 +223,12 @@ def _metrics_headers(arrival: float) -> dict[str, str]:
     }
 
 
-async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, events: list[str], leak: dict[str, Any], arrival: float | None = None):  # type: ignore[no-untyped-def]
+async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, events: list[str], leak: dict[str, Any], chat: bool, arrival: float | None = None):  # type: ignore[no-untyped-def]
     try:
         for i in range(script["chunks"]):
-            yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": _finish(script, i), **leak}]}) + b"\n\n"
+            # chat chunks carry a delta (ChatCompletionStreamResponse), completion chunks text
+            part = {"delta": {"content": f"t{i}"}} if chat else {"text": f"t{i}"}
+            yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "model": "fake-model", "choices": [{"index": 0, **part, "finish_reason": _finish(script, i), **leak}]}) + b"\n\n"
             if i == 0 and script["stream_error"]:
                 yield b"data: " + orjson.dumps({"error": {"message": script["stream_error"], "type": "server_error", "code": None, "param": None}}) + b"\n\n"
                 yield b"data: [DONE]\n\n"

@@ -121,7 +121,7 @@ def test_a_stream_that_ends_without_finish_reason_ends_with_an_error_event(pair)
     assert status == 200 and events[-1] == b"[DONE]" and events.count(b"[DONE]") == 1
     error = orjson.loads(events[-2])["error"]
     assert error["code"] == 502 and "without a finish_reason" in error["message"]
-    assert [orjson.loads(e)["choices"][0]["text"] for e in events[:-2]] == ["t0", "t1", "t2", "t3"]  # what came is relayed
+    assert [orjson.loads(e)["choices"][0]["delta"]["content"] for e in events[:-2]] == ["t0", "t1", "t2", "t3"]  # what came is relayed
     assert _idle(dep)
 
 
