@@ -165,13 +165,40 @@ def assembled(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def fields(shape_: Any, prefix: str = "") -> set[str]:
+    """A shape flattened to `path: type` lines (list elements under `path[]`)."""
+    if isinstance(shape_, dict):
+        return {f for k, v in shape_.items() for f in fields(v, f"{prefix}.{k}" if prefix else k)}
+    if isinstance(shape_, list):
+        return {f for element in shape_ for f in fields(orjson.loads(element), f"{prefix}[]")} or {f"{prefix}[]: empty"}
+    return {f"{prefix}: {shape_}"}
+
+
+def chunk_shape_diff(direct: list[dict[str, Any]], via: list[dict[str, Any]]) -> list[str]:
+    """Each kind of chunk one stream has and the other lacks, as the fields it has or lacks
+    against the closest chunk of the other stream."""
+    kinds = {name: {orjson.dumps(shape(c), option=orjson.OPT_SORT_KEYS): fields(shape(c)) for c in chunks} for name, chunks in (("direct", direct), ("via", via))}
+    out = []
+    for name, other in (("via", "direct"), ("direct", "via")):
+        for key, f in kinds[name].items():
+            if key in kinds[other]:
+                continue
+            closest = max(kinds[other].values(), key=lambda g: len(f & g), default=set())
+            lacks, extra = sorted(closest - f), sorted(f - closest)
+            who, them = ("via shmdisagg", "direct") if name == "via" else ("direct", "via shmdisagg")
+            out.append(f"a {who} chunk kind that {them} never sends; against the closest {them} chunk it lacks {lacks} and adds {extra}")
+    return out
+
+
 def stream_diff(direct: Answer, via: Answer) -> list[str]:
     """Differences of two SSE answers, as a client sees them."""
     out = []
     for name, a in (("direct", direct), ("via shmdisagg", via)):
         if not a.events or a.events[-1] != b"[DONE]":
             out.append(f"{name}: the stream does not end with data: [DONE]")
-    return out + diff(assembled(direct.chunks), assembled(via.chunks))
+    mine, theirs = assembled(direct.chunks), assembled(via.chunks)
+    del mine["chunk_shapes"], theirs["chunk_shapes"]
+    return out + diff(mine, theirs) + chunk_shape_diff(direct.chunks, via.chunks)
 
 
 def answer_diff(direct: Answer, via: Answer) -> list[str]:

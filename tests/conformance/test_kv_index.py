@@ -8,18 +8,22 @@ the same requests in the same order, directly, and whose events the test drains 
 twin's state is the worker's: the test checks it on every request through `cached_tokens`
 (the disaggregated answer carries the context worker's own count, TensorRT-LLM's `ctx_usage`
 rule, which must equal the twin's). Then, per server, the blocks the index confirms by events
-(`shm.index.server_blocks`, what `shmdisagg stats` shows, and `shm.index.event_masks`, both
-read-only) must be exactly the blocks the twin's `stored` minus `removed` events leave, and the
-block hashes the router computes for each prompt must be the ones the worker stored.
+(`shm.index.server_blocks` and `shm.index.event_masks`, both read-only; at the end also
+`shmdisagg stats --once --json`) must be exactly the blocks the twin's `stored` minus `removed`
+events leave, and the block hashes the router computes for each prompt must be the ones the
+worker stored.
 """
 
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 
 from shmdisagg.routing import RoutingKey
@@ -138,5 +142,12 @@ def test_index_holds_what_each_worker_stored(kv: KvSetup) -> None:
 
             wait_until(index_matches, what="the index to hold exactly the blocks each worker's events left")
         assert evicted, "no block was evicted: the removed events were not exercised"
+        # What an operator sees: `shmdisagg stats --once --json` counts the same blocks per server.
+        out = subprocess.run(
+            [sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", kv.d.dep.config.shm_prefix, "--once", "--json", "--interval", "0.1"],
+            capture_output=True, check=True, timeout=60,
+        )
+        shown = {s["addr"]: s["kv_blocks"] for s in orjson.loads(out.stdout)["servers"] if s["addr"] in held}
+        assert shown == {addr: len(blocks) for addr, blocks in held.items()}, shown
     finally:
         table.close()
