@@ -158,6 +158,7 @@ CASES = [
     Case("chat-unicode", CHAT, lambda r: _chat(r, messages=r.messages(r.text(UNICODE)))),
     Case("chat-long", CHAT, lambda r: _long_chat(r)),
     Case("chat-long-stream", CHAT, lambda r: {**_long_chat(r), **USAGE}),
+    Case("chat-cache-salt", CHAT, lambda r: _chat(r, cache_salt=r.nonce)),
     Case("chat-n-2", CHAT, lambda r: _chat(r, n=2), kind="refused"),
 ]
 BY_NAME = {c.name: c for c in CASES}
