@@ -80,13 +80,19 @@ def shape(value: Any, key: str = "") -> Any:
     A completion's `top_logprobs` entries map tokens to numbers: their keys are data, not fields."""
     if isinstance(value, dict):
         if key == "top_logprobs" and "token" not in value:
-            return sorted({f"token -> {shape(v)}" for v in value.values()})
+            return {"<token>": orjson.loads(_one_shape(value.values()))} if value else {}
         return {k: shape(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return sorted({orjson.dumps(shape(v, key), option=orjson.OPT_SORT_KEYS).decode() for v in value})
     if value is None:
         return "null"
     return type(value).__name__
+
+
+def _one_shape(values: Any) -> str:
+    """The shape shared by `values` (JSON text), or all of their shapes when they differ."""
+    shapes = sorted({orjson.dumps(shape(v), option=orjson.OPT_SORT_KEYS).decode() for v in values})
+    return shapes[0] if len(shapes) == 1 else orjson.dumps(shapes).decode()
 
 
 def diff(direct: Any, via: Any, path: str = "$") -> list[str]:

@@ -75,7 +75,7 @@ class Pool:
         self.ctx, self.gen, (self.reference, self.probe) = workers[:2], workers[2:4], workers[4:]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pool(forks: ForkServer, worker_copy: WorkerCopy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     with worker_set(forks, worker_copy, tmp_path_factory.mktemp("workers")) as workers:
         yield Pool(workers.start(["context", "context", "generation", "generation", "context", "context"], *FAST))

@@ -31,7 +31,7 @@ from shmdisagg.shm import ControlTable
 from shmdisagg.shm.index import event_masks, server_blocks
 from shmdisagg.tokenization import load_tokenizer
 from tests.conformance.cases import COMPLETIONS, Req
-from tests.conformance.conftest import FAST, Deployed, Pool, deployed, worker_set
+from tests.conformance.conftest import FAST, Deployed, deployed, worker_set
 from tests.conformance.worker_copy import WorkerCopy
 from tests.conformance.workers import ForkServer, Worker
 from tests.integration.harness import wait_until
@@ -51,14 +51,14 @@ class KvSetup:
 
 
 @pytest.fixture(scope="module")
-def kv(forks: ForkServer, pool: Pool, worker_copy: WorkerCopy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KvSetup]:
+def kv(forks: ForkServer, worker_copy: WorkerCopy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KvSetup]:
     with worker_set(forks, worker_copy, tmp_path_factory.mktemp("kv-workers")) as workers:
-        ctx0, ctx1, twin0, twin1 = workers.start(["context"] * 4, *SMALL_POOL)
+        ctx0, ctx1, twin0, twin1, gen0, gen1 = workers.start(["context"] * 4 + ["generation"] * 2, *SMALL_POOL)
         for twin in (twin0, twin1):
             twin.drain_events()  # the "created" event: from here on, what requests do
         router = {"type": "kv_cache_aware", "tokenizer_dir": str(worker_copy.tokenizer)}
         top: dict[str, Any] = {"routers": (router, "round_robin"), "num_workers": 2}
-        with deployed("kv-index", tmp_path_factory.mktemp("kv-dep"), [ctx0, ctx1], pool.gen, **top) as d:
+        with deployed("kv-index", tmp_path_factory.mktemp("kv-dep"), [ctx0, ctx1], [gen0, gen1], **top) as d:
             yield KvSetup(d, {ctx0.addr: twin0, ctx1.addr: twin1}, worker_copy)
 
 
