@@ -30,7 +30,8 @@ import os
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -493,20 +494,41 @@ def server_blocks(table: ControlTable) -> dict[int, int] | None:
     (or it was replaced mid-call). A scan of the whole index (tens of ms at millions of slots):
     for tools such as `shmdisagg stats`, not for the request path. Works on a table attached
     read-only."""
-    try:
-        generation, _, nbytes, name = table.index_publication()
-        if generation == 0:
-            return None
-        segment = Segment.attach(name, read_only=True, min_size=nbytes)
-    except (RetryExhausted, FileNotFoundError, SegmentNotReady):
-        return None
-    ix = None
-    try:
-        ix = Index(segment.mm, table._region, False)
-        if not ix.check_index() or ix.generation != generation:
+    with _read_only_index(table) as ix:
+        if ix is None:
             return None
         counts = ix.scan()["server_blocks"]
         return {slot: n for slot, n in enumerate(counts) if n}
+
+
+def event_masks(table: ControlTable, hashes: Sequence[int]) -> dict[int, int] | None:
+    """{block hash: bitmask of the servers (bit = slot) whose KV events say they hold it} for each
+    of `hashes` (0: none, or not in the index), read from the published generation mapped
+    read-only; None when no index is published (or it was replaced mid-call). Diagnostics and
+    tests (what the index says a server holds, against what the server reported); works on a
+    table attached read-only."""
+    with _read_only_index(table) as ix:
+        if ix is None:
+            return None
+        return {h: (found[0] if (found := ix.lookup(h)) else 0) for h in hashes}
+
+
+@contextmanager
+def _read_only_index(table: ControlTable) -> Iterator[Index | None]:
+    """The published generation mapped read-only for the block (None if there is none)."""
+    try:
+        generation, _, nbytes, name = table.index_publication()
+        if generation == 0:
+            yield None
+            return
+        segment = Segment.attach(name, read_only=True, min_size=nbytes)
+    except (RetryExhausted, FileNotFoundError, SegmentNotReady):
+        yield None
+        return
+    ix = None
+    try:
+        ix = Index(segment.mm, table._region, False)
+        yield ix if ix.check_index() and ix.generation == generation else None
     finally:
         _discard(segment, ix, unlink=False)
 

@@ -15,7 +15,7 @@ import pytest
 
 from shmdisagg import _native, hashing
 from shmdisagg.shm import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, RowLost, ShmError, segment_names
-from shmdisagg.shm.index import BlockIndex, IndexSettings, lag_bucket_edges, pack_hashes
+from shmdisagg.shm.index import BlockIndex, IndexSettings, event_masks, lag_bucket_edges, pack_hashes, server_blocks
 
 PID = os.getpid()
 TTL_NS = 120 * 10**9
@@ -188,6 +188,21 @@ def test_removed_clears_the_servers_event_and_routed_bits(index: BlockIndex, wor
     assert worker.index.lookup(blocks[1])[:2] == (1 << 2, 0)
     assert worker.index.lookup(blocks[0])[:2] == (1 << 2, 0)
     assert index.apply_removed(1, chain(99, 2)) == 0  # unknown blocks: nothing to do
+
+
+def test_a_read_only_reader_sees_event_masks_and_counts(coord: ControlTable, index: BlockIndex) -> None:
+    """What the conformance suite compares with the workers' own KV events: per block, the
+    servers whose events hold it; per server, how many blocks (read-only maps of both segments)."""
+    blocks = chain(5, 3)
+    index.apply_stored(1, blocks)
+    index.apply_stored(3, blocks[:1])
+    index.apply_removed(1, blocks[2:])
+    reader = ControlTable.attach(coord.prefix, read_only=True)
+    try:
+        assert event_masks(reader, [*blocks, 12345]) == {blocks[0]: 0b1010, blocks[1]: 0b10, blocks[2]: 0, 12345: 0}
+        assert server_blocks(reader) == {1: 2, 3: 1}
+    finally:
+        reader.close()
 
 
 def test_a_zero_hash_is_stored_under_one(index: BlockIndex, worker: Worker) -> None:
