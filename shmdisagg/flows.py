@@ -426,32 +426,40 @@ async def answer_from_context(ex: Exchange, req: dict[str, Any], chat: bool, ctx
     await ex.body(as_sse(ctx, chat, include_usage), False)
 
 
-# A non-streaming message's fields that a stream's delta carries (ChatCompletionResponseStreamChoice's
-# DeltaMessage, openai_protocol.py).
-_DELTA_FIELDS = ("role", "content", "reasoning_content", "reasoning", "tool_calls")
-
-
 def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
-    """A complete (non-streaming) answer as the SSE stream a streaming client expects: one chunk
-    per choice with everything the answer said (text or the message's content, reasoning and
-    tool calls, logprobs, finish and stop reasons), then the usage chunk if asked for."""
-    base = {"id": resp.get("id"), "created": resp.get("created") or int(time.time()), "model": resp.get("model")}
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    out = []
-    for choice in resp["choices"]:
+    """A complete (non-streaming) answer as the SSE stream the worker itself would have sent for
+    it (`tensorrt_llm/serve/postprocess_handlers.py`, checked against the worker copy): a chat
+    gets one `{"delta": {"role": "assistant"}}` chunk per choice, then per choice its content,
+    reasoning and tool calls with logprobs and finish and stop reasons; a completion one chunk per
+    choice with `text`, `token_ids`, `logprobs`, `finish_reason`, `stop_reason`,
+    `avg_decoded_tokens_per_iter` and `"usage": null`; then the usage chunk if asked for.
+
+    TensorRT-LLM's orchestrator sends only `data: [DONE]` here (`done_generator()` in
+    `openai_disagg_service.py`'s `_send_disagg_request_ctx_first`), so a streaming client whose
+    first token ends the request would lose it; this keeps the answer, in the worker's shape."""
+    base = {"id": resp.get("id"), "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": resp.get("created") or int(time.time()), "model": resp.get("model")}
+    out: list[dict[str, Any]] = []
+    choices = resp["choices"]
+    if chat:
+        out += [{**base, "choices": [{"index": c.get("index", 0), "delta": {"role": "assistant"}}]} for c in choices]
+    for choice in choices:
         c: dict[str, Any] = {"index": choice.get("index", 0)}
         if chat:
             message = choice.get("message") or {}
-            delta = {k: message[k] for k in _DELTA_FIELDS if message.get(k) not in (None, [], "")}
-            delta.setdefault("role", "assistant")
-            delta.setdefault("content", "")
+            delta = {"content": message.get("content") or "", "reasoning_content": message.get("reasoning_content") or ""}
+            if message.get("tool_calls"):
+                delta["tool_calls"] = message["tool_calls"]
             c["delta"] = delta
+            if choice.get("logprobs") is not None:
+                c["logprobs"] = choice["logprobs"]
+            c.update(finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"))
+            out.append({**base, "choices": [c]})
         else:
-            c["text"] = choice.get("text", "")
-        for k in ("logprobs", "finish_reason", "stop_reason"):
-            if choice.get(k) is not None:
-                c[k] = choice[k]
-        out.append({**base, "object": obj, "choices": [c]})
+            c.update(text=choice.get("text", ""), token_ids=choice.get("token_ids"), logprobs=choice.get("logprobs"),
+                     finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"),
+                     avg_decoded_tokens_per_iter=choice.get("avg_decoded_tokens_per_iter"))
+            out.append({**base, "choices": [c], "usage": None})
     if include_usage and resp.get("usage"):
-        out.append({**base, "object": obj, "choices": [], "usage": resp["usage"]})
+        out.append({**base, "choices": [], "usage": resp["usage"]})
     return b"".join(b"data: " + orjson.dumps(o) + b"\n\n" for o in out) + b"data: [DONE]\n\n"

@@ -34,7 +34,7 @@ from shmdisagg.flows import Flows
 from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.hashing import cache_salt_id
 from shmdisagg.routing import RoutingKey
-from shmdisagg.routing.conversation import canonical_text, conversation_id
+from shmdisagg.routing.conversation import SESSION_HEADERS, canonical_text, conversation_id
 from shmdisagg.tokenization import RoutingTokenizer, prompt_token_ids
 from shmdisagg.upstream import UpstreamError
 from shmdisagg.validation import parse_body, prompt_load_tokens, validate
@@ -98,8 +98,10 @@ class DisaggService:
         """Serve one POST to `/v1/completions` (chat=False) or `/v1/chat/completions`."""
         arrival = time.time()
         try:
-            extra = _check_headers(scope)
+            extra, session = _check_headers(scope)
             req = parse_body(await read_body(receive, self.body_limit))
+            if session:
+                resolve_conversation_id(req, scope)
             if req.get("chat_template") is not None and not self.allow_request_chat_template:
                 raise RequestError(400, CHAT_TEMPLATE_REFUSED, "chat_template_not_allowed", "chat_template")
             ids32 = validate(req, chat, want_ids=self.keys is not None and self.keys.wants_ids)
@@ -193,12 +195,14 @@ class KeyBuilder:
         return key
 
 
-def _check_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+def _check_headers(scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
     """The request headers the hot routes act on, in one pass: a `content-type` that is not JSON
     is refused with 415 (TensorRT-LLM's FastAPI routes cannot parse such a body either, and
     answer it with a bare 500; no content type is read as JSON, as FastAPI does), and a client's
-    `x-request-id` is returned to be echoed back once validated (it may reach logs)."""
+    `x-request-id` is returned to be echoed back once validated (it may reach logs). The flag
+    says whether a conversation-id header (`SESSION_HEADERS`) came with it."""
     echo: list[tuple[bytes, bytes]] = []
+    session = False
     for name, value in scope.get("headers", ()):
         if name == b"content-type" and not _is_json_type(value):
             shown = value[:64].decode("latin-1")
@@ -207,7 +211,22 @@ def _check_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
             if not _REQUEST_ID.match(value):
                 raise RequestError(400, "x-request-id must be 1-128 characters of [A-Za-z0-9._:-]", "invalid_request_id", "x-request-id")
             echo = [(b"x-request-id", value)]
-    return echo
+        elif name in SESSION_HEADERS:
+            session = True
+    return echo, session
+
+
+def resolve_conversation_id(req: dict[str, Any], scope: Scope) -> None:
+    """Write a header's conversation id into the body, as TensorRT-LLM's serve edge does
+    (`resolve_request_conversation_id`, `tensorrt_llm/serve/conversation_id.py`, which its
+    disaggregated server calls on every request): the body's `conversation_params` is canonical;
+    without one, the first non-empty `x-session-id` / `x-correlation-id` / `x-session-affinity` /
+    `x-multi-turn-session-id` becomes `conversation_params.conversation_id`, so both executors
+    see the conversation the client named (they never see the client's headers)."""
+    if req.get("conversation_params") is None:
+        cid = conversation_id({}, scope.get("headers", []))
+        if cid is not None:
+            req["conversation_params"] = {"conversation_id": cid}
 
 
 def _is_json_type(value: bytes) -> bool:

@@ -29,7 +29,7 @@ import pytest
 from shmdisagg.routing import RoutingKey
 from shmdisagg.shm import ControlTable
 from shmdisagg.shm.index import event_masks, server_blocks
-from shmdisagg.tokenization import load_tokenizer
+from shmdisagg.tokenization import HFTokenizer
 from tests.conformance.cases import COMPLETIONS, Req
 from tests.conformance.conftest import FAST, Deployed, deployed, worker_set
 from tests.conformance.worker_copy import WorkerCopy
@@ -99,7 +99,10 @@ def _prompts(req: Req) -> list[str]:
 
 def test_index_holds_what_each_worker_stored(kv: KvSetup) -> None:
     req = Req(kv.copy.model, next(iter(kv.twins.values())))
-    tokenizer = load_tokenizer(str(kv.copy.tokenizer))  # the router's own tokenizer and hashes
+    from transformers import AutoTokenizer
+
+    # the router's own tokenizer (as tokenizer_source loads it) and hashes
+    tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(str(kv.copy.tokenizer), local_files_only=True))
     table = ControlTable.attach(kv.d.dep.config.shm_prefix, read_only=True)
     try:
         slots = {s.addr: s.slot for s in table.servers()}
@@ -109,7 +112,9 @@ def test_index_holds_what_each_worker_stored(kv: KvSetup) -> None:
             body = {"model": kv.copy.model, "prompt": prompt, "max_tokens": 2}
             via = kv.d.post(COMPLETIONS, body)
             assert via.status == 200, via.raw
-            ids = tokenizer.encode_prompt(prompt, True)
+            encoded = tokenizer.encode_prompt(prompt, body)
+            assert encoded is not None
+            ids = encoded.ids
             raw = RoutingKey(len(ids), ids).block_hashes(TOKENS_PER_BLOCK)
             hashes = list(struct.unpack(f"<{len(raw) // 8}Q", raw))
             # The server that took it: the only one whose events hold the prompt's new last block.

@@ -190,18 +190,16 @@ def test_the_environment_overrides_the_router_s_tokens_per_block(tmp_path: Path,
 
 # -- TensorRT-LLM's worker server -----------------------------------------------------------------
 
-WORKER = Path("/work/shared/trtllm_worker")
-WORKER_VENV = Path("/tmp/trtllm-worker-venv")
-TOKENIZER = Path("/tmp/tiny-llama3-tokenizer")
+from tests.integration.trtllm_worker import WORKER_DIR as WORKER, WORKER_TOKENIZER as TOKENIZER, WORKER_VENV, missing  # noqa: E402
 
 
 @pytest.fixture
 def trtllm_workers(tmp_path: Path) -> Iterator[list[str]]:
     """A context and a generation worker of the CPU copy of TensorRT-LLM's trtllm-serve."""
-    if not (WORKER / "run_worker.sh").exists() or not (WORKER_VENV / "bin" / "python").exists() or not TOKENIZER.is_dir():
-        pytest.skip(f"the TensorRT-LLM worker copy is not set up here ({WORKER}, {WORKER_VENV}, {TOKENIZER})")
+    if missing():
+        pytest.skip(missing())
     run_dir = tmp_path / "worker-run"
-    env = {**os.environ, "RUN_DIR": str(run_dir), "TOKENIZER_DIR": str(TOKENIZER), "DETACH": "1"}
+    env = {**os.environ, "RUN_DIR": str(run_dir), "TOKENIZER_DIR": str(TOKENIZER), "DETACH": "1", "WORKER_VENV": str(WORKER_VENV)}
     ports = [free_port(), free_port()]
     starts = [subprocess.Popen([str(WORKER / "run_worker.sh"), "--port", str(p), "--role", role], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

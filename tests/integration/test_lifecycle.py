@@ -318,3 +318,25 @@ def test_unknown_routes_and_methods_get_openai_error_bodies(pair) -> None:  # ty
     assert status == 405 and body["object"] == "error" and body["code"] == 405
     status, body = request_json("127.0.0.1", dep.config.port, "GET", "/no/such/route")
     assert status == 404 and body["object"] == "error" and body["code"] == 404
+
+
+def test_a_conversation_header_reaches_both_executors_in_conversation_params(pair) -> None:  # type: ignore[no-untyped-def]
+    """TensorRT-LLM's serve edge copies the first non-empty conversation header into the body's
+    `conversation_params` (executors never see the client's headers); a body's own id wins."""
+    dep, ctx, g0, g1 = pair
+
+    def send(body: dict, headers: dict[str, str]) -> None:  # type: ignore[type-arg]
+        c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
+        try:
+            c.request("POST", "/v1/completions", body=orjson.dumps(body), headers={"content-type": "application/json", **headers})
+            assert c.getresponse().status == 200
+        finally:
+            c.close()
+
+    send(COMPLETION, {"x-session-id": "  ", "X-Correlation-ID": " conv-7 "})  # blank: the next header
+    send({**COMPLETION, "conversation_params": {"conversation_id": "body-id"}}, {"x-session-id": "header-id"})
+    send(COMPLETION, {})
+    legs = [ctx.recorded(), g0.recorded() + g1.recorded()]
+    for role in legs:
+        seen = sorted((r.get("conversation_params") or {}).get("conversation_id", "-") for r in role)
+        assert seen == ["-", "body-id", "conv-7"], seen

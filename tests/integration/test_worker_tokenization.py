@@ -23,13 +23,9 @@ from shmdisagg.tokenizer_source import load_routing_tokenizer
 from tests.conftest import free_port
 from tests.unit.routing.test_chat_render import CASES
 
-WORKER = Path("/work/shared/trtllm_worker")
-WORKER_VENV = Path("/tmp/trtllm-worker-venv")
+from tests.integration.trtllm_worker import WORKER_DIR as WORKER, WORKER_VENV, missing  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (WORKER / "run_worker.sh").exists() or not (WORKER_VENV / "bin" / "python").exists(),
-    reason="the TensorRT-LLM worker copy (/work/shared/trtllm_worker) or its venv (/tmp/trtllm-worker-venv) is absent",
-)
+pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
-"""Start TensorRT-LLM's own worker server code (the CPU copy, `/work/shared/trtllm_worker`) for
+"""Start TensorRT-LLM's own worker server code (the CPU copy, `../shared/trtllm_worker`) for
 tests that compare the simulator with it, and a small HTTP client both sides are read with.
 
-Where it lives: `TRTLLM_WORKER_DIR` (default `/work/shared/trtllm_worker`), its venv
-`TRTLLM_WORKER_VENV` (default `/tmp/trtllm-worker-venv`), its tokenizer `TRTLLM_WORKER_TOKENIZER`
-(default `/tmp/tiny-llama3-tokenizer`; `run_worker.sh` writes one there when it is missing).
-`missing()` says why a test cannot run, None when it can.
+Where it lives, its venv and its tokenizer: as the conformance suite finds them
+(`tests/conformance/worker_copy.py`: `SHMDISAGG_TRTLLM_WORKER`, `SHMDISAGG_TRTLLM_WORKER_VENV`,
+`SHMDISAGG_TRTLLM_WORKER_TOKENIZER`, set up by `scripts/conformance_env.sh`, which
+`scripts/test.sh` sources). `missing()` says why a test cannot run, None when it can.
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-WORKER_DIR = Path(os.environ.get("TRTLLM_WORKER_DIR", "/work/shared/trtllm_worker"))
-WORKER_VENV = Path(os.environ.get("TRTLLM_WORKER_VENV", "/tmp/trtllm-worker-venv"))
-WORKER_TOKENIZER = Path(os.environ.get("TRTLLM_WORKER_TOKENIZER", "/tmp/tiny-llama3-tokenizer"))
+from tests.conformance.worker_copy import WorkerCopy, locate
+
+_FOUND = locate()
+_UNSET = Path("/nonexistent/trtllm_worker")  # a path no check finds: tests skip with missing()
+WORKER_DIR = _FOUND.root if isinstance(_FOUND, WorkerCopy) else _UNSET
+WORKER_VENV = _FOUND.python.parents[1] if isinstance(_FOUND, WorkerCopy) else _UNSET
+WORKER_TOKENIZER = _FOUND.tokenizer if isinstance(_FOUND, WorkerCopy) else _UNSET
 
 
 def missing() -> str | None:
-    if not (WORKER_DIR / "run_worker.sh").is_file():
-        return f"the TensorRT-LLM worker copy is not at {WORKER_DIR} (set TRTLLM_WORKER_DIR)"
-    if not (WORKER_VENV / "bin" / "python").exists():
-        return f"the worker venv is not at {WORKER_VENV} (set TRTLLM_WORKER_VENV; see {WORKER_DIR}/README.md)"
-    return None
+    """Why the worker copy cannot run here, or None."""
+    return _FOUND if isinstance(_FOUND, str) else None
 
 
 class Worker:
