@@ -139,6 +139,7 @@ def executor_command(
         "--max-batch-size", str(section.max_batch_size or sim.max_batch_size),
         "--max-num-tokens", str(section.max_num_tokens or sim.max_num_tokens),
         "--speedup", str(sim.speedup),
+        "--event-timestamps",  # so the coordinator can show the event-to-visibility lag (sim/kv_events.py)
         *llm_flags,
         *sim.extra_args,
     ]  # fmt: skip

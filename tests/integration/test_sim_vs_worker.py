@@ -588,9 +588,7 @@ def test_health_and_the_clock_offset_post(sides):
         assert status == 400 and shape(json.loads(raw)) == {"error": "str"}, side
 
 
-# -- KV cache events (the simulator's kv_events.py / block_keys.py are another helper's work) -----
-KV_EVENTS_WORK = ("the simulator's KV events are being matched to TensorRT-LLM's by the kv-events work "
-                  "(issue 12, executors/sim/kv_events.py and block_keys.py)")
+# -- KV cache events (the simulator's kv_events.py / block_keys.py) -------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -619,11 +617,9 @@ def test_the_created_event_has_the_workers_data(kv_events):
     assert_same_shape(shape(_first(kv_events["sim"], "created")["data"]), shape(_first(kv_events["worker"], "created")["data"]))
 
 
-@pytest.mark.xfail(strict=True, reason=KV_EVENTS_WORK + ": the simulator adds a `timestamp` to every event")
 def test_a_kv_event_has_the_workers_envelope(kv_events):
     assert list(_first(kv_events["sim"], "stored")) == list(_first(kv_events["worker"], "stored"))
 
 
-@pytest.mark.xfail(strict=True, reason=KV_EVENTS_WORK + ": stored blocks lack `lora_id` and `mm_keys`")
 def test_a_stored_event_has_the_workers_data(kv_events):
     assert_same_shape(shape(_first(kv_events["sim"], "stored")["data"]), shape(_first(kv_events["worker"], "stored")["data"]))

@@ -101,6 +101,7 @@ class SimApp:
             config.event_buffer_max_size if config.enable_block_reuse else 0,
             window_size=config.effective_max_seq_len,
             include_tokens=config.event_tokens,
+            timestamps=config.event_timestamps,
             hash_algo=self.hash_algo,
         )
         self.pool = BlockPool(config.effective_num_blocks, config.tokens_per_block, config.enable_block_reuse, self.events)

@@ -47,6 +47,7 @@ class SimConfig:
     enable_block_reuse: bool = field(default=True, metadata=_opt("prefix reuse of cached KV blocks"))
     event_buffer_max_size: int = field(default=1024, metadata=_opt("KV event buffer size (0: no events)"))
     event_tokens: bool = field(default=True, metadata=_opt("include token ids in stored-block events"))
+    event_timestamps: bool = field(default=False, metadata=_opt("add a wall-clock timestamp to every KV event (an extension for lag measurements)"))
     kv_cache_event_hash_algo: str = field(
         default="auto", metadata=_opt("KV block hash algorithm (auto: v1_block_key), reported in /server_info", choices=HASH_ALGO_CHOICES)
     )

@@ -7,7 +7,7 @@ Events are kept in TensorRT-LLM's `KVCacheEventSerializer` shape:
     stored:   {"type": "stored", "parent_hash": h | None,
                "blocks": [{"type": "stored_block", "block_hash": h,
                            "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0}, ...],
-                           "cache_level": 0, "priority": 35}, ...]}
+                           "lora_id": None, "cache_level": 0, "priority": 35, "mm_keys": []}, ...]}
     removed:  {"type": "removed", "block_hashes": [h, ...]}
     all_cleared: {"type": "all_cleared"}   (simulator extension, only from POST /sim/clear_cache;
                                            Dynamo's AllBlocksCleared, TensorRT-LLM never sends it)
@@ -23,10 +23,13 @@ testing a consumer's integrity rules: `drop_next(n)` loses the next n events (th
 used, as a full buffer would lose them), and `restart(num_blocks)` is what a restarted executor
 sends: the buffer emptied, ids from 0 again, one `created`.
 
-Every event also carries `"timestamp"` (wall-clock seconds when the executor emitted it), a
-simulator extension like the `ts` of Dynamo's event batches, so the coordinator can measure the
-event-to-visibility lag end to end. TensorRT-LLM's serializer has no such field; consumers must
-not require it.
+With `timestamps` (the simulator's `--event-timestamps`, which `shmdisagg launch` sets) every
+event also carries `"timestamp"` (wall-clock seconds when the executor emitted it), a simulator
+extension like the `ts` of Dynamo's event batches, so the coordinator can measure the
+event-to-visibility lag end to end. TensorRT-LLM's serializer has no such field, so by default
+the simulator sends none either (the envelope is exactly `KVCacheEventSerializer`'s, checked
+against the worker copy by `tests/integration/test_sim_vs_worker.py`); consumers must not
+require it.
 
 `stored` blocks keep their token lists as plain ints until drained. `drain_json()` (what the
 endpoint sends) writes each block's token objects without building them: orjson serialises the
@@ -56,8 +59,10 @@ class KvEventBuffer:
     `restarts`; `_events` holds (event_id, kind, payload, emitted_at) tuples, `_drop_next` how
     many of the next events are lost."""
 
-    def __init__(self, max_size: int, window_size: int, include_tokens: bool = True, hash_algo: str = KV_CACHE_HASH_ALGO_V1) -> None:
+    def __init__(self, max_size: int, window_size: int, include_tokens: bool = True, hash_algo: str = KV_CACHE_HASH_ALGO_V1,
+                 timestamps: bool = False) -> None:
         self.max_size = max_size
+        self.timestamps = timestamps
         self.window_size = window_size
         self.include_tokens = include_tokens
         self.hash_algo = hash_algo
@@ -139,7 +144,9 @@ class KvEventBuffer:
             data = {"type": "created", "num_blocks_per_cache_level": [payload, 0]}
         else:
             data = {"type": kind}
-        event = {"event_id": event_id, "data": data, "window_size": self.window_size, "timestamp": ts}
+        event: dict[str, Any] = {"event_id": event_id, "data": data, "window_size": self.window_size}
+        if self.timestamps:
+            event["timestamp"] = ts
         if self._tag:
             event["hash_algo"] = self.hash_algo
         return event
@@ -156,8 +163,10 @@ class KvEventBuffer:
             "type": "stored_block",
             "block_hash": self._hash(block_hash),
             "tokens": toks,
+            "lora_id": None,
             "cache_level": 0,
             "priority": DEFAULT_PRIORITY,
+            "mm_keys": [],
         }
 
     def _block_fragment(self, block_hash: int, tokens: Sequence[int]) -> dict[str, Any]:

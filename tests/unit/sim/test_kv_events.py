@@ -50,7 +50,7 @@ def test_stored_blocks_can_omit_token_lists():
     include_tokens=st.booleans(),
 )
 def test_the_fast_json_drain_sends_exactly_the_events_drain_returns(blocks, parent, include_tokens):
-    bufs = [KvEventBuffer(10, window_size=64, include_tokens=include_tokens) for _ in range(2)]
+    bufs = [KvEventBuffer(10, window_size=64, include_tokens=include_tokens, timestamps=True) for _ in range(2)]
     for buf in bufs:
         buf.created(100)
         buf.stored(parent, blocks)
@@ -58,7 +58,7 @@ def test_the_fast_json_drain_sends_exactly_the_events_drain_returns(blocks, pare
         buf.all_cleared()
     as_dicts, as_json = bufs[0].drain(), orjson.loads(bufs[1].drain_json())
     for event in as_dicts + as_json:
-        event.pop("timestamp")  # each buffer stamped its own emission time
+        assert isinstance(event.pop("timestamp"), float)  # each buffer stamped its own emission time
     assert as_json == as_dicts
     assert bufs[1].drain_json() == b"[]"
 
@@ -129,3 +129,12 @@ def test_a_restart_empties_the_buffer_and_starts_the_ids_again_with_one_created_
     assert [(e["event_id"], e["data"]["type"]) for e in drained] == [(0, "created")]
     assert drained[0]["data"]["num_blocks_per_cache_level"] == [7, 0] and drained[0]["window_size"] == 64
     assert buf.restarts == 1
+
+
+def test_events_carry_no_timestamp_unless_asked_as_tensorrt_llm_s_serializer():
+    buf = KvEventBuffer(10, window_size=64)
+    buf.created(100)
+    buf.stored(None, [(5, [1, 2])])
+    events = orjson.loads(buf.drain_json())
+    assert [sorted(e) for e in events] == [["data", "event_id", "window_size"]] * 2
+    assert sorted(events[1]["data"]["blocks"][0]) == ["block_hash", "cache_level", "lora_id", "mm_keys", "priority", "tokens", "type"]
