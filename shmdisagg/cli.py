@@ -179,7 +179,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """`shmdisagg serve` / `shmdisagg disaggregated`: TensorRT-LLM's `trtllm-serve disaggregated`
-    command line (`commands/serve.py` @fb31828e; shared/reference/trtllm_protocol.md §5.6)."""
+    command line (`tensorrt_llm/commands/serve.py` @fb31828e)."""
     from shmdisagg.coordinator.__main__ import main as coordinator_main
 
     if args.metadata_server_config_file is not None:

@@ -1,6 +1,6 @@
 """The deployment config: TensorRT-LLM's disaggregated YAML, unchanged, plus a `shmdisagg:` section.
 
-TensorRT-LLM's keys (`llmapi/disagg_utils.py`, see shared/reference/trtllm_protocol.md §5) are
+TensorRT-LLM's keys (`tensorrt_llm/llmapi/disagg_utils.py`, `tensorrt_llm/commands/serve.py`) are
 read with their names, types and defaults. Keys TensorRT-LLM passes to the executors as LLM
 arguments (`kv_cache_config`, `cache_transceiver_config`, `tensor_parallel_size`, ...) are accepted
 and kept, so a TensorRT-LLM config file loads as it is. Our own settings live under one optional
@@ -98,7 +98,7 @@ class RouterConfig(_Strict):
     """`router: {type: ..., <args>}` of one role. Args TensorRT-LLM defines for each type.
 
     Sources: TensorRT-LLM `serve/router.py` (`create_router`, `KvCacheAwareRouter`,
-    `ConversationRouter`) as summarised in trtllm_protocol.md §3.
+    `ConversationRouter`).
     """
 
     type: Literal["round_robin", "load_balancing", "kv_cache_aware", "conversation"] = "round_robin"

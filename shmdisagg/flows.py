@@ -1,12 +1,12 @@
 """The two schedule styles of TensorRT-LLM's disaggregated service, over `LegRunner`.
 
-Context-first (shared/reference/trtllm_protocol.md §2.4): the context leg runs non-streaming
+Context-first (`tensorrt_llm/serve/openai_disagg_service.py`, `_send_disagg_request_ctx_first`): the context leg runs non-streaming
 with `disaggregated_params = {request_type: "context_only", disagg_request_id}`; if its
 `finish_reason` is `length` or `not_finished`, the generation leg gets the context choice's
 `disaggregated_params` (now `generation_only`, same id, `ctx_usage`) and the prompt token ids
 the context executor returned; any other `finish_reason` makes the context answer final.
 
-Generation-first (§2.5): both legs are dispatched at once. The generation request is built
+Generation-first (`_send_disagg_request_gen_first`): both legs are dispatched at once. The generation request is built
 without the context response: `generation_only` with `ctx_request_id = disagg_request_id` and
 the context server's advertised `/server_info.disaggregated_params` merged in
 (`ctx_info_endpoint` collapsed to its first element, `encoded_opaque_state` copied). The
@@ -14,7 +14,7 @@ generation POST is started *before* the context leg is awaited, because the cont
 waits for the generation executor's receive session (awaiting the context first deadlocks).
 When either leg fails, the other is cancelled.
 
-Conditional disaggregation (§2.9, `conditional_disagg_config.max_local_prefill_length` > 0,
+Conditional disaggregation (`_check_conditional_disagg`, `conditional_disagg_config.max_local_prefill_length` > 0,
 with a `kv_cache_aware` generation router): the generation server is picked first; if it already
 holds all but at most that many prompt tokens, the request goes to it alone as a plain request
 (prefill and decode there, no `disaggregated_params`); otherwise both legs run, with the

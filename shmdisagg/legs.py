@@ -1,6 +1,6 @@
 """One leg of a request: pick a server of one role, send, and release the pick exactly once.
 
-Retry rules (shared/reference/trtllm_protocol.md §2.11, without its known faults):
+Retry rules (TensorRT-LLM's `OpenAIHttpClient` in `tensorrt_llm/serve/openai_client.py`, without its known faults):
 - only before anything reached the client, and only on another server (the failed one is
   excluded from the re-pick);
 - a connection that could not be made, or that dropped before any response byte, is retried up

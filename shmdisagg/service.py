@@ -169,7 +169,7 @@ class KeyBuilder:
         self.conversations = conversations
         # Token-id prompts are read as ids when something routes on them: a tokenizing policy,
         # or the conversation router, which hashes a request's pre-existing token ids even in
-        # text mode (TensorRT-LLM's ConversationRouter, trtllm_protocol.md §3.5).
+        # text mode (TensorRT-LLM's ConversationRouter, `tensorrt_llm/serve/router.py`).
         self.wants_ids = tokenizer is not None or conversations
 
     async def build(self, req: dict[str, Any], chat: bool, scope: Scope, ids32: bytes | None = None) -> RoutingKey:

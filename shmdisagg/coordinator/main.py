@@ -148,8 +148,8 @@ class Coordinator:
 
     async def _wait_ready(self) -> None:
         """Until every configured executor is healthy (TensorRT-LLM's orchestrator waits until
-        all its servers' /health is 200, up to `--server_start_timeout`, else it fails: §4.7 of
-        shared/reference/trtllm_protocol.md); after WAIT_NOTICE_S it logs what it waits for, then
+        all its servers' /health is 200, up to `--server_start_timeout`, else it fails:
+        `_wait_for_all_servers_ready` in `tensorrt_llm/serve/openai_disagg_service.py`); after WAIT_NOTICE_S it logs what it waits for, then
         every WAIT_REPORT_S which servers are still not ready."""
         loop = asyncio.get_running_loop()
         timeout = self.config.shmdisagg.server_start_timeout_s

@@ -3,8 +3,7 @@ are hashed with, decided in the coordinator from the executors' `/server_info` a
 and given to the fleet workers as `routing_key_configs` in `/cluster_info`.
 
 TensorRT-LLM's `KvCacheAwareRouter` (`serve/router.py`, primary id 54957247436:
-`_prepare_server`, `routing_key_config`; `serve/router_utils.py` @00d403d7 `_init_block_hashing`;
-shared/reference/trtllm_protocol.md §3.4) is matched as follows.
+`_prepare_server`, `routing_key_config`; `serve/router_utils.py` @00d403d7 `_init_block_hashing`) is matched as follows.
 
 Block size (`tokens_per_block`): the router's value is
 `TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK` if set, else the router arg, else the

@@ -1,6 +1,6 @@
 """The simulator answers as trtllm-serve does: a differential test against TensorRT-LLM's own
 worker server code (`openai_server.py`, `openai_protocol.py`, `postprocess_handlers.py` in the
-CPU copy of /work/shared/trtllm_worker, see `trtllm_worker.py`).
+CPU copy in ../shared/trtllm_worker, see `trtllm_worker.py`).
 
 A context and a generation worker and two simulators in `serve` mode (standing in for
 trtllm-serve) get the same corpus of requests; every answer is compared by its *shape*: the

@@ -24,7 +24,7 @@ penalties, seed, logit_bias, response_format, tools without a named tool_choice,
 cache_salt, ...) are validated and then ignored: the simulator's tokens are deterministic.
 
 Sources (repo NVIDIA/TensorRT-LLM): `tensorrt_llm/serve/openai_protocol.py` @0076e939 (the
-worker copy in /work/shared/trtllm_worker), `serve/openai_server.py` @fb31828e (prompt batches,
+worker copy in ../shared/trtllm_worker), `serve/openai_server.py` @fb31828e (prompt batches,
 chat role and echo, `prompt_token_ids_b64`), `sampling_params.py` @000a01de (stop strings are
 tokenized into stop words, `_get_stop_reasons_and_words`), `executor/base_worker.py` file id
 55301320707 (`_deduce_max_tokens`), `llmapi/llm.py` file id 55216765702 (`_check_arguments`).
