@@ -182,7 +182,7 @@ def test_a_stream_that_finishes_within_the_grace_period_completes_normally(deplo
     conn.close()
     assert "error" not in out, f"the client saw {out['error']!r}"
     status, events = out["result"]
-    assert status == 200 and events == [orjson.dumps({"id": "cmpl-g0", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": "length" if i == 3 else None}]}) for i in range(4)] + [b"[DONE]"]
+    assert status == 200 and events == [orjson.dumps({"id": "cmpl-g0", "model": "fake-model", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": "length" if i == 3 else None}]}) for i in range(4)] + [b"[DONE]"]
     # it exits once its last request ended, not at the end of its 30 s grace period
     wait_until(lambda: not alive(pid), timeout_s=10, what="the worker to exit once its last request ended")
     _released_everything(dep, pid)

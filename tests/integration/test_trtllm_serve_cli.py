@@ -181,7 +181,7 @@ def test_start_up_fails_after_the_timeout_naming_the_executor_still_down(tmp_pat
         finally:
             cmd.stop()
     assert code == 1, cmd.output()
-    assert f"shmdisagg: coordinator failed to start: executors not healthy after 2 s: {down}" in cmd.output()
+    assert f"shmdisagg: coordinator failed to start: executors not healthy after 2 s: context {down}" in cmd.output()
     assert "Traceback" not in cmd.output()
 
 
