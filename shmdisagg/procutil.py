@@ -149,13 +149,23 @@ def bind_reuseport(host: str, port: int, backlog: int = 2048) -> socket.socket:
     IPv6 only when the host resolves to nothing but IPv6 (as TensorRT-LLM's fleet does).
     Raises OSError (e.g. EADDRINUSE when a non-reuseport process holds the port).
     """
+    sock = _reuseport_socket(host, port)
+    try:
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _reuseport_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port with SO_REUSEADDR and SO_REUSEPORT, not inheritable."""
     family, addr = listen_addr(host, port)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(addr)
-        sock.listen(backlog)
         sock.set_inheritable(False)
     except BaseException:
         sock.close()
@@ -168,17 +178,7 @@ def reserve_port(host: str) -> socket.socket:
     SO_REUSEADDR and SO_REUSEPORT: the fleet workers' listeners (`bind_reuseport`) join it on
     that port, while no other user's socket can take the port, and it accepts no connection
     itself (only listening sockets get them). Close it when the deployment stops."""
-    family, addr = listen_addr(host, 0)
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(addr)
-        sock.set_inheritable(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return _reuseport_socket(host, 0)
 
 
 def publish_address(path: str, host: str, port: int) -> None:
