@@ -468,6 +468,19 @@ class DisaggConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _check_conditional_disagg(self) -> "DisaggConfig":
+        """`conditional_disagg_config` decides on the generation router's KV match, so TensorRT-LLM
+        asserts that router is `kv_cache_aware` (`_check_conditional_disagg` in
+        `tensorrt_llm/serve/openai_disagg_service.py`); here the same config is refused by name
+        instead of failing on the first request."""
+        router = self.generation_servers.router
+        kind = router.type if router is not None else None
+        if self.conditional_disagg_config is not None and kind != "kv_cache_aware":
+            raise KeyedError("conditional_disagg_config", f"needs a kv_cache_aware generation router (generation_servers.router.type is "
+                                                          f"{kind or 'round_robin'}): set it, or remove conditional_disagg_config")
+        return self
+
+    @model_validator(mode="after")
     def _check_port(self) -> "DisaggConfig":
         """Port 0 only for one fleet worker: TensorRT-LLM publishes the bound address of a single
         self-contained server only (`test_disaggregated_rejects_a_worker_fleet`, test id
