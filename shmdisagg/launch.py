@@ -132,6 +132,14 @@ def public_url(config: DisaggConfig) -> str:
     return f"http://{host}:{config.port}"
 
 
+def _waiting(child: Child, last: Probe) -> str:
+    """What a still-unready child last answered; the coordinator's public /health is served by
+    its fleet, which it starts only once every executor is healthy (its own lines say which)."""
+    if child.name == "coordinator" and last.status is None:
+        return "fleet not started yet (the coordinator starts it once every executor is healthy)"
+    return last.describe()
+
+
 class Deployment:
     """A running single-node deployment. Use as a context manager or call start()/stop()."""
 
@@ -257,6 +265,10 @@ class Deployment:
     def _start_executors(self) -> None:
         spec = self.config.shmdisagg.executors
         if spec is None:
+            urls = [*self.config.context_servers.urls, *self.config.generation_servers.urls]
+            log.info("no shmdisagg.executors section: starting no executors; the coordinator waits up to %g s for the "
+                     "listed ones (%s) to serve (shmdisagg serve does the same; add a shmdisagg.executors section "
+                     "to have launch start them)", self.config.shmdisagg.server_start_timeout_s, ", ".join(urls))
             return
         try:
             self.plan = build_plan(self.config, self.log_dir.absolute())
@@ -322,7 +334,7 @@ class Deployment:
             if now >= report_at:
                 report_at = now + WAIT_REPORT_S
                 log.info("still waiting (%.0f s left) for /health to answer 200: %s", max(0.0, deadline - now),
-                         "; ".join(f"{c.label}: {last[c.name].describe()}" for c in pending if c.name in last))
+                         "; ".join(f"{c.label}: {_waiting(c, last[c.name])}" for c in pending if c.name in last))
             if now > deadline:
                 child = pending[0]
                 others = f"; {len(pending) - 1} more not ready" if len(pending) > 1 else ""
