@@ -12,6 +12,7 @@ limits).
 
 from __future__ import annotations
 
+import difflib
 import errno
 import ipaddress
 import os
@@ -453,7 +454,9 @@ class DisaggConfig(BaseModel):
             if getattr(self, key).urls:
                 continue
             if key not in self.model_fields_set:
-                raise KeyedError(key, f"missing; a deployment needs at least one {role} executor: list it under {key}.urls as host:port")
+                near = difflib.get_close_matches(key, list(self.model_extra or {}), n=1, cutoff=0.8)
+                hint = f" (is {near[0]!r} a misspelling of it?)" if near else ""
+                raise KeyedError(key, f"missing{hint}; a deployment needs at least one {role} executor: list it under {key}.urls as host:port")
             raise KeyedError(f"{key}.urls", f"none listed; a deployment needs at least one {role} executor (host:port)")
         public = _endpoint(self.hostname, self.port)
         context = dict((ep, url) for url, ep in self.context_servers.endpoints())
@@ -614,8 +617,6 @@ def config_warnings(config: DisaggConfig) -> list[str]:
     TensorRT-LLM passes such a key to the executors as an LLM argument, where `trtllm-serve`
     refuses it (its LLM arguments forbid unknown fields); `shmdisagg serve` does nothing with it.
     """
-    import difflib
-
     from shmdisagg.trtllm_llm_args import LLM_ARG_NAMES
 
     def unknown(dotted: str, key: str, known: list[str]) -> str:

@@ -67,6 +67,8 @@ def _error(data: object) -> str:
         (lambda d: d["generation_servers"].update(num_instances=3), "generation_servers: 1 urls but num_instances is 3"),
         (lambda d: d["context_servers"].update(urls=["nohost"]), "context_servers.urls"),
         (lambda d: d["generation_servers"]["router"].update(type="fastest"), "generation_servers.router.type"),
+        (lambda d: d.update(context_server=d.pop("context_servers")),
+         "context_servers: missing (is 'context_server' a misspelling of it?)"),
         (lambda d: d.update(conditional_disagg_config={"max_local_prefill_length": 64}),
          "conditional_disagg_config: needs a kv_cache_aware generation router (generation_servers.router.type is load_balancing)"),
         (lambda d: d["generation_servers"]["router"].update(use_tokenz=True), "generation_servers.router.use_tokenz"),
