@@ -74,6 +74,8 @@ class DisaggService:
         self.ids = ids
         self.admission = admission
         self.models: frozenset[str] = frozenset()
+        # each kv_cache_aware role's {tokens_per_block, kv_cache_hash_algo}, from the coordinator
+        self.routing_key_configs: dict[str, Any] = {}
         self.sinks: list[Callable[[Exchange], None]] = []  # called once per routed request, at its end
         self.timeout_s = config.shmdisagg.request_timeout_s
         self.body_limit = config.shmdisagg.max_request_body_bytes

@@ -119,6 +119,8 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
                 "generation": [s.addr for s in servers if s.role != ROLE_CONTEXT],
             },
             "healthy": {s.addr: s.healthy for s in servers},
+            # TensorRT-LLM's cluster_info field: how each kv_cache_aware role hashes prompts
+            "routing_key_configs": service.routing_key_configs,
             "schedule_style": service.schedule_style,
             "num_workers": service.config.num_workers,
             "coordinator_pid": coord["pid"],

@@ -48,12 +48,14 @@ class ClusterView:
         self.models: frozenset[str] = frozenset()
         self.server_info: dict[int, dict[str, Any]] = {}
         self.routing_keys: dict[int, RoutingKeyConfig] = {}
+        self.routing_key_configs: dict[str, Any] = {}  # as the coordinator gave them: public /cluster_info
         self.version = -1
 
     def apply(self, info: dict[str, Any], version: int) -> None:
         self.models = frozenset(info.get("models", []))
         self.server_info = {int(s["slot"]): s.get("server_info") or {} for s in info.get("servers", [])}
         keys = info.get("routing_key_configs") or {}
+        self.routing_key_configs = keys
         self.routing_keys = {
             role: RoutingKeyConfig(int(keys[name]["tokens_per_block"]), keys[name].get("kv_cache_hash_algo"))
             for role, name in ((ROLE_CONTEXT, "context"), (ROLE_GENERATION, "generation")) if name in keys

@@ -103,7 +103,7 @@ async def _housekeeping(table: ControlTable, row: int, view: ClusterView, servic
             next_info = loop.time() + INFO_REFRESH_S
             try:
                 view.apply(await fetch_cluster_info(socket_path, 1.0), version)
-                service.models = view.models
+                service.models, service.routing_key_configs = view.models, view.routing_key_configs
             except TimeoutError:
                 log.warning("coordinator did not answer /cluster_info; keeping the last view")
         await asyncio.sleep(HEARTBEAT_S)
@@ -189,7 +189,7 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
             # coordinator does not take the slow start for a stuck worker (worker_timeout_s)
             tokenizer = await _beating(table, row, asyncio.to_thread(load_routing_tokenizer, config)) if needs_tokens else None
             service.keys = KeyBuilder(tokenizer, conversations)
-        service.models = view.models
+        service.models, service.routing_key_configs = view.models, view.routing_key_configs
         # return_perf_metrics, perf_metrics_output_dir, otlp_config, TRTLLM_REQUEST_TRACE_DIR
         observe = Observability.from_config(config)
         observe.start()

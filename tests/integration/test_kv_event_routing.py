@@ -21,7 +21,7 @@ from shmdisagg.routing.policy import RoutingKey
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.shm.table import ControlTable
 from tests.conftest import free_port
-from tests.integration.harness import coordinator_info, deployment, fake_executors, post, stream_lines, wait_until, write_config
+from tests.integration.harness import coordinator_info, deployment, fake_executors, post, request_json, stream_lines, wait_until, write_config
 
 MODEL = "sim-llama-3.1-8b"
 SIM = {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}}
@@ -62,6 +62,8 @@ def test_a_role_of_v2_executors_is_routed_on_their_decoded_events(tmp_path: Path
     with deployment(cfg) as dep:
         info = coordinator_info(dep)
         assert info["routing_key_configs"] == {"context": {"tokens_per_block": 32, "kv_cache_hash_algo": algo}}
+        status, public = request_json("127.0.0.1", dep.config.port, "GET", "/cluster_info")
+        assert status == 200 and public["routing_key_configs"] == info["routing_key_configs"]  # what a client of the fleet sees
         assert all(s["server_info"]["kv_cache_hash_algo"] == algo for s in info["servers"] if s["addr"] in ctx)
         slots = {s["addr"]: s["slot"] for s in info["servers"]}
         prompts = [list(range(10_000 * k, 10_000 * k + 640)) for k in range(1, 5)]
