@@ -132,7 +132,7 @@ class Flows:
         reserved = Reserved(self.gen_policy, key, -1)
         try:
             if self.options.benchmark_gen_only:
-                await self.generation_only(ex, req, key, path)
+                await self.generation_only(ex, req, key, path, reserved)
                 return
             if self.max_local_prefill:
                 reserved.slot = self.gen_policy.pick(key, -1)
@@ -141,10 +141,8 @@ class Flows:
                 matched = key.matched_blocks * self._gen_tpb()  # type: ignore[misc]
                 total = len(key.token_ids or ())
                 if matched and total - matched <= self.max_local_prefill:
-                    self.local_prefills += 1
-                    plain = self.wire.body(req)
-                    opened = await self.legs.open(self.gen_policy, key, path, lambda _: plain, "generation", picked=reserved.take(), headers=self.wire.headers(req))
-                    await relay(ex, opened, max_tokens_of(req))
+                    self.local_prefills += 1  # the request as it came, prefill and decode there
+                    await relay(ex, await self._open_generation(reserved, key, path, req), max_tokens_of(req))
                     return
             self.disaggregated += 1
             await self._style(ex, req, chat, key, path, reserved)
@@ -154,18 +152,16 @@ class Flows:
     async def _open_generation(self, reserved: Reserved, key: RoutingKey, path: str, gen_req: dict[str, Any]) -> Opened:
         # take() runs when this coroutine starts: a task cancelled before that leaves the
         # reservation to release_unused().
-        body, headers = self.wire.body(gen_req), self.wire.headers(gen_req)
+        body, headers = self.wire.encode(gen_req)
         return await self.legs.open(self.gen_policy, key, path, lambda _: body, "generation", picked=reserved.take(), headers=headers)
 
-    async def generation_only(self, ex: Exchange, req: dict[str, Any], key: RoutingKey, path: str) -> None:
+    async def generation_only(self, ex: Exchange, req: dict[str, Any], key: RoutingKey, path: str, reserved: Reserved) -> None:
         """`TRTLLM_DISAGG_BENCHMARK_GEN_ONLY=1`: the generation leg alone, with upstream's stub
         handoff (`first_gen_tokens [7]`, `ctx_request_id 1`) and `ignore_eos`."""
         gen_req = dict(req)
         gen_req["disaggregated_params"] = dict(GEN_ONLY_PARAMS)
         gen_req["ignore_eos"] = True
-        body, headers = self.wire.body(gen_req), self.wire.headers(gen_req)
-        opened = await self.legs.open(self.gen_policy, key, path, lambda _: body, "generation", headers=headers)
-        await relay(ex, opened, max_tokens_of(req))
+        await relay(ex, await self._open_generation(reserved, key, path, gen_req), max_tokens_of(req))
 
     # -- context-first ---------------------------------------------------------------------
 

@@ -149,7 +149,11 @@ def bind_reuseport(host: str, port: int, backlog: int = 2048) -> socket.socket:
     IPv6 only when the host resolves to nothing but IPv6 (as TensorRT-LLM's fleet does).
     Raises OSError (e.g. EADDRINUSE when a non-reuseport process holds the port).
     """
-    sock = _reuseport_socket(host, port)
+    return listening(_reuseport_socket(host, port), backlog)
+
+
+def listening(sock: socket.socket, backlog: int) -> socket.socket:
+    """`sock.listen(backlog)`, closing the socket if that fails; returns it."""
     try:
         sock.listen(backlog)
     except BaseException:

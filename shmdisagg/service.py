@@ -34,7 +34,7 @@ from shmdisagg.flows import Flows
 from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.hashing import cache_salt_id
 from shmdisagg.routing import RoutingKey
-from shmdisagg.routing.conversation import SESSION_HEADERS, canonical_text, conversation_id
+from shmdisagg.routing.conversation import SESSION_HEADERS, canonical_text, conversation_id, header_conversation_id
 from shmdisagg.tokenization import RoutingTokenizer, prompt_token_ids
 from shmdisagg.upstream import UpstreamError
 from shmdisagg.validation import parse_body, prompt_load_tokens, validate
@@ -116,7 +116,7 @@ class DisaggService:
         except ClientDisconnected:
             return
         try:
-            key = await self.keys.build(req, chat, scope, ids32) if self.keys else RoutingKey(prompt_load_tokens(req, chat))
+            key = await self.keys.build(req, chat, ids32) if self.keys else RoutingKey(prompt_load_tokens(req, chat))
         except ValueError as err:  # a chat the template cannot render
             await send_bytes(send, 400, RequestError(400, str(err), "invalid_request", "messages").body())
             return
@@ -174,7 +174,7 @@ class KeyBuilder:
         # text mode (TensorRT-LLM's ConversationRouter, `tensorrt_llm/serve/router.py`).
         self.wants_ids = tokenizer is not None or conversations
 
-    async def build(self, req: dict[str, Any], chat: bool, scope: Scope, ids32: bytes | None = None) -> RoutingKey:
+    async def build(self, req: dict[str, Any], chat: bool, ids32: bytes | None = None) -> RoutingKey:
         """`ids32`: the prompt's ids as int32 bytes from `validate(..., want_ids=True)` (token-id
         prompts), so the block hashes need not read the list again."""
         given = not chat and isinstance(req.get("prompt"), list)  # validated: token ids
@@ -191,7 +191,8 @@ class KeyBuilder:
         )
         key.ids_given = given
         if self.conversations:
-            key.conversation_id = conversation_id(req, scope.get("headers", []))
+            # the session headers are in the body by now (`resolve_conversation_id`)
+            key.conversation_id = conversation_id(req, [])
             if key.conversation_id is None:
                 key.text = canonical_text(req, chat)
         return key
@@ -226,7 +227,7 @@ def resolve_conversation_id(req: dict[str, Any], scope: Scope) -> None:
     `x-multi-turn-session-id` becomes `conversation_params.conversation_id`, so both executors
     see the conversation the client named (they never see the client's headers)."""
     if req.get("conversation_params") is None:
-        cid = conversation_id({}, scope.get("headers", []))
+        cid = header_conversation_id(scope.get("headers", []))
         if cid is not None:
             req["conversation_params"] = {"conversation_id": cid}
 

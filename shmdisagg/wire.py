@@ -60,6 +60,10 @@ class Wire:
             return self._encoder.encode(req)
         return orjson.dumps(req)
 
+    def encode(self, req: dict[str, Any]) -> tuple[bytes, Headers]:
+        """`body(req)` and `headers(req)` together: a leg sent once."""
+        return self.body(req), self.headers(req)
+
     def headers(self, req: dict[str, Any]) -> Headers:
         """The headers of a leg carrying `req`: content type, msgpack flag, auth signature."""
         out = [_JSON, _MSGPACK] if self.msgpack else [_JSON]

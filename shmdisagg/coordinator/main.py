@@ -38,7 +38,7 @@ from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
-from shmdisagg.procutil import private_unix_socket, public_port_problem, publish_address, reserve_port
+from shmdisagg.procutil import listening, private_unix_socket, public_port_problem, publish_address, reserve_port
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.index import BlockIndex, IndexSettings
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
@@ -259,13 +259,7 @@ def not_ready(executors: list[Executor]) -> str:
 def bind_private_unix_socket(path: str, backlog: int = 2048) -> socket.socket:
     """A listening Unix stream socket at `path` that only this user can connect to (mode 0600,
     `procutil.private_unix_socket`)."""
-    sock = private_unix_socket(path, socket.SOCK_STREAM)
-    try:
-        sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return listening(private_unix_socket(path, socket.SOCK_STREAM), backlog)
 
 
 def index_settings(config: DisaggConfig) -> IndexSettings:

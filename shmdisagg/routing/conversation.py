@@ -33,6 +33,11 @@ def conversation_id(req: dict, headers: list[tuple[bytes, bytes]]) -> str | None
     if isinstance(params, dict):
         cid = params.get("conversation_id")
         return cid.strip() or None if isinstance(cid, str) else None
+    return header_conversation_id(headers)
+
+
+def header_conversation_id(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The first non-empty session header (`SESSION_HEADERS` order), stripped; None if none."""
     wanted = dict.fromkeys(SESSION_HEADERS)
     for name, value in headers:
         if name in wanted and wanted[name] is None:
