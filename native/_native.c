@@ -603,15 +603,21 @@ static void row_zero(char *p)
     }
 }
 
-/* claim_row(pid, starttime) -> (row, token): CAS 0 -> token on the first free row. */
+/* claim_row(pid, starttime[, fleet_index]) -> (row, token): CAS 0 -> token on the first free
+ * row. `fleet_index` (-1: none) is stored so that a restarted coordinator knows which fleet
+ * index each live worker serves. */
 static PyObject *Region_claim_row(Region *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *result = NULL;
-    int64_t pid;
+    int64_t pid, fleet = -1;
     uint64_t start, token, expected, hwm, *hwm_p;
     char *p;
-    if (!nargs_ok("claim_row", nargs, 2) || !arg_range(args[0], 1, 0xFFFFFFFFLL, "pid", &pid) ||
-        !arg_u64(args[1], &start) || !need_ready(self, 1))
+    if (nargs != 2 && nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "claim_row expected 2 or 3 arguments, got %zd", nargs);
+        goto fail;
+    }
+    if (!arg_range(args[0], 1, 0xFFFFFFFFLL, "pid", &pid) || !arg_u64(args[1], &start) ||
+        (nargs == 3 && !arg_range(args[2], -1, 0xFFFFFFFFLL, "fleet_index", &fleet)) || !need_ready(self, 1))
         goto fail;
     token = ((uint64_t)pid << 32) | (ADD(U64(self, RL_CLAIM_SEQ), 1) & 0xFFFFFFFFULL);
     for (uint32_t w = 0; w < self->max_workers; w++) {
@@ -624,6 +630,7 @@ static PyObject *Region_claim_row(Region *self, PyObject *const *args, Py_ssize_
             continue;
         row_zero(p);
         ST((uint64_t *)(p + W_PID), (uint64_t)pid);
+        ST((uint64_t *)(p + W_FLEET), (uint64_t)(fleet + 1));
         ST((uint64_t *)(p + W_START), start);
         ST((uint64_t *)(p + W_HEARTBEAT), monotonic_ns());
         hwm_p = U64(self, RL_HWM);
@@ -710,12 +717,13 @@ static PyObject *Region_rows(Region *self, PyObject *unused)
         token = LDA((uint64_t *)(p + W_TOKEN));
         if (token == TOKEN_FREE || token == TOKEN_RECLAIMING)
             continue;
-        item = Py_BuildValue("(IKKKKKK)", w, (unsigned long long)token,
+        item = Py_BuildValue("(IKKKKKKL)", w, (unsigned long long)token,
                              (unsigned long long)LD((uint64_t *)(p + W_PID)),
                              (unsigned long long)LD((uint64_t *)(p + W_START)),
                              (unsigned long long)LD((uint64_t *)(p + W_HEARTBEAT)),
                              (unsigned long long)LD((uint64_t *)(p + W_DISPATCHED)),
-                             (unsigned long long)LD((uint64_t *)(p + W_COMPLETED)));
+                             (unsigned long long)LD((uint64_t *)(p + W_COMPLETED)),
+                             (long long)LD((uint64_t *)(p + W_FLEET)) - 1);
         if (item == NULL || PyList_Append(result, item) < 0) {
             Py_XDECREF(item);
             Py_CLEAR(result);
@@ -1125,10 +1133,10 @@ static PyMethodDef Region_methods[] = {
     FAST(write_server, "write_server(slot, flags, max_batch, tpb, max_num_tokens, addr) -> inc"),
     FAST(set_server_flags, "set_server_flags(slot, flags) -> servers_version"),
     FAST(read_server, "read_server(slot) -> (inc, flags, weight, health_ns, mb, tpb, mnt, addr)"),
-    FAST(claim_row, "claim_row(pid, starttime) -> (row, token)"),
+    FAST(claim_row, "claim_row(pid, starttime[, fleet_index]) -> (row, token)"),
     FAST(heartbeat, "heartbeat(row) -> bool"),
     FAST(reclaim_row, "reclaim_row(row) -> bool"),
-    NOARG(rows, "rows() -> [(row, token, pid, starttime, heartbeat_ns, dispatched, completed)]"),
+    NOARG(rows, "rows() -> [(row, token, pid, starttime, heartbeat_ns, dispatched, completed, fleet_index)]"),
     FAST(pick_round_robin, "pick_round_robin(row, role, exclude_slot, tokens) -> slot | -1"),
     FAST(pick_least_loaded, "pick_least_loaded(row, role, exclude, tokens, use_tokens) -> slot"),
     FAST(complete, "complete(row, slot, tokens) -> bool"),

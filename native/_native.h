@@ -21,7 +21,8 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the layout is little-
 /* ---- control layout (version 3): keep in step with native/README.md -------------------- */
 
 #define MAGIC 0x31564C5447534453ULL /* "SDSGTLV1" little-endian */
-#define LAYOUT_VERSION 3u /* 2: index publication, index metrics; 3: log-linear lag histogram */
+#define LAYOUT_VERSION 4u /* 2: index publication, index metrics; 3: log-linear lag histogram;
+                              4: a row records its fleet index (W_FLEET) */
 #define HEADER_BYTES 4096u
 #define MAX_SERVERS 64u
 #define MAX_ROLES 2u
@@ -140,6 +141,7 @@ enum {
 #define W_DISPATCHED 40u
 #define W_COMPLETED 48u
 #define W_PID 56u
+#define W_FLEET 64u /* fleet index + 1 of the owner (0: not a fleet worker), for a restarted coordinator */
 #define W_ACTIVE_REQ 128u /* i32[64] */
 #define W_ACTIVE_TOK 384u /* i64[64] */
 #define W_ROUTED 896u     /* u64[64] */

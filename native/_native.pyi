@@ -167,15 +167,17 @@ class Region:
         """(incarnation, flags, weight, health_ns, max_batch_size, tokens_per_block, max_num_tokens,
         addr). RetryExhausted if the record's sequence stays odd."""
     # -- worker rows
-    def claim_row(self, pid: int, starttime: int, /) -> tuple[int, int]:
-        """(row, token): CAS the first free row 0 -> (pid << 32 | seq). SegmentFull if none free."""
+    def claim_row(self, pid: int, starttime: int, fleet_index: int = -1, /) -> tuple[int, int]:
+        """(row, token): CAS the first free row 0 -> (pid << 32 | seq), recording `fleet_index`
+        (-1: none). SegmentFull if none free."""
     def heartbeat(self, row: int, /) -> bool:
         """Store now in the own row; False if the row is no longer owned."""
     def reclaim_row(self, row: int, /) -> bool:
         """Coordinator: OWNED -> RECLAIMING, add routed/dispatched/completed to the retired totals,
         zero, release-store FREE. False if the row was not owned."""
-    def rows(self) -> list[tuple[int, int, int, int, int, int, int]]:
-        """Owned rows: (row, token, pid, starttime, heartbeat_ns, dispatched, completed)."""
+    def rows(self) -> list[tuple[int, int, int, int, int, int, int, int]]:
+        """Owned rows: (row, token, pid, starttime, heartbeat_ns, dispatched, completed,
+        fleet_index), fleet_index -1 when the owner gave none."""
     # -- picks (own row; RowLost if not owned; RetryExhausted only if no config copy ever read)
     def pick_round_robin(self, row: int, role: int, exclude_slot: int, tokens: int, /) -> int:
         """Global round robin over present & healthy & role - exclude; -1 if none. Adds the pick."""

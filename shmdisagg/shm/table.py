@@ -82,6 +82,7 @@ class RowInfo:
     heartbeat_ns: int
     dispatched: int
     completed: int
+    fleet_index: int = -1  # the owner's index in the fleet; -1 when it gave none
 
 
 def process_starttime(pid: int) -> int:
@@ -303,8 +304,8 @@ class ControlTable:
 
     def rows(self) -> list[RowInfo]:
         """Claimed worker rows (rows being reclaimed are left out)."""
-        return [RowInfo(row, pid, token, start, hb, disp, comp)
-                for row, token, pid, start, hb, disp, comp in self._region.rows()]
+        return [RowInfo(row, pid, token, start, hb, disp, comp, fleet)
+                for row, token, pid, start, hb, disp, comp, fleet in self._region.rows()]
 
     def load(self, slot: int) -> tuple[int, int]:
         """(active requests, active tokens) of server `slot`, summed over claimed rows."""
@@ -340,9 +341,10 @@ class ControlTable:
 
     # -- worker only (own row) ----------------------------------------------------------------
 
-    def claim_row(self, pid: int, starttime: int) -> int:
-        """Claim the first free row for `pid` (CAS); returns the row. SegmentFull if none is free."""
-        row, _token = self._region.claim_row(pid, starttime)
+    def claim_row(self, pid: int, starttime: int, fleet_index: int = -1) -> int:
+        """Claim the first free row for `pid` (CAS); returns the row. SegmentFull if none is free.
+        `fleet_index`: the worker's index in the fleet, recorded for a restarted coordinator."""
+        row, _token = self._region.claim_row(pid, starttime, fleet_index)
         return int(row)
 
     def heartbeat(self, row: int) -> bool:

@@ -47,8 +47,8 @@ def put(off: int, fmt: str, value: int) -> tuple[int, str, int]:
 
 CORRUPTIONS = [
     pytest.param(put(0x00, "<Q", 0xDEADBEEF), "bad magic", id="magic"),
-    pytest.param(put(0x08, "<I", 1), "layout version 1, but this build reads version 3", id="version"),
-    pytest.param(put(0x08, "<I", 2), "layout version 2, but this build reads version 3", id="version_2"),
+    pytest.param(put(0x08, "<I", 1), "layout version 1, but this build reads version 4", id="version"),
+    pytest.param(put(0x08, "<I", 3), "layout version 3, but this build reads version 4", id="version_3"),
     pytest.param(put(0x0C, "<I", 8192), "header_bytes is 8192", id="header_bytes"),
     pytest.param(put(0x18, "<H", 32), "max_servers is 32", id="max_servers"),
     pytest.param(put(0x1A, "<H", 0), "max_workers is 0", id="no_workers"),

@@ -86,6 +86,16 @@ def test_claimed_rows_are_listed_heartbeat_and_reclaimed(coord: ControlTable, wo
     assert coord.reclaim_row(row) is False
 
 
+def test_a_row_records_the_fleet_index_its_worker_gave(coord: ControlTable, worker: ControlTable) -> None:
+    # a restarted coordinator adopts live workers by this index (coordinator/adoption.py)
+    plain = worker.claim_row(PID, 77)
+    fleet = worker.claim_row(PID, 77, 5)
+    assert {r.row: r.fleet_index for r in coord.rows()} == {plain: -1, fleet: 5}
+    coord.reclaim_row(fleet)
+    again = worker.claim_row(PID, 77)  # a reused row does not keep the old index
+    assert {r.row: r.fleet_index for r in coord.rows()}[again] == -1
+
+
 def test_round_robin_cycles_then_skips_an_unhealthy_server(coord: ControlTable, worker: ControlTable) -> None:
     three_context_servers(coord)
     row = worker.claim_row(PID, 1)
