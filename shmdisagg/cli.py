@@ -122,6 +122,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from shmdisagg.config import log_dir_problem
     from shmdisagg.executors.plan import build_plan, describe_plan
     from shmdisagg.launch import Deployment, LaunchError
+    from shmdisagg.processes import become_subreaper
 
     # A SIGINT or SIGTERM during start-up stops what was started, then exits 128 + its number
     # (Deployment.wait() takes the signals over once the deployment serves).
@@ -145,6 +146,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if problem:
         print(f"shmdisagg: --log-dir: {problem}", file=sys.stderr)
         return 2
+    # the launcher is the deployment's supervisor: the fleet workers a dead coordinator leaves
+    # are re-parented here (and reaped by wait()), not to init
+    become_subreaper()
     dep = Deployment(config, args.config, args.log_dir)
     try:
         dep.start()
@@ -159,7 +163,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         ctx = ", ".join(config.context_servers.urls)
         gen = ", ".join(config.generation_servers.urls)
         print(f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; context: {ctx}; generation: {gen}; executor logs: {dep.log_dir})", flush=True)
-        code = dep.wait()
+        code = dep.wait(reap=True)
     except KeyboardInterrupt:  # SIGINT/SIGTERM that came before wait() took over the handlers
         code = 0
     finally:
@@ -168,26 +172,26 @@ def cmd_launch(args: argparse.Namespace) -> int:
             signal.signal(s, signal.SIG_IGN)
         dep.stop()
         print("shmdisagg stopped", flush=True)
-    if code:  # the coordinator died: its fleet went with it, and the launcher stopped the executors
+    if code:  # the coordinator ended for good (its restarts kept failing): the launcher stopped the rest
         status = dep.coordinator_exit
         how = f"exit code {status}"
-        if status is not None and status < 0:
-            how = f"killed by {signal.Signals(-status).name}" if -status in signal.valid_signals() else f"killed by signal {-status}"
-        print(f"shmdisagg: the coordinator exited ({how}); the deployment is stopped (launch does not restart it)", file=sys.stderr)
+        if status is not None and status > 128 and status - 128 in signal.valid_signals():
+            how = f"killed by {signal.Signals(status - 128).name}"
+        print(f"shmdisagg: the coordinator ended ({how}) and could not be restarted; the deployment is stopped", file=sys.stderr)
     return code
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """`shmdisagg serve` / `shmdisagg disaggregated`: TensorRT-LLM's `trtllm-serve disaggregated`
     command line (`tensorrt_llm/commands/serve.py` @fb31828e)."""
-    from shmdisagg.coordinator.__main__ import main as coordinator_main
+    from shmdisagg.coordinator.keeper import run_supervised
 
     if args.metadata_server_config_file is not None:
         print("shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is not supported; "
               "list the executors under context_servers.urls and generation_servers.urls", file=sys.stderr)
         return 2
     config = _load(args.config)
-    env = _check_env()
+    _check_env()  # refuses a bad variable, shows the warnings (the coordinator does not repeat them)
     if args.report_addr is not None and config.num_workers > 1:
         # the same refusal as TensorRT-LLM's (test_disaggregated_rejects_a_worker_fleet, test id 57374853910)
         print(f"shmdisagg: --report_addr: TensorRT-LLM reports the address of a single self-contained disaggregated server only; "
@@ -208,7 +212,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.report_addr is not None:
         argv += ["--report_addr", args.report_addr]
     # --metrics-log-interval: a deprecated no-op in TensorRT-LLM too; accepted, nothing to do
-    return coordinator_main(argv, env)
+    # this process stays as the deployment's supervisor: it restarts a coordinator that dies
+    return run_supervised(config, argv, args.report_addr)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

@@ -39,21 +39,21 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from shmdisagg.config import DisaggConfig, log_dir_problem
-from shmdisagg.coordinator.supervisor import STOP_MARGIN_S
+from shmdisagg.coordinator.keeper import CoordinatorKeeper, coordinator_stop_timeout
 from shmdisagg.executors.plan import LaunchPlan, PlanError, build_plan
+from shmdisagg.processes import reap_orphans
 from shmdisagg.procutil import STOP_SIGNALS, die_with_parent, public_port_problem
 from shmdisagg.shm.segment import cleanup_stale
 
 log = logging.getLogger("shmdisagg.launch")
 
 STOP_TIMEOUT_S = 15.0
-COORDINATOR_EXIT_S = 5.0  # the coordinator's own shutdown once its fleet is gone (API, segments)
 POLL_INTERVAL_S = 0.1
 WAIT_REPORT_S = 10.0  # while waiting for readiness, how often to log who is not ready yet
 
@@ -163,7 +163,11 @@ class Deployment:
         self._claim_sock: socket.socket | None = None
         self.coordinator: Child | None = None
         self._started_coordinator = False  # whose sockets stop() may remove after a hard kill
-        self.coordinator_exit: int | None = None  # its exit status, when it died under wait()
+        self.coordinator_exit: int | None = None  # its exit status, when it ended for good under wait()
+        self.keeper: CoordinatorKeeper | None = None  # restarts a coordinator that dies after it served
+        self._keeper_lock = threading.Lock()
+        self._keeping: threading.Thread | None = None
+        self._coordinator_gone = threading.Event()
 
     @property
     def url(self) -> str:
@@ -208,7 +212,7 @@ class Deployment:
 
     def _spawn(
         self, name: str, argv: list[str], log_to_file: bool, env: dict[str, str] | None = None, own_group: bool = False,
-        new_session: bool = False,
+        new_session: bool = False, pass_fds: Sequence[int] = (),
     ) -> Child:
         """`own_group`: the child leads its own process group and is signalled with it;
         `new_session`: its own session too, but signals go to the child alone. The child is
@@ -232,9 +236,12 @@ class Deployment:
                     preexec_fn=_child_preexec,
                     start_new_session=own_group or new_session,
                     env={**os.environ, **(env or {})},
+                    pass_fds=tuple(pass_fds),
                 )
                 child = Child(name, proc, log_path, out, own_group=own_group)
                 if name == "coordinator":
+                    if self.coordinator is not None and self.coordinator.log_file:
+                        self.coordinator.log_file.close()  # the one it replaces (a restart)
                     self.coordinator = child
                     self._started_coordinator = True
                 else:
@@ -298,15 +305,42 @@ class Deployment:
         self._wait_ready(self.executors, spec.startup_timeout_s)
 
     def _start_coordinator(self) -> None:
-        argv = [sys.executable, "-m", "shmdisagg.coordinator", "-c", self.config_path]
         if self.background:
             self._make_log_dir()
+        self.keeper = CoordinatorKeeper(self._spawn_coordinator, self.config)
+        self.keeper.start()
+        assert self.coordinator is not None
+        self._wait_ready([self.coordinator], self.config.shmdisagg.server_start_timeout_s + 30)
+        # the coordinator reports ready on its pipe before the fleet's /health can answer 200
+        deadline = time.monotonic() + 5.0
+        while self.keeper.check() is None and not self.keeper.served and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._keeping = threading.Thread(target=self._keep, name="coordinator-keeper", daemon=True)
+        self._keeping.start()
+
+    def _spawn_coordinator(self, env: dict[str, str], fds: Sequence[int]) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "shmdisagg.coordinator", "-c", self.config_path]
         # Always its own session: a terminal's Ctrl-C reaches the launcher alone, which stops
         # the coordinator (and so its fleet) in order, never one caught in the middle of its imports.
         # SHMDISAGG_LAUNCHED: an interrupted start-up is reported by the launcher, not twice
-        coordinator = self._spawn("coordinator", argv, log_to_file=self.background, env={"SHMDISAGG_LAUNCHED": "1"}, new_session=True)
-        coordinator.health_url = f"{self.url}/health"
-        self._wait_ready([coordinator], self.config.shmdisagg.server_start_timeout_s + 30)
+        child = self._spawn("coordinator", argv, log_to_file=self.background, env={"SHMDISAGG_LAUNCHED": "1", **env}, new_session=True,
+                            pass_fds=fds)
+        child.health_url = f"{self.url}/health"
+        return child.proc
+
+    def _keep(self) -> None:
+        """The keeper's thread: restarts a coordinator that dies (`coordinator/keeper.py`) until
+        `stop()` or until the keeper gives up (`coordinator_exit` set, `wait()` returns 1)."""
+        while True:
+            with self._keeper_lock:
+                if self.keeper is None or self.keeper.stopping:
+                    return
+                code = self.keeper.check()
+                if code is not None:
+                    self.coordinator_exit = code
+                    self._coordinator_gone.set()
+                    return
+            time.sleep(POLL_INTERVAL_S)
 
     def _wait_ready(self, children: list[Child], timeout_s: float) -> None:
         """Poll every child's health URL until each answers 200. Raise LaunchError as soon as one
@@ -353,10 +387,12 @@ class Deployment:
 
     # -- run / stop -------------------------------------------------------------------------
 
-    def wait(self) -> int:
-        """Block until SIGINT/SIGTERM (returns 0) or until the coordinator dies (returns 1; its
-        exit status in `coordinator_exit`). A dead coordinator is not restarted: the fleet has
-        gone with it (parent-death signal), so the caller stops the rest."""
+    def wait(self, reap: bool = False) -> int:
+        """Block until SIGINT/SIGTERM (returns 0) or until the coordinator ends for good
+        (returns 1; its exit status in `coordinator_exit`): a coordinator that dies after it
+        served is restarted meanwhile (`_keep`), its fleet serving on. `reap`: this process is the
+        child subreaper of the deployment (`processes.become_subreaper`): collect the fleet
+        workers a dead coordinator left, when they exit."""
         stop = {"flag": False}
 
         def on_signal(signum: int, frame: object) -> None:
@@ -365,9 +401,9 @@ class Deployment:
         old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
         try:
             while not stop["flag"]:
-                assert self.coordinator is not None
-                if self.coordinator.proc.poll() is not None:
-                    self.coordinator_exit = self.coordinator.proc.returncode
+                if reap:
+                    reap_orphans(self._owns)
+                if self._coordinator_gone.is_set():
                     log.error("coordinator exited with code %s", self.coordinator_exit)
                     return 1
                 for child in self.executors:
@@ -387,12 +423,28 @@ class Deployment:
         with _stop_signals_ignored():
             self._stop()
 
+    def _owns(self, pid: int) -> bool:
+        """For `reap_orphans`: an executor or the coordinator is reaped through its Popen."""
+        for child in [*self.executors, *([self.coordinator] if self.coordinator else [])]:
+            if child.proc.pid == pid:
+                child.proc.poll()
+                return True
+        return False
+
     def _stop(self) -> None:
+        with self._keeper_lock:  # no restart from here on
+            keeper, self.keeper = self.keeper, None
+        if keeper is not None:
+            keeper.stopping = True
+        if self._keeping is not None and self._keeping is not threading.current_thread():
+            self._keeping.join()
         if self.coordinator is not None:
             _terminate([self.coordinator], coordinator_stop_timeout(self.config))
             if self.coordinator.log_file:
                 self.coordinator.log_file.close()
             self.coordinator = None
+        if keeper is not None:  # a coordinator that died and was not restarted left its fleet running
+            keeper.stop(0.0)
         spec = self.config.shmdisagg.executors
         _terminate(self.executors, spec.stop_timeout_s if spec else STOP_TIMEOUT_S)
         for child in self.executors:
@@ -412,12 +464,6 @@ class Deployment:
         if self._claim_sock is not None:  # last: the next launch may start now
             self._claim_sock.close()
             self._claim_sock = None
-
-
-def coordinator_stop_timeout(config: DisaggConfig) -> float:
-    """Seconds to wait for the coordinator after SIGTERM before a SIGKILL: its fleet's grace
-    period (`timeout_graceful_shutdown_s`), the supervisor's margin past it, then its own exit."""
-    return config.shmdisagg.timeout_graceful_shutdown_s + STOP_MARGIN_S + COORDINATOR_EXIT_S
 
 
 @contextlib.contextmanager

@@ -8,12 +8,15 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import uvloop
 
 from shmdisagg.config import ConfigError, DisaggConfig, env_tokens_per_block, load_config
 from shmdisagg.coordinator.main import StartOptions, StartupError, StartupInterrupted, run_coordinator
 from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S
+from shmdisagg.processes import supervisor_of
 from shmdisagg.shm.segment import ShmError
 from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_level
 
@@ -32,7 +35,7 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
         config = load_config(args.config)
         if env is None:
             env = read_env()
-            if not os.environ.get("SHMDISAGG_LAUNCHED"):  # else the launcher showed them already
+            if not (os.environ.get("SHMDISAGG_LAUNCHED") or os.environ.get("SHMDISAGG_ENV_SHOWN")):  # else the launcher or serve showed them already
                 for warning in env.warnings:
                     print(f"shmdisagg: warning: {warning}", file=sys.stderr)
         env_tokens_per_block()
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
     config = with_start_timeout(config, args.server_start_timeout)
     level = resolve_log_level(env, args.log_level, config.shmdisagg.log_level)
     logging.basicConfig(level=LOG_LEVELS[level], format="%(asctime)s coordinator %(levelname)s %(message)s", force=True)
-    options = StartOptions(args.schedule_style, args.request_timeout or None, level, args.report_addr, env)
+    options = StartOptions(args.schedule_style, args.request_timeout or None, level, args.report_addr, env, **supervised(os.environ))
     try:
         uvloop.run(run_coordinator(config, args.config, options))
     except StartupInterrupted as err:
@@ -54,6 +57,19 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
         print(f"shmdisagg: coordinator failed to start: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def supervised(environ: Mapping[str, str]) -> dict[str, Any]:
+    """What the deployment's supervisor (`coordinator/keeper.py`) tells this coordinator in its
+    environment: `StartOptions.adopt`, `adopt_port`, `supervisor`, `ready_fd`."""
+    ready = environ.get("SHMDISAGG_READY_FD", "")
+    port = environ.get("SHMDISAGG_ADOPT_PORT", "")
+    return {
+        "adopt": environ.get("SHMDISAGG_ADOPT") == "1",
+        "adopt_port": int(port) if port.isdigit() else None,
+        "supervisor": supervisor_of(environ),
+        "ready_fd": int(ready) if ready.isdigit() else None,
+    }
 
 
 def with_start_timeout(config: DisaggConfig, seconds: float | None) -> DisaggConfig:

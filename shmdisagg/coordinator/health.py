@@ -86,7 +86,11 @@ def executors_from_config(config: DisaggConfig) -> list[Executor]:
 class HealthMonitor:
     """Polls executors and publishes their records and health flags to the table."""
 
-    def __init__(self, table: ControlTable, executors: list[Executor], interval_s: float, breaker_failures: int = 3, breaker_cooldown_s: float = 2.0) -> None:
+    def __init__(self, table: ControlTable, executors: list[Executor], interval_s: float, breaker_failures: int = 3, breaker_cooldown_s: float = 2.0,
+                 adopt: bool = False) -> None:
+        """`adopt`: the table is a dead coordinator's (`coordinator/adoption.py`): an executor
+        whose record is still there (same slot, address and role) keeps its health mark until
+        the next poll says otherwise, without a republish; the others are registered anew."""
         self.table = table
         self.executors = executors
         self.interval_s = interval_s
@@ -96,8 +100,16 @@ class HealthMonitor:
         self.keys: RoutingKeys | None = None  # the kv_cache_aware roles' routing keys, if any
         self._late_until = 0.0  # loop time until which health-check timeouts are not trusted
         self._session: aiohttp.ClientSession | None = None
+        kept = {s.slot: s for s in table.servers()} if adopt else {}
         for ex in executors:
-            table.publish_server(ex.slot, ex.addr, ex.role, False)
+            record = kept.pop(ex.slot, None)
+            if record is not None and (record.addr, record.role) == (ex.addr, ex.role):
+                ex.healthy = record.healthy
+            else:
+                table.publish_server(ex.slot, ex.addr, ex.role, False)
+        self.removed = sorted(kept)  # executors the edited config no longer lists
+        for slot in self.removed:
+            table.remove_server(slot)
 
     def ready(self) -> bool:
         """Every role has at least one healthy server."""

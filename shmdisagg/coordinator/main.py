@@ -31,6 +31,7 @@ import uvicorn
 from shmdisagg.config import DisaggConfig
 from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S, FleetOverrides
 from shmdisagg.trtllm_env import NOT_FOR_WORKERS, TrtllmEnv, apply_gc
+from shmdisagg.coordinator.adoption import stop_stale_fleet, take_over
 from shmdisagg.coordinator.api import internal_app
 from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor, executors_from_config
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
@@ -38,6 +39,7 @@ from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
+from shmdisagg.processes import ProcessId
 from shmdisagg.procutil import listening, private_unix_socket, public_port_problem, publish_address, reserve_port
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.index import BlockIndex, IndexSettings
@@ -50,6 +52,8 @@ INDEX_MAINTENANCE_S = 1.0
 WAIT_NOTICE_S = 1.0  # executors not ready after this long at start-up: say what it waits for...
 WAIT_REPORT_S = 10.0  # ...and again this often, naming the servers still not ready
 COORD_RUNNING, COORD_STOPPING = 1, 2
+# what the supervisor tells its coordinator alone (`StartOptions`): never a fleet worker's business
+SUPERVISOR_ONLY = ("SHMDISAGG_ADOPT", "SHMDISAGG_ADOPT_PORT", "SHMDISAGG_READY_FD")
 
 
 class StartupError(RuntimeError):
@@ -73,6 +77,12 @@ class StartOptions:
     `log_level`: resolved from TLLM_LOG_LEVEL, `-l` and the file (a trtllm_env.LOG_LEVELS name);
     `report_addr`: `--report_addr`, where the bound public host:port is written;
     `env`: TensorRT-LLM's environment variables, read once (`trtllm_env.read_env`).
+
+    Set by the deployment's supervisor (`coordinator/keeper.py`), not by a user:
+    `adopt`: this coordinator replaces one that died: take over its segments and fleet
+    (`coordinator/adoption.py`); `adopt_port`: the public port the first one picked for `port: 0`;
+    `supervisor`: the process whose death ends the deployment (None: this one);
+    `ready_fd`: a pipe to write one byte to once the fleet serves.
     """
 
     schedule_style: str | None = None
@@ -80,6 +90,10 @@ class StartOptions:
     log_level: str | None = None
     report_addr: str | None = None
     env: TrtllmEnv = field(default_factory=TrtllmEnv)
+    adopt: bool = False
+    adopt_port: int | None = None
+    supervisor: ProcessId | None = None
+    ready_fd: int | None = None
 
 
 class Coordinator:
@@ -90,13 +104,21 @@ class Coordinator:
         options = options or StartOptions()
         self.config = config
         self.options = options
-        self.table = ControlTable.create(config.shm_prefix, config.shmdisagg.shm.max_workers)
+        sd = config.shmdisagg
+        takeover = take_over(config.shm_prefix, sd.shm.max_workers, config.num_workers) if options.adopt else None
+        if options.adopt and takeover is None:
+            stop_stale_fleet(config.shm_prefix)
+        self.adopted = takeover is not None  # the dead coordinator's segments and fleet go on
+        self.table = takeover.table if takeover is not None else ControlTable.create(config.shm_prefix, sd.shm.max_workers)
         try:
             self.table.set_coordinator(os.getpid(), process_starttime(os.getpid()), secrets.randbits(63))
-            sd = config.shmdisagg
-            self.index = BlockIndex.create(self.table, index_settings(config))
-            self.health = HealthMonitor(self.table, executors_from_config(config), sd.health_check_interval_s, sd.breaker_failures, sd.breaker_cooldown_s)
+            settings = index_settings(config)
+            self.index = (BlockIndex.adopt(self.table, settings) if self.adopted else None) or BlockIndex.create(self.table, settings)
+            self.health = HealthMonitor(self.table, executors_from_config(config), sd.health_check_interval_s, sd.breaker_failures, sd.breaker_cooldown_s,
+                                        adopt=self.adopted)
             self.health.on_unhealthy = self.index.clear_server  # its cache may be gone: stop attracting traffic
+            for slot in self.health.removed:
+                self.index.clear_server(slot)
             ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
             # Only a kv_cache_aware role routes on its executors' KV events (and only its legs
             # send poll hints): draining the others would cost CPU and fill the index for nothing.
@@ -107,7 +129,7 @@ class Coordinator:
             kv_executors = [ex for ex in self.health.executors if ex.role in kv_roles]
             # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
             # are folded into the retired row before its replacement starts
-            self.metrics = MetricsSegment.create(config.shm_prefix, config.num_workers)
+            self.metrics = takeover.metrics if takeover is not None else MetricsSegment.create(config.shm_prefix, config.num_workers)
             self.kv_events = KvEventIngestor(
                 self.index, kv_executors, self.keys, sd.kv_events, self.metrics.row(ROW_COORDINATOR),
                 on_key_change=self.health.republish, on_restart=self.health.reprepare,
@@ -116,11 +138,13 @@ class Coordinator:
             self.schedule_style = options.schedule_style or options.env.schedule_style or config.schedule_style
             overrides = FleetOverrides(public_port, options.leg_timeout_s, options.log_level)
             env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style, **overrides.to_environ()}
-            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env, sd.worker_timeout_s, drop_env=NOT_FOR_WORKERS)
+            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env, sd.worker_timeout_s, drop_env=NOT_FOR_WORKERS + SUPERVISOR_ONLY,
+                                              supervisor=options.supervisor)
             self.supervisor.on_exit = lambda index: self.metrics.fold(worker_row(index))
             self.perf = PerfStore({e.slot: e.addr for e in self.health.executors}, config.perf_metrics_max_requests, self.metrics.row(ROW_COORDINATOR))
         except BaseException:
-            self.table.unlink()
+            if not self.adopted:  # an adopted table still serves a fleet: the next coordinator tries again
+                self.table.unlink()
             self.table.close()
             raise
         self._stop = asyncio.Event()
@@ -179,7 +203,8 @@ class Coordinator:
             await asyncio.sleep(0.05)
 
     async def run(self) -> None:
-        problem = None if self.port_reserved else public_port_problem(self.config.hostname, self.config.port)
+        # adopted: the fleet serves on the port already
+        problem = None if self.port_reserved or self.adopted else public_port_problem(self.config.hostname, self.config.port)
         if problem:  # the fleet could only crash-loop on it
             raise StartupError(problem)
         on_stop_signals(self.request_stop, with_signal=True)
@@ -210,13 +235,21 @@ class Coordinator:
         api_task = asyncio.ensure_future(api.serve(sockets=[api_sock]))
         self.perf.start()
         try:
-            await self._wait_ready()
+            if self.adopted:  # the fleet serves meanwhile: health marks stay as they were, the polls resume
+                self.supervisor.adopt()
+            else:
+                await self._wait_ready()
             self.table.set_coord_state(COORD_RUNNING)
             self.supervisor.start()
             if self.options.report_addr:  # the port is bound (or held) by now; readers poll /health next
                 publish_address(self.options.report_addr, self.config.hostname, self.config.port)
             n = self.config.num_workers
-            log.info("coordinator ready: %d fleet worker%s on %s:%d", n, "" if n == 1 else "s", self.config.hostname, self.config.port)
+            if self.adopted:
+                log.info("coordinator restarted: adopted the table, the KV index and %d of %d fleet worker(s) on %s:%d",
+                         self.supervisor.adopted, n, self.config.hostname, self.config.port)
+            else:
+                log.info("coordinator ready: %d fleet worker%s on %s:%d", n, "" if n == 1 else "s", self.config.hostname, self.config.port)
+            notify_ready(self.options.ready_fd)
             await self._stop.wait()
         finally:
             self.table.set_coord_state(COORD_STOPPING)
@@ -243,6 +276,17 @@ class Coordinator:
         self.index.close()
         self.table.unlink()
         self.table.close()
+
+
+def notify_ready(fd: int | None) -> None:
+    """Tell the supervisor the fleet serves (one byte on its pipe, closed after): a coordinator
+    that dies after this is restarted, one that dies before it failed to start."""
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.write(fd, b"R")
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def not_ready(executors: list[Executor]) -> str:
@@ -278,10 +322,15 @@ async def run_coordinator(config: DisaggConfig, config_path: str, options: Start
     """Run the coordinator until a stop signal. With `port: 0` a port is reserved first and the
     whole deployment (shared-memory names, sockets, fleet) uses it."""
     options = options or StartOptions()
+    if config.port == 0 and options.adopt and options.adopt_port:  # the port the first coordinator picked
+        config = config.model_copy(update={"port": options.adopt_port})
+        public_port: int | None = options.adopt_port
+    else:
+        public_port = None
     reserved = reserve_port(config.hostname) if config.port == 0 else None
     try:
-        port = reserved.getsockname()[1] if reserved is not None else None
-        if port is not None:
+        port = reserved.getsockname()[1] if reserved is not None else public_port
+        if reserved is not None:
             config = config.model_copy(update={"port": port})
         coord = Coordinator(config, config_path, options, port)
         apply_gc(options.env)  # TRTLLM_DISAGG_SERVER_DISABLE_GC, as in the fleet workers

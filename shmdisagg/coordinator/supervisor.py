@@ -1,11 +1,18 @@
 """Fleet supervision: start `num_workers` fleet workers, notice a death at once, reclaim the dead
 worker's counter row exactly, start a replacement in the same index.
 
-Death is detected with a pidfd per child registered on the event loop (readable the moment the
+Death is detected with a pidfd per worker registered on the event loop (readable the moment the
 process exits, so a dead worker's picks are reclaimed at once), not by polling. The dead worker's
 row is zeroed by `ControlTable.reclaim_rows_of_pid`, which is exact because the row is that
-worker's whole contribution to every load sum. Children get a parent-death signal, so a SIGKILLed
-coordinator leaves no orphan worker holding the port.
+worker's whole contribution to every load sum.
+
+Workers outlive their coordinator: when it dies they go on serving from the table, and the
+coordinator the deployment's supervisor starts next **adopts** them (`adopt`): each live row
+names its worker's fleet index, the worker gets a pidfd like a child (pidfds work for
+non-children) and is signalled through it (`AdoptedProcess`); the rows of workers that died
+meanwhile are reclaimed and their indexes started again. Workers die with the deployment's
+supervisor instead (`shmdisagg/processes.py`): each watches the supervisor's pidfd, and gets
+a parent-death signal only when the coordinator is its own supervisor (nothing would restart it).
 
 A worker that is alive but stuck (a blocked event loop, SIGSTOP) still has connections queued on
 its share of the port, so `watch` kills one whose row has not heart-beaten for `worker_timeout_s`
@@ -35,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shmdisagg.processes import SUPERVISOR_ENV, ProcessId
 from shmdisagg.procutil import die_with_parent
 from shmdisagg.shm.table import ControlTable
 
@@ -48,10 +56,32 @@ STOP_MARGIN_S = 5.0
 CLAIM_GRACE_S = 15.0  # seconds a started or promoted worker may take to claim its row
 
 
+class AdoptedProcess:
+    """A fleet worker a dead coordinator started: not our child, so it is signalled through its
+    pidfd (never a reused pid) and its exit status is not ours to read (`wait` gives None)."""
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self._pidfd = pidfd
+
+    def send_signal(self, sig: int) -> None:
+        """Raises ProcessLookupError once it has exited."""
+        try:
+            signal.pidfd_send_signal(self._pidfd, sig)
+        except OSError as err:  # EBADF: its pidfd is closed, it has exited
+            raise ProcessLookupError(err.errno, "adopted worker has exited") from None
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self) -> int | None:
+        return None
+
+
 @dataclass
 class WorkerProc:
     index: int
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | AdoptedProcess
     pidfd: int
     started: float  # loop.time() (CLOCK_MONOTONIC seconds) when started or promoted
     quick_deaths: int = 0
@@ -59,21 +89,29 @@ class WorkerProc:
 
 
 def _worker_preexec() -> None:
-    """In the child before exec: die with the coordinator, and ignore a terminal's Ctrl-C (the
-    coordinator stops workers with SIGTERM; a worker serving requests re-installs its own
-    SIGINT handler, a standby waiting on stdin must not print a traceback)."""
-    die_with_parent()
+    """In the child before exec: ignore a terminal's Ctrl-C (the coordinator stops workers with
+    SIGTERM; a worker serving requests re-installs its own SIGINT handler, a standby waiting on
+    stdin must not print a traceback)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _worker_preexec_dying() -> None:
+    """`_worker_preexec`, and die with the coordinator: it is the deployment's supervisor."""
+    die_with_parent()
+    _worker_preexec()
 
 
 class FleetSupervisor:
     """Owns the fleet worker processes. Signal handlers only call `stop()` via the loop."""
 
     def __init__(self, table: ControlTable, config_path: str, num_workers: int, env: dict[str, str] | None = None, worker_timeout_s: float = 0.0,
-                 drop_env: tuple[str, ...] = ()) -> None:
+                 drop_env: tuple[str, ...] = (), supervisor: ProcessId | None = None) -> None:
         """`env` is added to this process's environment for every worker, `drop_env` removed
-        from it (WEB_CONCURRENCY, as TensorRT-LLM's fleet launcher strips it)."""
+        from it (WEB_CONCURRENCY, as TensorRT-LLM's fleet launcher strips it). `supervisor`:
+        the process whose death ends the deployment (None: this coordinator)."""
         self.table = table
+        self.supervisor = supervisor or ProcessId.of(os.getpid())
+        self.adopted = 0  # live workers of a dead coordinator taken over by `adopt`
         self.drop_env = drop_env
         self.worker_timeout_s = worker_timeout_s
         self.stuck_kills = 0  # workers killed by `watch` for a stale heartbeat
@@ -91,15 +129,54 @@ class FleetSupervisor:
         return [w.proc.pid for w in self.workers.values()]
 
     def start(self) -> None:
+        """Start a worker for every fleet index not held by an adopted one, and the standby."""
         for index in range(self.num_workers):
-            self._spawn(index, quick_deaths=0)
+            if index not in self.workers:
+                self._spawn(index, quick_deaths=0)
         self._start_standby()
+
+    def adopt(self) -> list[int]:
+        """A restarted coordinator, before `start`: take over the live workers the table's rows
+        name (fleet index, pid, start time), reclaim the rows of those that died meanwhile, and
+        stop any live worker whose index this fleet no longer has. Returns the adopted indexes."""
+        loop = asyncio.get_running_loop()
+        for row in self.table.rows():
+            proc = ProcessId(row.pid, row.starttime)
+            pidfd = proc.pidfd()
+            if pidfd is None or row.fleet_index in self.workers or row.fleet_index < 0:
+                if pidfd is not None:  # a duplicate index, or not a fleet worker: not ours to keep
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+                    os.close(pidfd)
+                    continue
+                held = row.dispatched - row.completed
+                self.table.reclaim_row(row.row)
+                if 0 <= row.fleet_index < self.num_workers and self.on_exit is not None:
+                    self.on_exit(row.fleet_index)
+                log.warning("fleet worker %d (pid %d) died while no coordinator ran; reclaimed its row (%d unreleased pick(s))",
+                            row.fleet_index, row.pid, held)
+                continue
+            w = WorkerProc(row.fleet_index, AdoptedProcess(row.pid, pidfd), pidfd, loop.time())
+            self.workers[w.index] = w
+            self._exited[w.index] = asyncio.Event()
+            loop.add_reader(pidfd, self._on_exit, w.index)
+            if w.index >= self.num_workers:  # the config now has fewer: it finishes its requests and goes
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.send_signal(signal.SIGTERM)
+        self.adopted = sum(isinstance(w.proc, AdoptedProcess) for w in self.workers.values())
+        if self.workers:
+            log.info("adopted %d live fleet worker(s): %s", self.adopted, ", ".join(f"{w.index} (pid {w.proc.pid})" for w in self.workers.values()))
+        return sorted(self.workers)
 
     def _popen(self, index: str, stdin: int | None = None) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k not in self.drop_env}
         env.update(self.env, SHMDISAGG_CONFIG=self.config_path, SHMDISAGG_WORKER_INDEX=index)
+        env[SUPERVISOR_ENV] = str(self.supervisor)
+        # die with the coordinator only when nothing would restart it (it is its own supervisor)
+        alone = self.supervisor.pid == os.getpid()
         return subprocess.Popen(
-            [sys.executable, "-m", "shmdisagg.fleet.worker"], env=env, stdin=stdin, preexec_fn=_worker_preexec, close_fds=True
+            [sys.executable, "-m", "shmdisagg.fleet.worker"], env=env, stdin=stdin, preexec_fn=_worker_preexec_dying if alone else _worker_preexec,
+            close_fds=True,
         )
 
     def _start_standby(self) -> None:
@@ -136,7 +213,7 @@ class FleetSupervisor:
         w = self.workers.pop(index)
         loop.remove_reader(w.pidfd)
         os.close(w.pidfd)
-        code = w.proc.wait()  # already exited: reaps the zombie without blocking
+        code = w.proc.wait()  # already exited: reaps the zombie without blocking (None: adopted, not ours to reap)
         held = sum(r.dispatched - r.completed for r in self.table.rows() if r.pid == w.proc.pid)
         rows = self.table.reclaim_rows_of_pid(w.proc.pid)
         if held:  # a clean stop releases every pick first (worker.GracefulStop): a crash or a SIGKILL
@@ -153,7 +230,8 @@ class FleetSupervisor:
         # Back off only when replacements keep dying young (a crash loop), never on a first death.
         quick = w.quick_deaths + 1 if loop.time() - w.started < QUICK_DEATH_S else 0
         delay = RESPAWN_BACKOFF_S[min(max(quick - 1, 0), len(RESPAWN_BACKOFF_S) - 1)]
-        log.warning("fleet worker %d (pid %d) exited with %s; reclaimed %d row(s); restarting in %.1f s", index, w.proc.pid, code, rows, delay)
+        how = f"with {code}" if code is not None else "(adopted: its status is not ours to read)"
+        log.warning("fleet worker %d (pid %d) exited %s; reclaimed %d row(s); restarting in %.1f s", index, w.proc.pid, how, rows, delay)
         loop.call_later(delay, self._respawn, index, quick)
 
     async def watch(self) -> None:
@@ -194,7 +272,7 @@ class FleetSupervisor:
         return killed
 
     def _respawn(self, index: int, quick_deaths: int) -> None:
-        if not self._stopping and index not in self.workers:
+        if not self._stopping and index not in self.workers and index < self.num_workers:
             self._spawn(index, quick_deaths)
 
     async def stop(self, timeout_s: float = 10.0) -> None:

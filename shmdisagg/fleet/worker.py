@@ -27,6 +27,7 @@ the usual paths, so the row is back to zero before the process exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -43,7 +44,9 @@ from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, apply_gc, read_env
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.fleet.app import FleetApp, control_app
 from shmdisagg.ids import DisaggIdGenerator
+from shmdisagg.processes import supervisor_of
 from shmdisagg.procutil import bind_reuseport
+from shmdisagg.shm.segment import cleanup_stale
 from shmdisagg.routing import USES_INDEX, make_policy
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.tokenizer_source import load_routing_tokenizer
@@ -148,11 +151,14 @@ def process_id(config: DisaggConfig, env: TrtllmEnv, worker_index: int) -> int:
     return worker_index % 64
 
 
-async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None = None, overrides: FleetOverrides | None = None) -> None:
+async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None = None, overrides: FleetOverrides | None = None,
+                supervisor_fd: int | None = None) -> None:
+    """Serve until a stop signal, or until the deployment's supervisor exits (`supervisor_fd`,
+    its pidfd: readable then), which stops it the same graceful way."""
     env = env or TrtllmEnv()
     overrides = overrides or FleetOverrides()
     table = ControlTable.attach(config.shm_prefix)
-    row = table.claim_row(os.getpid(), process_starttime(os.getpid()))
+    row = table.claim_row(os.getpid(), process_starttime(os.getpid()), worker_index)
     upstream = UpstreamPool()
     reporter = FailureReporter(config.coordinator_socket)
     hints: KvHints | None = None
@@ -213,6 +219,8 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         server = EmbeddedServer(uv)
         stop = GracefulStop(server, service, config.shmdisagg.timeout_graceful_shutdown_s)
         on_stop_signals(stop)
+        if supervisor_fd is not None:
+            asyncio.get_running_loop().add_reader(supervisor_fd, _supervisor_gone, supervisor_fd, stop)
         try:
             await server.serve(sockets=[sock])
         finally:
@@ -234,7 +242,28 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         table.close()
 
 
+def _supervisor_gone(fd: int, stop: GracefulStop) -> None:
+    """The deployment's supervisor exited (SIGKILLed, or it stopped without reaching us): the
+    deployment is over, whether or not a coordinator still runs."""
+    asyncio.get_running_loop().remove_reader(fd)
+    log.warning("the deployment's supervisor exited: stopping")
+    stop()
+
+
+def _last_out(config: DisaggConfig) -> None:
+    """After a stop because the supervisor died: when no coordinator holds the table either,
+    nobody else will remove the deployment's segments and sockets (`cleanup_stale` refuses while
+    a live coordinator holds the lock, and any worker still stopping keeps its mappings)."""
+    with contextlib.suppress(Exception):
+        cleanup_stale(config.shm_prefix, (config.coordinator_socket, config.kv_hint_socket))
+
+
 def main() -> int:
+    # the deployment's supervisor, watched from the start: when it dies, so does the deployment
+    supervisor = supervisor_of(os.environ)
+    supervisor_fd = supervisor.pidfd() if supervisor is not None else None
+    if supervisor is not None and supervisor_fd is None:
+        return 0  # gone before we started
     overrides = FleetOverrides.from_environ()
     try:
         config = overrides.apply(load_config(os.environ["SHMDISAGG_CONFIG"]))
@@ -253,7 +282,9 @@ def main() -> int:
         level=LOG_LEVELS[overrides.log_level or config.shmdisagg.log_level],
         format=f"%(asctime)s fleet[{index}:{os.getpid()}] %(levelname)s %(message)s",
     )
-    uvloop.run(serve(config, index, env, overrides))
+    uvloop.run(serve(config, index, env, overrides, supervisor_fd))
+    if supervisor is not None and not supervisor.alive():
+        _last_out(config)
     return 0
 
 

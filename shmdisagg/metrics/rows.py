@@ -74,7 +74,22 @@ class MetricsSegment:
     def attach(cls, prefix: str, *, read_only: bool = False) -> MetricsSegment:
         """Map an existing segment. Raises FileNotFoundError when there is none, SegmentNotReady
         when its header is not (yet) this version's layout."""
-        segment = Segment.attach(segment_name(prefix), read_only=read_only, min_size=HEADER_BYTES)
+        return cls._checked(Segment.attach(segment_name(prefix), read_only=read_only, min_size=HEADER_BYTES))
+
+    @classmethod
+    def adopt(cls, prefix: str, num_workers: int) -> MetricsSegment:
+        """A restarted coordinator: take over the dead one's segment (its counts go on). Raises
+        FileNotFoundError when there is none, SegmentNotReady when its layout is another
+        version's or it has rows for another `num_workers`, DeploymentRunning when it is locked."""
+        metrics = cls._checked(Segment.adopt(segment_name(prefix)))
+        if metrics.rows != FIRST_WORKER_ROW + num_workers:
+            metrics.close()
+            raise SegmentNotReady(f"{metrics.name}: rows for {metrics.rows - FIRST_WORKER_ROW} workers, not {num_workers}")
+        return metrics
+
+    @classmethod
+    def _checked(cls, segment: Segment) -> MetricsSegment:
+        """`segment` as a metrics segment, its header checked; closed on SegmentNotReady."""
         try:
             magic, version, layout, words, rows, stride = _HEADER.unpack_from(segment.mm, 0)
             if magic != MAGIC or version != VERSION or layout != LAYOUT_HASH or words != LAYOUT.words:

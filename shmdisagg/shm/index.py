@@ -31,13 +31,15 @@ import threading
 import time
 from array import array
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+import posix_ipc
+
 from shmdisagg._native import Index
 from shmdisagg.shm.layout import LAG_BUCKETS, index_name, index_size
-from shmdisagg.shm.segment import RetryExhausted, Segment, SegmentNotReady, ShmError
+from shmdisagg.shm.segment import RetryExhausted, Segment, SegmentNotReady, ShmError, segment_names
 from shmdisagg.shm.table import ControlTable
 
 __all__ = ["BlockIndex", "IndexSettings", "IndexStats", "lag_bucket_edges", "pack_hashes"]
@@ -202,6 +204,22 @@ class BlockIndex:
             _discard(segment, ix)
             raise
         return cls(table, segment, ix, True, settings)
+
+    @classmethod
+    def adopt(cls, table: ControlTable, settings: IndexSettings | None = None) -> BlockIndex | None:
+        """A restarted coordinator (owning `table` by `ControlTable.adopt`): become the writer of
+        the generation the dead one published, so the blocks and conversation sessions it holds
+        go on serving; generations it had retired or was building are unlinked. None if no
+        generation is published (create one)."""
+        mapped = _map_published(table)
+        if mapped is None:
+            return None
+        segment, ix = mapped
+        for name in segment_names(index_name(table.prefix, 0)[:-1]):
+            if name != segment.name:
+                with suppress(posix_ipc.ExistentialError):
+                    posix_ipc.unlink_shared_memory(name)
+        return cls(table, segment, ix, True, settings or IndexSettings())
 
     @classmethod
     def attach(cls, table: ControlTable, *, timeout: float = 2.0) -> BlockIndex:

@@ -207,6 +207,36 @@ class Segment:
             shm.close_fd()  # the mapping outlives the fd; only the creator keeps its fd (flock)
         return cls(name, mm, None)
 
+    @classmethod
+    def adopt(cls, name: str) -> Segment:
+        """Take over an existing segment whose creator died: flock it, check its owner and mode,
+        map it writable at its current size. The new owner is the single writer, as its creator
+        was (a restarted coordinator, shm_design.md §5.3).
+
+        Raises FileNotFoundError if it does not exist, DeploymentRunning if a live process holds
+        its flock, ShmError if its owner or mode is wrong.
+        """
+        try:
+            shm = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError as e:
+            raise FileNotFoundError(errno.ENOENT, "no such shared-memory segment", name) from e
+        try:
+            st = os.fstat(shm.fd)
+            try:
+                fcntl.flock(shm.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = _lock_holder(st.st_ino)
+                raise DeploymentRunning(f"{name} is locked by a running coordinator (pid {pid if pid is not None else 'unknown'})") from None
+            if st.st_uid != os.getuid():
+                raise ShmError(f"{name} belongs to uid {st.st_uid}, not {os.getuid()}: refusing to adopt")
+            if st.st_mode & 0o077:
+                raise ShmError(f"{name} has mode {st.st_mode & 0o777:04o}, expected 0600: refusing to adopt")
+            mm = mmap.mmap(shm.fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            shm.close_fd()
+            raise
+        return cls(name, mm, shm)
+
     def close(self) -> None:
         """Unmap and, in the creator, close the fd (dropping the flock). Idempotent.
 

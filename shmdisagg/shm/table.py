@@ -19,11 +19,13 @@ from typing import Any, TypeVar
 import posix_ipc
 
 from shmdisagg._native import Region
+from shmdisagg.processes import process_starttime
 from shmdisagg.shm.layout import (
     COORD_RUNNING,
     COORD_STARTING,
     COORD_STOPPING,
     HEADER_BYTES,
+    MAX_SERVERS,
     ROLE_CONTEXT,
     ROLE_GENERATION,
     mapped_size,
@@ -83,16 +85,6 @@ class RowInfo:
     dispatched: int
     completed: int
     fleet_index: int = -1  # the owner's index in the fleet; -1 when it gave none
-
-
-def process_starttime(pid: int) -> int:
-    """Start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22); guards pid reuse.
-
-    Raises FileNotFoundError if the process is gone.
-    """
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    return int(stat[stat.rindex(b")") + 2 :].split()[19])
 
 
 def _retrying(fn: Callable[..., _T], *args: Any) -> _T:
@@ -165,6 +157,59 @@ class ControlTable:
             segment.unlink()
             raise
         return cls(prefix, segment, region)
+
+    @classmethod
+    def adopt(cls, prefix: str, max_workers: int = 128) -> ControlTable:
+        """A restarted coordinator: take over "-ctl" from a dead one, as shm_design.md §5.3
+        describes (take the flock, check magic, layout version, owner and mode, repair what a
+        write cut short left odd). The worker rows, server records, KV index publication and
+        retired totals go on as they were; the caller stores its own coordinator line next.
+
+        Raises FileNotFoundError if there is no "-ctl", DeploymentRunning if a live coordinator
+        holds it, LayoutMismatch if another build made it, ShmError if its owner or mode is
+        wrong, SegmentNotReady if it never became READY, has rows for another `max_workers`, or
+        its index publication was cut mid-write (start afresh then).
+        """
+        segment = Segment.adopt(f"/{prefix}-ctl")
+        region = None
+        try:
+            region = Region(segment.mm)
+            if not region.check_control():
+                raise SegmentNotReady(f"{segment.name}: its creator died before marking it READY")
+            if region.max_workers != max_workers:
+                raise SegmentNotReady(f"{segment.name}: {region.max_workers} worker rows, the config asks for {max_workers}")
+            table = cls(prefix, segment, region)
+            table._repair()
+        except BaseException:
+            if region is not None:
+                region.release()
+            segment.close()
+            raise
+        return table
+
+    def _repair(self) -> None:
+        """After adoption: a seqlocked block left odd by the dead writer is rewritten whole (a
+        server record that cannot be read is removed: the coordinator registers it again)."""
+        region = self._region
+        try:
+            _retrying(region.index_publication)
+        except RetryExhausted:
+            raise SegmentNotReady(f"{self.name}: the index publication was cut mid-write") from None
+        records: list[int | None] = []
+        torn = False
+        for slot in range(MAX_SERVERS):
+            try:
+                records.append(_retrying(region.read_server, slot)[1])
+            except RetryExhausted:
+                records.append(None)
+                torn = True
+        try:
+            _retrying(region.read_config)
+        except RetryExhausted:
+            torn = True
+        if torn:  # rebuild the config block bit by bit from the records (each call rewrites both)
+            for slot, flags in enumerate(records):
+                region.set_server_flags(slot, flags if flags is not None and split_flags(flags)[0] else 0)
 
     @classmethod
     def attach(cls, prefix: str, *, timeout: float = 2.0, read_only: bool = False) -> ControlTable:
