@@ -169,7 +169,10 @@ def test_a_refused_second_launch_leaves_the_live_deployments_sockets(tmp_path: P
     assert not os.path.exists(sockets[0]) and not os.path.exists(sockets[1])
 
 
-def test_the_launcher_removes_a_hard_killed_coordinators_sockets_and_segments(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
+def test_a_stop_right_after_a_hard_kill_of_the_coordinator_removes_its_sockets_segments_and_fleet(
+    tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str
+) -> None:
+    """The launcher may be restarting the coordinator when it is told to stop: nothing stays."""
     kv = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}  # the fakes stand for real executors
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], routers=(kv, kv))
@@ -177,36 +180,13 @@ def test_the_launcher_removes_a_hard_killed_coordinators_sockets_and_segments(tm
             sockets = [dep.config.coordinator_socket, dep.config.kv_hint_socket]
             assert all(os.path.exists(p) for p in sockets)
             assert dep.coordinator is not None
+            fleet = descendants(dep.coordinator.proc.pid)
             dep.coordinator.proc.kill()
             dep.coordinator.proc.wait()
             assert all(os.path.exists(p) for p in sockets) and glob.glob(f"/dev/shm/{shm_prefix}*")
             dep.stop()
             assert not [p for p in sockets if os.path.exists(p)]
             assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
-
-
-def test_a_dead_coordinator_stops_the_whole_launch_in_one_line(tmp_path: Path, shm_prefix: str) -> None:
-    """What README says happens when the coordinator dies under `shmdisagg launch`: its fleet
-    goes with it (parent-death signal), the launcher stops the executors and removes what the
-    coordinator left, says so in one line and exits 1. Nothing is restarted."""
-    with fake_executors(["c0", "g0"]) as (ctx, gen):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr])
-        proc = _launch(cfg)
-        try:
-            assert proc.stdout is not None
-            assert b"listening on" in proc.stdout.readline()
-            coordinator = next(p for p in descendants(proc.pid) if b"shmdisagg.coordinator" in Path(f"/proc/{p}/cmdline").read_bytes())
-            children = descendants(proc.pid)
-            os.kill(coordinator, signal.SIGKILL)
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert proc.returncode == 1, err
-        errors = [line for line in err.decode().splitlines() if line.startswith("shmdisagg")]
-        assert errors == ["shmdisagg: the coordinator exited (killed by SIGKILL); the deployment is stopped (launch does not restart it)"], err
-        assert b"shmdisagg stopped" in out
-        # the workers got SIGTERM when their coordinator died: each ends its graceful stop itself
-        wait_until(lambda: not [p for p in children if alive(p)], timeout_s=30, what="the fleet workers to exit")
-        assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
-        assert not os.path.exists(tmp_path / "coord.sock")
+            # the workers are stopped by then; the standby, if still importing, reads its EOF next
+            assert fleet
+            wait_until(lambda: not [p for p in fleet if alive(p)], timeout_s=30, what="the dead coordinator's fleet and standby to exit")

@@ -1,0 +1,120 @@
+"""The deployment's supervisor keeps the coordinator running (`coordinator/keeper.py`): a
+coordinator that dies after it served is replaced by one that adopts; one that fails to start,
+or exits 0 (stopped), is not; replacements that keep failing end the deployment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from shmdisagg.config import load_config
+from shmdisagg.coordinator import keeper as keeper_mod
+from shmdisagg.coordinator.keeper import CoordinatorKeeper
+from tests.integration.harness import write_config
+
+# A stand-in coordinator: reports ready (or not), then exits with the code it is told.
+FAKE = r"""
+import os, sys, time
+ready, code, linger = sys.argv[1] == "1", int(sys.argv[2]), float(sys.argv[3])
+if ready:
+    os.write(int(os.environ["SHMDISAGG_READY_FD"]), b"R")
+time.sleep(linger)
+sys.exit(code)
+"""
+
+
+class Script:
+    """Each start runs the next (ready, exit code, seconds before it exits); records the env."""
+
+    def __init__(self, runs: list[tuple[bool, int, float]]) -> None:
+        self.runs = runs
+        self.envs: list[dict[str, str]] = []
+
+    def __call__(self, env: dict[str, str], fds: Sequence[int]) -> subprocess.Popen[bytes]:
+        ready, code, linger = self.runs[len(self.envs)]
+        self.envs.append(env)
+        return subprocess.Popen([sys.executable, "-c", FAKE, "1" if ready else "0", str(code), str(linger)],
+                                env={**os.environ, **env}, pass_fds=tuple(fds))
+
+
+def _run(keeper: CoordinatorKeeper, timeout_s: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (code := keeper.check()) is None:
+        assert time.monotonic() < deadline, "the keeper never ended"
+        time.sleep(0.01)
+    return code
+
+
+@pytest.fixture
+def config(tmp_path: Path, shm_prefix: str):  # type: ignore[no-untyped-def]
+    return load_config(write_config(tmp_path, shm_prefix, ["127.0.0.1:1"], ["127.0.0.1:2"]))
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keeper_mod, "RESTART_BACKOFF_S", (0.0,))
+
+
+def test_a_coordinator_that_dies_after_it_served_is_replaced_by_one_that_adopts(config) -> None:  # type: ignore[no-untyped-def]
+    script = Script([(True, -9, 0.1), (True, 0, 0.3)])  # killed after serving; the replacement is stopped later
+    keeper = CoordinatorKeeper(script, config)
+    keeper.start()
+    assert _run(keeper) == 0
+    assert keeper.restarts == 1
+    first, second = script.envs
+    assert "SHMDISAGG_ADOPT" not in first and second["SHMDISAGG_ADOPT"] == "1"
+    assert first["SHMDISAGG_SUPERVISOR"] == second["SHMDISAGG_SUPERVISOR"] == str(keeper.identity)
+
+
+def test_a_coordinator_that_fails_to_start_is_not_restarted(config) -> None:  # type: ignore[no-untyped-def]
+    script = Script([(False, 1, 0.0)])
+    keeper = CoordinatorKeeper(script, config)
+    keeper.start()
+    assert _run(keeper) == 1 and keeper.restarts == 0
+
+
+def test_a_coordinator_killed_before_it_served_ends_the_deployment_with_128_plus_the_signal(config) -> None:  # type: ignore[no-untyped-def]
+    keeper = CoordinatorKeeper(Script([(False, 0, 30.0)]), config)
+    keeper.start()
+    assert keeper.proc is not None
+    keeper.proc.kill()
+    assert _run(keeper) == 137 and keeper.restarts == 0
+
+
+def test_a_coordinator_that_exits_0_was_stopped_and_is_not_restarted(config) -> None:  # type: ignore[no-untyped-def]
+    keeper = CoordinatorKeeper(Script([(True, 0, 0.0)]), config)
+    keeper.start()
+    assert _run(keeper) == 0 and keeper.restarts == 0
+
+
+def test_replacements_that_keep_failing_end_the_deployment(config) -> None:  # type: ignore[no-untyped-def]
+    runs = [(True, -9, 0.0)] + [(False, 1, 0.0)] * keeper_mod.MAX_FAILED_RESTARTS
+    keeper = CoordinatorKeeper(Script(runs), config)
+    keeper.start()
+    assert _run(keeper) == 1
+    assert keeper.restarts == keeper_mod.MAX_FAILED_RESTARTS
+
+
+def test_one_that_serves_again_resets_the_failure_count(config) -> None:  # type: ignore[no-untyped-def]
+    n = keeper_mod.MAX_FAILED_RESTARTS - 1
+    runs = [(True, -9, 0.0)] + [(False, 1, 0.0)] * n + [(True, -9, 0.0)] + [(False, 1, 0.0)] * n + [(True, 0, 0.0)]
+    keeper = CoordinatorKeeper(Script(runs), config)
+    keeper.start()
+    assert _run(keeper) == 0 and keeper.restarts == 2 * n + 2
+
+
+def test_stop_terminates_the_coordinator_and_reports_its_status(config) -> None:  # type: ignore[no-untyped-def]
+    keeper = CoordinatorKeeper(Script([(True, 0, 60.0)]), config)
+    keeper.start()
+    deadline = time.monotonic() + 10
+    while not keeper.served:
+        assert keeper.check() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    assert keeper.stop(10.0) == 128 + 15  # the stand-in does not handle SIGTERM: killed by it
+    assert keeper.proc is not None and keeper.proc.returncode == -15
