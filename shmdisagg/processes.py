@@ -6,8 +6,8 @@ them: `coordinator/adoption.py`), so they cannot die with their parent. They die
 deployment's **supervisor** instead: the process whose death ends the deployment (the launcher
 under `shmdisagg launch`, the small parent under `shmdisagg serve`, or the coordinator itself
 when it runs alone). Its identity travels in SUPERVISOR_ENV as "pid:starttime"; a worker opens a
-pidfd on it at start and stops when it becomes readable (`os.pidfd_open` works for non-children,
-shm_design.md §5.2).
+pidfd on it at start and stops when it becomes readable (pidfds work for non-children
+and become readable once the process exits).
 
 A pid alone is not an identity (pids are reused), and /proc/<pid> of a zombie still exists: a
 process is alive only if /proc/<pid>/stat shows the same start time and a state other than Z

@@ -2,7 +2,7 @@
 
 The deployment's supervisor (`coordinator/keeper.py`) starts a replacement with `adopt` set
 (SHMDISAGG_ADOPT=1). It takes over the dead coordinator's segments instead of starting from
-zero (shm_design.md §5.3 and §9.8): the control segment (flock, magic, layout version, owner and
+zero: the control segment (flock, magic, layout version, owner and
 mode checked, odd seqlocks repaired: `ControlTable.adopt`), so the worker rows (load counts),
 server records and health marks go on as they were; the published KV block index generation,
 so the blocks and conversation sessions go on routing (`BlockIndex.adopt`); and the metrics

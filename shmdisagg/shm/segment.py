@@ -211,7 +211,7 @@ class Segment:
     def adopt(cls, name: str) -> Segment:
         """Take over an existing segment whose creator died: flock it, check its owner and mode,
         map it writable at its current size. The new owner is the single writer, as its creator
-        was (a restarted coordinator, shm_design.md §5.3).
+        was (a restarted coordinator).
 
         Raises FileNotFoundError if it does not exist, DeploymentRunning if a live process holds
         its flock, ShmError if its owner or mode is wrong.

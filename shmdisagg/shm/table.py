@@ -160,8 +160,8 @@ class ControlTable:
 
     @classmethod
     def adopt(cls, prefix: str, max_workers: int = 128) -> ControlTable:
-        """A restarted coordinator: take over "-ctl" from a dead one, as shm_design.md §5.3
-        describes (take the flock, check magic, layout version, owner and mode, repair what a
+        """A restarted coordinator: take over "-ctl" from a dead one, as the design notes
+        describe (take the flock, check magic, layout version, owner and mode, repair what a
         write cut short left odd). The worker rows, server records, KV index publication and
         retired totals go on as they were; the caller stores its own coordinator line next.
 

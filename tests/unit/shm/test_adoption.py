@@ -80,7 +80,7 @@ def test_a_server_record_left_odd_by_the_dead_writer_is_removed_and_the_config_r
     table = ControlTable.create(shm_prefix, 8)
     table.publish_server(0, "127.0.0.1:9001", ROLE_CONTEXT, True)
     table.publish_server(1, "127.0.0.1:9002", ROLE_GENERATION, True)
-    # the coordinator died between the odd and the even store of record 1 (shm_design.md §3.2)
+    # the coordinator died between the odd and the even store of record 1
     seq = layout.server_seq_offset(1)
     mm = table._segment.mm
     struct.pack_into("<Q", mm, seq, struct.unpack_from("<Q", mm, seq)[0] + 1)
