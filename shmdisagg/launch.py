@@ -168,6 +168,7 @@ class Deployment:
         self._keeper_lock = threading.Lock()
         self._keeping: threading.Thread | None = None
         self._coordinator_gone = threading.Event()
+        self._coordinator_standby: Child | None = None  # the keeper's warm replacement
 
     @property
     def url(self) -> str:
@@ -212,7 +213,7 @@ class Deployment:
 
     def _spawn(
         self, name: str, argv: list[str], log_to_file: bool, env: dict[str, str] | None = None, own_group: bool = False,
-        new_session: bool = False, pass_fds: Sequence[int] = (),
+        new_session: bool = False, pass_fds: Sequence[int] = (), standby: bool = False,
     ) -> Child:
         """`own_group`: the child leads its own process group and is signalled with it;
         `new_session`: its own session too, but signals go to the child alone. The child is
@@ -239,7 +240,11 @@ class Deployment:
                     pass_fds=tuple(pass_fds),
                 )
                 child = Child(name, proc, log_path, out, own_group=own_group)
-                if name == "coordinator":
+                if name == "coordinator" and standby:
+                    if self._coordinator_standby is not None and self._coordinator_standby.log_file:
+                        self._coordinator_standby.log_file.close()  # a standby that died
+                    self._coordinator_standby = child
+                elif name == "coordinator":
                     if self.coordinator is not None and self.coordinator.log_file:
                         self.coordinator.log_file.close()  # the one it replaces (a restart)
                     self.coordinator = child
@@ -324,7 +329,7 @@ class Deployment:
         # the coordinator (and so its fleet) in order, never one caught in the middle of its imports.
         # SHMDISAGG_LAUNCHED: an interrupted start-up is reported by the launcher, not twice
         child = self._spawn("coordinator", argv, log_to_file=self.background, env={"SHMDISAGG_LAUNCHED": "1", **env}, new_session=True,
-                            pass_fds=fds)
+                            pass_fds=fds, standby="SHMDISAGG_STANDBY_FD" in env)
         child.health_url = f"{self.url}/health"
         return child.proc
 
@@ -336,6 +341,11 @@ class Deployment:
                 if self.keeper is None or self.keeper.stopping:
                     return
                 code = self.keeper.check()
+                standby = self._coordinator_standby
+                if standby is not None and standby.proc is self.keeper.proc:  # promoted
+                    if self.coordinator is not None and self.coordinator.log_file:
+                        self.coordinator.log_file.close()
+                    self.coordinator, self._coordinator_standby = standby, None
                 if code is not None:
                     self.coordinator_exit = code
                     self._coordinator_gone.set()
@@ -425,7 +435,7 @@ class Deployment:
 
     def _owns(self, pid: int) -> bool:
         """For `reap_orphans`: an executor or the coordinator is reaped through its Popen."""
-        for child in [*self.executors, *([self.coordinator] if self.coordinator else [])]:
+        for child in [*self.executors, *(c for c in (self.coordinator, self._coordinator_standby) if c is not None)]:
             if child.proc.pid == pid:
                 child.proc.poll()
                 return True
@@ -438,6 +448,12 @@ class Deployment:
             keeper.stopping = True
         if self._keeping is not None and self._keeping is not threading.current_thread():
             self._keeping.join()
+        if keeper is not None:
+            keeper.stop_standby()
+        if self._coordinator_standby is not None:
+            if self._coordinator_standby.log_file:
+                self._coordinator_standby.log_file.close()
+            self._coordinator_standby = None
         if self.coordinator is not None:
             _terminate([self.coordinator], coordinator_stop_timeout(self.config))
             if self.coordinator.log_file:

@@ -23,6 +23,8 @@ from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_le
 
 def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
     """`env`: TensorRT-LLM's variables already read (and their warnings shown) by the caller."""
+    if not wait_for_promotion(os.environ):
+        return 0
     parser = argparse.ArgumentParser(prog="shmdisagg-coordinator")
     parser.add_argument("-c", "--config", required=True)
     parser.add_argument("-s", "--schedule_style", choices=["context_first", "generation_first"], help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE")
@@ -57,6 +59,24 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
         print(f"shmdisagg: coordinator failed to start: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def wait_for_promotion(environ: Mapping[str, str]) -> bool:
+    """A standby coordinator (SHMDISAGG_STANDBY_FD, `coordinator/keeper.py`), its imports done:
+    block until the keeper makes it the coordinator (one byte: True) or goes away (EOF: False).
+    A terminal's Ctrl-C is the running coordinator's business, not a waiting standby's."""
+    fd = environ.get("SHMDISAGG_STANDBY_FD", "")
+    if not fd.isdigit():
+        return True
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        got = os.read(int(fd), 1)
+    except OSError:
+        got = b""
+    finally:
+        os.close(int(fd))
+        signal.signal(signal.SIGINT, old)
+    return bool(got)
 
 
 def supervised(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -8,6 +8,11 @@ parent process under `shmdisagg serve` (`run_supervised`). Its identity ("pid:st
 stops when the supervisor dies: a SIGKILLed supervisor leaves no process behind (the coordinator
 gets a parent-death signal, the workers see the supervisor's pidfd become readable).
 
+Restarting costs a fresh Python process's imports (about 1.5 s of CPU, several seconds on a
+loaded machine), so once a coordinator serves, the keeper starts a **standby** coordinator: it
+imports everything, then blocks on the pipe named in SHMDISAGG_STANDBY_FD; when the coordinator
+dies, one byte on that pipe makes the standby the replacement at once (EOF: it exits quietly).
+
 A coordinator tells its supervisor that its fleet serves by writing one byte to the pipe named
 in SHMDISAGG_READY_FD. One that dies before that failed to start: its exit status is the
 deployment's (a start-up failure is not retried, as before). One that dies after it is started
@@ -80,9 +85,24 @@ class CoordinatorKeeper:
         self.adopt_port: int | None = None
         self._ready: int | None = None  # read end of the current coordinator's ready pipe
         self._restart_at: float | None = None
+        self.standby: subprocess.Popen[bytes] | None = None  # a warm replacement, waiting
+        self._standby_go: int | None = None  # write end of its go pipe
+        self._standby_ready: int | None = None  # read end of its ready pipe
 
     def start(self, adopt: bool = False) -> subprocess.Popen[bytes]:
-        """Start a coordinator (`adopt`: one that takes over from a dead one)."""
+        """Start a coordinator (`adopt`: one that takes over from a dead one): the warm standby
+        when one waits, else a new process."""
+        if adopt and self._promote():
+            assert self.proc is not None
+            return self.proc
+        proc, ready = self._spawn(adopt)
+        self._close_ready()
+        self.proc, self._ready, self.served = proc, ready, False
+        return proc
+
+    def _spawn(self, adopt: bool, go: int | None = None) -> tuple[subprocess.Popen[bytes], int]:
+        """A coordinator process and the read end of its ready pipe; `go`: the read end of a
+        standby's go pipe (it waits on it)."""
         read, write = os.pipe()
         os.set_blocking(read, False)
         env = {SUPERVISOR_ENV: str(self.identity), "SHMDISAGG_READY_FD": str(write)}
@@ -90,16 +110,59 @@ class CoordinatorKeeper:
             env["SHMDISAGG_ADOPT"] = "1"
             if self.adopt_port is not None:
                 env["SHMDISAGG_ADOPT_PORT"] = str(self.adopt_port)
+        if go is not None:
+            env["SHMDISAGG_STANDBY_FD"] = str(go)
         try:
-            self.proc = self.spawn(env, (write,))
+            proc = self.spawn(env, (write,) if go is None else (write, go))
         except BaseException:
             os.close(read)
             raise
         finally:
             os.close(write)
+        return proc, read
+
+    def _start_standby(self) -> None:
+        """A standby coordinator (an adopter, waiting on its go pipe), once one serves."""
+        go_read, go_write = os.pipe()
+        try:
+            self.standby, self._standby_ready = self._spawn(adopt=True, go=go_read)
+        except OSError as err:  # no standby: a restart starts a process then
+            os.close(go_write)
+            log.warning("no standby coordinator (%s)", err)
+            return
+        finally:
+            os.close(go_read)
+        self._standby_go = go_write
+
+    def _promote(self) -> bool:
+        """Make the standby the coordinator; False when there is none alive."""
+        standby, go, ready = self.standby, self._standby_go, self._standby_ready
+        self.standby = self._standby_go = self._standby_ready = None
+        if standby is None or go is None or ready is None:
+            return False
+        try:
+            if standby.poll() is not None:
+                raise OSError("it exited")
+            os.write(go, b"G")
+        except OSError:
+            os.close(ready)
+            return False
+        finally:
+            os.close(go)
         self._close_ready()
-        self._ready, self.served = read, False
-        return self.proc
+        self.proc, self._ready, self.served = standby, ready, False
+        return True
+
+    def stop_standby(self) -> None:
+        standby, self.standby = self.standby, None
+        for fd in (self._standby_go, self._standby_ready):
+            if fd is not None:
+                os.close(fd)  # EOF on its go pipe: a waiting standby exits by itself
+        self._standby_go = self._standby_ready = None
+        if standby is not None:
+            with contextlib.suppress(ProcessLookupError):
+                standby.kill()
+            standby.wait()
 
     def check(self) -> int | None:
         """One supervision step: None while a coordinator runs or is about to be restarted,
@@ -116,16 +179,21 @@ class CoordinatorKeeper:
         assert self.proc is not None
         code = self.proc.poll()
         if code is None:
+            if self.served and not self.stopping and (self.standby is None or self.standby.poll() is not None):
+                self.stop_standby()  # reaps one that died
+                self._start_standby()
             return None
         self._read_ready()  # a byte written just before it died still counts
         self._close_ready()
         if self.stopping or code == 0 or not self.ever_served:
             self.final = exit_status(code)  # stopped, or failed to start: not a crash to restart
+            self.stop_standby()
             return self.final
         self.failed_in_row = 0 if self.served else self.failed_in_row + 1
         if self.failed_in_row >= MAX_FAILED_RESTARTS:
             log.error("coordinator restarts keep failing (%d in a row, last exit %s): stopping the deployment", self.failed_in_row, code)
             self.final = 1
+            self.stop_standby()
             return self.final
         delay = RESTART_BACKOFF_S[min(self.failed_in_row, len(RESTART_BACKOFF_S) - 1)]
         why = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit {code}"
@@ -137,6 +205,7 @@ class CoordinatorKeeper:
         """Stop the coordinator (SIGTERM, SIGKILL after `timeout_s`, default
         `coordinator_stop_timeout`), then any fleet worker a dead one left; returns the exit status."""
         self.stopping = True
+        self.stop_standby()
         timeout_s = coordinator_stop_timeout(self.config) if timeout_s is None else timeout_s
         proc = self.proc
         if proc is not None and proc.poll() is None:
@@ -157,9 +226,10 @@ class CoordinatorKeeper:
 
     def owns(self, pid: int) -> bool:
         """For `reap_orphans`: the current coordinator is ours (reaped through its Popen)."""
-        if self.proc is not None and self.proc.pid == pid:
-            self.proc.poll()
-            return True
+        for proc in (self.proc, self.standby):
+            if proc is not None and proc.pid == pid:
+                proc.poll()
+                return True
         return False
 
     def _read_ready(self) -> None:

@@ -53,7 +53,7 @@ WAIT_NOTICE_S = 1.0  # executors not ready after this long at start-up: say what
 WAIT_REPORT_S = 10.0  # ...and again this often, naming the servers still not ready
 COORD_RUNNING, COORD_STOPPING = 1, 2
 # what the supervisor tells its coordinator alone (`StartOptions`): never a fleet worker's business
-SUPERVISOR_ONLY = ("SHMDISAGG_ADOPT", "SHMDISAGG_ADOPT_PORT", "SHMDISAGG_READY_FD")
+SUPERVISOR_ONLY = ("SHMDISAGG_ADOPT", "SHMDISAGG_ADOPT_PORT", "SHMDISAGG_READY_FD", "SHMDISAGG_STANDBY_FD")
 
 
 class StartupError(RuntimeError):

@@ -174,8 +174,14 @@ def _launch(cfg: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(cfg)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _coordinators(launcher: int) -> list[int]:
-    return [p for p in descendants(launcher) if alive(p) and b"shmdisagg.coordinator" in _cmdline(p)]
+def _coordinator_pid(prefix: str) -> int | None:
+    """The running coordinator as its table says (not the warm standby waiting to replace it)."""
+    try:
+        with ControlTable.attach(prefix, timeout=0.0, read_only=True) as table:
+            coord = table.coordinator()
+    except (FileNotFoundError, OSError):
+        return None
+    return coord["pid"] if coord["state"] == COORD_RUNNING and ProcessId(coord["pid"], coord["starttime"]).alive() else None
 
 
 def _cmdline(pid: int) -> bytes:
@@ -193,10 +199,11 @@ def test_under_launch_a_sigkilled_coordinator_is_replaced_and_a_stop_leaves_noth
         try:
             assert proc.stdout is not None and b"listening on" in proc.stdout.readline()
             wait_until(lambda: _fleet(port) == 2, what="the fleet")
-            [old] = _coordinators(proc.pid)
+            old = _coordinator_pid(shm_prefix)
+            assert old is not None and old in descendants(proc.pid)
             workers = {p for p in descendants(proc.pid) if b"shmdisagg.fleet.worker" in _cmdline(p)}
             os.kill(old, signal.SIGKILL)
-            wait_until(lambda: [p for p in _coordinators(proc.pid) if p != old], timeout_s=60, what="a new coordinator")
+            wait_until(lambda: _coordinator_pid(shm_prefix) not in (None, old), timeout_s=60, what="a new coordinator")
             assert request_json("127.0.0.1", port, "GET", "/health")[0] == 200
             everything = descendants(proc.pid) | workers
             wait_until(lambda: request_json("127.0.0.1", port, "GET", "/cluster_info")[1]["coordinator_pid"] != old, what="the fleet to see it")
@@ -218,7 +225,8 @@ def test_a_coordinator_that_cannot_be_restarted_ends_the_launch_in_one_line(tmp_
         proc = _launch(cfg)
         try:
             assert proc.stdout is not None and b"listening on" in proc.stdout.readline()
-            [old] = _coordinators(proc.pid)
+            old = _coordinator_pid(shm_prefix)
+            assert old is not None
             everything = descendants(proc.pid)
             assert "num_workers: 2\n" in cfg.read_text()
             cfg.write_text(cfg.read_text().replace("num_workers: 2\n", "num_workers: two\n"))  # every replacement exits 2 at once

@@ -22,6 +22,8 @@ from tests.integration.harness import write_config
 FAKE = r"""
 import os, sys, time
 ready, code, linger = sys.argv[1] == "1", int(sys.argv[2]), float(sys.argv[3])
+if "SHMDISAGG_STANDBY_FD" in os.environ and not os.read(int(os.environ["SHMDISAGG_STANDBY_FD"]), 1):
+    sys.exit(0)  # a standby the keeper let go
 if ready:
     os.write(int(os.environ["SHMDISAGG_READY_FD"]), b"R")
 time.sleep(linger)
@@ -30,17 +32,22 @@ sys.exit(code)
 
 
 class Script:
-    """Each start runs the next (ready, exit code, seconds before it exits); records the env."""
+    """Each process started (a warm standby too: it runs its part once promoted) runs the next
+    (ready, exit code, seconds before it exits); records the env and the pid. A standby started
+    after the last run is never promoted."""
 
     def __init__(self, runs: list[tuple[bool, int, float]]) -> None:
         self.runs = runs
         self.envs: list[dict[str, str]] = []
+        self.pids: list[int] = []
 
     def __call__(self, env: dict[str, str], fds: Sequence[int]) -> subprocess.Popen[bytes]:
-        ready, code, linger = self.runs[len(self.envs)]
+        ready, code, linger = self.runs[len(self.envs)] if len(self.envs) < len(self.runs) else (False, 3, 0.0)
         self.envs.append(env)
-        return subprocess.Popen([sys.executable, "-c", FAKE, "1" if ready else "0", str(code), str(linger)],
+        proc = subprocess.Popen([sys.executable, "-c", FAKE, "1" if ready else "0", str(code), str(linger)],
                                 env={**os.environ, **env}, pass_fds=tuple(fds))
+        self.pids.append(proc.pid)
+        return proc
 
 
 def _run(keeper: CoordinatorKeeper, timeout_s: float = 30.0) -> int:
@@ -67,9 +74,19 @@ def test_a_coordinator_that_dies_after_it_served_is_replaced_by_one_that_adopts(
     keeper.start()
     assert _run(keeper) == 0
     assert keeper.restarts == 1
-    first, second = script.envs
+    first, second = script.envs[:2]  # (a third: the standby started once the second served)
     assert "SHMDISAGG_ADOPT" not in first and second["SHMDISAGG_ADOPT"] == "1"
     assert first["SHMDISAGG_SUPERVISOR"] == second["SHMDISAGG_SUPERVISOR"] == str(keeper.identity)
+
+
+def test_a_warm_standby_is_promoted_when_the_coordinator_dies(config) -> None:  # type: ignore[no-untyped-def]
+    script = Script([(True, -9, 2.0), (True, 0, 0.5)])  # the first lives long enough for a standby to start
+    keeper = CoordinatorKeeper(script, config)
+    keeper.start()
+    assert _run(keeper) == 0 and keeper.restarts == 1
+    assert script.envs[1]["SHMDISAGG_ADOPT"] == "1" and "SHMDISAGG_STANDBY_FD" in script.envs[1]
+    assert keeper.proc is not None and keeper.proc.pid == script.pids[1]  # the standby took over, no new process
+    assert all(p is None or p.poll() is not None for p in (keeper.standby,))
 
 
 def test_a_coordinator_that_fails_to_start_is_not_restarted(config) -> None:  # type: ignore[no-untyped-def]
