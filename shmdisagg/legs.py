@@ -15,9 +15,10 @@ Retry rules (TensorRT-LLM's `OpenAIHttpClient` in `tensorrt_llm/serve/openai_cli
   is never replayed: the work may be running (`UpstreamTimeout` before the head, `LegTimeout`
   after it; both become a 504).
 Every failure is reported to the coordinator (`FailureReporter`), which marks a refusing server
-unhealthy for the whole fleet at once. A leg whose executor answered (200) hints the coordinator
-to drain that server's KV events (`KvHints`; `call` does it when the body is read, streaming
-relays call `Opened.hint_kv` themselves).
+unhealthy for the whole fleet at once. A leg whose executor answered (a response head with a
+status below 500) is counted for the coordinator's health checks (`AnsweredLegs`); one that
+answered 200 hints the coordinator to drain that server's KV events (`KvHints`; `call` does it
+when the body is read, streaming relays call `Opened.hint_kv` themselves).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.errors import RequestError
+from shmdisagg.metrics.answered import AnsweredLegs
 from shmdisagg.observe import send_leg
 from shmdisagg.reporting import FailureReporter, KvHints
 from shmdisagg.routing import Policy, RoutingKey
@@ -96,12 +98,14 @@ class LegRunner:
         hints: KvHints | None = None,
         *,
         leg_timeout_s: float | None = DEFAULT_LEG_TIMEOUT_S,
+        answers: AnsweredLegs | None = None,
     ) -> None:
         self.directory = directory
         self.upstream = upstream
         self.reporter = reporter
         self.max_retries = max_retries
         self.hints = hints
+        self.answers = answers
         # `trtllm-serve disaggregated -r/--request_timeout`: TensorRT-LLM's total timeout of each
         # call to an executor (one leg, connect to last byte); None: no per-leg limit (`-r 0`).
         # The whole request's deadline is shmdisagg.request_timeout_s (service.py).
@@ -142,6 +146,8 @@ class LegRunner:
                 deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
                 # observe.py adds its metrics request header and span when the request is observed
                 resp = await send_leg(self.upstream, role, host, port, path, make_body(attempt), headers, timeout_s)
+                if self.answers is not None and resp.status < 500:
+                    self.answers.add(slot)  # alive, whatever its /health says (coordinator/health.py)
                 # Only a KV-aware role routes on this server's KV events: hint for those alone.
                 hints = self.hints if policy.name == "kv_cache_aware" else None
                 opened = Opened(slot, resp, policy, key, hints, deadline, role, timeout_s, (host, port))

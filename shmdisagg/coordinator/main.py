@@ -36,6 +36,7 @@ from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor, ex
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
 from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
+from shmdisagg.metrics.answered import answered_reader
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
 from shmdisagg.procutil import listening, private_unix_socket, public_port_problem, publish_address, reserve_port
@@ -95,7 +96,8 @@ class Coordinator:
             self.table.set_coordinator(os.getpid(), process_starttime(os.getpid()), secrets.randbits(63))
             sd = config.shmdisagg
             self.index = BlockIndex.create(self.table, index_settings(config))
-            self.health = HealthMonitor(self.table, executors_from_config(config), sd.health_check_interval_s, sd.breaker_failures, sd.breaker_cooldown_s)
+            self.health = HealthMonitor(self.table, executors_from_config(config), sd.health_check_interval_s, sd.breaker_failures, sd.breaker_cooldown_s,
+                                        timeout_s=sd.health_check_timeout_s, failures=sd.health_check_failures)
             self.health.on_unhealthy = self.index.clear_server  # its cache may be gone: stop attracting traffic
             ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
             # Only a kv_cache_aware role routes on its executors' KV events (and only its legs
@@ -108,6 +110,7 @@ class Coordinator:
             # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
             # are folded into the retired row before its replacement starts
             self.metrics = MetricsSegment.create(config.shm_prefix, config.num_workers)
+            self.health.answered = answered_reader(self.metrics)  # the fleet's answered legs count as liveness
             self.kv_events = KvEventIngestor(
                 self.index, kv_executors, self.keys, sd.kv_events, self.metrics.row(ROW_COORDINATOR),
                 on_key_change=self.health.republish, on_restart=self.health.reprepare,

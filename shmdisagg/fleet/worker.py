@@ -175,7 +175,7 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         ctx_policy, gen_policy = metrics.wrap_policy(ctx_policy, False), metrics.wrap_policy(gen_policy, True)
         ids = DisaggIdGenerator(_node_id(config), process_id(config, env, worker_index))
         retries = 0 if env.no_retry else config.max_retries  # TRTLLM_DISAGG_NO_RETRY=1
-        legs = LegRunner(directory, upstream, reporter, retries, hints, leg_timeout_s=overrides.leg_timeout_s)
+        legs = LegRunner(directory, upstream, reporter, retries, hints, leg_timeout_s=overrides.leg_timeout_s, answers=metrics.answered)
         style = env.schedule_style or config.schedule_style  # the coordinator resolved -s into the variable
         local_prefill = config.conditional_disagg_config.max_local_prefill_length if config.conditional_disagg_config else 0
         flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info, style, local_prefill, flow_options(config, env), wire_for(config, env))
