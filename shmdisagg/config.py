@@ -411,7 +411,8 @@ class DisaggConfig(BaseModel):
     max_retries: StrictInt = Field(1, ge=0)
     schedule_style: Literal["context_first", "generation_first"] = "context_first"
     conditional_disagg_config: ConditionalDisaggConfig | None = None
-    # the request id's node field; unset: uuid.getnode() % 256, as TensorRT-LLM (fleet/worker.py)
+    # the request id's node field, claimed host-wide at start (node_ids.py); unset: the first free
+    # id from TensorRT-LLM's default uuid.getnode() % 256 upward
     node_id: StrictInt | None = Field(None, ge=0, lt=256)
     server_keep_alive_timeout: int = Field(10, ge=1)
     perf_metrics_max_requests: int = Field(0, ge=0)

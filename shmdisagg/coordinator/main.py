@@ -38,6 +38,7 @@ from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
 from shmdisagg.metrics.answered import answered_reader
 from shmdisagg.metrics.perf import PerfStore
+from shmdisagg.node_ids import NodeIdError, claim_or_inherit
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
 from shmdisagg.procutil import listening, private_unix_socket, public_port_problem, publish_address, reserve_port
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
@@ -91,7 +92,15 @@ class Coordinator:
         options = options or StartOptions()
         self.config = config
         self.options = options
-        self.table = ControlTable.create(config.shm_prefix, config.shmdisagg.shm.max_workers)
+        try:  # the request ids' node field, held for the deployment's life (node_ids.py)
+            self.node_claim = claim_or_inherit(config.node_id)
+        except NodeIdError as err:
+            raise StartupError(str(err)) from None
+        try:
+            self.table = ControlTable.create(config.shm_prefix, config.shmdisagg.shm.max_workers)
+        except BaseException:
+            self.node_claim.close()
+            raise
         try:
             self.table.set_coordinator(os.getpid(), process_starttime(os.getpid()), secrets.randbits(63))
             sd = config.shmdisagg
@@ -118,13 +127,15 @@ class Coordinator:
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
             self.schedule_style = options.schedule_style or options.env.schedule_style or config.schedule_style
             overrides = FleetOverrides(public_port, options.leg_timeout_s, options.log_level)
-            env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style, **overrides.to_environ()}
-            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env, sd.worker_timeout_s, drop_env=NOT_FOR_WORKERS)
+            env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style, **overrides.to_environ(), **self.node_claim.env()}
+            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env, sd.worker_timeout_s, drop_env=NOT_FOR_WORKERS,
+                                              pass_fds=(self.node_claim.fd,))
             self.supervisor.on_exit = lambda index: self.metrics.fold(worker_row(index))
             self.perf = PerfStore({e.slot: e.addr for e in self.health.executors}, config.perf_metrics_max_requests, self.metrics.row(ROW_COORDINATOR))
         except BaseException:
             self.table.unlink()
             self.table.close()
+            self.node_claim.close()
             raise
         self._stop = asyncio.Event()
         self.stop_signal: int | None = None  # the signal that asked it to stop
@@ -246,6 +257,7 @@ class Coordinator:
         self.index.close()
         self.table.unlink()
         self.table.close()
+        self.node_claim.close()  # free once the fleet workers holding it exited too
 
 
 def not_ready(executors: list[Executor]) -> str:

@@ -70,11 +70,13 @@ class FleetSupervisor:
     """Owns the fleet worker processes. Signal handlers only call `stop()` via the loop."""
 
     def __init__(self, table: ControlTable, config_path: str, num_workers: int, env: dict[str, str] | None = None, worker_timeout_s: float = 0.0,
-                 drop_env: tuple[str, ...] = ()) -> None:
+                 drop_env: tuple[str, ...] = (), pass_fds: tuple[int, ...] = ()) -> None:
         """`env` is added to this process's environment for every worker, `drop_env` removed
-        from it (WEB_CONCURRENCY, as TensorRT-LLM's fleet launcher strips it)."""
+        from it (WEB_CONCURRENCY, as TensorRT-LLM's fleet launcher strips it); `pass_fds` stay
+        open in every worker (the node-id lock, `node_ids.py`)."""
         self.table = table
         self.drop_env = drop_env
+        self.pass_fds = pass_fds
         self.worker_timeout_s = worker_timeout_s
         self.stuck_kills = 0  # workers killed by `watch` for a stale heartbeat
         self.config_path = os.path.abspath(config_path)
@@ -99,7 +101,7 @@ class FleetSupervisor:
         env = {k: v for k, v in os.environ.items() if k not in self.drop_env}
         env.update(self.env, SHMDISAGG_CONFIG=self.config_path, SHMDISAGG_WORKER_INDEX=index)
         return subprocess.Popen(
-            [sys.executable, "-m", "shmdisagg.fleet.worker"], env=env, stdin=stdin, preexec_fn=_worker_preexec, close_fds=True
+            [sys.executable, "-m", "shmdisagg.fleet.worker"], env=env, stdin=stdin, preexec_fn=_worker_preexec, close_fds=True, pass_fds=self.pass_fds
         )
 
     def _start_standby(self) -> None:
