@@ -371,6 +371,12 @@ class ShmdisaggSection(_Strict):
     worker_timeout_s: float = Field(10.0, ge=0)
     server_start_timeout_s: float = Field(180.0, gt=0)
     health_check_interval_s: float = Field(0.5, gt=0)
+    # One GET /health (and /server_info, /v1/models) may take this long (TensorRT-LLM's
+    # `health_check_timeout`, 5 s, of its metadata-server monitor); `health_check_failures`
+    # failed probes in a row (upstream checks twice) with no leg answered meanwhile mark a
+    # server unhealthy (coordinator/health.py)
+    health_check_timeout_s: float = Field(5.0, gt=0)
+    health_check_failures: int = Field(2, ge=1)
     max_request_body_bytes: int = Field(32 << 20, ge=1024)
     max_inflight_requests: int = Field(0, ge=0)  # per deployment; 0 = unbounded
     breaker_failures: int = Field(3, ge=1)  # consecutive request failures that open a server's breaker
@@ -379,7 +385,7 @@ class ShmdisaggSection(_Strict):
     # TensorRT-LLM's level names (`tensorrt_llm/logger.py`); -l/--log_level and TLLM_LOG_LEVEL win
     log_level: Literal["trace", "debug", "verbose", "info", "warning", "error", "internal_error"] = "info"
 
-    _numbers = field_validator("timeout_graceful_shutdown_s", "worker_timeout_s", mode="before")(_no_bool)
+    _numbers = field_validator("timeout_graceful_shutdown_s", "worker_timeout_s", "health_check_timeout_s", "health_check_failures", mode="before")(_no_bool)
 
 
 class OtlpConfig(_Strict):
@@ -405,7 +411,8 @@ class DisaggConfig(BaseModel):
     max_retries: StrictInt = Field(1, ge=0)
     schedule_style: Literal["context_first", "generation_first"] = "context_first"
     conditional_disagg_config: ConditionalDisaggConfig | None = None
-    # the request id's node field; unset: uuid.getnode() % 256, as TensorRT-LLM (fleet/worker.py)
+    # the request id's node field, claimed host-wide at start (node_ids.py); unset: the first free
+    # id from TensorRT-LLM's default uuid.getnode() % 256 upward
     node_id: StrictInt | None = Field(None, ge=0, lt=256)
     server_keep_alive_timeout: int = Field(10, ge=1)
     perf_metrics_max_requests: int = Field(0, ge=0)

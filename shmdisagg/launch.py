@@ -47,6 +47,7 @@ from typing import IO
 from shmdisagg.config import DisaggConfig, log_dir_problem
 from shmdisagg.coordinator.keeper import CoordinatorKeeper, coordinator_stop_timeout
 from shmdisagg.executors.plan import LaunchPlan, PlanError, build_plan
+from shmdisagg.node_ids import NodeIdClaim, NodeIdError, claim_or_inherit
 from shmdisagg.processes import reap_orphans
 from shmdisagg.procutil import STOP_SIGNALS, die_with_parent, public_port_problem
 from shmdisagg.shm.segment import cleanup_stale
@@ -169,6 +170,7 @@ class Deployment:
         self._keeping: threading.Thread | None = None
         self._coordinator_gone = threading.Event()
         self._coordinator_standby: Child | None = None  # the keeper's warm replacement
+        self.node_claim: NodeIdClaim | None = None
 
     @property
     def url(self) -> str:
@@ -312,7 +314,11 @@ class Deployment:
     def _start_coordinator(self) -> None:
         if self.background:
             self._make_log_dir()
-        self.keeper = CoordinatorKeeper(self._spawn_coordinator, self.config)
+        try:  # the request ids' node field, held by the launcher for the deployment's life
+            self.node_claim = claim_or_inherit(self.config.node_id)
+        except NodeIdError as err:
+            raise LaunchError(str(err)) from None
+        self.keeper = CoordinatorKeeper(self._spawn_coordinator, self.config, node_claim=self.node_claim)
         self.keeper.start()
         assert self.coordinator is not None
         self._wait_ready([self.coordinator], self.config.shmdisagg.server_start_timeout_s + 30)
@@ -477,6 +483,9 @@ class Deployment:
             removed = cleanup_stale(self.config.shm_prefix, sockets)
             if removed:
                 log.warning("removed stale shared memory: %s", ", ".join(removed))
+        if self.node_claim is not None:  # every process that minted ids with it is gone
+            self.node_claim.close()
+            self.node_claim = None
         if self._claim_sock is not None:  # last: the next launch may start now
             self._claim_sock.close()
             self._claim_sock = None

@@ -14,10 +14,15 @@ Retry rules (TensorRT-LLM's `OpenAIHttpClient` in `tensorrt_llm/serve/openai_cli
   of one leg, connect to last byte, as upstream's aiohttp `ClientTimeout(total=...)` bounds it)
   is never replayed: the work may be running (`UpstreamTimeout` before the head, `LegTimeout`
   after it; both become a 504).
+- when every server of the role the table offers could not be connected to, in this leg's
+  attempts or (within `REFUSAL_MEMORY_S`, same incarnation) another request's of this worker,
+  the leg ends with the role's 503 (`no_context_servers` / `no_generation_servers`), as when the
+  table offers none: the executors are gone, and the coordinator has not marked them yet.
 Every failure is reported to the coordinator (`FailureReporter`), which marks a refusing server
-unhealthy for the whole fleet at once. A leg whose executor answered (200) hints the coordinator
-to drain that server's KV events (`KvHints`; `call` does it when the body is read, streaming
-relays call `Opened.hint_kv` themselves).
+unhealthy for the whole fleet at once. A leg whose executor answered (a response head with a
+status below 500) is counted for the coordinator's health checks (`AnsweredLegs`); one that
+answered 200 hints the coordinator to drain that server's KV events (`KvHints`; `call` does it
+when the body is read, streaming relays call `Opened.hint_kv` themselves).
 """
 
 from __future__ import annotations
@@ -30,14 +35,25 @@ from typing import Any
 
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.errors import RequestError
+from shmdisagg.metrics.answered import AnsweredLegs
 from shmdisagg.observe import send_leg
 from shmdisagg.reporting import FailureReporter, KvHints
 from shmdisagg.routing import Policy, RoutingKey
+from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION
 from shmdisagg.upstream import UpstreamConnectError, UpstreamDisconnected, UpstreamPool, UpstreamResponse, UpstreamTimeout
 
 log = logging.getLogger("shmdisagg.service")
 
 DEFAULT_LEG_TIMEOUT_S = 180.0  # trtllm-serve disaggregated's -r/--request_timeout default
+# How long a worker takes another request's failed connect to a server as still true of it: the
+# coordinator, told at once (`FailureReporter`), marks it unhealthy well within this.
+REFUSAL_MEMORY_S = 1.0
+_ROLES = {"context": ROLE_CONTEXT, "generation": ROLE_GENERATION}
+
+
+def no_servers_error(role: str) -> RequestError:
+    """The 503 of a leg that has no server of `role` to go to."""
+    return RequestError(503, f"no healthy {role} server", f"no_{role}_servers")
 
 
 def leg_timeout_error(role: str, timeout_s: float | None) -> RequestError:
@@ -96,12 +112,15 @@ class LegRunner:
         hints: KvHints | None = None,
         *,
         leg_timeout_s: float | None = DEFAULT_LEG_TIMEOUT_S,
+        answers: AnsweredLegs | None = None,
     ) -> None:
         self.directory = directory
         self.upstream = upstream
         self.reporter = reporter
         self.max_retries = max_retries
         self.hints = hints
+        self.answers = answers
+        self._refused: dict[int, tuple[float, int]] = {}  # slot -> (loop time, incarnation) of its last failed connect
         # `trtllm-serve disaggregated -r/--request_timeout`: TensorRT-LLM's total timeout of each
         # call to an executor (one leg, connect to last byte); None: no per-leg limit (`-r 0`).
         # The whole request's deadline is shmdisagg.request_timeout_s (service.py).
@@ -125,16 +144,18 @@ class LegRunner:
         """Pick (or use `picked`, whose load the caller already added), send
         `make_body(attempt)` with `headers`, return once the response headers are in.
 
-        Raises `RequestError(503)` when no server of the role is eligible, `RequestError(504)`
-        when the head did not come within `leg_timeout_s`, or the last attempt's
-        `UpstreamError`. A returned 5xx is an ordinary response unless `retry_5xx`.
+        Raises `RequestError(503)` when no server of the role is eligible or every one could
+        not be connected to (`_all_refused`), `RequestError(504)` when the head did not come
+        within `leg_timeout_s`, or the last attempt's `UpstreamError`. A returned 5xx is an
+        ordinary response unless `retry_5xx`.
         """
         max_retries = self.max_retries if retries is None else retries
         attempt = 0
+        refused: set[int] = set()
         while True:
             slot = picked if attempt == 0 and picked >= 0 else policy.pick(key, exclude)
             if slot < 0:
-                raise RequestError(503, f"no healthy {role} server", f"no_{role}_servers")
+                raise no_servers_error(role)
             opened: Opened | None = None
             timeout_s = self.leg_timeout_s
             try:
@@ -142,6 +163,8 @@ class LegRunner:
                 deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
                 # observe.py adds its metrics request header and span when the request is observed
                 resp = await send_leg(self.upstream, role, host, port, path, make_body(attempt), headers, timeout_s)
+                if self.answers is not None and resp.status < 500:
+                    self.answers.add(slot)  # alive, whatever its /health says (coordinator/health.py)
                 # Only a KV-aware role routes on this server's KV events: hint for those alone.
                 hints = self.hints if policy.name == "kv_cache_aware" else None
                 opened = Opened(slot, resp, policy, key, hints, deadline, role, timeout_s, (host, port))
@@ -151,6 +174,12 @@ class LegRunner:
                 raise leg_timeout_error(role, timeout_s) from None
             except UpstreamConnectError:
                 self.reporter.report(slot, "refused")
+                refused.add(slot)
+                self._note_refusal(slot)
+                if self._all_refused(role, refused):
+                    policy.release(slot, key)
+                    log.warning("no %s server could be connected to (last: %s)", role, self.directory.label(slot))
+                    raise no_servers_error(role) from None
                 if attempt >= max_retries:
                     policy.release(slot, key)
                     raise
@@ -172,6 +201,24 @@ class LegRunner:
             attempt += 1
             exclude = slot
             log.info("retrying the %s leg (attempt %d) on another server than %s", role, attempt + 1, self.directory.label(slot))
+
+    def _note_refusal(self, slot: int) -> None:
+        incarnation = next((s.incarnation for s in self.directory.servers() if s.slot == slot), -1)
+        self._refused[slot] = (asyncio.get_running_loop().time(), incarnation)
+
+    def _all_refused(self, role: str, refused: set[int]) -> bool:
+        """Every server of `role` the table offers (present, healthy) failed to connect: in
+        this leg (`refused`), or in this worker within `REFUSAL_MEMORY_S` while its record kept
+        the same incarnation (the coordinator re-publishes a server it takes back)."""
+        now = asyncio.get_running_loop().time()
+        want = _ROLES[role]
+        for s in self.directory.servers():
+            if s.role != want or not s.healthy or s.slot in refused:
+                continue
+            seen = self._refused.get(s.slot)
+            if seen is None or now - seen[0] > REFUSAL_MEMORY_S or seen[1] != s.incarnation:
+                return False
+        return True
 
     async def call(self, policy: Policy, key: RoutingKey, path: str, make_body: Callable[[int], bytes], role: str, **kw: Any) -> tuple[int, bytes, int]:
         """A non-streaming leg: (status, body, slot); the pick is released before returning."""

@@ -1,11 +1,38 @@
 """Executor registry and health: the coordinator's view of every context and generation server.
 
-Each executor of the config gets a slot in the shared table (context servers first). A poll loop
-GETs every executor's `/health`; the first 200 is followed by `/server_info` and `/v1/models`
-(TensorRT-LLM's "prepare" step, `Router._prepare_server` in `tensorrt_llm/serve/router.py`)
-before the server is published healthy. A refused connection marks a server unhealthy at once;
-other failures (a non-200, a timeout) after `FAILURES_TO_UNHEALTHY` polls in a row. A 503 with
-`x-trtllm-server-state: starting` is "loading", never healthy.
+Each executor of the config gets a slot in the shared table (context servers first). Each one
+has its own probe loop (so one slow executor never delays the others' checks): `GET /health`
+every `health_check_interval_s`, each probe bounded by `health_check_timeout_s`; the first 200
+is followed by `/server_info` and `/v1/models` (TensorRT-LLM's "prepare" step,
+`Router._prepare_server` in `tensorrt_llm/serve/router.py`) before the server is published
+healthy. A 503 with `x-trtllm-server-state: starting` is "loading", never healthy.
+
+Taking a server out matches what the executor does, not only what its `/health` says:
+- a refused connection (the process is gone) marks it unhealthy at once;
+- other probe failures (a non-200, a timeout) mark it unhealthy only after
+  `health_check_failures` in a row AND no leg answered by it since the first of them was sent.
+  A busy executor's `/health` can be slow (its HTTP loop is busy streaming) while it serves
+  every request; a server that answers legs is alive, and the failed probes start counting
+  again from there.
+TensorRT-LLM's metadata-server monitor (`Router.check_servers_health` / `_check_server_health`,
+`tensorrt_llm/serve/router.py` id 56196118370) checks each server's `/health` twice, each with
+`health_check_timeout` (5 s, `MetadataServerConfig` in `llmapi/disagg_utils.py` @0228a712),
+before it removes one: the defaults here (2 failures, 5 s). Upstream has no such keys for a
+static deployment (its static routers never re-check health after start-up, and its
+`-m/--metadata_server_config_file` is refused here), hence shmdisagg's own names, next to
+`health_check_interval_s`. Upstream counts no request outcome as liveness; its service
+discovery (`disagg_cluster.heartbeat_interval_sec` / `inactive_timeout_sec`) has the workers
+heart-beat instead, which static executors do not.
+
+How the fleet's answered legs reach the coordinator (`metrics/answered.py`): each fleet worker
+adds 1 per answered leg (a response head with a status below 500) to a per-server word of its
+own row of the metrics segment, one memoryview add on the request path and no message; the
+coordinator reads that word summed over every row (one 8-byte read per row) when a probe
+fails. Why this and not what the control table already counts: a slot's picks (`routed`) and
+a row's releases (`completed`) grow for failed legs too, so their growth proves nothing about
+the executor; a per-slot success counter is what is honest, and the metrics segment already
+has per-worker, per-slot words that only their worker writes, with no layout change to the
+control table. Without a metrics segment (`answered` left None) only probes count, as before.
 
 Fleet workers report request failures (`report`): a refused connection triggers an immediate
 probe; `breaker_failures` failed requests within `BREAKER_WINDOW_S` open the server's circuit
@@ -35,7 +62,6 @@ from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
 
 log = logging.getLogger("shmdisagg.coordinator")
 
-FAILURES_TO_UNHEALTHY = 2
 BREAKER_WINDOW_S = 10.0
 BREAKER_MAX_COOLDOWN_S = 30.0
 SERVER_INFO_REFRESH_S = 10.0
@@ -62,6 +88,8 @@ class Executor:
     breaker_cooldown: float = 0.0
     breaker_opens: int = 0
     refused: str | None = None  # why the router refuses it (routing_keys), or None
+    streak_answered: float = 0.0  # its answered legs when the current run of failed probes began
+    spared: bool = False  # failed probes were forgiven for answered legs (logged once per run)
 
     @property
     def addr(self) -> str:
@@ -86,17 +114,33 @@ def executors_from_config(config: DisaggConfig) -> list[Executor]:
 class HealthMonitor:
     """Polls executors and publishes their records and health flags to the table."""
 
-    def __init__(self, table: ControlTable, executors: list[Executor], interval_s: float, breaker_failures: int = 3, breaker_cooldown_s: float = 2.0,
-                 adopt: bool = False) -> None:
-        """`adopt`: the table is a dead coordinator's (`coordinator/adoption.py`): an executor
-        whose record is still there (same slot, address and role) keeps its health mark until
-        the next poll says otherwise, without a republish; the others are registered anew."""
+    def __init__(
+        self,
+        table: ControlTable,
+        executors: list[Executor],
+        interval_s: float,
+        breaker_failures: int = 3,
+        breaker_cooldown_s: float = 2.0,
+        *,
+        timeout_s: float = 5.0,
+        failures: int = 2,
+        adopt: bool = False,
+    ) -> None:
+        """`interval_s` between one server's probes, `timeout_s` per probe request, `failures`
+        failed probes in a row (and no answered leg) to mark a server unhealthy. `adopt`: the
+        table is a dead coordinator's (`coordinator/adoption.py`): an executor whose record is
+        still there (same slot, address and role) keeps its health mark until the next poll says
+        otherwise, without a republish; the others are registered anew."""
         self.table = table
         self.executors = executors
         self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.failures = failures
         self.breaker_failures = breaker_failures
         self.breaker_cooldown_s = breaker_cooldown_s
         self.on_unhealthy: Callable[[int], object] = lambda slot: None
+        # slot -> legs the fleet saw it answer (metrics/answered.py); None: probes alone decide
+        self.answered: Callable[[int], float] | None = None
         self.keys: RoutingKeys | None = None  # the kv_cache_aware roles' routing keys, if any
         self._late_until = 0.0  # loop time until which health-check timeouts are not trusted
         self._session: aiohttp.ClientSession | None = None
@@ -119,16 +163,23 @@ class HealthMonitor:
         return sorted({m for e in self.executors if e.healthy for m in e.models})
 
     async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(self.interval_s * 2, 1.0))
+        """Probe every executor, each in its own loop, until cancelled."""
         lag = asyncio.ensure_future(self._watch_lag())
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
                 self._session = session
-                while True:
-                    await self.poll_once()
-                    await asyncio.sleep(self.interval_s)
+                await asyncio.gather(*(self._probe_loop(e) for e in self.executors))
         finally:
+            self._session = None
             lag.cancel()
+
+    async def _probe_loop(self, ex: Executor) -> None:
+        while True:
+            try:
+                await self._check(ex)
+            except Exception:  # a bug here must not end the health checks of every server
+                log.exception("health check of %s failed", ex.addr)
+            await asyncio.sleep(self.interval_s)
 
     async def _watch_lag(self) -> None:
         """Notes when this process's own event loop runs late: a health check that timed out
@@ -141,13 +192,18 @@ class HealthMonitor:
                 self._late_until = loop.time() + max(self.interval_s * 2, 1.0)
 
     async def poll_once(self) -> None:
+        """One probe of every executor at once (needs the session `run` opened)."""
         await asyncio.gather(*(self._check(e) for e in self.executors))
+
+    def _answered(self, slot: int) -> float:
+        return self.answered(slot) if self.answered is not None else 0.0
 
     async def _check(self, ex: Executor) -> None:
         assert self._session is not None
         loop = asyncio.get_running_loop()
         if loop.time() < ex.breaker_until:
             return  # breaker open: no re-admission during the cool-down
+        answered = self._answered(ex.slot)  # before the probe: a leg answered during it counts
         try:
             async with self._session.get(f"{ex.base}/health") as r:
                 ok = r.status == 200
@@ -166,7 +222,7 @@ class HealthMonitor:
                     self._set_unhealthy(ex, keep_info=True)
                 return
         except (aiohttp.ClientConnectorError, ConnectionRefusedError):
-            self._mark(ex, False, refused=True)
+            self._mark(ex, False, answered, refused=True)
             return
         except asyncio.TimeoutError:
             if loop.time() < self._late_until:
@@ -175,7 +231,7 @@ class HealthMonitor:
         except (aiohttp.ClientError, OSError, ValueError, KeyError) as err:
             log.debug("health check of %s failed: %r", ex.addr, err)
             ok = False
-        self._mark(ex, ok)
+        self._mark(ex, ok, answered)
 
     def _admit(self, ex: Executor, info: dict[str, Any], fresh: bool) -> None:
         """Ask the routing keys whether the router takes `ex` as `info` describes it."""
@@ -248,17 +304,32 @@ class HealthMonitor:
         if ex.refused is None:
             log.warning("%s server %s is unhealthy", ROLE_NAMES[ex.role], ex.addr)
 
-    def _mark(self, ex: Executor, ok: bool, refused: bool = False) -> None:
+    def _mark(self, ex: Executor, ok: bool, answered: float, refused: bool = False) -> None:
+        """One probe's outcome; `answered`: the server's answered legs when it was sent."""
         if ok:
-            ex.failures = 0
+            ex.failures, ex.spared = 0, False
             if not ex.healthy:
                 ex.healthy = True
                 self._publish(ex)
                 log.info("%s server %s is healthy", ROLE_NAMES[ex.role], ex.addr)
             return
+        if ex.failures == 0:
+            ex.streak_answered = answered  # the window of this run of failed probes opens
         ex.failures += 1
-        if ex.healthy and (refused or ex.failures >= FAILURES_TO_UNHEALTHY):
-            self._set_unhealthy(ex)
+        if not ex.healthy:
+            return
+        if refused:
+            self._set_unhealthy(ex)  # nothing listens: the executor is gone
+        elif ex.failures >= self.failures:
+            now = self._answered(ex.slot)
+            if now <= ex.streak_answered:
+                self._set_unhealthy(ex)
+                return
+            # it answered legs since the first failed probe: alive; count from here again
+            if not ex.spared:
+                log.info("%s server %s: %d failed health checks, but it answered %d leg(s) meanwhile: kept",
+                         ROLE_NAMES[ex.role], ex.addr, ex.failures, now - ex.streak_answered)
+            ex.failures, ex.spared = 0, True
 
     def cluster_info(self) -> dict[str, Any]:
         return {

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from shmdisagg.config import DisaggConfig
 from shmdisagg.coordinator.adoption import stop_stale_fleet
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S
+from shmdisagg.node_ids import NodeIdClaim, NodeIdError, claim_or_inherit
 from shmdisagg.processes import SUPERVISOR_ENV, ProcessId, become_subreaper, reap_orphans
 from shmdisagg.procutil import STOP_SIGNALS, die_with_parent
 from shmdisagg.shm.segment import cleanup_stale
@@ -70,8 +71,12 @@ class CoordinatorKeeper:
     many were started after the first; `final` the deployment's exit status once the keeper
     stopped restarting (None while it runs)."""
 
-    def __init__(self, spawn: Spawn, config: DisaggConfig, report_addr: str | None = None) -> None:
+    def __init__(self, spawn: Spawn, config: DisaggConfig, report_addr: str | None = None, node_claim: NodeIdClaim | None = None) -> None:
+        """`node_claim`: the deployment's node id (`node_ids.py`), held by the supervisor for the
+        deployment's life and handed to every coordinator, so a replacement mints ids with the
+        same node field and no other deployment on the host can take it meanwhile."""
         self.spawn = spawn
+        self.node_claim = node_claim
         self.config = config
         self.report_addr = report_addr
         self.identity = ProcessId.of(os.getpid())
@@ -112,8 +117,12 @@ class CoordinatorKeeper:
                 env["SHMDISAGG_ADOPT_PORT"] = str(self.adopt_port)
         if go is not None:
             env["SHMDISAGG_STANDBY_FD"] = str(go)
+        fds = [write] if go is None else [write, go]
+        if self.node_claim is not None:
+            env.update(self.node_claim.env())
+            fds.append(self.node_claim.fd)
         try:
-            proc = self.spawn(env, (write,) if go is None else (write, go))
+            proc = self.spawn(env, fds)
         except BaseException:
             os.close(read)
             raise
@@ -283,7 +292,12 @@ def run_supervised(config: DisaggConfig, argv: list[str], report_addr: str | Non
         full = {**os.environ, **env, "SHMDISAGG_ENV_SHOWN": "1"}
         return subprocess.Popen([sys.executable, "-m", "shmdisagg.coordinator", *argv], env=full, pass_fds=tuple(fds), preexec_fn=_serve_preexec)
 
-    keeper = CoordinatorKeeper(spawn, config, report_addr)
+    try:
+        claim = claim_or_inherit(config.node_id)
+    except NodeIdError as err:
+        print(f"shmdisagg: coordinator failed to start: {err}", file=sys.stderr)
+        return 1
+    keeper = CoordinatorKeeper(spawn, config, report_addr, claim)
     old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
         keeper.start()
@@ -301,3 +315,4 @@ def run_supervised(config: DisaggConfig, argv: list[str], report_addr: str | Non
         with contextlib.suppress(Exception):
             cleanup_stale(config.shm_prefix, (config.coordinator_socket, config.kv_hint_socket))
         reap_orphans(keeper.owns)
+        claim.close()

@@ -37,7 +37,9 @@ from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor, ex
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
 from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
+from shmdisagg.metrics.answered import answered_reader
 from shmdisagg.metrics.perf import PerfStore
+from shmdisagg.node_ids import NodeIdError, claim_or_inherit
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
 from shmdisagg.processes import ProcessId
 from shmdisagg.procutil import listening, private_unix_socket, public_port_problem, publish_address, reserve_port
@@ -105,17 +107,25 @@ class Coordinator:
         self.config = config
         self.options = options
         sd = config.shmdisagg
-        takeover = take_over(config.shm_prefix, sd.shm.max_workers, config.num_workers) if options.adopt else None
-        if options.adopt and takeover is None:
-            stop_stale_fleet(config.shm_prefix)
-        self.adopted = takeover is not None  # the dead coordinator's segments and fleet go on
-        self.table = takeover.table if takeover is not None else ControlTable.create(config.shm_prefix, sd.shm.max_workers)
+        try:  # the request ids' node field, held for the deployment's life (node_ids.py)
+            self.node_claim = claim_or_inherit(config.node_id)
+        except NodeIdError as err:
+            raise StartupError(str(err)) from None
+        try:
+            takeover = take_over(config.shm_prefix, sd.shm.max_workers, config.num_workers) if options.adopt else None
+            if options.adopt and takeover is None:
+                stop_stale_fleet(config.shm_prefix)
+            self.adopted = takeover is not None  # the dead coordinator's segments and fleet go on
+            self.table = takeover.table if takeover is not None else ControlTable.create(config.shm_prefix, sd.shm.max_workers)
+        except BaseException:
+            self.node_claim.close()
+            raise
         try:
             self.table.set_coordinator(os.getpid(), process_starttime(os.getpid()), secrets.randbits(63))
             settings = index_settings(config)
             self.index = (BlockIndex.adopt(self.table, settings) if self.adopted else None) or BlockIndex.create(self.table, settings)
             self.health = HealthMonitor(self.table, executors_from_config(config), sd.health_check_interval_s, sd.breaker_failures, sd.breaker_cooldown_s,
-                                        adopt=self.adopted)
+                                        timeout_s=sd.health_check_timeout_s, failures=sd.health_check_failures, adopt=self.adopted)
             self.health.on_unhealthy = self.index.clear_server  # its cache may be gone: stop attracting traffic
             for slot in self.health.removed:
                 self.index.clear_server(slot)
@@ -130,6 +140,7 @@ class Coordinator:
             # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
             # are folded into the retired row before its replacement starts
             self.metrics = takeover.metrics if takeover is not None else MetricsSegment.create(config.shm_prefix, config.num_workers)
+            self.health.answered = answered_reader(self.metrics)  # the fleet's answered legs count as liveness
             self.kv_events = KvEventIngestor(
                 self.index, kv_executors, self.keys, sd.kv_events, self.metrics.row(ROW_COORDINATOR),
                 on_key_change=self.health.republish, on_restart=self.health.reprepare,
@@ -137,15 +148,16 @@ class Coordinator:
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
             self.schedule_style = options.schedule_style or options.env.schedule_style or config.schedule_style
             overrides = FleetOverrides(public_port, options.leg_timeout_s, options.log_level)
-            env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style, **overrides.to_environ()}
+            env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style, **overrides.to_environ(), **self.node_claim.env()}
             self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env, sd.worker_timeout_s, drop_env=NOT_FOR_WORKERS + SUPERVISOR_ONLY,
-                                              supervisor=options.supervisor)
+                                              supervisor=options.supervisor, pass_fds=(self.node_claim.fd,))
             self.supervisor.on_exit = lambda index: self.metrics.fold(worker_row(index))
             self.perf = PerfStore({e.slot: e.addr for e in self.health.executors}, config.perf_metrics_max_requests, self.metrics.row(ROW_COORDINATOR))
         except BaseException:
             if not self.adopted:  # an adopted table still serves a fleet: the next coordinator tries again
                 self.table.unlink()
             self.table.close()
+            self.node_claim.close()
             raise
         self._stop = asyncio.Event()
         self.stop_signal: int | None = None  # the signal that asked it to stop
@@ -276,6 +288,7 @@ class Coordinator:
         self.index.close()
         self.table.unlink()
         self.table.close()
+        self.node_claim.close()  # free once the fleet workers holding it exited too
 
 
 def notify_ready(fd: int | None) -> None:

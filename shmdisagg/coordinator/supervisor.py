@@ -105,14 +105,16 @@ class FleetSupervisor:
     """Owns the fleet worker processes. Signal handlers only call `stop()` via the loop."""
 
     def __init__(self, table: ControlTable, config_path: str, num_workers: int, env: dict[str, str] | None = None, worker_timeout_s: float = 0.0,
-                 drop_env: tuple[str, ...] = (), supervisor: ProcessId | None = None) -> None:
+                 drop_env: tuple[str, ...] = (), supervisor: ProcessId | None = None, pass_fds: tuple[int, ...] = ()) -> None:
         """`env` is added to this process's environment for every worker, `drop_env` removed
-        from it (WEB_CONCURRENCY, as TensorRT-LLM's fleet launcher strips it). `supervisor`:
-        the process whose death ends the deployment (None: this coordinator)."""
+        from it (WEB_CONCURRENCY, as TensorRT-LLM's fleet launcher strips it); `pass_fds` stay
+        open in every worker (the node-id lock, `node_ids.py`). `supervisor`: the process whose
+        death ends the deployment (None: this coordinator)."""
         self.table = table
         self.supervisor = supervisor or ProcessId.of(os.getpid())
         self.adopted = 0  # live workers of a dead coordinator taken over by `adopt`
         self.drop_env = drop_env
+        self.pass_fds = pass_fds
         self.worker_timeout_s = worker_timeout_s
         self.stuck_kills = 0  # workers killed by `watch` for a stale heartbeat
         self.config_path = os.path.abspath(config_path)
@@ -176,7 +178,7 @@ class FleetSupervisor:
         alone = self.supervisor.pid == os.getpid()
         return subprocess.Popen(
             [sys.executable, "-m", "shmdisagg.fleet.worker"], env=env, stdin=stdin, preexec_fn=_worker_preexec_dying if alone else _worker_preexec,
-            close_fds=True,
+            close_fds=True, pass_fds=self.pass_fds,
         )
 
     def _start_standby(self) -> None:

@@ -14,6 +14,8 @@ worker's row, the server records or the block index: the coordinator does. Start
 - set by the coordinator from the command line (`fleet/overrides.py`): `SHMDISAGG_PUBLIC_PORT` (the
   port it picked for `port: 0`), `SHMDISAGG_LEG_TIMEOUT_S` (`-r`, 0 for none),
   `SHMDISAGG_LOG_LEVEL` (`-l` / `TLLM_LOG_LEVEL`), `TRTLLM_DISAGG_SCHEDULE_STYLE` (`-s`)
+- `SHMDISAGG_NODE_ID`, `SHMDISAGG_NODE_ID_FD`: the deployment's node id and its inherited
+  host-wide lock (`node_ids.py`), the node field of the request ids it mints
 
 TensorRT-LLM's other variables are read through `trtllm_env.read_env` (retries, garbage
 collector), as in the coordinator.
@@ -31,8 +33,7 @@ import contextlib
 import logging
 import os
 import sys
-import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 import uvicorn
@@ -45,6 +46,7 @@ from shmdisagg.directory import ServerDirectory
 from shmdisagg.fleet.app import FleetApp, control_app
 from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.processes import supervisor_of
+from shmdisagg.node_ids import LOCK_DIR, NodeIdClaim, claim_or_inherit
 from shmdisagg.procutil import bind_reuseport
 from shmdisagg.shm.segment import cleanup_stale
 from shmdisagg.routing import USES_INDEX, make_policy
@@ -136,10 +138,12 @@ async def _beating(table: ControlTable, row: int, work: Awaitable[T]) -> T:
     return task.result()
 
 
-def _node_id(config: DisaggConfig) -> int:
-    """The request id's node field: `node_id`, else TensorRT-LLM's default `uuid.getnode() % 256`
-    (`llmapi/disagg_utils.py` DisaggServerConfig)."""
-    return config.node_id if config.node_id is not None else uuid.getnode() % 256
+def node_claim(config: DisaggConfig, environ: Mapping[str, str] = os.environ, directory: str = LOCK_DIR) -> NodeIdClaim:
+    """The request id's node field, held: the deployment's host-wide claim the coordinator
+    handed down (`SHMDISAGG_NODE_ID`, its lock fd inherited), else one claimed here from
+    `node_id` or TensorRT-LLM's default `uuid.getnode() % 256` upward (`node_ids.py`).
+    Raises NodeIdError."""
+    return claim_or_inherit(config.node_id, directory, environ)
 
 
 def process_id(config: DisaggConfig, env: TrtllmEnv, worker_index: int) -> int:
@@ -165,6 +169,7 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
     index: BlockIndex | None = None
     metrics: FleetMetrics | None = None
     observe: Observability | None = None
+    claim: NodeIdClaim | None = None
     try:
         metrics = FleetMetrics(config, worker_index, table)
         directory = ServerDirectory(table)
@@ -179,9 +184,10 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         ctx_policy = make_policy(table, row, ROLE_CONTEXT, ctx_args, index, lambda: view.routing_keys.get(ROLE_CONTEXT))
         gen_policy = make_policy(table, row, ROLE_GENERATION, gen_args, index, lambda: view.routing_keys.get(ROLE_GENERATION))
         ctx_policy, gen_policy = metrics.wrap_policy(ctx_policy, False), metrics.wrap_policy(gen_policy, True)
-        ids = DisaggIdGenerator(_node_id(config), process_id(config, env, worker_index))
+        claim = node_claim(config)
+        ids = DisaggIdGenerator(claim.node_id, process_id(config, env, worker_index))
         retries = 0 if env.no_retry else config.max_retries  # TRTLLM_DISAGG_NO_RETRY=1
-        legs = LegRunner(directory, upstream, reporter, retries, hints, leg_timeout_s=overrides.leg_timeout_s)
+        legs = LegRunner(directory, upstream, reporter, retries, hints, leg_timeout_s=overrides.leg_timeout_s, answers=metrics.answered)
         style = env.schedule_style or config.schedule_style  # the coordinator resolved -s into the variable
         local_prefill = config.conditional_disagg_config.max_local_prefill_length if config.conditional_disagg_config else 0
         flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info, style, local_prefill, flow_options(config, env), wire_for(config, env))
@@ -239,6 +245,8 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         await upstream.close()
         if index is not None:
             index.close()
+        if claim is not None:
+            claim.close()  # an inherited one stays held by the coordinator and the other workers
         table.close()
 
 

@@ -1,8 +1,9 @@
 """A fleet worker's metrics, wired in one place: its metrics row, the request-path counting,
 the record shipper, the scrape and the `/perf_metrics` proxy.
 
-`SHMDISAGG_METRICS=off` in the environment turns the request-path part off (no row writes, no
-records); `/metrics` then still reports the table (loads, picks, health, heart-beats, index).
+`SHMDISAGG_METRICS=off` in the environment turns the request-path part off (no row writes but
+the answered-legs counter the coordinator's health checks read, no records); `/metrics` then
+still reports the table (loads, picks, health, heart-beats, index).
 It exists to measure what the metrics cost (BENCHMARKS.md), not as a tuning knob.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from shmdisagg.config import DisaggConfig
+from shmdisagg.metrics.answered import AnsweredLegs
 from shmdisagg.metrics.exposition import FleetCollector, render
 from shmdisagg.metrics.request import CountingAdmission, CountingPolicy, RequestMetrics
 from shmdisagg.metrics.rows import MetricsSegment, worker_row
@@ -32,7 +34,9 @@ def enabled_by_env() -> bool:
 
 class FleetMetrics:
     """State: `segment` (None when absent or disabled), `request` (the request-path counting,
-    None when disabled), `shipper` (per-request records to the coordinator, None likewise)."""
+    None when disabled), `shipper` (per-request records to the coordinator, None likewise),
+    `answered` (legs answered per server, for the coordinator's health checks; None only
+    without a segment row)."""
 
     def __init__(self, config: DisaggConfig, worker_index: int, table: ControlTable, enabled: bool | None = None) -> None:
         self.config = config
@@ -40,6 +44,7 @@ class FleetMetrics:
         self.segment: MetricsSegment | None = None
         self.request: RequestMetrics | None = None
         self.shipper: RecordShipper | None = None
+        self.answered: AnsweredLegs | None = None  # legs answered per server (metrics/answered.py)
         self._session: aiohttp.ClientSession | None = None
         try:
             self.segment = MetricsSegment.attach(config.shm_prefix)
@@ -47,12 +52,15 @@ class FleetMetrics:
             log.warning("no metrics segment (%s): /metrics shows the table only", err)
         if self.segment is not None and worker_row(worker_index) >= self.segment.rows:
             log.warning("metrics segment has no row for fleet worker %d: request metrics off", worker_index)
-        elif self.segment is not None and (enabled_by_env() if enabled is None else enabled):
+        elif self.segment is not None:
             row = self.segment.row(worker_row(worker_index))
-            # perf_metrics_max_requests: 0 keeps no perf records (metrics/perf.py): none are sent
-            if config.perf_metrics_max_requests > 0:
-                self.shipper = RecordShipper(config.coordinator_socket, worker_index, row)
-            self.request = RequestMetrics(row, self.shipper)
+            # the coordinator's health checks read it: counted even with the request metrics off
+            self.answered = AnsweredLegs(row)
+            if enabled_by_env() if enabled is None else enabled:
+                # perf_metrics_max_requests: 0 keeps no perf records (metrics/perf.py): none are sent
+                if config.perf_metrics_max_requests > 0:
+                    self.shipper = RecordShipper(config.coordinator_socket, worker_index, row)
+                self.request = RequestMetrics(row, self.shipper)
         routers = {"context": config.context_servers.router.type, "generation": config.generation_servers.router.type}
         self.collector = FleetCollector(table, self.segment, routers)
 

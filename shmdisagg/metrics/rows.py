@@ -28,7 +28,8 @@ from shmdisagg.shm.segment import Segment, SegmentNotReady
 
 MAGIC = 0x5348_4D44_4D45_5431  # "SHMDMET1"
 VERSION = 1
-_HEADER = struct.Struct("<6Q")  # magic, version, layout hash, words per row, rows, row stride (bytes)
+_HEADER = struct.Struct("<6Q")
+_WORD = struct.Struct("<d")  # magic, version, layout hash, words per row, rows, row stride (bytes)
 HEADER_BYTES = 64
 ROW_COORDINATOR = 0
 ROW_RETIRED = 1
@@ -123,6 +124,12 @@ class MetricsSegment:
         for view in self._rows():
             total = list(map(operator.add, total, view.tolist()))
         return total
+
+    def word_total(self, word: int) -> float:
+        """Word `word` summed over every row: one 8-byte read per row, for a reader that needs
+        one counter often (the coordinator's health checks, `metrics/answered.py`)."""
+        mm, base = self._segment.mm, HEADER_BYTES + 8 * word
+        return sum(_WORD.unpack_from(mm, base + r * self._stride)[0] for r in range(self.rows))
 
     def snapshot(self) -> list[list[float]]:
         """Every row, as read now (row r at index r)."""

@@ -82,12 +82,14 @@ HISTOGRAMS = (
 )
 
 # per server slot: the context executors' reported prompt and cached (reused) tokens (fleet
-# workers); the breaks in a kv_cache_aware executor's KV event stream (the coordinator)
+# workers); the breaks in a kv_cache_aware executor's KV event stream (the coordinator); the
+# legs each server answered (fleet workers, metrics/answered.py)
 PER_SERVER = (
     Counter("shmdisagg_server_prompt_tokens", "Prompt tokens of requests prefilled on the server (its usage)"),
     Counter("shmdisagg_server_cached_tokens", "Prompt tokens the server reported as cached (prompt_tokens_details.cached_tokens)"),
     Counter("shmdisagg_server_kv_event_gaps", "KV event-id gaps (the executor's event buffer dropped events) that cleared the server's index entries"),
     Counter("shmdisagg_server_kv_cache_restarts", "Executor restarts seen in its KV events (event_id went back, or a created event) that cleared its index entries"),
+    Counter("shmdisagg_server_answered_legs", "Legs the server answered (response head with a status below 500): the coordinator's liveness evidence besides /health"),
 )
 
 

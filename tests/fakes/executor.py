@@ -29,6 +29,8 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
 - `event_split`: write a stream's `[DONE]` and the start of its metrics event together and
   the rest of the event (from this byte offset) in a later write (0: the event in its own write)
 - `server_info`: fields merged into its `/server_info` (None removes one)
+- `health_delay_s`: `GET /health` waits this long before its 200 (a busy server's slow probe);
+  completions are not slowed
 
 Each recorded body carries `_headers`: the request's `content-type`, `x-*` (such as
 `x-trtllm-return-metrics`, `x-trtllm-disagg-auth`) and `traceparent` headers, when sent.
@@ -65,12 +67,14 @@ def build_app(name: str, addr: str) -> Starlette:
     recorded: list[dict[str, Any]] = []
     script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False, "chunk_interval_s": 0.0, "stream_finish_reason": "length",
                               "gen_choices": 1, "completion_tokens": None, "leak": False, "error_message": None, "stream_error": None, "auth_key": None,
-                              "perf_metrics": True, "event_split": 0}
+                              "perf_metrics": True, "event_split": 0, "health_delay_s": 0.0}
     events: list[str] = []
     release = asyncio.Event()
     counter = {"n": 0}
 
     async def health(_: Request) -> Response:
+        if script["health_delay_s"]:
+            await asyncio.sleep(script["health_delay_s"])
         return JSONResponse({"status": "ok"})
 
     async def server_info(_: Request) -> Response:

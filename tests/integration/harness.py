@@ -92,6 +92,7 @@ def write_config(tmp: Path, shm_prefix: str, ctx: list[str], gen: list[str], **t
             "coordinator_socket": str(tmp / "coord.sock"),
             "request_timeout_s": 30,
             "health_check_interval_s": 0.2,
+            "health_check_timeout_s": 1.0,  # a stopped executor is found in about 2 s, not 10
             **top.pop("shmdisagg", {}),
         },
         **top,

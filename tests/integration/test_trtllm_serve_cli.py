@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import yaml
 
 from shmdisagg.executors.sim.testing import SimProcess, get_json
+from shmdisagg.node_ids import NodeIdError, claim_node_id
 from tests.conftest import free_port
 from tests.integration.harness import REPO, wait_until
 
@@ -209,8 +211,10 @@ def test_node_id_and_the_process_id_variable_reach_the_request_id_and_r_reaches_
     """`node_id` and TRTLLM_DISAGG_WORKER_PROCESS_ID are the snowflake id's node and process
     fields (llmapi/disagg_utils.py); `-r` becomes every worker's leg timeout; WEB_CONCURRENCY
     (not an integer here, which uvicorn would fail on) is ignored with a warning and not passed on."""
+    with claim_node_id(None) as free:  # an id no deployment on this host holds now
+        node = free.node_id
     c0, g0 = sim(None, "--role", "context"), sim(None, "--role", "generation")
-    cfg = config(tmp_path, shm_prefix, [c0.endpoint], [g0.endpoint], node_id=77)
+    cfg = config(tmp_path, shm_prefix, [c0.endpoint], [g0.endpoint], node_id=node)
     port = yaml.safe_load(cfg.read_text())["port"]
     with sims(c0, g0):
         cmd = Command(["disaggregated", "-c", str(cfg), "-r", "7"], tmp_path / "serve.log",
@@ -220,13 +224,18 @@ def test_node_id_and_the_process_id_variable_reach_the_request_id_and_r_reaches_
             status, headers, _ = call("127.0.0.1", port, "POST", "/v1/completions", COMPLETION)
             assert status == 200
             raw = int(headers["x-disagg-request-id"]) - (1 << 40)  # ids sit in [2**40, 2**63); the raw id is below 2**62 for decades
-            assert ((raw >> 16) & 0xFF, (raw >> 10) & 0x3F) == (77, 9)
+            assert ((raw >> 16) & 0xFF, (raw >> 10) & 0x3F) == (node, 9)
             pid = call("127.0.0.1", port, "GET", "/cluster_info")[2]["worker_pid"]
             environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
             assert environ["SHMDISAGG_LEG_TIMEOUT_S"] == "7.0" and "WEB_CONCURRENCY" not in environ
+            assert environ["SHMDISAGG_NODE_ID"] == str(node)  # the coordinator's claim, handed to its fleet
             assert "shmdisagg: warning: WEB_CONCURRENCY is ignored" in cmd.output()
+            with pytest.raises(NodeIdError, match=f"node_id {node} is in use"):  # held host-wide while it runs
+                claim_node_id(node)
         finally:
             assert cmd.stop() == 0, cmd.output()
+    with claim_node_id(node):  # released with the deployment
+        pass
 
 
 def test_trtllm_disagg_no_retry_turns_retries_off(tmp_path: Path, shm_prefix: str) -> None:

@@ -110,16 +110,19 @@ def test_the_process_id_is_the_variable_for_one_worker_and_the_index_in_a_fleet(
     assert [process_id(fleet, read_env({"TRTLLM_DISAGG_WORKER_PROCESS_ID": "9"}), i) for i in range(4)] == [0, 1, 2, 3]
 
 
-def test_node_id_defaults_to_tensorrt_llms_mac_hash_and_reaches_the_id_field() -> None:
+def test_node_id_defaults_to_tensorrt_llms_mac_hash_and_reaches_the_id_field(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import uuid
 
-    from shmdisagg.fleet.worker import _node_id
+    from shmdisagg.fleet.worker import node_claim
     from shmdisagg.ids import DisaggIdGenerator
 
     base = {"generation_servers": {"urls": ["localhost:8002"]}, "context_servers": {"urls": ["localhost:8001"]}}
-    assert _node_id(parse_config(base)) == uuid.getnode() % 256  # DisaggServerConfig's default
-    node = _node_id(parse_config({**base, "node_id": 200}))
-    raw = DisaggIdGenerator(node, 5).next_id() - (1 << 40)
+    with node_claim(parse_config(base), {}, str(tmp_path)) as free:
+        assert free.node_id == uuid.getnode() % 256  # DisaggServerConfig's default, when no deployment here holds it
+        handed = node_claim(parse_config(base), free.env(), str(tmp_path))  # a worker uses the coordinator's (same fd here)
+        assert (handed.node_id, handed.fd) == (free.node_id, free.fd)
+    with node_claim(parse_config({**base, "node_id": 200}), {}, str(tmp_path)) as claim:
+        raw = DisaggIdGenerator(claim.node_id, 5).next_id() - (1 << 40)
     assert ((raw >> 16) & 0xFF, (raw >> 10) & 0x3F) == (200, 5)
 
 
