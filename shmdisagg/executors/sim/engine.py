@@ -492,7 +492,8 @@ class Engine:
                 "evicted": pool.num_evicted,
                 "tokens_per_block": pool.tokens_per_block,
             },
-            "transfers": {"completed": self.transfers.completed, "expired": self.transfers.expired},
+            "transfers": {"completed": self.transfers.completed, "expired": self.transfers.expired,
+                          "waiting": self.transfers.num_waiting},
             "counters": self.counters.as_dict(),
         }
 
