@@ -50,11 +50,16 @@ def test_sigkill_of_random_fleet_workers(tmp_path: Path, shm_prefix: str, chaos_
         replaced: list[float] = []
         while run.more(len(replaced), at_least=2):
             old = run.dep.kill_worker(run.rng)
-            replaced.append(run.wait_until(lambda: old not in run.dep.worker_pids() and len(run.dep.worker_pids()) == run.dep.config.num_workers,
-                                           30, "a replacement worker's row"))
+            # the next kill only once the replacement listens: two workers down at once refuse connections
+            replaced.append(run.wait_until(lambda: _fleet_whole(run, old), 30, "a replacement worker listening"))
             run.wait_served(10)
             run.hold(run.rng.uniform(0.2, 0.8))
-        run.notes.append(f"row replaced in <= {max(replaced):.2f} s")
+        run.notes.append(f"replacement listening in <= {max(replaced):.2f} s")
+
+
+def _fleet_whole(run: ChaosRun, killed: int) -> bool:
+    rows = set(run.dep.worker_pids())
+    return killed not in rows and len(rows) == run.dep.config.num_workers and rows <= run.dep.listening_pids()
 
 
 # -- 2. executors SIGKILLed and restarted -----------------------------------------------------

@@ -114,8 +114,9 @@ def load_problems(dep: ChaosDeployment) -> list[str]:
 
 def executor_problems(dep: ChaosDeployment) -> list[str]:
     """Requests still queued, running or transferring on a live executor after the load ended
-    (a leg the fleet did not abort). A context result pinned for a generation leg that never
-    came is not one: it waits for its transfer timeout, as on TensorRT-LLM."""
+    (a leg the fleet did not abort), and KV pulls still waiting on a context executor. A context
+    result pinned for a generation leg that never came is not one: it waits for its transfer
+    timeout, as on TensorRT-LLM."""
     out = []
     for ex in dep.live_executors():
         status, stats = http_json(ex.addr, "/sim/stats")
@@ -123,6 +124,8 @@ def executor_problems(dep: ChaosDeployment) -> list[str]:
             out.append(f"{ex.name}: /sim/stats answered {status}")
             continue
         busy = {k: stats[k] for k in ("num_waiting", "num_running", "num_transferring", "num_ready") if stats[k]}
+        if stats["transfers"]["waiting"]:  # a context executor's KV pull waiting for a puller that left
+            busy["transfers.waiting"] = stats["transfers"]["waiting"]
         if busy:
             out.append(f"{ex.name}: {busy}")
     return out

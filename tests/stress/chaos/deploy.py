@@ -28,7 +28,7 @@ import orjson
 
 from shmdisagg.config import load_config
 from shmdisagg.executors.plan import build_plan
-from shmdisagg.procutil import die_with_parent
+from shmdisagg.procutil import die_with_parent, listeners
 from shmdisagg.shm.table import ControlTable, process_starttime
 from tests.conftest import free_port
 from tests.integration.harness import REPO, write_config
@@ -340,6 +340,11 @@ class ChaosDeployment:
     def worker_pids(self) -> list[int]:
         with self.table() as table:
             return [r.pid for r in table.rows()]
+
+    def listening_pids(self) -> set[int]:
+        """The processes listening on the public port (a replacement claims its row a moment
+        before it listens)."""
+        return {ln.pid for ln in listeners(self.port) if ln.pid is not None}
 
     def healthy(self, slot: int) -> bool:
         with self.table() as table:
