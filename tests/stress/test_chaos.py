@@ -20,7 +20,7 @@ import pytest
 
 from tests.stress.chaos.checks import Rules, load_problems, poll
 from tests.stress.chaos.client import COMPLETE, Outcome
-from tests.stress.chaos.deploy import Executor, Layout, running
+from tests.stress.chaos.deploy import Executor, Layout, http_json, running
 from tests.stress.chaos.load import LEAVE_POINTS, burst, leaving_client, slow_reader, stalled_reader, trickling_client
 from tests.stress.chaos.scenario import SCENARIOS, ChaosRun, ExpectedFailure
 
@@ -51,7 +51,7 @@ def test_sigkill_of_random_fleet_workers(tmp_path: Path, shm_prefix: str, chaos_
         while run.more(len(replaced), at_least=2):
             old = run.dep.kill_worker(run.rng)
             # the next kill only once the replacement listens: two workers down at once refuse connections
-            replaced.append(run.wait_until(lambda: _fleet_whole(run, old), 30, "a replacement worker listening"))
+            replaced.append(run.wait_until(lambda: _fleet_whole(run, old), 60, "a replacement worker listening"))
             run.wait_served(10)
             run.hold(run.rng.uniform(0.2, 0.8))
         run.notes.append(f"replacement listening in <= {max(replaced):.2f} s")
@@ -79,18 +79,18 @@ def test_sigkill_and_restart_of_executors(tmp_path: Path, shm_prefix: str, chaos
         while run.more(cycles, at_least=1):
             ex = _spare(run, role=("context", "generation")[cycles % 2])
             run.dep.kill_executor(ex)
-            cleared.append(run.wait_until(lambda: not run.dep.healthy(ex.slot) and _index_blocks(run, ex.slot) == 0, 10,
+            cleared.append(run.wait_until(lambda: not run.dep.healthy(ex.slot) and _index_blocks(run, ex.slot) == 0, 20,
                                           f"{ex.name} unhealthy with no blocks in the index"))
             run.hold(run.rng.uniform(0.2, 0.6))
             run.dep.restart_executor(ex)
-            run.wait_until(lambda: run.dep.healthy(ex.slot), 30, f"{ex.name} healthy again")
+            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy again")
             run.wait_served(10)
             # the same port again, at once: the new process is up before the next health check
             # could have seen the old one gone (it may see a refusal; a worker's report may too)
             ex = _spare(run)
             run.dep.kill_executor(ex)
             run.dep.restart_executor(ex, at_once=True)
-            run.wait_until(lambda: run.dep.healthy(ex.slot), 30, f"{ex.name} healthy after a same-port restart")
+            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy after a same-port restart")
             run.wait_served(10)
             cycles += 1
         run.notes.append(f"dead executor unhealthy and out of the index in <= {max(cleared):.2f} s")
@@ -120,7 +120,7 @@ def test_sigstop_of_an_executor_past_the_leg_timeout(tmp_path: Path, shm_prefix:
             stops += 1
             run.hold(layout.leg_timeout_s + 1.0)  # past the leg timeout of what it holds
             run.dep.cont_executor(ex)
-            run.wait_until(lambda: run.dep.healthy(ex.slot), 30, f"{ex.name} healthy after SIGCONT")
+            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy after SIGCONT")
             run.wait_served(10)
     timed_out = sum(1 for o in run.load.outcomes if o.status == 504)
     assert timed_out >= 1, "no request met the stopped executor: the scenario did not test the leg timeout"
@@ -215,7 +215,9 @@ def test_slow_reading_and_trickling_clients(tmp_path: Path, shm_prefix: str, cha
             rng = random.Random(run.seed + rounds)
             _release(run, stalled)
             events = [_event_on(run) for _ in range(2)]
-            stalled = [(run.load.submit(lambda r=random.Random(rng.random()), e=e: stalled_reader(port, r, e, max_tokens=2000)), e) for e in events]
+            # 20000 tokens (~5 MB of SSE) outgrow every buffer on the way: the fleet's relay blocks
+            stalled = [(run.load.submit(lambda r=random.Random(rng.random()), e=e: stalled_reader(port, r, e, max_tokens=20000)), e)
+                       for e in events]
             last_stalled = run.elapsed
             owed = [run.load.submit(lambda r=random.Random(rng.random()): slow_reader(port, r, run.deadline_s, max_tokens=96, read_bytes=512, pause_s=0.02))
                     for _ in range(2)]
@@ -228,10 +230,18 @@ def test_slow_reading_and_trickling_clients(tmp_path: Path, shm_prefix: str, cha
         run.load.stop_users()
         waited, problems = poll(lambda: load_problems(run.dep), 10)
         assert not problems, f"load held while the stalled clients stay connected: {problems}"
+        # each stalled stream really stalled: cut upstream (at its deadline, or when its client left)
+        _, cut = poll(lambda: [] if _aborted(run) >= 2 * rounds else [f"{_aborted(run)} aborted"], 10)
+        assert not cut, f"{2 * rounds} stalled streams, but the generation executors aborted {cut}: a stream that never stalled tests nothing"
         run.notes.append(f"{2 * rounds} stalled clients; the last ones' picks released while connected ({waited:.2f} s after the load)")
         _release(run, stalled)
         slow = [o for o in run.extra if o.user == "slow_reader"]
         run.notes.append(f"slow streams {sum(o.kind == COMPLETE for o in slow)}/{len(slow)} complete, longest {max(o.elapsed for o in slow):.1f} s")
+
+
+def _aborted(run: ChaosRun) -> int:
+    """Requests the generation executors saw aborted (their client, the fleet, left)."""
+    return sum(http_json(ex.addr, "/sim/stats")[1]["counters"]["aborted"] for ex in run.dep.live_executors() if ex.role == "generation")
 
 
 def _release(run: ChaosRun, stalled: list[tuple[Any, asyncio.Event]]) -> None:
