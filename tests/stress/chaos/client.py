@@ -115,9 +115,14 @@ class Connection:
             reader, writer = await asyncio.open_connection(sock=sock, limit=rcvbuf)
         return cls(reader, writer, opened)
 
-    def close(self) -> None:
+    def close(self, reset: bool = True) -> None:
+        """`reset`: abort (RST; nothing to wait for, the server sees the close at once), else a
+        plain close (FIN after what is buffered)."""
         self.reusable = False
-        self.writer.transport.abort()  # no FIN handshake to wait for; the server sees the close at once
+        if reset:
+            self.writer.transport.abort()
+        else:
+            self.writer.close()
 
     async def send(self, data: bytes) -> None:
         self.writer.write(data)

@@ -150,12 +150,17 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _cmdline(pid: int) -> str:
+def _argv(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+            return f.read().decode(errors="replace").split("\0")[:-1]
     except OSError:
-        return "?"
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    """The command line, shortened for messages."""
+    return " ".join(_argv(pid))[:160] or "?"
 
 
 def _state(pid: int) -> str:
@@ -179,7 +184,7 @@ def http_json(addr: str, path: str, timeout_s: float = 2.0, method: str = "GET")
 
 class ChaosDeployment:
     """Start with `start()`, stop with `stop()` (idempotent); `events` lists what the faults
-    did, as (monotonic time, what, target)."""
+    did (`Fault`); `seen_ids` the disagg ids each role's executors served."""
 
     def __init__(self, layout: Layout, tmp: Path, shm_prefix: str) -> None:
         self.layout = layout
@@ -272,7 +277,7 @@ class ChaosDeployment:
         assert self.main is not None
         by_port = {}
         for pid in _children(self.main.pid):
-            argv = _cmdline(pid).split()
+            argv = _argv(pid)
             if "shmdisagg.executors.sim" in argv and "--port" in argv:
                 by_port[int(argv[argv.index("--port") + 1])] = pid
         for ex in self.executors:

@@ -186,7 +186,7 @@ async def leaving_client(port: int, rng: random.Random, point: str) -> Outcome:
     except (OSError, TimeoutError):
         pass
     finally:
-        conn.close()
+        conn.close(reset=rng.random() < 0.5)  # a reset or a plain close
     return Outcome(ABANDONED, point, stream=stream, started=started, ended=time.monotonic(), conn_opened=conn.opened, user="leaver")
 
 

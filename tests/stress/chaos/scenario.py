@@ -105,9 +105,13 @@ class ChaosRun:
         began = time.monotonic()
         self.dep.start()
         self.row["start_s"] = round(time.monotonic() - began, 1)
-        self.load.start()
-        self.began = time.monotonic()
-        self.wait_served(5)
+        try:
+            self.load.start()
+            self.began = time.monotonic()
+            self.wait_served(5)
+        except BaseException as err:
+            self.__exit__(type(err), err, err.__traceback__)  # stops and checks everything; raises what it found
+            raise
         return self
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
@@ -121,6 +125,8 @@ class ChaosRun:
         # after a known failure the deployment may be half gone: only what it left behind is judged
         serving = not isinstance(err, ExpectedFailure) and self.dep.main is not None and self.dep.main.poll() is None
         drained = after_load(self.dep, [*self.load.outcomes, *self.extra]) if serving else None
+        if not serving and not isinstance(err, ExpectedFailure):
+            problems.append(f"the deployment exited with {self.dep.main.returncode if self.dep.main else None} before the checks")
         stopping = time.monotonic()
         try:
             self.dep.stop()
