@@ -9,10 +9,10 @@ Which outcomes are clean (`Rules`, per scenario):
   executor died or stopped (500: the generation executor's own answer when the context
   executor it pulls from died, relayed as TensorRT-LLM relays it). The fleet's catch-all 500
   (`internal error`, an exception in the worker) is never clean;
-- a connection cut without an answer (reset or EOF before the head, a body or a stream cut
-  without an error event) only where the scenario killed a process the connection may have
-  reached: a fleet worker SIGKILLed after the connection was opened, the cut seen within
-  `cut_window_s` of the kill. Everything else (refused connections, timeouts past the client's
+- a connection cut without an answer (reset in the handshake, reset or EOF before the head, a
+  body or a stream cut without an error event) only where the scenario killed a process the
+  connection may have reached: a fleet worker SIGKILLed before it was opened and gone (every
+  thread exited, its listener closed) only after, the cut seen within `cut_window_s` of the kill. Everything else (refused connections, timeouts past the client's
   deadline, malformed bodies, bytes after `[DONE]`) is a violation everywhere.
 After the load drains: every load counter in the table is 0 (and every worker row released
 each pick it made), no executor still runs a request, the KV index holds exactly what the live

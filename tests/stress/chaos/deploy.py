@@ -134,7 +134,7 @@ class ProcessTracker:
         out = {}
         for (pid, start), cmd in self.seen.items():
             try:
-                if process_starttime(pid) == start and _state(pid) != "Z":
+                if process_starttime(pid) == start and not _exited(pid):
                     out[pid] = cmd
             except (FileNotFoundError, ProcessLookupError, ValueError):
                 pass
@@ -167,6 +167,16 @@ def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
     return stat[stat.rindex(b")") + 2 :].split()[0].decode()
+
+
+def _exited(pid: int) -> bool:
+    """Whether every thread of `pid` has exited (its files, listening sockets included, are
+    closed), reaped or not. The thread-group leader shows `Z` as soon as it exits itself, while
+    the process's other threads may still hold its files."""
+    try:
+        return _state(pid) == "Z" and len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except (FileNotFoundError, ProcessLookupError):
+        return True
 
 
 def http_json(addr: str, path: str, timeout_s: float = 2.0, method: str = "GET") -> tuple[int | None, Any]:
@@ -430,15 +440,12 @@ class ChaosDeployment:
 
 
 def running(pid: int) -> bool:
-    """Whether `pid` runs (a zombie does not)."""
-    try:
-        return _state(pid) != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+    """Whether `pid` runs (an exited process its parent has not reaped yet does not)."""
+    return not _exited(pid)
 
 
 def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
-    """Until `pid` has exited (gone, or a zombie its parent has not reaped yet)."""
+    """Until every thread of `pid` has exited (gone, or a zombie its parent has not reaped yet)."""
     try:
         start = process_starttime(pid)
     except (FileNotFoundError, ProcessLookupError):
@@ -446,7 +453,7 @@ def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if process_starttime(pid) != start or _state(pid) == "Z":
+            if process_starttime(pid) != start or _exited(pid):
                 return
         except (FileNotFoundError, ProcessLookupError):
             return

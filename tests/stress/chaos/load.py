@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from tests.stress.chaos.client import ABANDONED, REFUSED, Connection, Outcome, exchange, request_bytes
+from tests.stress.chaos.client import ABANDONED, CUT, REFUSED, Connection, Outcome, exchange, request_bytes
 
 MODEL = "sim-llama-3.1-8b"
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
@@ -138,8 +138,7 @@ class LoadDriver:
                 try:
                     conn = await Connection.open(self.port)
                 except OSError as err:
-                    self.outcomes.append(Outcome(REFUSED, f"{type(err).__name__}: {err}", stream=stream, path=path,
-                                                 started=started, ended=time.monotonic(), conn_opened=started, user=f"u{i}"))
+                    self.outcomes.append(connect_failed(err, stream, path, started, f"u{i}"))
                     await asyncio.sleep(0.05)
                     continue
             out = await exchange(conn, head, body, stream, started + self.deadline_s)
@@ -151,6 +150,14 @@ class LoadDriver:
             await asyncio.sleep(rng.random() * self.think_s)
         if conn is not None:
             conn.close()
+
+
+def connect_failed(err: OSError, stream: bool, path: str, started: float, user: str) -> Outcome:
+    """A connection that could not be made: refused (nothing listened on the port), or cut
+    during the handshake (a listener that was dying, judged as any other cut)."""
+    kind = REFUSED if isinstance(err, ConnectionRefusedError) else CUT
+    return Outcome(kind, f"connect: {type(err).__name__}: {err}", stream=stream, path=path, started=started,
+                   ended=time.monotonic(), conn_opened=started, user=user)
 
 
 # -- odd clients (each a coroutine run on the load's loop through `LoadDriver.submit`) -----
@@ -284,7 +291,7 @@ async def burst(port: int, seed: int, n: int, deadline_s: float) -> list[Outcome
         try:
             conn = await Connection.open(port)
         except OSError as err:
-            return Outcome(REFUSED, f"{type(err).__name__}: {err}", stream=stream, path=path, started=started, ended=time.monotonic(), user="burst")
+            return connect_failed(err, stream, path, started, "burst")
         try:
             out = await exchange(conn, head, body, stream, started + deadline_s)
         finally:
