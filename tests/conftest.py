@@ -10,6 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# the chaos suite's table at the end of the session (here: the xdist controller loads this conftest)
+from tests.stress.chaos.report import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
+
 
 def free_port() -> int:
     """A TCP port that was free on 127.0.0.1 a moment ago (bind to port 0, read it, close)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -226,3 +227,41 @@ def test_a_context_leg_ends_with_length_unless_its_token_is_a_stop_word(pair):
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
     assert choice["text"] == "" and resp["usage"]["completion_tokens"] == 0  # the stop word is dropped
     assert choice["disaggregated_params"]["first_gen_tokens"] == [stop]  # the token the context phase generated
+
+
+def test_a_pull_whose_generation_executor_left_stops_waiting_for_its_context_request():
+    """A generation request aborted while its KV pull waits for the context request (generation
+    first, the client gone): the context executor forgets the pull, so the context request, when
+    it comes, stays pinned for the next pull instead of going to a puller nobody waits for (found
+    by the chaos suite: such pulls waited out the transfer timeout and ended in a traceback at
+    shutdown)."""
+    port = free_port()
+    # a transfer timeout far beyond the test's polls: the pull must stop because its client left
+    with SimProcess(["--port", str(port), "--role", "context", "--speedup", SPEEDUP, "--kv-transfer-timeout", "120"], port).start() as ctx:
+        _abandoned_pull(ctx)
+
+
+def _abandoned_pull(ctx: SimProcess) -> None:
+    disagg_id = next(_next_id)
+
+    def waiting() -> int:
+        return get_json(ctx.endpoint, "/sim/stats")[1]["transfers"]["waiting"]
+
+    def until(predicate: Any, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not predicate():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.01)
+
+    raw = json.dumps({"ctx_request_id": disagg_id, "hold_s": 0}).encode()
+    with socket.create_connection(("127.0.0.1", ctx.port)) as sock:
+        sock.sendall(b"POST /sim/kv_transfer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(raw), raw))
+        until(lambda: waiting() == 1, "the pull never started waiting")
+    until(lambda: waiting() == 0, "the context executor still waits for a pull whose client left")
+    body = {"model": "m", "prompt": PROMPT + " abandoned pull", "max_tokens": 4}
+    status, _ = post_json(ctx.endpoint, "/v1/completions", dict(
+        body, disaggregated_params={"request_type": "context_only", "disagg_request_id": disagg_id}))
+    assert status == 200
+    status, pulled = post_json(ctx.endpoint, "/sim/kv_transfer", {"ctx_request_id": disagg_id, "hold_s": 0})
+    assert status == 200 and pulled["ctx_request_id"] == disagg_id

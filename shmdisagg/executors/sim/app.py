@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -509,8 +510,19 @@ class SimApp:
         if isinstance(ctx_id, bool) or not isinstance(ctx_id, int) or not isinstance(hold, (int, float)):
             await _send_json(send, 400, error_body(RequestError("body must be {ctx_request_id: int, hold_s: float}")))
             return
+        pull = asyncio.ensure_future(self.engine.transfers.pull(ctx_id, float(hold), digest if isinstance(digest, int) else None))
+        left = asyncio.ensure_future(_disconnected(receive))
         try:
-            result = await self.engine.transfers.pull(ctx_id, float(hold), digest if isinstance(digest, int) else None)
+            await asyncio.wait((pull, left), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            pull.cancel()  # a no-op once done; else the puller left (its request aborted): stop waiting for it
+        if not pull.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await pull  # it forgets the pull as it ends
+            return  # nobody to answer
+        try:
+            result = pull.result()
         except SimError as exc:
             await _send_json(send, exc.status, error_body(exc))
             return
@@ -556,6 +568,12 @@ async def _send_raw(send: Send, status: int, data: bytes, headers: list[tuple[by
     headers = [(b"content-length", str(len(data)).encode()), *(headers or ())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has gone (the request body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _watch_disconnect(receive: Receive, engine: Engine, seq: Sequence) -> None:

@@ -177,7 +177,10 @@ class Engine:
             self.running.remove(seq)
             self._finish(seq, None)
         elif seq.phase is Phase.TRANSFERRING:
-            self.transferring[seq].cancel()  # its task releases the blocks
+            # Released here, not by the pull task: a task cancelled before its first step never
+            # runs its body, so an abort right after admission would leak the slot and blocks.
+            self.transferring.pop(seq).cancel()
+            self._finish(seq, None)
         self._wake.set()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -415,8 +418,8 @@ class Engine:
             result = await self.puller.pull(s.ctx_endpoint, s.ctx_request_id, hold_s, s.prompt_seed)
             error = self._check_pulled(s, result)
         except asyncio.CancelledError:
-            self.transferring.pop(s, None)
-            self._finish(s, None)
+            if self.transferring.pop(s, None) is not None:  # stop(); abort() has released it already
+                self._finish(s, None)
             raise
         except SimError as exc:
             error = exc
@@ -489,7 +492,8 @@ class Engine:
                 "evicted": pool.num_evicted,
                 "tokens_per_block": pool.tokens_per_block,
             },
-            "transfers": {"completed": self.transfers.completed, "expired": self.transfers.expired},
+            "transfers": {"completed": self.transfers.completed, "expired": self.transfers.expired,
+                          "waiting": self.transfers.num_waiting},
             "counters": self.counters.as_dict(),
         }
 

@@ -3,7 +3,9 @@
 Context side (`TransferTable`): a finished context_only request stays pinned (its KV blocks held)
 under its `ctx_request_id` until a generation executor pulls it or `timeout_s` passes. A pull may
 arrive before the context request does (generation-first scheduling): it then waits, up to
-`timeout_s`, for that request to arrive and finish its prefill.
+`timeout_s`, for that request to arrive and finish its prefill; a pull whose generation
+executor leaves meanwhile (its request aborted) stops waiting, so the context request, if it
+comes, can still be pulled by the retry.
 
 Generation side (`KvPuller`): `POST http://<ctx_info_endpoint>/sim/kv_transfer` with
 `{"ctx_request_id", "hold_s", "prompt_digest"}`. The context executor answers once the prefill is
@@ -90,12 +92,12 @@ class TransferTable:
         try:
             seq = await asyncio.wait_for(asyncio.shield(entry.ready), self.timeout_s)
         except TimeoutError:
-            if self.entries.get(ctx_request_id) is entry and entry.seq is None:
-                del self.entries[ctx_request_id]
-            else:
-                entry.pulled = False
+            self._abandon(ctx_request_id, entry)
             raise SimError(f"unknown ctx_request_id {ctx_request_id} (no context request within "
                            f"{self.timeout_s:g} s)", status=404) from None
+        except asyncio.CancelledError:  # the puller left (`/sim/kv_transfer`'s client) or the executor stops
+            self._abandon(ctx_request_id, entry)
+            raise
         except TransferError as exc:
             raise SimError(exc.message, status=404) from None
         if entry.expiry is not None:
@@ -118,6 +120,13 @@ class TransferTable:
             "first_gen_tokens": list(seq.first_gen_tokens_out),
         }
 
+    def _abandon(self, ctx_request_id: int, entry: _Entry) -> None:
+        """A pull that waited in vain: forget it (and the entry, if no context request came)."""
+        if self.entries.get(ctx_request_id) is entry and entry.seq is None:
+            del self.entries[ctx_request_id]
+        else:
+            entry.pulled = False
+
     def _finish(self, ctx_request_id: int, entry: _Entry, seq: Sequence) -> None:
         if self.entries.get(ctx_request_id) is entry:
             del self.entries[ctx_request_id]
@@ -134,6 +143,11 @@ class TransferTable:
     @property
     def num_pinned(self) -> int:
         return sum(1 for e in self.entries.values() if e.ready.done() and not e.pulled)
+
+    @property
+    def num_waiting(self) -> int:
+        """Pulls waiting for their context request to arrive or finish its prefill."""
+        return sum(1 for e in self.entries.values() if e.pulled and not e.ready.done())
 
 
 class KvPuller:

@@ -177,6 +177,26 @@ def test_an_aborted_request_frees_its_blocks_and_fails_its_channel():
     run(body)
 
 
+def test_a_generation_request_aborted_before_its_pull_runs_frees_its_blocks():
+    """A client that leaves in the loop iteration that admitted its generation request: the
+    pull task is cancelled before its first step, so it never runs its own cleanup (found by
+    the chaos suite's disconnecting clients: `num_transferring` stuck at 1, blocks held)."""
+
+    async def body() -> None:
+        engine = make_engine()  # not started: admission is stepped by hand to hit the window
+        gen = seq(list(range(300, 330)), kind=Kind.GENERATION_ONLY, ctx_request_id=11, ctx_endpoint=ENDPOINT)
+        engine.submit(gen)
+        engine._admit()
+        assert gen.phase is Phase.TRANSFERRING and len(engine.transferring) == 1
+        engine.abort(gen)
+        await asyncio.sleep(0.01)  # let the cancelled task end
+        assert engine.transferring == {} and gen.channel.closed and gen.channel.error is not None
+        assert engine.pool.num_free + engine.pool.num_evictable == engine.pool.num_blocks
+        await engine.stop()
+
+    asyncio.run(body())
+
+
 def test_context_then_generation_in_one_engine_continues_the_same_tokens():
     prompt = list(range(100, 130))
 
