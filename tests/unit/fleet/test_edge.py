@@ -30,7 +30,8 @@ POST_HEAD = b"POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: applicat
 
 async def app(scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
     """Reads the whole body, answers `{"received": <bytes>}`; `/early` answers without reading
-    it (as a route does that refuses a request on its headers)."""
+    it (as a route does that refuses a request on its headers), `/slow` answers 1 s after it
+    read it (an executor's generation time)."""
     if scope["type"] != "http":
         return
     if scope["path"] == "/early":
@@ -44,6 +45,8 @@ async def app(scope: dict[str, Any], receive: Callable[[], Any], send: Callable[
             return
         size += len(message.get("body", b""))
         more = message.get("more_body", False)
+    if scope["path"] == "/slow":
+        await asyncio.sleep(1.0)  # the app's own work, longer than every deadline of the test
     body = orjson.dumps({"received": size})
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -194,14 +197,19 @@ def test_idle_connections_are_closed_without_an_answer(port: int) -> None:
 
 def test_a_trickled_body_gets_408_and_the_connection_closes(port: int) -> None:
     """The body deadline covers the whole body: one that takes longer than the head deadline
-    but arrives within the body's is served, one that drips on gets the 408."""
+    but arrives within the body's is served, one that drips on gets the 408. Neither deadline
+    limits the app: an answer that takes longer than both is served."""
 
-    async def main() -> tuple[tuple[int, bytes], bytes]:
+    async def main() -> tuple[tuple[int, bytes], tuple[int, bytes], bytes]:
         async with serving(port, EdgeLimits(DEADLINE_S, 3 * DEADLINE_S, 2048, 64)):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(POST_HEAD + b"content-length: 8\r\n\r\n")
             await trickle(writer, b"x" * 8)  # 0.4 s
             served = (await one_response(reader))[::2]
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)  # the head deadline passes while the app works
+            writer.write(request(b"slow").replace(b"/v1/completions", b"/slow"))  # 1 s of work
+            slow = (await one_response(reader))[::2]
             writer.close()
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(POST_HEAD + b"content-length: 1000\r\n\r\n")
@@ -209,10 +217,11 @@ def test_a_trickled_body_gets_408_and_the_connection_closes(port: int) -> None:
             raw = await until_eof(reader)
             sender.cancel()
             writer.close()
-            return served, raw
+            return served, slow, raw
 
-    served, raw = run(main())
+    served, slow, raw = run(main())
     assert served == (200, b'{"received":8}')
+    assert slow == (200, b'{"received":4}')
     body = assert_error(raw, 408, "RequestTimeoutError")
     assert "body" in body["message"]
 
