@@ -150,9 +150,10 @@ class EdgeProtocol(HttpToolsProtocol):
     `edge_protocol(limits)`; uvicorn makes one per connection.
 
     On a request's path it adds to uvicorn's a few comparisons in `data_received`, a backwards
-    look for `content-length` in `on_headers_complete` and a count in `on_body` (which replaces
-    uvicorn's); `on_response_complete` replaces uvicorn's, the keep-alive timeout on the
-    connection's own timer. No timer is armed or cancelled per request."""
+    look for `content-length` in `on_headers_complete` and a count in `on_body`; `on_body`,
+    `on_message_complete` and `on_response_complete` replace uvicorn's (the same steps, without
+    an extra call), the keep-alive timeout on the connection's own timer. No timer is armed or
+    cancelled per request."""
 
     limits: ClassVar[EdgeLimits]
     head_timeout_s: ClassVar[float]
@@ -195,7 +196,10 @@ class EdgeProtocol(HttpToolsProtocol):
         if phase == _HEAD:
             self._refuse(408, f"the request head did not arrive within {self.head_timeout_s:g} s")
         elif phase == _BODY:
-            if self.cycle.more_body:
+            cycle = self.cycle
+            if cycle.more_body and cycle.response_complete:
+                self._linger()  # answered before its body was read, and the rest is late: no second answer
+            elif cycle.more_body:
                 self._refuse(408, f"the request body did not arrive within {self.body_timeout_s:g} s")
             # else the body is in and the response runs: no deadline of ours (this one was stale)
         else:  # a connection that never sent a byte, an idle keep-alive one, a lingering one
@@ -314,6 +318,19 @@ class EdgeProtocol(HttpToolsProtocol):
             self.flow.pause_reading()
         cycle.message_event.set()
 
+    def on_message_complete(self) -> None:
+        """uvicorn's, and the end of a body whose request was answered before it was read (the
+        rest was dropped, as uvicorn does): the connection idles then."""
+        cycle = self.cycle
+        if cycle is None or cycle.scope is not self.scope:
+            return  # a WebSocket upgrade: no request cycle (uvicorn's upgrade test)
+        if cycle.response_complete:
+            if self._phase == _BODY and not self.pipeline:
+                self._idle()
+            return
+        cycle.more_body = False
+        cycle.message_event.set()
+
     def on_response_complete(self) -> None:
         if self.pipeline:  # uvicorn starts the queued request; its body deadline starts now
             _base_response_complete(self)
@@ -326,10 +343,7 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         self.flow.resume_reading()
         phase = self._phase
-        if phase == _BODY:
-            if self.cycle.more_body:  # answered before its body was read: the rest is dropped
-                self._linger()
-                return
+        if phase == _BODY and not self.cycle.more_body:  # _idle(), inline: this is every request's path
             self._phase = _IDLE
             deadline = self.loop.time() + self.timeout_keep_alive
             if self._timer is None or self._timer_at > deadline:
@@ -338,7 +352,18 @@ class EdgeProtocol(HttpToolsProtocol):
                 self._deadline = deadline
         elif phase == _LINGER:  # refused while this response ran (_refuse)
             self.transport.close()
-        # _HEAD: the next request's head is arriving, under its own deadline
+        # _BODY with more to come: answered before its body was read, which is dropped as it
+        # arrives, under the body deadline (on_message_complete: then idle); _HEAD: the next
+        # request's head is arriving, under its own deadline
+
+    def _idle(self) -> None:
+        """A keep-alive connection between requests: closed after `timeout_keep_alive`."""
+        self._phase = _IDLE
+        deadline = self.loop.time() + self.timeout_keep_alive
+        if self._timer is None or self._timer_at > deadline:
+            self._arm(deadline)
+        else:  # the timer fires earlier and follows the deadline then: no timer operation
+            self._deadline = deadline
 
     # -- refusals ------------------------------------------------------------------------------
 

@@ -226,19 +226,31 @@ def test_a_trickled_body_gets_408_and_the_connection_closes(port: int) -> None:
     assert "body" in body["message"]
 
 
-def test_a_request_answered_before_its_body_arrived_is_closed_after_the_answer(port: int) -> None:
-    """The rest of a body nobody reads is not waited for: the answer, then the close."""
+def test_the_rest_of_a_body_answered_early_is_dropped_under_the_body_deadline(port: int) -> None:
+    """A request answered before its body was read (a route that refuses it on its headers):
+    the rest of the body is dropped as it comes and the connection serves the next request; if
+    the rest never comes, the connection is closed at the body deadline, without a second answer."""
 
-    async def main() -> bytes:
+    async def main() -> tuple[bytes, tuple[int, bytes], bytes]:
         async with serving(port):
+            early = b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-type: text/plain\r\ncontent-length: 1000\r\n\r\n" + b"x" * 10
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-type: text/plain\r\ncontent-length: 1000\r\n\r\n" + b"x" * 10)
-            raw = await until_eof(reader)
+            writer.write(early)
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                first = await reader.readuntil(b"{}")
+            writer.write(b"x" * 990 + request(b"next"))  # the rest of the body, then a request
+            reused = (await one_response(reader))[::2]
             writer.close()
-            return raw
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(early)  # and the rest never comes
+            abandoned = await until_eof(reader)
+            writer.close()
+            return first, reused, abandoned
 
-    raw = run(main())
-    assert raw.startswith(b"HTTP/1.1 415 ") and raw.endswith(b"\r\n\r\n{}"), raw
+    first, reused, abandoned = run(main())
+    assert first.startswith(b"HTTP/1.1 415 ") and first.endswith(b"\r\n\r\n{}"), first
+    assert reused == (200, b'{"received":4}')
+    assert abandoned.startswith(b"HTTP/1.1 415 ") and abandoned.endswith(b"\r\n\r\n{}"), abandoned  # one answer, then the close
 
 
 @pytest.mark.parametrize("expect", [False, True], ids=["plain", "expect-100-continue"])
