@@ -377,7 +377,26 @@ class ShmdisaggSection(_Strict):
     # server unhealthy (coordinator/health.py)
     health_check_timeout_s: float = Field(5.0, gt=0)
     health_check_failures: int = Field(2, ge=1)
+    # The hot routes' body limit (asgi.read_body), also enforced by the public port's protocol:
+    # a declared Content-Length above it is answered 413 before the body is read, a chunked body
+    # as soon as it passes it (fleet/edge.py).
     max_request_body_bytes: int = Field(32 << 20, ge=1024)
+    # Connection hygiene at the public port (fleet/edge.py), per connection. The whole request
+    # head must arrive within client_header_timeout_s of the connection's opening (or of the
+    # first byte of a later request on it), else 408: nginx's client_header_timeout (60 s) and
+    # Apache's RequestReadTimeout header=20-40 bracket it. The whole body must arrive within
+    # client_body_timeout_s of the head's end, else 408: nginx's client_body_timeout default
+    # (60 s, which nginx applies between two reads, here to the whole body: a 100k-token prompt,
+    # about 0.5 MB of JSON, then needs under 10 kB/s).
+    client_header_timeout_s: float = Field(30.0, gt=0)
+    client_body_timeout_s: float = Field(60.0, gt=0)
+    # Open connections per fleet worker; one more is answered 503 with Retry-After. gunicorn's
+    # worker_connections (1000) and nginx's (512 built in, 1024 in its stock nginx.conf) are per
+    # worker too; a few times theirs here, because a streamed completion holds its connection
+    # for its whole generation (seconds to minutes) where theirs mostly serve milliseconds. A
+    # worker raises its soft RLIMIT_NOFILE to the hard limit and, if 2 descriptors per
+    # connection plus 256 do not fit under it, serves fewer (logged at start).
+    worker_connections: int = Field(4096, ge=1)
     max_inflight_requests: int = Field(0, ge=0)  # per deployment; 0 = unbounded
     breaker_failures: int = Field(3, ge=1)  # consecutive request failures that open a server's breaker
     breaker_cooldown_s: float = Field(2.0, gt=0)
@@ -385,7 +404,9 @@ class ShmdisaggSection(_Strict):
     # TensorRT-LLM's level names (`tensorrt_llm/logger.py`); -l/--log_level and TLLM_LOG_LEVEL win
     log_level: Literal["trace", "debug", "verbose", "info", "warning", "error", "internal_error"] = "info"
 
-    _numbers = field_validator("timeout_graceful_shutdown_s", "worker_timeout_s", "health_check_timeout_s", "health_check_failures", mode="before")(_no_bool)
+    _numbers = field_validator("timeout_graceful_shutdown_s", "worker_timeout_s", "health_check_timeout_s", "health_check_failures",
+                               "client_header_timeout_s", "client_body_timeout_s", "worker_connections", "max_request_body_bytes",
+                               mode="before")(_no_bool)
 
 
 class OtlpConfig(_Strict):

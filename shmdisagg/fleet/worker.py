@@ -44,6 +44,7 @@ from shmdisagg.fleet.overrides import FleetOverrides
 from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, apply_gc, read_env
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.fleet.app import FleetApp, control_app
+from shmdisagg.fleet.edge import EdgeLimits, edge_protocol
 from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.processes import supervisor_of
 from shmdisagg.node_ids import LOCK_DIR, NodeIdClaim, claim_or_inherit
@@ -210,7 +211,9 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         uv = uvicorn.Config(
             app,
             loop="none",
-            http="httptools",
+            # httptools with the public port's deadlines, body limit and connection cap; raises
+            # RLIMIT_NOFILE (fleet/edge.py)
+            http=edge_protocol(EdgeLimits.for_worker(config)),
             lifespan="off",
             access_log=False,
             log_level=LOG_LEVELS[overrides.log_level or config.shmdisagg.log_level],
