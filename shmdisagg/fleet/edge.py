@@ -23,6 +23,10 @@ and a connection cap, every refusal in TensorRT-LLM's `ErrorResponse` shape.
 - whatever httptools cannot parse (a bad request line, header, chunk size, an HTTP/2 preface, an
   upgrade with a body) is answered 400 naming the parser's reason, never the input.
 
+TensorRT-LLM's orchestrator has none of these: it serves with a plain `uvicorn.Config` given only
+`timeout_keep_alive` (`tensorrt_llm/serve/openai_disagg_server.py` `__call__`, @01edceae, file id
+56985424023), so its defaults come from the servers named above.
+
 Every refusal carries `Connection: close`; then the connection lingers (`LINGER_S`, nginx's
 `lingering_close`): the write side is shut, what the client still sends is read and dropped until
 it closes, so the answer is not lost to a reset while the client is still sending.
@@ -91,7 +95,7 @@ class EdgeLimits:
         raising its soft limit to the hard one (both logged; a clamp is a warning)."""
         section = config.shmdisagg
         before, soft, hard = raise_nofile_limit()
-        log.info("RLIMIT_NOFILE: soft limit %d (was %d), hard limit %d", soft, before, _show(hard))
+        log.info("RLIMIT_NOFILE: soft limit %s (was %s), hard limit %s", _show(soft), _show(before), _show(hard))
         cap = fit_connections(section.worker_connections, soft)
         if cap < section.worker_connections:
             log.warning("shmdisagg.worker_connections %d does not fit under RLIMIT_NOFILE %d (%d descriptors per connection, "
