@@ -83,7 +83,7 @@ def write_config(tmp: Path, shm_prefix: str, ctx: list[str], gen: list[str], **t
     routers = top.pop("routers", ("round_robin", "round_robin"))
     cfg: dict[str, Any] = {
         "hostname": "127.0.0.1",
-        "port": free_port(),
+        "port": next(p for p in iter(free_port, None) if f"127.0.0.1:{p}" not in (*ctx, *gen)),  # free_port may repeat an executor's
         "num_workers": 2,
         "context_servers": {"num_instances": len(ctx), "urls": ctx, "router": _router(routers[0])},
         "generation_servers": {"num_instances": len(gen), "urls": gen, "router": _router(routers[1])},
