@@ -197,15 +197,21 @@ async def leaving_client(port: int, rng: random.Random, point: str) -> Outcome:
     return Outcome(ABANDONED, point, stream=stream, started=started, ended=time.monotonic(), conn_opened=conn.opened, user="leaver")
 
 
-async def slow_reader(port: int, rng: random.Random, deadline_s: float, *, max_tokens: int, read_bytes: int, pause_s: float) -> Outcome:
-    """A streaming request read `read_bytes` at a time with `pause_s` between reads, through a
-    small receive buffer: owed a complete stream or a clean error by its deadline."""
-    started = time.monotonic()
-    _, _, head, body = mixed_request(rng, port)
+def _streaming_request(port: int, rng: random.Random, max_tokens: int) -> tuple[str, bytes, bytes]:
+    """(path, head, body) of one of the load's mixed requests, made a stream of `max_tokens`."""
+    _, _, _, body = mixed_request(rng, port)
     doc = orjson.loads(body)
     doc.update(stream=True, max_tokens=max_tokens)
     path = "/v1/chat/completions" if "messages" in doc else "/v1/completions"
     head, body = request_bytes(port, path, orjson.dumps(doc))
+    return path, head, body
+
+
+async def slow_reader(port: int, rng: random.Random, deadline_s: float, *, max_tokens: int, read_bytes: int, pause_s: float) -> Outcome:
+    """A streaming request read `read_bytes` at a time with `pause_s` between reads, through a
+    small receive buffer: owed a complete stream or a clean error by its deadline."""
+    started = time.monotonic()
+    path, head, body = _streaming_request(port, rng, max_tokens)
     conn = await Connection.open(port, rcvbuf=4096)
     try:
         out = await exchange(conn, head, body, True, started + deadline_s, chunk=read_bytes, pause_s=pause_s)
@@ -221,11 +227,7 @@ async def stalled_reader(port: int, rng: random.Random, release: asyncio.Event, 
     owed to it; the scenario checks that the deployment's counters drain while it is still
     connected."""
     started = time.monotonic()
-    _, _, head, body = mixed_request(rng, port)
-    doc = orjson.loads(body)
-    doc.update(stream=True, max_tokens=max_tokens)
-    path = "/v1/chat/completions" if "messages" in doc else "/v1/completions"
-    head, body = request_bytes(port, path, orjson.dumps(doc))
+    path, head, body = _streaming_request(port, rng, max_tokens)
     conn = await Connection.open(port, rcvbuf=2048)
     try:
         await conn.send(head + body)
