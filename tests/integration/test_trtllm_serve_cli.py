@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -207,12 +208,23 @@ def test_report_addr_with_port_0_writes_the_bound_address_and_log_level_applies(
     assert " INFO " not in cmd.output(), cmd.output()
 
 
+def _unheld_node_id() -> int:
+    """A node id no deployment on this host holds now, from the half of the ring that deployments
+    without a `node_id` reach last: they claim upward from uuid.getnode() % 256, so a parallel
+    test's deployment cannot take this one between our release and our deployment's claim (CI
+    saw `claim_node_id(None)` hand out the id the next deployment under xdist claimed)."""
+    start = uuid.getnode() % 256 + 128
+    for i in range(128):
+        with contextlib.suppress(NodeIdError), claim_node_id((start + i) % 256) as free:
+            return free.node_id
+    raise AssertionError("no free node id in the far half of the ring")
+
+
 def test_node_id_and_the_process_id_variable_reach_the_request_id_and_r_reaches_the_workers(tmp_path: Path, shm_prefix: str) -> None:
     """`node_id` and TRTLLM_DISAGG_WORKER_PROCESS_ID are the snowflake id's node and process
     fields (llmapi/disagg_utils.py); `-r` becomes every worker's leg timeout; WEB_CONCURRENCY
     (not an integer here, which uvicorn would fail on) is ignored with a warning and not passed on."""
-    with claim_node_id(None) as free:  # an id no deployment on this host holds now
-        node = free.node_id
+    node = _unheld_node_id()
     c0, g0 = sim(None, "--role", "context"), sim(None, "--role", "generation")
     cfg = config(tmp_path, shm_prefix, [c0.endpoint], [g0.endpoint], node_id=node)
     port = yaml.safe_load(cfg.read_text())["port"]
