@@ -16,7 +16,10 @@ and a connection cap, every refusal in TensorRT-LLM's `ErrorResponse` shape.
   enforce, `asgi.read_body`) is answered 413 once the head is parsed, the body unread; a chunked
   body is answered 413 as soon as it passes the limit;
 - a head larger than `MAX_HEAD_BYTES` (envoy's `max_request_headers_kb` default, 60 KiB, rounded
-  up; httptools itself has no limit) is answered 431;
+  up; httptools itself has no limit) is answered 431: a head that came in a read larger than the
+  limit or over several reads is measured at its end (its parsed target, names and values); one
+  still arriving is refused once its reads after the first pass the limit (a header line that
+  never ends is never parsed);
 - a connection beyond `worker_connections` open ones is answered 503 with `Retry-After: 1`;
 - a keep-alive connection idle for `server_keep_alive_timeout` is closed (uvicorn's
   `timeout_keep_alive`, kept on this protocol's own timer);
@@ -27,7 +30,9 @@ TensorRT-LLM's orchestrator has none of these: it serves with a plain `uvicorn.C
 `timeout_keep_alive` (`tensorrt_llm/serve/openai_disagg_server.py` `__call__`, @01edceae, file id
 56985424023), so its defaults come from the servers named above.
 
-Every refusal carries `Connection: close`; then the connection lingers (`LINGER_S`, nginx's
+Requests parsed whole before the refused bytes (pipelined in the same write, or sent while a slow
+response ran) are answered first, in order; the refusal comes after their answers. Every refusal
+carries `Connection: close`; then the connection lingers (`LINGER_S`, nginx's
 `lingering_close`): the write side is shut, what the client still sends is read and dropped until
 it closes, so the answer is not lost to a reset while the client is still sending.
 
@@ -153,9 +158,9 @@ class EdgeProtocol(HttpToolsProtocol):
     """`HttpToolsProtocol` with the public port's limits (module docstring). Built per worker by
     `edge_protocol(limits)`; uvicorn makes one per connection.
 
-    On a request's path it adds to uvicorn's a few comparisons in `data_received`, a backwards
-    look for `content-length` in `on_headers_complete` and a count in `on_body`; `on_body`,
-    `on_message_complete` and `on_response_complete` replace uvicorn's (the same steps, without
+    On a request's path it adds to uvicorn's a few comparisons in `data_received`, a test
+    and a backwards look for `content-length` in `on_headers_complete` and a count in `on_body`;
+    `on_body`, `on_message_complete` and `on_response_complete` replace uvicorn's (the same steps, without
     an extra call), the keep-alive timeout on the connection's own timer. No timer is armed or
     cancelled per request."""
 
@@ -172,8 +177,10 @@ class EdgeProtocol(HttpToolsProtocol):
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._head_bytes = 0
+        self._measure = False  # the head being parsed may be over MAX_HEAD_BYTES: measure it when it ends
+        self._head_bytes = 0  # bytes of a head's reads after the one it began in
         self._body_bytes = 0
+        self._after = b""  # a refusal to write once the responses before it end (_refuse)
 
     # -- the connection's one timer ------------------------------------------------------------
 
@@ -234,6 +241,8 @@ class EdgeProtocol(HttpToolsProtocol):
             self._phase = _HEAD  # this read begins a request
         elif phase == _BODY and not self.cycle.more_body:
             self._phase = _HEAD  # a request sent before the previous one's answer ended
+        if len(data) > MAX_HEAD_BYTES:
+            self._measure = True  # a head in this read may be as large
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -244,16 +253,19 @@ class EdgeProtocol(HttpToolsProtocol):
             # Deadlines are set after the read, on the same loop time: a request that comes
             # whole in one read (the common case) sets none.
             now = self._phase
+            if self._measure and now != _HEAD:
+                self._measure = False  # every head of this read measured; none left half-read
             if now == _BODY:
                 if phase != _BODY and self.cycle.more_body and not self.pipeline:
                     self._arm(self.loop.time() + self.body_timeout_s)  # its head ended in this read, its body did not
             elif now == _HEAD:
-                if phase == _HEAD:  # a head begun in an earlier read (the one that begins it is not counted)
+                if phase == _HEAD:  # a head begun in an earlier read: all of this read is head, so a
+                    # count past the limit is a head past it (one whose last line never ends, too)
                     self._head_bytes += len(data)
                     if self._head_bytes > MAX_HEAD_BYTES:
                         self._refuse(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes")
                 else:  # begun in this read; the first request's deadline counts from the opening
-                    self._head_bytes = 0
+                    self._head_bytes, self._measure = 0, True  # a head over several reads: measured at its end
                     if phase != _OPEN:
                         self._arm(self.loop.time() + self.head_timeout_s)
 
@@ -270,6 +282,8 @@ class EdgeProtocol(HttpToolsProtocol):
             self.handle_websocket_upgrade()
             return
         if any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in self.headers):
+            if self.cycle is not None:
+                self.cycle.more_body = True  # llhttp ended the message at the head; its body is unread: this request is the refused one
             self._refuse(400, "invalid HTTP request: an upgrade is not served on this port; send the request without an Upgrade header")
             return
         log.debug("upgrade to %r ignored", self._get_upgrade())
@@ -285,16 +299,36 @@ class EdgeProtocol(HttpToolsProtocol):
         reason = str(err)[:120]
         if isinstance(err, httptools.HttpParserCallbackError):
             log.debug("request refused: %r", cause)
-            message = "invalid HTTP request"
+            message = self._callback_failure(cause)
         elif reason.startswith("Pause on PRI"):
             message = "invalid HTTP request: HTTP/2 with prior knowledge is not served on this port, HTTP/1.1 is"
         else:
             message = f"invalid HTTP request: {reason}"
         self._refuse(400, message)
 
+    def _head_size(self) -> int:
+        """The parsed head's size in bytes: its request target, and each header line's name and
+        value with 4 for the `: ` and CRLF around them."""
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+
+    def _callback_failure(self, cause: BaseException | None) -> str:
+        """The 400's message for an error raised in uvicorn's parser callbacks: its cause named,
+        never the input (a URL can carry what the client would not want logged)."""
+        if isinstance(cause, httptools.HttpParserInvalidURLError):
+            if self.parser.get_method() == b"CONNECT":
+                return "invalid HTTP request: CONNECT is not served on this port (it is not a proxy)"
+            return "invalid HTTP request: the request target is not a valid URL"
+        if isinstance(cause, UnicodeError):
+            return "invalid HTTP request: the request target is not ASCII"
+        return "invalid HTTP request: the request head could not be read"
+
     # -- parser callbacks ----------------------------------------------------------------------
 
     def on_headers_complete(self) -> None:
+        # only a head that may be over the limit is measured: one that came over several reads or
+        # in a read larger than the limit (the common head, in one read of a few KiB, costs a test)
+        if self._measure and self._head_size() > MAX_HEAD_BYTES:  # cleared after the read (data_received)
+            raise _Refusal(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes")
         # clients put content-length near the end (httpx, curl, aiohttp append it): look
         # backwards; httptools has refused a second one and anything but digits
         for name, value in reversed(self.headers):
@@ -354,8 +388,13 @@ class EdgeProtocol(HttpToolsProtocol):
                 self._arm(deadline)
             else:  # the timer fires earlier and follows the deadline then: no timer operation
                 self._deadline = deadline
-        elif phase == _LINGER:  # refused while this response ran (_refuse)
-            self.transport.close()
+        elif phase == _LINGER:  # refused while this response ran (_refuse): its refusal now, then the close
+            if self._after:
+                self.transport.write(self._after)
+                self._after = b""
+                self._linger()
+            else:
+                self.transport.close()
         # _BODY with more to come: answered before its body was read, which is dropped as it
         # arrives, under the body deadline (on_message_complete: then idle); _HEAD: the next
         # request's head is arriving, under its own deadline
@@ -381,21 +420,29 @@ class EdgeProtocol(HttpToolsProtocol):
         return b"".join(head) + body
 
     def _refuse(self, status: int, message: str) -> None:
-        """Answer `status` and close, unless a response is on the wire already: then the
-        connection closes when it ends."""
+        """Answer `status` and close. Requests parsed whole before the refused bytes (pipelined in
+        the same write, or queued behind a slow response) are answered first, in order, and the
+        refusal after them (`_after`, written by `on_response_complete`). A refused request whose
+        own answer is on the wire already is not answered twice: its connection closes after it."""
         log.debug("request refused with %d: %s", status, message)
-        cycle = self.cycle
-        if self.pipeline or (cycle is not None and cycle.response_started and not cycle.response_complete):
-            # an earlier request's response is (or may be) on the wire: it ends, then the
-            # connection closes (on_response_complete); what the client sends meanwhile is dropped
-            self.pipeline.clear()
-            if cycle is not None:
-                cycle.keep_alive = False
-            self._phase, self._deadline = _LINGER, 0.0
+        cycle = self.cycle  # the request parsed last: the refused one while its body is unread
+        self._phase, self._deadline = _LINGER, 0.0  # what the client sends from now on is dropped
+        if cycle is not None and cycle.more_body:  # the refusal is this request's (its body)
+            if self.pipeline and self.pipeline[0][0] is cycle:
+                self.pipeline.popleft()  # queued, never started: the requests before it run on
+            elif cycle.response_started:
+                if not cycle.response_complete:
+                    cycle.keep_alive = False  # answered while its body came: the answer ends, then the close
+                else:
+                    self._linger()
+                return
+            else:
+                cycle.disconnected = True  # the app's receive() returns http.disconnect; its sends are dropped
+                cycle.message_event.set()
+                cycle = None
+        if self.pipeline or (cycle is not None and not cycle.response_complete):
+            self._after = self._error(status, message)  # after the answers to the requests before it
             return
-        if cycle is not None and not cycle.response_complete:
-            cycle.disconnected = True  # the app's receive() returns http.disconnect; its sends are dropped
-            cycle.message_event.set()
         self.transport.write(self._error(status, message))
         self._linger()
 

@@ -386,6 +386,98 @@ def test_a_head_over_the_size_limit_gets_431(port: int) -> None:
     assert "head" in body["message"]
 
 
+@pytest.mark.parametrize("head", [
+    b"GET /" + b"a" * (MAX_HEAD_BYTES + 10) + b" HTTP/1.1\r\nhost: t\r\n\r\n",
+    POST_HEAD + b"".join(b"x-filler-%d: %s\r\n" % (i, b"a" * 1000) for i in range(70)) + b"content-length: 2\r\n\r\n{}",
+], ids=["target", "headers"])
+def test_a_head_over_the_size_limit_in_one_write_gets_431(port: int, head: bytes) -> None:
+    """The limit counts the head as parsed, so a head that arrives in one read is held to it
+    too (a count of the reads after the first let ~140-200 KB through)."""
+    async def main() -> bytes:
+        async with serving(port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head)
+            raw = await until_eof(reader)
+            writer.close()
+            return raw
+
+    body = assert_error(run(main()), 431, "BadRequestError")
+    assert body["message"] == f"the request head is larger than {MAX_HEAD_BYTES} bytes"
+
+
+def test_a_head_just_under_the_size_limit_is_served(port: int) -> None:
+    async def main() -> tuple[int, bytes]:
+        async with serving(port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(POST_HEAD + b"".join(b"x-filler-%02d: %s\r\n" % (i, b"a" * 1000) for i in range(60)) + b"content-length: 2\r\n\r\n{}")
+            got = (await one_response(reader))[::2]
+            writer.close()
+            return got
+
+    assert run(main()) == (200, b'{"received":2}')
+
+
+@pytest.mark.parametrize("refused, status", [
+    (b"hello there\r\n\r\n", 400),
+    (b"GET /" + b"a" * (MAX_HEAD_BYTES + 10) + b" HTTP/1.1\r\nhost: t\r\n\r\n", 431),
+    (request(b"x" * 4000), 413),
+    (POST_HEAD + b"transfer-encoding: chunked\r\n\r\n" + (b"3e8\r\n" + b"x" * 1000 + b"\r\n") * 3, 413),
+], ids=["garbage", "head-too-large", "declared-too-large", "chunked-too-large"])
+@pytest.mark.parametrize("before", [1, 2], ids=["one-before", "two-before"])
+def test_requests_pipelined_before_refused_bytes_are_answered_first(port: int, refused: bytes, status: int, before: int) -> None:
+    """Valid requests sent in the same write as bytes that are refused get their answers, in
+    order, then the refusal, then the close (nothing the client sent whole is lost)."""
+    async def main() -> tuple[list[tuple[int, bytes]], bytes]:
+        async with serving(port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"".join(request(b'{"n":%d}' % i) for i in range(before)) + refused)
+            served = [(await one_response(reader))[::2] for _ in range(before)]
+            raw = await until_eof(reader)
+            writer.close()
+            return served, raw
+
+    served, raw = run(main())
+    assert served == [(200, b'{"received":%d}' % len(b'{"n":%d}' % i)) for i in range(before)]
+    assert_error(raw, status, "RequestEntityTooLarge" if status == 413 else "BadRequestError")
+
+
+def test_a_request_answered_slowly_is_answered_before_the_refusal_of_the_next(port: int) -> None:
+    """Bytes refused while a response is being worked on (`/slow`) do not cancel it: its answer,
+    then the refusal."""
+    async def main() -> tuple[tuple[int, bytes], bytes]:
+        async with serving(port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(POST_HEAD.replace(b"/v1/completions", b"/slow") + b"content-length: 2\r\n\r\n{}")
+            await writer.drain()
+            writer.write(b"hello there\r\n\r\n")
+            served = (await one_response(reader))[::2]
+            raw = await until_eof(reader)
+            writer.close()
+            return served, raw
+
+    served, raw = run(main())
+    assert served == (200, b'{"received":2}')
+    assert_error(raw, 400, "BadRequestError")
+
+
+@pytest.mark.parametrize("head, reason", [
+    (b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\n\r\n", "CONNECT is not served on this port"),
+    (b"GET http://[::1 HTTP/1.1\r\nhost: t\r\n\r\n", "the request target is not a valid URL"),
+], ids=["connect", "bad-target"])
+def test_a_request_target_that_is_not_a_url_gets_400_with_the_reason(port: int, head: bytes, reason: str) -> None:
+    async def main() -> bytes:
+        async with serving(port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head)
+            raw = await until_eof(reader)
+            writer.close()
+            return raw
+
+    body = assert_error(run(main()), 400, "BadRequestError")
+    assert reason in body["message"], body
+    assert b"example.com" not in orjson.dumps(body)  # the input is not echoed
+
+
 def test_connections_fit_under_the_descriptor_limit() -> None:
     assert fit_connections(4096, 1 << 20) == 4096
     assert fit_connections(4096, 4096) == (4096 - FD_RESERVE) // FDS_PER_CONNECTION
