@@ -48,7 +48,7 @@ from shmdisagg.config import DisaggConfig, log_dir_problem
 from shmdisagg.coordinator.keeper import CoordinatorKeeper, coordinator_stop_timeout
 from shmdisagg.executors.plan import LaunchPlan, PlanError, build_plan
 from shmdisagg.node_ids import NodeIdClaim, NodeIdError, claim_or_inherit
-from shmdisagg.processes import reap_orphans
+from shmdisagg.processes import describe_exit, reap_orphans
 from shmdisagg.procutil import STOP_SIGNALS, die_with_parent, public_port_problem
 from shmdisagg.shm.segment import cleanup_stale
 
@@ -369,7 +369,7 @@ class Deployment:
             for child in list(pending):
                 code = child.proc.poll()
                 if code is not None:
-                    raise LaunchError(f"{child.name} exited with code {code} during start-up{self._log_hint(child)}")
+                    raise LaunchError(f"{child.name} ended during start-up ({describe_exit(code)}){self._log_hint(child)}")
                 p = probe(child.health_url)
                 if p.ready:
                     pending.remove(child)
@@ -420,11 +420,11 @@ class Deployment:
                 if reap:
                     reap_orphans(self._owns)
                 if self._coordinator_gone.is_set():
-                    log.error("coordinator exited with code %s", self.coordinator_exit)
+                    log.error("the coordinator is gone for good (exit status %s): stopping the deployment", self.coordinator_exit)
                     return 1
                 for child in self.executors:
                     if child.proc.poll() is not None and not child.reported:
-                        log.error("executor %s exited with code %s%s", child.label, child.proc.returncode, self._log_hint(child))
+                        log.error("executor %s ended (%s)%s", child.label, describe_exit(child.proc.returncode), self._log_hint(child))
                         child.reported = True
                 time.sleep(0.2)
             return 0

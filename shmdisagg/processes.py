@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -87,6 +88,14 @@ class ProcessId:
             os.close(fd)
             return None
         return fd
+
+
+def describe_exit(returncode: int) -> str:
+    """A `Popen.returncode` in words, the same in every log line: "exit 3", "killed by SIGKILL"
+    (-N: killed by signal N)."""
+    if returncode < 0 and -returncode in signal.valid_signals():
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit {returncode}"
 
 
 def supervisor_of(environ: Mapping[str, str]) -> ProcessId | None:

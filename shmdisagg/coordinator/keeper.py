@@ -38,7 +38,7 @@ from shmdisagg.config import DisaggConfig
 from shmdisagg.coordinator.adoption import stop_stale_fleet
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S
 from shmdisagg.node_ids import NodeIdClaim, NodeIdError, claim_or_inherit
-from shmdisagg.processes import SUPERVISOR_ENV, ProcessId, become_subreaper, reap_orphans
+from shmdisagg.processes import SUPERVISOR_ENV, ProcessId, become_subreaper, describe_exit, reap_orphans
 from shmdisagg.procutil import STOP_SIGNALS, die_with_parent
 from shmdisagg.shm.segment import cleanup_stale
 
@@ -85,6 +85,7 @@ class CoordinatorKeeper:
         self.ever_served = False
         self.restarts = 0
         self.failed_in_row = 0
+        self._crash = ""  # the death of the last coordinator that served, in words
         self.final: int | None = None
         self.stopping = False
         self.adopt_port: int | None = None
@@ -198,14 +199,18 @@ class CoordinatorKeeper:
             self.final = exit_status(code)  # stopped, or failed to start: not a crash to restart
             self.stop_standby()
             return self.final
-        self.failed_in_row = 0 if self.served else self.failed_in_row + 1
+        why = describe_exit(code)
+        if self.served:
+            self.failed_in_row, self._crash = 0, f"the coordinator (pid {self.proc.pid}) that served died ({why})"
+        else:
+            self.failed_in_row += 1
         if self.failed_in_row >= MAX_FAILED_RESTARTS:
-            log.error("coordinator restarts keep failing (%d in a row, last exit %s): stopping the deployment", self.failed_in_row, code)
+            log.error("coordinator restarts keep failing: %s, then %d replacements in a row never became ready (the last: %s): "
+                      "stopping the deployment", self._crash, self.failed_in_row, why)
             self.final = 1
             self.stop_standby()
             return self.final
         delay = RESTART_BACKOFF_S[min(self.failed_in_row, len(RESTART_BACKOFF_S) - 1)]
-        why = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit {code}"
         log.warning("coordinator (pid %d) died (%s); the fleet keeps serving; starting a new one in %.1f s", self.proc.pid, why, delay)
         self._restart_at = time.monotonic() + delay
         return None

@@ -51,7 +51,7 @@ def test_an_instance_that_exits_during_start_up_fails_the_launch_and_stops_the_o
     with pytest.raises(LaunchError) as info:
         dep.start()
     msg = str(info.value)
-    assert msg.startswith("generation-0 exited with code 2 during start-up (log: ")
+    assert msg.startswith("generation-0 ended during start-up (exit 2) (log: ")
     assert "generation-0.log; last line: " in msg and "warp_factor" in msg
     assert dep.executors == [] and dep.coordinator is None
     assert dep.plan is not None

@@ -5,6 +5,7 @@ or exits 0 (stopped), is not; replacements that keep failing end the deployment.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -110,12 +111,21 @@ def test_a_coordinator_that_exits_0_was_stopped_and_is_not_restarted(config) -> 
     assert _run(keeper) == 0 and keeper.restarts == 0
 
 
-def test_replacements_that_keep_failing_end_the_deployment(config) -> None:  # type: ignore[no-untyped-def]
-    runs = [(True, -9, 0.0)] + [(False, 1, 0.0)] * keeper_mod.MAX_FAILED_RESTARTS
-    keeper = CoordinatorKeeper(Script(runs), config)
+def test_replacements_that_keep_failing_end_the_deployment(config, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    runs = [(True, 0, 60.0)] + [(False, 1, 0.0)] * keeper_mod.MAX_FAILED_RESTARTS
+    script = Script(runs)
+    keeper = CoordinatorKeeper(script, config)
     keeper.start()
+    while not keeper.served:  # the first one reports ready, then runs until killed
+        assert keeper.check() is None
+        time.sleep(0.01)
+    os.kill(script.pids[0], signal.SIGKILL)
     assert _run(keeper) == 1
     assert keeper.restarts == keeper_mod.MAX_FAILED_RESTARTS
+    # the give-up line names the death that started it, not only the last replacement's exit
+    gave_up = [r.getMessage() for r in caplog.records if "keep failing" in r.getMessage()]
+    assert gave_up == [f"coordinator restarts keep failing: the coordinator (pid {script.pids[0]}) that served died (killed by SIGKILL), "
+                       f"then {keeper_mod.MAX_FAILED_RESTARTS} replacements in a row never became ready (the last: exit 1): stopping the deployment"]
 
 
 def test_one_that_serves_again_resets_the_failure_count(config) -> None:  # type: ignore[no-untyped-def]
