@@ -238,7 +238,7 @@ of 32k), in 2 MiB of keys plus a 2 MiB table."""
 CACHE_MIN_BLOCKS = 64
 """Shorter prompts are hashed directly: the cache reuses whole checkpoints of 16 blocks, so below
 four of them a hit saves under a microsecond and a miss (fingerprinting and recording the prompt)
-costs about two (scripts/bench_routing.py, 1k tokens)."""
+costs about two (benchmarks/bench_routing.py, 1k tokens)."""
 _PROCESS_CACHES_MAX = 4  # block sizes cached at once (executors report one or two)
 _process_caches: dict[int, PrefixHashCache] = {}
 

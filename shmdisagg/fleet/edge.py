@@ -43,7 +43,7 @@ none), an idle keep-alive connection. The timer is armed at the opening and move
 deadline comes before it; when it fires before the present deadline it follows it, when it fires
 on a stale one it does nothing. So a keep-alive connection's steady state costs no timer
 operation per request (uvicorn arms and cancels its keep-alive timer on every request):
-`scripts/bench_edge.py` counts what the protocol adds per request (BENCHMARKS.md).
+`benchmarks/bench_edge.py` counts what the protocol adds per request (BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ coordinator off the request path).
 
 Cost per request: about twenty memoryview adds and the record tuple, 5.6-9.4 us of CPU on the
 project's VM against 42-48 us for the same updates through prometheus-client's multiprocess mode
-(`scripts/bench_metrics.py micro`, BENCHMARKS.md).
+(`benchmarks/bench_metrics.py micro`, BENCHMARKS.md).
 Never blocks, never raises into the request (a metrics bug must not fail a request).
 """
 

@@ -1,5 +1,5 @@
 """HTTP/1.1 client for the fleet's calls to executors: pooled keep-alive connections on
-asyncio.Protocol + httptools. `scripts/bench_upstream.py` compares it with aiohttp's client:
+asyncio.Protocol + httptools. `benchmarks/bench_upstream.py` compares it with aiohttp's client:
 about a tenth of the CPU for a JSON exchange, about half for a 16-event SSE stream.
 
 | module | owns |

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Routing decision cost and KV-event throughput of the shared block index.
 
-Usage: .venv/bin/python scripts/bench_routing.py [--reps 2000] [--sizes 1024,8192,32768]
+Usage: .venv/bin/python benchmarks/bench_routing.py [--reps 2000] [--sizes 1024,8192,32768]
 
 Decision cost: token-id prompts of each size, parsed from a JSON body by orjson before each
 decision (as a fleet worker receives them; the parse itself is not timed), routed with one

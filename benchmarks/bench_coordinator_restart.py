@@ -12,7 +12,7 @@ each kill it reports, measured from the kill:
 - the requests that failed while it was down, and the latency (p50 / p99 ms) of the requests
   that started in the `--gap` window after the kill against those of the window before it.
 
-    .venv/bin/python scripts/bench_coordinator_restart.py [--kills 5] [--gap 6] [--concurrency 16]
+    .venv/bin/python benchmarks/bench_coordinator_restart.py [--kills 5] [--gap 6] [--concurrency 16]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cost of one `kv_cache_aware` routing decision through the policy, as a fleet worker makes it.
 
-Usage: PYTHONPATH=TREE .venv/bin/python TREE/scripts/bench_kv_policy.py [--reps 3000] [--sizes 1024,8192] [--algos v1_block_key]
+Usage: PYTHONPATH=TREE .venv/bin/python TREE/benchmarks/bench_kv_policy.py [--reps 3000] [--sizes 1024,8192] [--algos v1_block_key]
 
 Times `RoutingKey(...)` from a request's int32 ids, `KvCacheAwarePolicy.pick` (hashing through
 the role's algorithm and the native `pick_kv`) and the release, per decision, over next turns

@@ -12,7 +12,7 @@ of a request (the intercept). `--tree DIR` (repeatable) runs the simulator from 
 (e.g. `git worktree add /tmp/base HEAD~3`), so an old and a new tree are measured side by side
 in one run; rounds alternate the order of the trees.
 
-    .venv/bin/python scripts/bench_sim_cpu.py [--tree .] [--tree /tmp/base] [--n 400]
+    .venv/bin/python benchmarks/bench_sim_cpu.py [--tree .] [--tree /tmp/base] [--n 400]
         [--concurrency 64] [--prompt-tokens 256] [--outputs 16,128] [--rounds 3] [--json out.json]
 """
 

@@ -17,7 +17,7 @@ the garbage collector off (as a fleet worker runs by default). Many short rounds
 classes alternating: reports ns per request, the minimum of the rounds (the least disturbed,
 closest to the protocols' own cost) and the median, and the per-round paired difference.
 
-    .venv/bin/python scripts/bench_edge.py [--requests 2000] [--rounds 101]
+    .venv/bin/python benchmarks/bench_edge.py [--requests 2000] [--rounds 101]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ requests of the trace with `shmdisagg bench`, then reads from the shared table h
 each context server received. The infinite-cache ideal hit rate of the same slice is computed
 from the trace itself (a request can reuse its leading `hash_ids` seen before, 512 tokens each).
 
-    .venv/bin/python scripts/bench_routing_quality.py --trace $TRACES/conversation_trace.jsonl \\
+    .venv/bin/python benchmarks/bench_routing_quality.py --trace $TRACES/conversation_trace.jsonl \\
         --num-requests 1000 --speedup 10 --routers round_robin load_balancing kv_cache_aware conversation \\
         --fleet 1 2 4 --json runs/routing_quality.json
 

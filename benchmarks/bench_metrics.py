@@ -1,7 +1,7 @@
 """What the metrics cost on the request path (BENCHMARKS.md, "Metrics on the request path").
 
-    .venv/bin/python scripts/bench_metrics.py micro [--requests 200000]
-    .venv/bin/python scripts/bench_metrics.py e2e [-c examples/demo.yaml] [--rounds 3] [...]
+    .venv/bin/python benchmarks/bench_metrics.py micro [--requests 200000]
+    .venv/bin/python benchmarks/bench_metrics.py e2e [-c examples/demo.yaml] [--rounds 3] [...]
 
 `micro`: CPU time per request of the fleet worker's request-path metrics, in one process, for a
 completed disaggregated request (two picks, twelve counter adds and eight histogram

@@ -3,7 +3,7 @@ garbage collector off (TRTLLM_DISAGG_SERVER_DISABLE_GC unset or 1, TensorRT-LLM'
 (0): does anything on our request paths (answers, 400s, 404s) leave reference cycles that only
 the collector would free?
 
-    .venv/bin/python scripts/gc_memory.py N VALUE...     e.g. scripts/gc_memory.py 3000 1 0
+    .venv/bin/python benchmarks/gc_memory.py N VALUE...     e.g. benchmarks/gc_memory.py 3000 1 0
 
 For each VALUE: two simulators and `shmdisagg serve` (one fleet worker) with
 TRTLLM_DISAGG_SERVER_DISABLE_GC=VALUE, 300 warm-up requests, then N on one keep-alive

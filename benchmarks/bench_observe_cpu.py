@@ -21,7 +21,7 @@ Variants:
 - `otlp`: `otlp_config` (a batch span processor around an exporter that drops the spans);
 - `trace_dir`: `TRTLLM_REQUEST_TRACE_DIR` (two trace lines per request, fsync()ed per batch).
 
-    .venv/bin/python scripts/bench_observe_cpu.py [--n 1500] [--rounds 3] [--concurrency 16] [--modes nonstream,stream16]
+    .venv/bin/python benchmarks/bench_observe_cpu.py [--n 1500] [--rounds 3] [--concurrency 16] [--modes nonstream,stream16]
 
 `--micro`: instead, the exact code the `off` and `expose_unasked` paths add, timed alone (ns per
 call, median of 5 runs of 200,000): `send_leg` against a direct call of the pool (per leg), and

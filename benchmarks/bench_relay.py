@@ -15,7 +15,7 @@ and reports nanoseconds per chunk (median of the rounds, min-max in brackets), a
 The response is an async iterator over prepared bytes and `send` a coroutine that drops them, so
 only the relay's own Python work is timed (on uvloop, as the fleet runs).
 
-    .venv/bin/python scripts/bench_relay.py [--chunks 2000] [--rounds 15]
+    .venv/bin/python benchmarks/bench_relay.py [--chunks 2000] [--rounds 15]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ N requests after a warm-up, and its CPU figure is `time.process_time()` delta / 
 client's own work is counted. Rounds cycle through every cell so drift hits all alike; the
 table shows the median round and the min-max.
 
-    .venv/bin/python scripts/bench_upstream.py [--n 3000] [--concurrency 32] [--rounds 3]
+    .venv/bin/python benchmarks/bench_upstream.py [--n 3000] [--concurrency 32] [--rounds 3]
 """
 
 from __future__ import annotations

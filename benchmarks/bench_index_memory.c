@@ -3,7 +3,7 @@
  * block in a table of the index's size, the way pick_kv's walk does (a load of the slot's key,
  * 16 slots prefetched ahead), in four cache states. native/README.md "Measured cost" quotes it.
  *
- *   gcc -O2 -o /tmp/bench_index_memory scripts/bench_index_memory.c && /tmp/bench_index_memory
+ *   gcc -O2 -o /tmp/bench_index_memory benchmarks/bench_index_memory.c && /tmp/bench_index_memory
  *   /tmp/bench_index_memory huge    # the table on transparent 2 MiB pages (private memory)
  *
  * States, before each walk of 1024 random slots:

@@ -12,7 +12,7 @@
 Rounds alternate their order; reported: microseconds per request / nanoseconds per chunk, median
 of the rounds [min-max], and the ratio of the medians.
 
-    .venv/bin/python scripts/bench_anthropic.py [--rounds 15]
+    .venv/bin/python benchmarks/bench_anthropic.py [--rounds 15]
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Routing decision cost with a real Hugging Face tokenizer: tokenize + hash + pick.
 
-Usage: .venv/bin/python scripts/bench_tokenize.py [--reps 100] [--sizes 1024,8192,32768] [--vocab 32000]
+Usage: .venv/bin/python benchmarks/bench_tokenize.py [--reps 100] [--sizes 1024,8192,32768] [--vocab 32000]
 
 The tokenizer is built offline first (`tests/hf_tokenizer.py`'s builder: byte-level BPE with
 Llama-3's special tokens and chat template) with a `--vocab`-entry vocabulary trained on
 pseudo-text over a few thousand made-up words (Zipf-distributed, with punctuation and numbers),
 so prompts of that text tokenize at a realistic ~4 characters per token into ids across the
 whole vocabulary. Prompts of each size (in tokens of this tokenizer) are then routed on one
-`BlockIndex.pick_kv` (the same deployment as `scripts/bench_routing.py`: 8 context servers, 16
+`BlockIndex.pick_kv` (the same deployment as `benchmarks/bench_routing.py`: 8 context servers, 16
 claimed worker rows, routed-block tracking on, an index holding 400k cached blocks), three ways
 taking turns on every round:
 - **token ids**: the same prompt already as ids (`RoutingKey.block_hashes` + pick), for scale;
@@ -39,7 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_routing import Deployment, pct  # noqa: E402
 

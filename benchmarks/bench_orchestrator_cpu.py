@@ -8,7 +8,7 @@ Both orchestrators run at once against the same recording fake executors
   (`tests/integration/harness.py`: `write_config` + `deployment`); the fleet worker's pid comes
   from `GET /cluster_info` (`fleet_pids`). Its proxy CPU is that worker's alone; the
   coordinator's is reported in its own column (it receives the worker's per-request records).
-- **baseline**: `scripts/baseline_trtllm_orchestrator.py`, one process rebuilding TensorRT-LLM's
+- **baseline**: `benchmarks/baseline_trtllm_orchestrator.py`, one process rebuilding TensorRT-LLM's
   `OpenAIDisaggServer` request path (FastAPI + pydantic models + aiohttp client, context-first).
 
 A load generator runs in its own process (aiohttp on uvloop, bounded concurrency). A cell is one
@@ -22,7 +22,7 @@ the tables show the median round (min-max in brackets).
 Modes: `nonstream`; `stream16` (16 SSE chunks + [DONE], sent back to back); `stream16_paced5ms`
 (the same, 5 ms apart, one write per chunk, as an engine paces tokens).
 
-    .venv/bin/python scripts/bench_orchestrator_cpu.py [--n 2000] [--warmup 300] [--concurrency 32]
+    .venv/bin/python benchmarks/bench_orchestrator_cpu.py [--n 2000] [--warmup 300] [--concurrency 32]
         [--rounds 3] [--modes nonstream,stream16,stream16_paced5ms] [--prompt-tokens 0] [--json out.json]
 """
 

@@ -41,7 +41,7 @@ which gets uvloop only if something set the policy). GC is disabled like TensorR
 
 Run standalone:
 
-    .venv/bin/python scripts/baseline_trtllm_orchestrator.py --port 8100 \
+    .venv/bin/python benchmarks/baseline_trtllm_orchestrator.py --port 8100 \
         --ctx 127.0.0.1:8001 --gen 127.0.0.1:8002 [--ctx ...] [--gen ...]
 """
 
