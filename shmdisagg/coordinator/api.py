@@ -60,6 +60,12 @@ def internal_app(coord: "Coordinator") -> FastAPI:
                 n += 1
         return {"accepted": n}
 
+    @api.post("/listening")
+    async def listening(item: dict[str, Any]) -> dict[str, bool]:  # async: on the loop the supervisor uses
+        """A fleet worker's socket on the public port listens: `{"pid": int}`."""
+        pid = item.get("pid")
+        return {"known": isinstance(pid, int) and coord.supervisor.mark_listening(pid)}
+
     @api.post("/perf_records")
     async def perf_records(request: Request) -> dict[str, int]:
         # async: the store lives on the coordinator's event loop (FastAPI runs `def` in threads)

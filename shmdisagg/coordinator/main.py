@@ -6,7 +6,8 @@ holds the segment's flock and makes this fail), register the executors of the co
 every configured executor answers `GET /health` with 200 (up to `server_start_timeout_s` or
 `-t`, as TensorRT-LLM waits for all its servers before it serves), serve the internal API on a
 Unix socket only this user can connect to (mode 0600) and, with a `kv_cache_aware` router, listen for the fleet's KV poll hints on a Unix
-datagram socket (`kv_events.py`), start the fleet and, with `--report_addr PATH`, write the
+datagram socket (`kv_events.py`), start the fleet, wait until every fleet worker's socket on the
+public port listens (each says so on the internal API) and, with `--report_addr PATH`, write the
 public host:port to PATH. Then it heart-beats the table, polls executor
 health, drains KV events and supervises the fleet until SIGTERM/SIGINT, and shuts down in a
 fixed, bounded order: stop the fleet (each worker gets `timeout_graceful_shutdown_s` for its
@@ -182,6 +183,26 @@ class Coordinator:
             self.table.coord_heartbeat()
             await asyncio.sleep(HEARTBEAT_S)
 
+    async def _wait_fleet_listening(self) -> int:
+        """Until every fleet worker's socket on the public port listens (each says so: `POST
+        /listening`), so that ready means the whole fleet takes connections: with one worker
+        listening, its death before the others listen would refuse connections. Workers that die
+        meanwhile are restarted by the supervisor's watch. After `server_start_timeout_s` it logs
+        which do not listen and reports ready with the others. Returns how many listen."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shmdisagg.server_start_timeout_s
+        while missing := self.supervisor.not_listening():
+            if self._stop.is_set():
+                if self.stop_signal is not None:
+                    raise StartupInterrupted(self.stop_signal)
+                raise StartupError("stopped before the fleet listened")
+            if loop.time() > deadline:
+                log.warning("fleet worker(s) %s not listening after %g s (server_start_timeout_s): ready with the others",
+                            ", ".join(map(str, missing)), self.config.shmdisagg.server_start_timeout_s)
+                return self.config.num_workers - len(missing)
+            await asyncio.sleep(0.02)  # polled, as _wait_ready polls the executors
+        return self.config.num_workers
+
     async def _wait_ready(self) -> None:
         """Until every configured executor is healthy (TensorRT-LLM's orchestrator waits until
         all its servers' /health is 200, up to `--server_start_timeout`, else it fails:
@@ -253,6 +274,7 @@ class Coordinator:
                 await self._wait_ready()
             self.table.set_coord_state(COORD_RUNNING)
             self.supervisor.start()
+            listening = self.config.num_workers if self.adopted else await self._wait_fleet_listening()
             if self.options.report_addr:  # the port is bound (or held) by now; readers poll /health next
                 publish_address(self.options.report_addr, self.config.hostname, self.config.port)
             n = self.config.num_workers
@@ -260,7 +282,8 @@ class Coordinator:
                 log.info("coordinator restarted: adopted the table, the KV index and %d of %d fleet worker(s) on %s:%d",
                          self.supervisor.adopted, n, self.config.hostname, self.config.port)
             else:
-                log.info("coordinator ready: %d fleet worker%s on %s:%d", n, "" if n == 1 else "s", self.config.hostname, self.config.port)
+                log.info("coordinator ready: %d of %d fleet worker%s listening on %s:%d", listening, n, "" if n == 1 else "s",
+                         self.config.hostname, self.config.port)
             notify_ready(self.options.ready_fd)
             await self._stop.wait()
         finally:

@@ -86,6 +86,7 @@ class WorkerProc:
     started: float  # loop.time() (CLOCK_MONOTONIC seconds) when started or promoted
     quick_deaths: int = 0
     killed: bool = False  # by kill_stuck, once
+    listening: bool = False  # it said its socket on the public port listens (`mark_listening`)
 
 
 def _worker_preexec() -> None:
@@ -129,6 +130,20 @@ class FleetSupervisor:
 
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers.values()]
+
+    def mark_listening(self, pid: int) -> bool:
+        """A worker's word (`POST /listening`) that its socket on the public port listens, so
+        the kernel queues connections for it from now on. False for a pid that is not ours."""
+        for w in self.workers.values():
+            if w.proc.pid == pid:
+                w.listening = True
+                return True
+        return False
+
+    def not_listening(self) -> list[int]:
+        """The fleet indexes without a worker that listens (adopted workers listen already)."""
+        return [i for i in range(self.num_workers)
+                if i not in self.workers or not (self.workers[i].listening or isinstance(self.workers[i].proc, AdoptedProcess))]
 
     def start(self) -> None:
         """Start a worker for every fleet index not held by an adopted one, and the standby."""

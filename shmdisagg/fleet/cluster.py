@@ -39,6 +39,18 @@ async def fetch_cluster_info(socket_path: str, timeout_s: float) -> dict[str, An
             await asyncio.sleep(0.05)
 
 
+async def announce_listening(socket_path: str, pid: int, timeout_s: float = 2.0) -> None:
+    """Tell the coordinator (`POST /listening` on its Unix socket) that this worker's socket on
+    the public port listens: it reports the deployment ready only once every worker's does.
+    Never raises: a coordinator that does not answer (one being replaced) only loses the news."""
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path)) as session:
+            async with session.post("http://coordinator/listening", json={"pid": pid}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                await r.read()
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+        log.debug("listening not announced to the coordinator: %r", err)
+
+
 class ClusterView:
     """State: `models` (names executors serve), `server_info` (slot -> its `/server_info`),
     `routing_keys` (role -> RoutingKeyConfig of a kv_cache_aware role)."""

@@ -53,7 +53,7 @@ from shmdisagg.shm.segment import cleanup_stale
 from shmdisagg.routing import USES_INDEX, make_policy
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.tokenizer_source import load_routing_tokenizer
-from shmdisagg.fleet.cluster import ClusterView, fetch_cluster_info
+from shmdisagg.fleet.cluster import ClusterView, announce_listening, fetch_cluster_info
 from shmdisagg.flows import FlowOptions, Flows
 from shmdisagg.legs import LegRunner
 from shmdisagg.metrics.fleet import FleetMetrics
@@ -208,6 +208,7 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         observe.start()
         app = FleetApp(service, control_app(service, directory, table, worker_index, metrics), metrics.request, observe.wrap(service.handle))
         sock = bind_reuseport(config.hostname, config.port)
+        await announce_listening(config.coordinator_socket, os.getpid())  # the kernel queues our connections from here on
         uv = uvicorn.Config(
             app,
             loop="none",

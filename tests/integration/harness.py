@@ -109,11 +109,8 @@ def _router(spec: str | dict[str, Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def deployment(config_path: Path) -> Iterator[Deployment]:
     dep = Deployment(load_config(config_path), str(config_path), str(config_path.parent / "logs"))
-    dep.start()
-    # /health answers once one worker listens; tests start with the whole fleet up.
-    want = dep.config.num_workers
+    dep.start()  # ready: every fleet worker listens (test_fleet_ready.py)
     try:
-        wait_until(lambda: len(request_json("127.0.0.1", dep.config.port, "GET", "/cluster_info")[1]["fleet_pids"]) >= want, what="every fleet worker")
         yield dep
     finally:
         dep.stop()
@@ -187,8 +184,8 @@ def stream_lines(dep: Deployment, path: str, body: Any, conn: http.client.HTTPCo
 
 def connection_to_worker(dep: Deployment, index: int, attempts: int = 200, timeout_s: float = 20.0) -> http.client.HTTPConnection:
     """A keep-alive connection that the kernel's SO_REUSEPORT hash gave to fleet worker `index`.
-    Tries `attempts` connections, and keeps trying until `timeout_s` while that worker may still
-    be starting (it listens a moment after the first one)."""
+    Tries `attempts` connections, and keeps trying until `timeout_s` (a replacement worker may
+    still be starting)."""
     deadline = time.monotonic() + timeout_s
     tried = 0
     while tried < attempts or time.monotonic() < deadline:
