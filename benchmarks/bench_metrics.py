@@ -97,7 +97,7 @@ def micro(args: argparse.Namespace) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir  # before prometheus_client is imported
         import uvloop
 
-        from shmdisagg.exchange import Exchange
+        from shmdisagg.orchestrator.exchange import Exchange
         from shmdisagg.metrics.request import NOTE, CountingPolicy, RequestMetrics
         from shmdisagg.metrics.rows import MetricsSegment, worker_row
 

@@ -75,7 +75,7 @@ def _observability(variant: str, tmp: str) -> Any:
 
 
 async def _cell(stack: Any, pool: Any, variant: str, mode: str, n: int, concurrency: int, tmp: str) -> float:
-    import shmdisagg.legs as legs_module
+    import shmdisagg.orchestrator.legs as legs_module
     from shmdisagg import observe
     from tests.integration.inprocess import call
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Relaying a streamed chunk: the fleet worker's per-chunk cost, with and without `StreamGuard`.
 
-`StreamGuard` (shmdisagg/answers.py) scans every chunk of a generation stream for internal
+`StreamGuard` (shmdisagg/orchestrator/answers.py) scans every chunk of a generation stream for internal
 fields, a finish_reason and usage before it goes to the client. This measures what that adds,
 side by side in one process: each round relays the same stream of real-shaped chunks (as
 TensorRT-LLM's worker frames them, one chunk per SSE event) through
@@ -31,7 +31,7 @@ import orjson
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shmdisagg.answers import StreamGuard  # noqa: E402
+from shmdisagg.orchestrator.answers import StreamGuard  # noqa: E402
 
 
 def chat_chunk(i: int, last: bool) -> bytes:

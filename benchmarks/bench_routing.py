@@ -52,7 +52,7 @@ from shmdisagg import _native, hashing  # noqa: E402
 from shmdisagg.routing.policy import RoutingKey  # noqa: E402
 from shmdisagg.shm import ROLE_CONTEXT, ControlTable  # noqa: E402
 from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes  # noqa: E402
-from shmdisagg.validation import validate  # noqa: E402
+from shmdisagg.orchestrator.validation import validate  # noqa: E402
 
 WARMUP = 100
 MODELS = frozenset({"m"})

@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_routing import Deployment, pct  # noqa: E402
 
 from shmdisagg.routing.policy import RoutingKey  # noqa: E402
-from shmdisagg.service import KeyBuilder  # noqa: E402
+from shmdisagg.orchestrator.service import KeyBuilder  # noqa: E402
 from shmdisagg.shm import ROLE_CONTEXT  # noqa: E402
-from shmdisagg.tokenization import HFTokenizer  # noqa: E402
+from shmdisagg.orchestrator.tokenization import HFTokenizer  # noqa: E402
 from tests import hf_tokenizer  # noqa: E402
 
 WARMUP = 5

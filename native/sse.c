@@ -1,6 +1,6 @@
 /*
  * sse_scan(chunk) -> int: one pass over a relayed SSE chunk (JSON events), for the fleet
- * worker's StreamGuard (shmdisagg/answers.py), which must look at every streamed chunk of every
+ * worker's StreamGuard (shmdisagg/orchestrator/answers.py), which must look at every streamed chunk of every
  * request. Python's `re` took 2-2.5 us for the same question on a 200-byte chunk (an
  * alternation tried at every quote); this walks the quotes with memchr and compares the few
  * keys that matter, about 0.1 us (BENCHMARKS.md, "Relaying a streamed chunk").

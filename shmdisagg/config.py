@@ -444,7 +444,7 @@ class DisaggConfig(BaseModel):
     gen_tokids_ctxbytes: bool = False
     gen_strip_message_history: bool = False
     allow_request_chat_template: bool = False
-    # HMAC key signing the context executor's handoff on generation legs (shmdisagg/wire.py)
+    # HMAC key signing the context executor's handoff on generation legs (shmdisagg/orchestrator/wire.py)
     internal_request_auth_key: str | None = Field(None, min_length=1)
     disagg_coordinator_url: str | None = None
     disagg_cluster: dict[str, Any] | None = None

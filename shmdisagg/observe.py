@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from shmdisagg.asgi import Message, Receive, Scope, Send
+from shmdisagg.orchestrator.asgi import Message, Receive, Scope, Send
 from shmdisagg.metrics import perf_record as pr
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shmdisagg.config import ConfigError, DisaggConfig, RouterConfig
-from shmdisagg.tokenization import HFTokenizer, RoutingTokenizer, SimTokenizer
+from shmdisagg.orchestrator.tokenization import HFTokenizer, RoutingTokenizer, SimTokenizer
 
 ROLE_KEYS = ("context_servers", "generation_servers")
 

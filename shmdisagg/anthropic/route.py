@@ -37,15 +37,15 @@ from typing import Any
 
 import orjson
 
-from shmdisagg.answers import executor_error_message
+from shmdisagg.orchestrator.answers import executor_error_message
 from shmdisagg.anthropic.convert import AnthropicResponseError, anthropic_message, chat_request
 from shmdisagg.anthropic.protocol import AnthropicRequestError, CountTokensRequest, MessagesRequest, error_envelope, parse
 from shmdisagg.anthropic.stream import StreamReframer
-from shmdisagg.asgi import JSON_HEADERS, ClientDisconnected, Message, Receive, Scope, Send, read_body, send_bytes
-from shmdisagg.directory import ServerDirectory
-from shmdisagg.errors import RequestError
+from shmdisagg.orchestrator.asgi import JSON_HEADERS, ClientDisconnected, Message, Receive, Scope, Send, read_body, send_bytes
+from shmdisagg.orchestrator.directory import ServerDirectory
+from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.routing import RoutingKey
-from shmdisagg.service import DisaggService
+from shmdisagg.orchestrator.service import DisaggService
 from shmdisagg.shm.table import ROLE_CONTEXT
 from shmdisagg.upstream import UpstreamError
 

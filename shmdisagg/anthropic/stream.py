@@ -21,7 +21,7 @@ Semantics of TensorRT-LLM's `AnthropicStreamReframer` / `reframe_openai_stream`
   as the non-streaming answer maps it, `tool_use` when a tool_use block was emitted unless
   `max_tokens`; the last usage seen) and `message_stop`;
 - an error ends the stream with the open block closed and an `error` event: the chat stream's own
-  error event (ours, `shmdisagg/errors.py`: its message, the type of its status), a chunk that is
+  error event (ours, `shmdisagg/orchestrator/errors.py`: its message, the type of its status), a chunk that is
   not JSON (`Malformed upstream stream chunk`), or a stream that ends without `[DONE]` (upstream's
   message: truncated output must never look like a finished answer).
 

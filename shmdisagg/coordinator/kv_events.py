@@ -63,7 +63,7 @@ from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1, KV_CACHE_HASH_ALGOS, event_block_hash
 from shmdisagg.metrics.schema import LAYOUT
 from shmdisagg.procutil import private_unix_socket
-from shmdisagg.reporting import HINT_MAGIC
+from shmdisagg.orchestrator.reporting import HINT_MAGIC
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.upstream import UpstreamError, UpstreamPool
 

@@ -6,7 +6,7 @@ bytes (FastAPI + pydantic models add 0.3-0.4 ms per request, doubling the proxy'
 project's stack calibration).
 `POST /v1/messages` and `/v1/messages/count_tokens` go to the Anthropic adapter
 (`shmdisagg/anthropic/`), which runs messages through the same chat path; `POST /v1/responses`
-is a 501 (`shmdisagg/responses_api.py` says why).
+is a 501 (`shmdisagg/orchestrator/responses_api.py` says why).
 Everything else (`/health`, `/v1/models`, `/version`, `/cluster_info`, `/metrics`,
 `/perf_metrics`, the OpenAPI docs) is a FastAPI app. `/metrics` and `/perf_metrics` answer for the whole fleet
 (`shmdisagg/metrics/`), whichever worker the kernel hands the connection to.
@@ -27,13 +27,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shmdisagg import __version__
 from shmdisagg.anthropic.route import AnthropicRoutes
-from shmdisagg.answers import executor_error_message
-from shmdisagg.asgi import Receive, Scope, Send
-from shmdisagg.directory import ServerDirectory, split_addr
-from shmdisagg.errors import error_body
-from shmdisagg.responses_api import responses
+from shmdisagg.orchestrator.answers import executor_error_message
+from shmdisagg.orchestrator.asgi import Receive, Scope, Send
+from shmdisagg.orchestrator.directory import ServerDirectory, split_addr
+from shmdisagg.orchestrator.errors import error_body
+from shmdisagg.orchestrator.responses_api import responses
 from shmdisagg.upstream import UpstreamError
-from shmdisagg.service import DisaggService
+from shmdisagg.orchestrator.service import DisaggService
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable
 
 if TYPE_CHECKING:

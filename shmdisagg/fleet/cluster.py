@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from shmdisagg.directory import ServerDirectory
+from shmdisagg.orchestrator.directory import ServerDirectory
 from shmdisagg.routing.kv_cache_aware import RoutingKeyConfig
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION
 

@@ -58,7 +58,7 @@ import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from shmdisagg.errors import error_body
+from shmdisagg.orchestrator.errors import error_body
 
 if TYPE_CHECKING:
     from shmdisagg.config import DisaggConfig

@@ -42,10 +42,10 @@ import uvloop
 from shmdisagg.config import ConfigError, DisaggConfig, load_config
 from shmdisagg.fleet.overrides import FleetOverrides
 from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, apply_gc, read_env
-from shmdisagg.directory import ServerDirectory
+from shmdisagg.orchestrator.directory import ServerDirectory
 from shmdisagg.fleet.app import FleetApp, control_app
 from shmdisagg.fleet.edge import EdgeLimits, edge_protocol
-from shmdisagg.ids import DisaggIdGenerator
+from shmdisagg.orchestrator.ids import DisaggIdGenerator
 from shmdisagg.processes import supervisor_of
 from shmdisagg.node_ids import LOCK_DIR, NodeIdClaim, claim_or_inherit
 from shmdisagg.procutil import bind_reuseport
@@ -54,16 +54,16 @@ from shmdisagg.routing import USES_INDEX, make_policy
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.tokenizer_source import load_routing_tokenizer
 from shmdisagg.fleet.cluster import ClusterView, announce_listening, fetch_cluster_info
-from shmdisagg.flows import FlowOptions, Flows
-from shmdisagg.legs import LegRunner
+from shmdisagg.orchestrator.flows import FlowOptions, Flows
+from shmdisagg.orchestrator.legs import LegRunner
 from shmdisagg.metrics.fleet import FleetMetrics
 from shmdisagg.observe import Observability
-from shmdisagg.reporting import FailureReporter, KvHints
-from shmdisagg.service import DisaggService, KeyBuilder
+from shmdisagg.orchestrator.reporting import FailureReporter, KvHints
+from shmdisagg.orchestrator.service import DisaggService, KeyBuilder
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
 from shmdisagg.upstream import UpstreamPool
-from shmdisagg.wire import Wire
+from shmdisagg.orchestrator.wire import Wire
 
 log = logging.getLogger("shmdisagg.fleet")
 

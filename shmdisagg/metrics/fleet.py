@@ -21,7 +21,7 @@ from shmdisagg.metrics.exposition import FleetCollector, render
 from shmdisagg.metrics.request import CountingAdmission, CountingPolicy, RequestMetrics
 from shmdisagg.metrics.rows import MetricsSegment, worker_row
 from shmdisagg.metrics.shipper import RecordShipper
-from shmdisagg.service import Admission, DisaggService
+from shmdisagg.orchestrator.service import Admission, DisaggService
 from shmdisagg.shm.segment import ShmError
 from shmdisagg.shm.table import ControlTable
 

@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Protocol
 
-from shmdisagg.asgi import Receive, Scope, Send
-from shmdisagg.exchange import Exchange
+from shmdisagg.orchestrator.asgi import Receive, Scope, Send
+from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.metrics.schema import LAYOUT, MAX_SERVERS
-from shmdisagg.service import Admission
+from shmdisagg.orchestrator.service import Admission
 
 log = logging.getLogger("shmdisagg.metrics")
 

@@ -29,7 +29,7 @@ import pytest
 from shmdisagg.routing import RoutingKey
 from shmdisagg.shm import ControlTable
 from shmdisagg.shm.index import event_masks, server_blocks
-from shmdisagg.tokenization import HFTokenizer
+from shmdisagg.orchestrator.tokenization import HFTokenizer
 from tests.conformance.cases import COMPLETIONS, Req
 from tests.conformance.conftest import FAST, Deployed, deployed, worker_set
 from tests.conformance.worker_copy import WorkerCopy

@@ -14,13 +14,13 @@ from typing import Any
 import orjson
 
 from shmdisagg.config import DisaggConfig, RouterConfig
-from shmdisagg.directory import ServerDirectory
-from shmdisagg.flows import Flows
-from shmdisagg.ids import DisaggIdGenerator
-from shmdisagg.legs import LegRunner
-from shmdisagg.reporting import FailureReporter
+from shmdisagg.orchestrator.directory import ServerDirectory
+from shmdisagg.orchestrator.flows import Flows
+from shmdisagg.orchestrator.ids import DisaggIdGenerator
+from shmdisagg.orchestrator.legs import LegRunner
+from shmdisagg.orchestrator.reporting import FailureReporter
 from shmdisagg.routing import make_policy
-from shmdisagg.service import Admission, DisaggService
+from shmdisagg.orchestrator.service import Admission, DisaggService
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
 from shmdisagg.upstream import UpstreamPool
 

@@ -13,7 +13,7 @@ import aiohttp
 
 from shmdisagg.hashing import block_hashes
 from shmdisagg.launch import Deployment
-from shmdisagg.reporting import hint_message
+from shmdisagg.orchestrator.reporting import hint_message
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.shm.table import ControlTable
 from tests.conftest import free_port

@@ -108,15 +108,15 @@ def test_the_8gpu_example_comes_up_through_trtllm_serve_serves_every_request_sha
 
 def _generation_first_available() -> bool:
     try:
-        from shmdisagg import flows  # type: ignore[attr-defined]
+        from shmdisagg.orchestrator import flows
     except ImportError:
         return False
     return any(hasattr(v, "generation_first") for v in vars(flows).values() if isinstance(v, type))
 
 
-# TODO(generation-first): the flow lands with the generation-first work (shmdisagg/flows.py);
+# TODO(generation-first): the flow lands with the generation-first work (shmdisagg/orchestrator/flows.py);
 # until that module serves it, this test is skipped rather than testing context-first twice.
-@pytest.mark.skipif(not _generation_first_available(), reason="TODO: generation-first flow (shmdisagg/flows.py) not in this tree yet")
+@pytest.mark.skipif(not _generation_first_available(), reason="TODO: generation-first flow (shmdisagg/orchestrator/flows.py) not in this tree yet")
 @pytest.mark.parametrize("trtllm_deployment", ["generation_first"], indirect=True)
 def test_generation_first_serves_every_request_shape_through_trtllm_serve(trtllm_deployment: Deployment) -> None:
     _serves_every_request_shape(trtllm_deployment)

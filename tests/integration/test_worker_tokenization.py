@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 
 from shmdisagg.config import parse_config
-from shmdisagg.tokenization import HFTokenizer, prompt_token_ids
+from shmdisagg.orchestrator.tokenization import HFTokenizer, prompt_token_ids
 from shmdisagg.tokenizer_source import load_routing_tokenizer
 from tests.conftest import free_port
 from tests.unit.routing.test_chat_render import CASES

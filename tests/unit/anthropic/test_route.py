@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 
 from shmdisagg.anthropic.route import AnthropicRoutes, _AnyHealthyContext
-from shmdisagg.asgi import JSON_HEADERS, SSE_HEADERS, Message
-from shmdisagg.errors import error_body, sse_error_event
+from shmdisagg.orchestrator.asgi import JSON_HEADERS, SSE_HEADERS, Message
+from shmdisagg.orchestrator.errors import error_body, sse_error_event
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ServerInfo
 
 Handle = Callable[[Any, Any, Any, bool], Coroutine[Any, Any, None]]

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from shmdisagg.anthropic.stream import MALFORMED, TRUNCATED, StreamReframer
-from shmdisagg.errors import sse_error_event
+from shmdisagg.orchestrator.errors import sse_error_event
 
 RECORDED = (Path(__file__).parent / "recorded_chat_stream.sse").read_bytes()
 

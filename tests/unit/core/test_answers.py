@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from shmdisagg._native import SSE_DONE, SSE_FINISHED, SSE_INTERNAL, SSE_USAGE, sse_scan
-from shmdisagg.answers import (
+from shmdisagg.orchestrator.answers import (
     INTERNAL_KEYS,
     ContractError,
     StreamGuard,

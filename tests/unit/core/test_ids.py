@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shmdisagg.ids import DisaggIdGenerator
+from shmdisagg.orchestrator.ids import DisaggIdGenerator
 
 
 def test_ids_are_positive_int64_above_worker_local_range_and_increasing() -> None:

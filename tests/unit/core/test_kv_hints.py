@@ -12,7 +12,7 @@ import pytest
 from shmdisagg.config import KvEventsSection
 from shmdisagg.coordinator.health import Executor
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
-from shmdisagg.reporting import HINT_MAGIC, KvHints, hint_message
+from shmdisagg.orchestrator.reporting import HINT_MAGIC, KvHints, hint_message
 
 
 class RecordingIngestor(KvEventIngestor):

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 from shmdisagg.config import RouterConfig
-from shmdisagg.directory import ServerDirectory
-from shmdisagg.errors import RequestError
-from shmdisagg.legs import LegRunner
-from shmdisagg.reporting import FailureReporter
+from shmdisagg.orchestrator.directory import ServerDirectory
+from shmdisagg.orchestrator.errors import RequestError
+from shmdisagg.orchestrator.legs import LegRunner
+from shmdisagg.orchestrator.reporting import FailureReporter
 from shmdisagg.routing import RoutingKey, make_policy
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
 from shmdisagg.upstream import UpstreamConnectError, UpstreamPool

@@ -114,7 +114,7 @@ def test_node_id_defaults_to_tensorrt_llms_mac_hash_and_reaches_the_id_field(tmp
     import uuid
 
     from shmdisagg.fleet.worker import node_claim
-    from shmdisagg.ids import DisaggIdGenerator
+    from shmdisagg.orchestrator.ids import DisaggIdGenerator
 
     base = {"generation_servers": {"urls": ["localhost:8002"]}, "context_servers": {"urls": ["localhost:8001"]}}
     with node_claim(parse_config(base), {}, str(tmp_path)) as free:

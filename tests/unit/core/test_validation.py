@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmdisagg._native import token_ids_int32, token_ids_ok
-from shmdisagg.errors import RequestError
-from shmdisagg.validation import parse_body, prompt_load_tokens, validate
+from shmdisagg.orchestrator.errors import RequestError
+from shmdisagg.orchestrator.validation import parse_body, prompt_load_tokens, validate
 
 
 

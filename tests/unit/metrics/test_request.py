@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shmdisagg.exchange import Exchange
+from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.metrics.request import NOTE, RECORD_FIELDS, CountingAdmission, CountingPolicy, RequestMetrics
 from shmdisagg.metrics.schema import LAYOUT
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from shmdisagg import chat_render
-from shmdisagg.tokenization import HFTokenizer
+from shmdisagg.orchestrator import chat_render
+from shmdisagg.orchestrator.tokenization import HFTokenizer
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}

@@ -12,7 +12,7 @@ import pytest
 
 from shmdisagg.executors.sim.requests import Limits, parse_request
 from shmdisagg.executors.sim.tokenizer import Tokenizer
-from shmdisagg.tokenization import INLINE_CHARS, HFTokenizer, SimTokenizer, prompt_token_ids
+from shmdisagg.orchestrator.tokenization import INLINE_CHARS, HFTokenizer, SimTokenizer, prompt_token_ids
 
 
 @pytest.fixture(scope="module")

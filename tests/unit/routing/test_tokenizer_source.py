@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from shmdisagg.config import ConfigError, parse_config
-from shmdisagg.tokenization import HFTokenizer, SimTokenizer
+from shmdisagg.orchestrator.tokenization import HFTokenizer, SimTokenizer
 from shmdisagg.tokenizer_source import load_routing_tokenizer, routing_source
 from tests.conftest import free_port
 from tests.fakes.trtllm_shim import REPO

@@ -38,7 +38,7 @@ import logging
 import os
 from typing import Any, NamedTuple, Protocol
 
-from shmdisagg import chat_render
+from shmdisagg.orchestrator import chat_render
 
 INLINE_CHARS = 4096  # below this many characters, tokenize on the loop (thread hand-off costs ~50 µs)
 LEGACY_ENV = "TRTLLM_RENDER_LEGACY"

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from shmdisagg.errors import RequestError
+from shmdisagg.orchestrator.errors import RequestError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -26,18 +26,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shmdisagg.asgi import ClientDisconnected, DisconnectWatch, Receive, Scope, Send, read_body, send_bytes
+from shmdisagg.orchestrator.asgi import ClientDisconnected, DisconnectWatch, Receive, Scope, Send, read_body, send_bytes
 from shmdisagg.config import DisaggConfig
-from shmdisagg.errors import RequestError
-from shmdisagg.exchange import Exchange
-from shmdisagg.flows import Flows
-from shmdisagg.ids import DisaggIdGenerator
+from shmdisagg.orchestrator.errors import RequestError
+from shmdisagg.orchestrator.exchange import Exchange
+from shmdisagg.orchestrator.flows import Flows
+from shmdisagg.orchestrator.ids import DisaggIdGenerator
 from shmdisagg.hashing import cache_salt_id
 from shmdisagg.routing import RoutingKey
 from shmdisagg.routing.conversation import SESSION_HEADERS, canonical_text, conversation_id, header_conversation_id
-from shmdisagg.tokenization import RoutingTokenizer, prompt_token_ids
+from shmdisagg.orchestrator.tokenization import RoutingTokenizer, prompt_token_ids
 from shmdisagg.upstream import UpstreamError
-from shmdisagg.validation import parse_body, prompt_load_tokens, validate
+from shmdisagg.orchestrator.validation import parse_body, prompt_load_tokens, validate
 
 log = logging.getLogger("shmdisagg.service")
 

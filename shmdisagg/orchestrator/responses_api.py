@@ -17,8 +17,8 @@ cannot be matched exactly either. Until both are available the route says so, wi
 
 from __future__ import annotations
 
-from shmdisagg.asgi import Receive, Scope, Send, send_bytes
-from shmdisagg.errors import error_body
+from shmdisagg.orchestrator.asgi import Receive, Scope, Send, send_bytes
+from shmdisagg.orchestrator.errors import error_body
 
 NOT_DISAGGREGATED = (
     "POST /v1/responses is not supported by this disaggregated server: TensorRT-LLM's workers cannot yet run a Responses "

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from shmdisagg._native import SSE_DONE, SSE_FINISHED, SSE_INTERNAL, SSE_USAGE, sse_scan
-from shmdisagg.errors import error_object
+from shmdisagg.orchestrator.errors import error_object
 
 # Keys of the disaggregated handoff. In a non-streaming answer the first group exist in the plain
 # (non-disaggregated) trtllm-serve schema and are set to null; every other internal key is removed.

@@ -33,11 +33,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shmdisagg.directory import ServerDirectory
-from shmdisagg.errors import RequestError
+from shmdisagg.orchestrator.directory import ServerDirectory
+from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.metrics.answered import AnsweredLegs
 from shmdisagg.observe import send_leg
-from shmdisagg.reporting import FailureReporter, KvHints
+from shmdisagg.orchestrator.reporting import FailureReporter, KvHints
 from shmdisagg.routing import Policy, RoutingKey
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION
 from shmdisagg.upstream import UpstreamConnectError, UpstreamDisconnected, UpstreamPool, UpstreamResponse, UpstreamTimeout

@@ -53,14 +53,14 @@ from typing import Any
 
 import orjson
 
-from shmdisagg.answers import ContractError, StreamGuard, check_context_answer, check_final_answer, executor_error_message, max_tokens_of, public_answer
-from shmdisagg.asgi import JSON_HEADERS, SSE_HEADERS
-from shmdisagg.errors import RequestError
-from shmdisagg.exchange import Exchange
-from shmdisagg.legs import LegRunner, Opened, leg_timeout_error
+from shmdisagg.orchestrator.answers import ContractError, StreamGuard, check_context_answer, check_final_answer, executor_error_message, max_tokens_of, public_answer
+from shmdisagg.orchestrator.asgi import JSON_HEADERS, SSE_HEADERS
+from shmdisagg.orchestrator.errors import RequestError
+from shmdisagg.orchestrator.exchange import Exchange
+from shmdisagg.orchestrator.legs import LegRunner, Opened, leg_timeout_error
 from shmdisagg.routing import Policy, RoutingKey
 from shmdisagg.upstream import UpstreamError
-from shmdisagg.wire import Wire
+from shmdisagg.orchestrator.wire import Wire
 
 log = logging.getLogger("shmdisagg.service")
 

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from shmdisagg._native import token_ids_int32, token_ids_ok
-from shmdisagg.errors import RequestError
+from shmdisagg.orchestrator.errors import RequestError
 
 # Fields only the orchestrator sets on executor requests: a client's copy is refused with 400 by
 # name rather than trusted or silently dropped (TensorRT-LLM's orchestrator overwrites them; its

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shmdisagg.asgi import JSON_HEADERS, Send
-from shmdisagg.errors import error_body, sse_error_event
+from shmdisagg.orchestrator.asgi import JSON_HEADERS, Send
+from shmdisagg.orchestrator.errors import error_body, sse_error_event
 
 
 @dataclass(slots=True)
