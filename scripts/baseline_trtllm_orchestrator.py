@@ -359,15 +359,62 @@ _GEN_PENDING_FINISH_REASONS = ("length", "not_finished")
 
 def ensure_request_chat_template_allowed(request: Any, allow_request_chat_template: bool) -> None:
     if getattr(request, "chat_template", None) is not None and not allow_request_chat_template:
-        raise ValueError("chat_template cannot be supplied per request unless request-level chat templates are enabled at server startup.")
+        raise ValueError(
+            "chat_template cannot be supplied per request unless request-level chat templates are enabled at server startup."
+        )
 
 
 # ------------------------------------------------------------------------------------------
 # Metrics (perf_metrics.py): stand-ins for prometheus_client Counter / Histogram
 # ------------------------------------------------------------------------------------------
 
-SHORT_TIME_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-LONG_TIME_BUCKETS = [0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0]
+SHORT_TIME_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
+LONG_TIME_BUCKETS = [
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+]
 
 
 class _Counter:
@@ -423,9 +470,26 @@ class DisaggPerfMetricsCollector:
     def add_client(self, client: Any) -> None:
         self._clients.append(client)
 
-    async def add_per_request_metrics(self, ctx_server: str, gen_server: str, ctx_request_id: Optional[int], server_arrival_time: float, server_first_token_time: float, ctx_dispatch_time: float) -> None:
+    async def add_per_request_metrics(
+        self,
+        ctx_server: str,
+        gen_server: str,
+        ctx_request_id: Optional[int],
+        server_arrival_time: float,
+        server_first_token_time: float,
+        ctx_dispatch_time: float,
+    ) -> None:
         async with self._lock:
-            self._request_metrics.append((ctx_server, gen_server, ctx_request_id, server_arrival_time, server_first_token_time, ctx_dispatch_time))
+            self._request_metrics.append(
+                (
+                    ctx_server,
+                    gen_server,
+                    ctx_request_id,
+                    server_arrival_time,
+                    server_first_token_time,
+                    ctx_dispatch_time,
+                )
+            )
 
 
 def get_steady_clock_now_in_seconds() -> float:
@@ -490,7 +554,9 @@ class RoundRobinRouter:
         self._server_idx += 1
         return server
 
-    async def get_next_server(self, request: Any, exclude_server: Optional[str] = None, req_id: Optional[int] = None) -> Tuple[str, dict]:
+    async def get_next_server(
+        self, request: Any, exclude_server: Optional[str] = None, req_id: Optional[int] = None
+    ) -> Tuple[str, dict]:
         del req_id
         if not self._servers:
             raise ValueError(f"No {self._server_role} servers available")
@@ -502,7 +568,13 @@ class RoundRobinRouter:
                     raise ValueError(f"No available servers after excluding {exclude_server}")
         return server, {"server_info": self._server_info.get(server, {})}
 
-    async def finish_request(self, request: Any, session: Optional[aiohttp.ClientSession] = None, success: bool = True, req_id: Optional[int] = None) -> None:
+    async def finish_request(
+        self,
+        request: Any,
+        session: Optional[aiohttp.ClientSession] = None,
+        success: bool = True,
+        req_id: Optional[int] = None,
+    ) -> None:
         del request, session, success, req_id
 
 
@@ -522,7 +594,9 @@ class UpstreamRequestTimeoutError(TimeoutError):
 class _ManagedResponseStream:
     """Own router cleanup even when a response stream is never started."""
 
-    def __init__(self, client: "OpenAIHttpClient", request: Any, resp_generator: Any, req_id: Optional[int] = None) -> None:
+    def __init__(
+        self, client: "OpenAIHttpClient", request: Any, resp_generator: Any, req_id: Optional[int] = None
+    ) -> None:
         self._client = client
         self._request = request
         self._resp_generator = resp_generator
@@ -576,13 +650,23 @@ class _ManagedResponseStream:
             if not success:
                 self._client._metrics_collector.error_requests.inc()
             try:
-                await self._client._cleanup_request_safely(self._request, self._resp_generator, success=success, req_id=self._req_id)
+                await self._client._cleanup_request_safely(
+                    self._request, self._resp_generator, success=success, req_id=self._req_id
+                )
             finally:
                 self._closed = True
 
 
 class OpenAIHttpClient:
-    def __init__(self, router: RoundRobinRouter, role: str, timeout_secs: int = 180, max_retries: int = 1, retry_interval_sec: int = 1, disagg_id_generator: Optional[Callable[[], Any]] = None) -> None:
+    def __init__(
+        self,
+        router: RoundRobinRouter,
+        role: str,
+        timeout_secs: int = 180,
+        max_retries: int = 1,
+        retry_interval_sec: int = 1,
+        disagg_id_generator: Optional[Callable[[], Any]] = None,
+    ) -> None:
         self._router = router
         self._role = role
         self._metrics_collector = ClientMetricsCollector(role)
@@ -601,14 +685,26 @@ class OpenAIHttpClient:
         self._disagg_id_generator = disagg_id_generator
         self._timeout_secs = timeout_secs
 
-    async def send_request(self, request: UCompletionRequest, server: Optional[str] = None, hooks: Any = None, req_id: Optional[int] = None) -> Any:
+    async def send_request(
+        self, request: UCompletionRequest, server: Optional[str] = None, hooks: Any = None, req_id: Optional[int] = None
+    ) -> Any:
         if isinstance(request, CompletionRequest):
             return await self._send_request("v1/completions", request, CompletionResponse, server, hooks, req_id)
         elif isinstance(request, ChatCompletionRequest):
-            return await self._send_request("v1/chat/completions", request, ChatCompletionResponse, server, hooks, req_id)
+            return await self._send_request(
+                "v1/chat/completions", request, ChatCompletionResponse, server, hooks, req_id
+            )
         raise ValueError(f"Invalid request type: {type(request)}")
 
-    async def _send_request(self, endpoint: str, request: UCompletionRequest, response_type: Type[Any], server: Optional[str] = None, hooks: Any = None, req_id: Optional[int] = None) -> Any:
+    async def _send_request(
+        self,
+        endpoint: str,
+        request: UCompletionRequest,
+        response_type: Type[Any],
+        server: Optional[str] = None,
+        hooks: Any = None,
+        req_id: Optional[int] = None,
+    ) -> Any:
         self._metrics_collector.total_requests.inc()
         resp_generator = None
         cleanup_deferred = False
@@ -650,7 +746,13 @@ class OpenAIHttpClient:
             if not cleanup_deferred:
                 await self._cleanup_request_safely(request, resp_generator, success=success, req_id=req_id)
 
-    async def _cleanup_request_safely(self, request: Any, resp_generator: Optional[AsyncGenerator[Any, None]], success: bool, req_id: Optional[int] = None) -> None:
+    async def _cleanup_request_safely(
+        self,
+        request: Any,
+        resp_generator: Optional[AsyncGenerator[Any, None]],
+        success: bool,
+        req_id: Optional[int] = None,
+    ) -> None:
         async def cleanup() -> None:
             try:
                 if resp_generator is not None:
@@ -665,7 +767,9 @@ class OpenAIHttpClient:
             await cleanup_task
             raise
 
-    async def _post_with_retry(self, server: str, url: str, request: UCompletionRequest, hooks: Any = None, req_id: Optional[int] = None) -> AsyncGenerator[Any, None]:
+    async def _post_with_retry(
+        self, server: str, url: str, request: UCompletionRequest, hooks: Any = None, req_id: Optional[int] = None
+    ) -> AsyncGenerator[Any, None]:
         is_stream = request.stream
         for attempt in range(self._max_retries + 1):
             if attempt > 0 and self._disagg_id_generator is not None:
@@ -681,7 +785,9 @@ class OpenAIHttpClient:
                     content_type = http_response.headers.get("Content-Type", "")
                     if http_response.status >= 400:
                         if http_response.status == 504:
-                            raise UpstreamRequestTimeoutError(self._role, self._timeout_secs, detail=(await http_response.text())[:2048])
+                            raise UpstreamRequestTimeoutError(
+                                self._role, self._timeout_secs, detail=(await http_response.text())[:2048]
+                            )
                         error_body = await http_response.text()
                         raise aiohttp.ClientResponseError(
                             http_response.request_info,
@@ -693,13 +799,17 @@ class OpenAIHttpClient:
                     if not is_stream and "text/event-stream" in content_type:
                         raise ValueError("Received an event-stream although request stream was False")
                     if is_stream:
-                        async for line in self._response_generator(request, http_response, start_time, server, hooks, req_id):
+                        async for line in self._response_generator(
+                            request, http_response, start_time, server, hooks, req_id
+                        ):
                             lines_yielded += 1
                             yield line
                     else:
                         response_dict = await http_response.json()
                         yield response_dict
-                        self._metrics_collector.complete_latency_seconds.observe(get_steady_clock_now_in_seconds() - start_time)
+                        self._metrics_collector.complete_latency_seconds.observe(
+                            get_steady_clock_now_in_seconds() - start_time
+                        )
                 break
             except UpstreamRequestTimeoutError:
                 raise
@@ -720,7 +830,15 @@ class OpenAIHttpClient:
                 logger.error(f"Unexpected error while processing {self._role} request to {url}: {e}")
                 raise
 
-    async def _response_generator(self, request: Any, http_response: aiohttp.ClientResponse, start_time: float, server: str, hooks: Any = None, req_id: Optional[int] = None) -> AsyncGenerator[Any, None]:
+    async def _response_generator(
+        self,
+        request: Any,
+        http_response: aiohttp.ClientResponse,
+        start_time: float,
+        server: str,
+        hooks: Any = None,
+        req_id: Optional[int] = None,
+    ) -> AsyncGenerator[Any, None]:
         assert request.stream, "Request is not streaming"
         assert "text/event-stream" in http_response.headers.get("Content-Type", ""), "Response is not streaming"
         try:
@@ -795,11 +913,19 @@ class DisaggCoordinatorService:
         return True
 
     async def cluster_info(self) -> Dict[str, Any]:
-        return {"is_ready": await self.is_ready(), "server_lists": {"context": list(self.ctx_router.servers), "generation": list(self.gen_router.servers)}}
+        return {
+            "is_ready": await self.is_ready(),
+            "server_lists": {"context": list(self.ctx_router.servers), "generation": list(self.gen_router.servers)},
+        }
 
 
 class OpenAIDisaggregatedService:
-    def __init__(self, coordinator: DisaggCoordinatorService, client_factory: Callable[[RoundRobinRouter, str], OpenAIHttpClient], server_start_timeout_secs: int = 180) -> None:
+    def __init__(
+        self,
+        coordinator: DisaggCoordinatorService,
+        client_factory: Callable[[RoundRobinRouter, str], OpenAIHttpClient],
+        server_start_timeout_secs: int = 180,
+    ) -> None:
         self._coordinator = coordinator
         self._ctx_router = coordinator.ctx_router
         self._gen_router = coordinator.gen_router
@@ -820,7 +946,9 @@ class OpenAIDisaggregatedService:
             if type(request.prompt) is list and len(request.prompt) == 1:
                 request.prompt = request.prompt[0]
             elif not isinstance(request.prompt, list) or not all(isinstance(x, int) for x in request.prompt):
-                raise ValueError("Disaggregated server currently only supports single string prompt or list of integers in request")
+                raise ValueError(
+                    "Disaggregated server currently only supports single string prompt or list of integers in request"
+                )
         return await self._send_disagg_request_ctx_first(request, hooks)
 
     async def openai_chat_completion(self, request: ChatCompletionRequest, hooks: Any = None) -> Any:
@@ -866,8 +994,12 @@ class OpenAIDisaggregatedService:
                 if hooks:
                     hooks.on_ctx_dispatch(request)
                 ctx_req = self._get_ctx_request(request, disagg_request_id)
-                ctx_server, _ = await self._ctx_router.get_next_server(ctx_req, exclude_server=gen_server, req_id=disagg_request_id)
-                ctx_response = await self._ctx_client.send_request(ctx_req, server=ctx_server, hooks=hooks, req_id=disagg_request_id)
+                ctx_server, _ = await self._ctx_router.get_next_server(
+                    ctx_req, exclude_server=gen_server, req_id=disagg_request_id
+                )
+                ctx_response = await self._ctx_client.send_request(
+                    ctx_req, server=ctx_server, hooks=hooks, req_id=disagg_request_id
+                )
                 await self._verify_ctx_response(ctx_response)
                 ctx_response_disagg_params = ctx_response.choices[0].disaggregated_params
                 if ctx_response_disagg_params.disagg_request_id is not None:
@@ -881,9 +1013,13 @@ class OpenAIDisaggregatedService:
                 raise
         if ctx_response is None or self._need_gen(ctx_response):
             if not gen_server:
-                gen_server, _ = await self._gen_router.get_next_server(gen_req, exclude_server=ctx_server, req_id=disagg_request_id)
+                gen_server, _ = await self._gen_router.get_next_server(
+                    gen_req, exclude_server=ctx_server, req_id=disagg_request_id
+                )
                 gen_reservation_id = disagg_request_id
-            return await self._gen_client.send_request(gen_req, server=gen_server, hooks=hooks, req_id=gen_reservation_id)
+            return await self._gen_client.send_request(
+                gen_req, server=gen_server, hooks=hooks, req_id=gen_reservation_id
+            )
         if gen_server:
             await self._gen_router.finish_request(request, req_id=gen_reservation_id)
         if hooks:
@@ -906,7 +1042,12 @@ class OpenAIDisaggregatedService:
             return request.disaggregated_params.conversation_id
         return None
 
-    def _get_ctx_request(self, request: UCompletionRequest, disagg_request_id: Optional[int], context_control_endpoint: Optional[str] = None) -> UCompletionRequest:
+    def _get_ctx_request(
+        self,
+        request: UCompletionRequest,
+        disagg_request_id: Optional[int],
+        context_control_endpoint: Optional[str] = None,
+    ) -> UCompletionRequest:
         conversation_id = self._get_conversation_id(request)
         return request.model_copy(
             update={
@@ -923,7 +1064,9 @@ class OpenAIDisaggregatedService:
             }
         )
 
-    def _get_gen_request(self, request: UCompletionRequest, ctx_response: Any, disagg_request_id: Optional[int]) -> UCompletionRequest:
+    def _get_gen_request(
+        self, request: UCompletionRequest, ctx_response: Any, disagg_request_id: Optional[int]
+    ) -> UCompletionRequest:
         conversation_id = self._get_conversation_id(request)
         request.disaggregated_params = ctx_response.choices[0].disaggregated_params
         request.disaggregated_params.request_type = "generation_only"
@@ -946,7 +1089,9 @@ class OpenAIDisaggregatedService:
         if ctx_response:
             for idx, choice in enumerate(ctx_response.choices):
                 if choice.disaggregated_params is None:
-                    raise ValueError(f"Context server choice {idx} did not return disaggregated params. finish_reason={choice.finish_reason!r}")
+                    raise ValueError(
+                        f"Context server choice {idx} did not return disaggregated params. finish_reason={choice.finish_reason!r}"
+                    )
                 if choice.finish_reason in _GEN_PENDING_FINISH_REASONS:
                     if choice.disaggregated_params.ctx_request_id is None:
                         raise ValueError(f"Invalid disaggregated params: ctx_request_id is None for choice {idx}.")
@@ -984,7 +1129,9 @@ class RawRequestResponseHooks:
         self.perf_metrics_collector = perf_metrics_collector
 
     def on_req_begin(self, request: Any) -> None:
-        self.perf_metrics_collector.queue_latency_seconds.observe(get_steady_clock_now_in_seconds() - self.request_arrival_time)
+        self.perf_metrics_collector.queue_latency_seconds.observe(
+            get_steady_clock_now_in_seconds() - self.request_arrival_time
+        )
 
     def on_disagg_request_id(self, disagg_request_id: Optional[int]) -> None:
         pass
@@ -1004,7 +1151,12 @@ class RawRequestResponseHooks:
             ctx_req_id = request.disaggregated_params.ctx_request_id
             task = asyncio.create_task(
                 self.perf_metrics_collector.add_per_request_metrics(
-                    self.ctx_server, gen_server, ctx_req_id, self.raw_req.state.server_arrival_time, self.server_first_token_time, self.ctx_dispatch_time
+                    self.ctx_server,
+                    gen_server,
+                    ctx_req_id,
+                    self.raw_req.state.server_arrival_time,
+                    self.server_first_token_time,
+                    self.ctx_dispatch_time,
                 )
             )
             background_tasks = self.perf_metrics_collector._background_tasks
@@ -1022,7 +1174,15 @@ def resolve_request_conversation_id(req: Any, headers: Any) -> None:
 
 
 class OpenAIDisaggServer:
-    def __init__(self, ctx_servers: List[str], gen_servers: List[str], req_timeout_secs: int = 180, server_start_timeout_secs: int = 180, max_retries: int = 1, node_id: int = 0) -> None:
+    def __init__(
+        self,
+        ctx_servers: List[str],
+        gen_servers: List[str],
+        req_timeout_secs: int = 180,
+        server_start_timeout_secs: int = 180,
+        max_retries: int = 1,
+        node_id: int = 0,
+    ) -> None:
         self._req_timeout_secs = req_timeout_secs
         self._max_retries = max_retries
         self._allow_request_chat_template = False
@@ -1049,7 +1209,9 @@ class OpenAIDisaggServer:
             self._perf_metrics_collector.validation_exceptions.inc()
             self._val_err_n += 1
             if self._val_err_n == 1 or self._val_err_n % 1000 == 0:
-                logger.warning(f"[validation] {request.method} {request.url.path} 400 (n={self._val_err_n}): {str(exc)[:500]}")
+                logger.warning(
+                    f"[validation] {request.method} {request.url.path} 400 (n={self._val_err_n}): {str(exc)[:500]}"
+                )
             return JSONResponse(status_code=400, content={"error": str(exc)})
 
         self.register_routes()
@@ -1058,13 +1220,23 @@ class OpenAIDisaggServer:
         async def disagg_id_generator() -> int:
             return await self._coordinator.get_disagg_request_id()
 
-        client = OpenAIHttpClient(router, role, self._req_timeout_secs, self._max_retries, disagg_id_generator=disagg_id_generator)
+        client = OpenAIHttpClient(
+            router, role, self._req_timeout_secs, self._max_retries, disagg_id_generator=disagg_id_generator
+        )
         self._perf_metrics_collector.add_client(client)
         return client
 
     def register_routes(self) -> None:
-        self.app.add_api_route("/v1/completions", self._wrap_entry_point(self._service.openai_completion, CompletionRequest), methods=["POST"])
-        self.app.add_api_route("/v1/chat/completions", self._wrap_entry_point(self._service.openai_chat_completion, ChatCompletionRequest), methods=["POST"])
+        self.app.add_api_route(
+            "/v1/completions",
+            self._wrap_entry_point(self._service.openai_completion, CompletionRequest),
+            methods=["POST"],
+        )
+        self.app.add_api_route(
+            "/v1/chat/completions",
+            self._wrap_entry_point(self._service.openai_chat_completion, ChatCompletionRequest),
+            methods=["POST"],
+        )
         self.app.add_api_route("/health", self.health, methods=["GET"])
         self.app.add_api_route("/cluster_info", self.cluster_info, methods=["GET"])
         self.app.add_api_route("/version", self.version, methods=["GET"])
@@ -1117,7 +1289,9 @@ class OpenAIDisaggServer:
         return JSONResponse(content={"version": "baseline-trtllm-style"})
 
     async def __call__(self, host: str, port: int, log_level: str = "warning") -> None:
-        config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, timeout_keep_alive=10, loop="uvloop", http="httptools")
+        config = uvicorn.Config(
+            self.app, host=host, port=port, log_level=log_level, timeout_keep_alive=10, loop="uvloop", http="httptools"
+        )
         await uvicorn.Server(config).serve()
 
 
@@ -1134,7 +1308,11 @@ def main() -> None:
     parser.add_argument("--request-timeout", type=int, default=180)
     parser.add_argument("--server-start-timeout", type=int, default=180)
     parser.add_argument("--max-retries", type=int, default=1)
-    parser.add_argument("--log-level", default="warning", help="uvicorn log level; 'info' turns on its per-request access log, as TensorRT-LLM's default does")
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        help="uvicorn log level; 'info' turns on its per-request access log, as TensorRT-LLM's default does",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     server = OpenAIDisaggServer(

@@ -86,7 +86,12 @@ async def _cell(stack: Any, pool: Any, variant: str, mode: str, n: int, concurre
     obs = _observability(variant, tmp)
     obs.start()
     handler = obs.wrap(stack.service(pool).handle)
-    body = {"model": "fake-model", "prompt": "request: " + "lorem ipsum " * 20, "max_tokens": 16, "stream": mode != "nonstream"}
+    body = {
+        "model": "fake-model",
+        "prompt": "request: " + "lorem ipsum " * 20,
+        "max_tokens": 16,
+        "stream": mode != "nonstream",
+    }
     headers = ASK if variant == "expose_asked" else []
     todo = iter(range(n))
 
@@ -141,9 +146,13 @@ def micro() -> None:
             fn()
             timings.setdefault(name, []).append((time.perf_counter() - t0) / n * 1e9)
     med = {k: statistics.median(v) for k, v in timings.items()}
-    print(f"pool.request called directly: {med['direct']:.0f} ns per leg; through send_leg (off): {med['send_leg']:.0f} ns "
-          f"(+{med['send_leg'] - med['direct']:.0f} ns per leg)")
-    print(f"X-TRTLLM-return-metrics scan of 6 headers (return_perf_metrics, client not asking): {med['scan'] - med['empty']:.0f} ns per request")
+    print(
+        f"pool.request called directly: {med['direct']:.0f} ns per leg; through send_leg (off): {med['send_leg']:.0f} ns "
+        f"(+{med['send_leg'] - med['direct']:.0f} ns per leg)"
+    )
+    print(
+        f"X-TRTLLM-return-metrics scan of 6 headers (return_perf_metrics, client not asking): {med['scan'] - med['empty']:.0f} ns per request"
+    )
 
 
 def main() -> None:
@@ -172,6 +181,7 @@ def main() -> None:
             f.script(chunks=16)
         stack = Stack(f"shmdisagg-b{uuid.uuid4().hex[:8]}", ctx.addr, gen.addr, tmp)
         try:
+
             async def run_all() -> None:
                 pool = UpstreamPool()
                 try:
@@ -187,7 +197,9 @@ def main() -> None:
             uvloop.run(run_all())
         finally:
             stack.close()
-    print(f"\norchestrator CPU per request (median of {args.rounds} rounds, min-max), n={args.n}, concurrency {args.concurrency}\n")
+    print(
+        f"\norchestrator CPU per request (median of {args.rounds} rounds, min-max), n={args.n}, concurrency {args.concurrency}\n"
+    )
     print("| variant | " + " | ".join(f"{m} us/request | {m} vs before" for m in modes) + " |")
     print("|---|" + "---|---|" * len(modes))
     for variant in variants:

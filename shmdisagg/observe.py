@@ -177,7 +177,15 @@ class RequestObservation:
     # -- legs ---------------------------------------------------------------------------------
 
     async def send_leg(
-        self, upstream: UpstreamPool, role: str, host: str, port: int, path: str, body: bytes, headers: Sequence[tuple[bytes, bytes]] = (), timeout_s: float | None = None
+        self,
+        upstream: UpstreamPool,
+        role: str,
+        host: str,
+        port: int,
+        path: str,
+        body: bytes,
+        headers: Sequence[tuple[bytes, bytes]] = (),
+        timeout_s: float | None = None,
     ) -> Any:
         now = time.monotonic()
         if role == "context" and not self.ctx_dispatch:
@@ -187,7 +195,9 @@ class RequestObservation:
         tracing = self.o.tracing
         span = tracing.start_leg(role, host, port) if tracing is not None else None
         try:
-            resp = await upstream.request(host, port, "POST", path, body, headers=[*headers, *self.leg_headers], timeout_s=timeout_s)
+            resp = await upstream.request(
+                host, port, "POST", path, body, headers=[*headers, *self.leg_headers], timeout_s=timeout_s
+            )
         except BaseException as err:
             if span is not None:
                 tracing.end_leg(span, f"{type(err).__name__}: {err}")  # type: ignore[union-attr]
@@ -247,7 +257,10 @@ class RequestObservation:
             if self.stream and self._complete():
                 self.record = self._build_record()
                 if self.asked:
-                    message = {**message, "body": message.get("body", b"") + pr.sse_event(pr.metrics_headers([self.record]))}
+                    message = {
+                        **message,
+                        "body": message.get("body", b"") + pr.sse_event(pr.metrics_headers([self.record])),
+                    }
             if self.record is not None and self.o.writer is not None:
                 self.o.writer.submit(self.record)
         return message
@@ -269,7 +282,11 @@ class RequestObservation:
             "server_first_token_time": first or None,
         }
         gen_done = self.gen_state == "complete"
-        disagg = {"ctx_server": self.ctx_server, "gen_server": self.gen_server if gen_done else "", "timing_metrics": timing}
+        disagg = {
+            "ctx_server": self.ctx_server,
+            "gen_server": self.gen_server if gen_done else "",
+            "timing_metrics": timing,
+        }
         request_id = str(rid) if rid is not None else ""
         ctx, gen = self.ctx_metrics, self.gen_metrics if gen_done else None
         for phase in (ctx, gen):
@@ -299,9 +316,17 @@ class RequestObservation:
             elif not self.ended:
                 trace.finish("client_disconnected", self.status or 499, self.stream, self.rid)
             elif self.status != 200:
-                trace.finish(f"rejected_{self.status}" if self.status < 500 else "error", self.status, self.stream, self.rid)
+                trace.finish(
+                    f"rejected_{self.status}" if self.status < 500 else "error", self.status, self.stream, self.rid
+                )
             else:
-                trace.finish("error", 200, self.stream, self.rid, {"cause": "stream_error", "detail": "the stream ended with an error event"})
+                trace.finish(
+                    "error",
+                    200,
+                    self.stream,
+                    self.rid,
+                    {"cause": "stream_error", "detail": "the stream ended with an error event"},
+                )
 
 
 class ObservedLeg:
@@ -453,7 +478,14 @@ CURRENT: ContextVar[RequestObservation | None] = ContextVar("shmdisagg_observati
 
 
 def send_leg(
-    upstream: UpstreamPool, role: str, host: str, port: int, path: str, body: bytes, headers: Sequence[tuple[bytes, bytes]] = (), timeout_s: float | None = None
+    upstream: UpstreamPool,
+    role: str,
+    host: str,
+    port: int,
+    path: str,
+    body: bytes,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+    timeout_s: float | None = None,
 ) -> Awaitable[UpstreamResponse]:
     """POST one leg with `headers` (await the result): `upstream.request`'s own coroutine for a
     request nobody observes (a plain call, so no coroutine frame is added to the hot path), else

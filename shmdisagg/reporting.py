@@ -51,7 +51,9 @@ class FailureReporter:
 
     async def _run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=1.0)
-        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path), timeout=timeout) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=self.socket_path), timeout=timeout
+        ) as session:
             while True:
                 await self._wake.wait()
                 self._wake.clear()

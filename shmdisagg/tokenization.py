@@ -111,7 +111,11 @@ class HFTokenizer:
     def _exact(self, req: dict[str, Any]) -> bool:
         """Whether the ids are the executed prompt, not an estimate (module docstring)."""
         named_tool = isinstance(req.get("tool_choice"), dict)
-        return not named_tool and req.get("truncate_prompt_tokens") is None and self.model_type not in chat_render.EXTENSION_MODEL_TYPES
+        return (
+            not named_tool
+            and req.get("truncate_prompt_tokens") is None
+            and self.model_type not in chat_render.EXTENSION_MODEL_TYPES
+        )
 
 
 def _chars(content: Any) -> int:

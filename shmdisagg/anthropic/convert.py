@@ -47,7 +47,14 @@ from typing import Any
 
 import orjson
 
-from shmdisagg.anthropic.protocol import AnthropicRequestError, CountTokensRequest, Message, MessagesRequest, TextBlock, ToolChoice
+from shmdisagg.anthropic.protocol import (
+    AnthropicRequestError,
+    CountTokensRequest,
+    Message,
+    MessagesRequest,
+    TextBlock,
+    ToolChoice,
+)
 
 log = logging.getLogger("shmdisagg.anthropic")
 
@@ -74,7 +81,12 @@ def chat_request(req: MessagesRequest) -> dict[str, Any]:
     if not messages:
         raise AnthropicRequestError("messages must not be empty")
     tools = _tools(req)
-    chat: dict[str, Any] = {"model": req.model, "messages": messages, "max_completion_tokens": req.max_tokens, "stream": bool(req.stream)}
+    chat: dict[str, Any] = {
+        "model": req.model,
+        "messages": messages,
+        "max_completion_tokens": req.max_tokens,
+        "stream": bool(req.stream),
+    }
     choice = _tool_choice(req.tool_choice, tools)
     if tools is not None:
         chat["tools"] = tools
@@ -141,7 +153,11 @@ def _retention_kwargs(context_management: Any) -> dict[str, Any]:
             continue
         if edit.get("keep") == "all":
             return dict(_KEEP_ALL_THINKING)
-        log.warning("unsupported %r retention policy %r: the chat template's default applies (earlier reasoning is pruned)", kind, edit.get("keep"))
+        log.warning(
+            "unsupported %r retention policy %r: the chat template's default applies (earlier reasoning is pruned)",
+            kind,
+            edit.get("keep"),
+        )
     return {}
 
 
@@ -203,7 +219,13 @@ def _turn(message: Message) -> list[dict[str, Any]]:
         elif kind == "image":
             parts.append(_image_part(block))
         elif kind == "tool_use":
-            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": json.dumps(block.input)}})  # type: ignore[union-attr]
+            calls.append(
+                {
+                    "id": block.id,
+                    "type": "function",
+                    "function": {"name": block.name, "arguments": json.dumps(block.input)},
+                }
+            )  # type: ignore[union-attr]
         elif kind == "tool_result":
             flush()
             text = _tool_result_text(block.content)  # type: ignore[union-attr]
@@ -221,7 +243,9 @@ def _turn(message: Message) -> list[dict[str, Any]]:
     if calls and role == "assistant":
         others = sorted({p["type"] for p in parts if p["type"] != "text"})
         if others:
-            raise AnthropicRequestError(f"assistant messages combining tool_use with {others} content are not supported by this server")
+            raise AnthropicRequestError(
+                f"assistant messages combining tool_use with {others} content are not supported by this server"
+            )
         msg = {"role": "assistant", "content": "".join(p["text"] for p in parts) or None, "tool_calls": calls}
         if reasoning:
             msg["reasoning"] = "".join(reasoning)
@@ -240,7 +264,10 @@ def _image_part(block: Any) -> dict[str, Any]:
     if source.type == "url" and source.url:
         return {"type": "image_url", "image_url": {"url": source.url}}
     if source.type == "base64" and source.data:
-        return {"type": "image_url", "image_url": {"url": f"data:{source.media_type or 'image/png'};base64,{source.data}"}}
+        return {
+            "type": "image_url",
+            "image_url": {"url": f"data:{source.media_type or 'image/png'};base64,{source.data}"},
+        }
     raise AnthropicRequestError(f"image block with source type {source.type!r} has no url or data")
 
 
@@ -268,14 +295,21 @@ def _tools(req: MessagesRequest) -> list[dict[str, Any]] | None:
         if tool.is_server_tool():
             if forbids_calls:
                 continue
-            raise AnthropicRequestError(f"Anthropic server tool {tool.name!r} (type={tool.type!r}) is not supported by this server")
+            raise AnthropicRequestError(
+                f"Anthropic server tool {tool.name!r} (type={tool.type!r}) is not supported by this server"
+            )
         if tool.input_schema is None:
             if tool.is_schema_client_tool():
                 raise AnthropicRequestError(
                     f"Anthropic schema client tool {tool.name!r} (type={tool.type!r}) is recognized, but its built-in input schema is not implemented by this server"
                 )
             raise AnthropicRequestError(f"Client tool {tool.name!r} requires input_schema")
-        function = {"name": tool.name, "description": tool.description, "parameters": tool.input_schema, "strict": tool.strict}
+        function = {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.input_schema,
+            "strict": tool.strict,
+        }
         tools.append({"type": "function", "function": function})
     return tools or None
 
@@ -294,7 +328,9 @@ def _tool_choice(choice: ToolChoice | None, tools: list[dict[str, Any]] | None) 
     if choice.type == "auto":
         return "auto"
     if choice.type == "any":
-        raise AnthropicRequestError("Anthropic tool_choice type 'any' is not supported because the chat pipeline cannot require an arbitrary tool call")
+        raise AnthropicRequestError(
+            "Anthropic tool_choice type 'any' is not supported because the chat pipeline cannot require an arbitrary tool call"
+        )
     if not choice.name:
         raise AnthropicRequestError("tool_choice type 'tool' requires a 'name'")
     if choice.name not in {t["function"]["name"] for t in tools}:
@@ -366,7 +402,14 @@ def anthropic_message(answer: Any) -> dict[str, Any]:
         stop, sequence = "tool_use", None
     if not content:  # an Anthropic message has at least one block
         content.append({"type": "text", "text": ""})
-    out: dict[str, Any] = {"id": new_message_id(), "type": "message", "role": "assistant", "model": answer.get("model"), "content": content, "stop_reason": stop}
+    out: dict[str, Any] = {
+        "id": new_message_id(),
+        "type": "message",
+        "role": "assistant",
+        "model": answer.get("model"),
+        "content": content,
+        "stop_reason": stop,
+    }
     if sequence is not None:
         out["stop_sequence"] = sequence
     out["usage"] = usage(answer.get("usage"))

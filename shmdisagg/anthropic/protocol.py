@@ -30,7 +30,14 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 # Anthropic-provided tools with a versioned `type`: server tools run on Anthropic's side, schema
 # client tools have a built-in input schema (anthropic_protocol.py's two prefix lists).
-SERVER_TOOL_TYPE_PREFIXES = ("web_search", "web_fetch", "code_execution", "tool_search_tool_", "advisor_", "mcp_toolset")
+SERVER_TOOL_TYPE_PREFIXES = (
+    "web_search",
+    "web_fetch",
+    "code_execution",
+    "tool_search_tool_",
+    "advisor_",
+    "mcp_toolset",
+)
 SCHEMA_CLIENT_TOOL_TYPE_PREFIXES = ("bash_", "text_editor_", "computer_", "memory_")
 
 

@@ -39,7 +39,13 @@ import orjson
 
 from shmdisagg.answers import executor_error_message
 from shmdisagg.anthropic.convert import AnthropicResponseError, anthropic_message, chat_request
-from shmdisagg.anthropic.protocol import AnthropicRequestError, CountTokensRequest, MessagesRequest, error_envelope, parse
+from shmdisagg.anthropic.protocol import (
+    AnthropicRequestError,
+    CountTokensRequest,
+    MessagesRequest,
+    error_envelope,
+    parse,
+)
 from shmdisagg.anthropic.stream import StreamReframer
 from shmdisagg.asgi import JSON_HEADERS, ClientDisconnected, Message, Receive, Scope, Send, read_body, send_bytes
 from shmdisagg.directory import ServerDirectory
@@ -90,7 +96,14 @@ class AnthropicRoutes:
             parse(CountTokensRequest, body)
             async with asyncio.timeout(self.service.timeout_s):
                 status, raw, _ = await self.service.flows.legs.call(
-                    self._counting, RoutingKey(0), COUNT_TOKENS_PATH, lambda _: body, "context", retry_5xx=True, retry_sent=True, headers=JSON_HEADERS
+                    self._counting,
+                    RoutingKey(0),
+                    COUNT_TOKENS_PATH,
+                    lambda _: body,
+                    "context",
+                    retry_5xx=True,
+                    retry_sent=True,
+                    headers=JSON_HEADERS,
                 )
         except AnthropicRequestError as err:
             await _reject(send, 400, str(err))
@@ -188,7 +201,9 @@ class _AnyHealthyContext:
         self._turn = 0
 
     def pick(self, key: RoutingKey, exclude_slot: int) -> int:
-        slots = [s.slot for s in self.directory.servers() if s.role == ROLE_CONTEXT and s.healthy and s.slot != exclude_slot]
+        slots = [
+            s.slot for s in self.directory.servers() if s.role == ROLE_CONTEXT and s.healthy and s.slot != exclude_slot
+        ]
         if not slots:
             return -1
         self._turn += 1
@@ -228,6 +243,13 @@ def _check_json(scope: Scope) -> None:
     read as JSON, as FastAPI does)."""
     declared = _content_type(list(scope.get("headers", ())))
     media = declared.split(b";", 1)[0].strip()
-    if declared and not (media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))):
+    if declared and not (
+        media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+    ):
         shown = declared[:64].decode("latin-1")
-        raise RequestError(415, f"unsupported content-type {shown!r}: send the body as application/json", "unsupported_media_type", "content-type")
+        raise RequestError(
+            415,
+            f"unsupported content-type {shown!r}: send the body as application/json",
+            "unsupported_media_type",
+            "content-type",
+        )

@@ -58,7 +58,8 @@ class ClusterView:
         self.routing_key_configs = keys
         self.routing_keys = {
             role: RoutingKeyConfig(int(keys[name]["tokens_per_block"]), keys[name].get("kv_cache_hash_algo"))
-            for role, name in ((ROLE_CONTEXT, "context"), (ROLE_GENERATION, "generation")) if name in keys
+            for role, name in ((ROLE_CONTEXT, "context"), (ROLE_GENERATION, "generation"))
+            if name in keys
         }
         self.version = version
 

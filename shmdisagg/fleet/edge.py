@@ -98,9 +98,16 @@ class EdgeLimits:
         log.info("RLIMIT_NOFILE: soft limit %s (was %s), hard limit %s", _show(soft), _show(before), _show(hard))
         cap = fit_connections(section.worker_connections, soft)
         if cap < section.worker_connections:
-            log.warning("shmdisagg.worker_connections %d does not fit under RLIMIT_NOFILE %d (%d descriptors per connection, "
-                        "%d kept for the rest): at most %d connections per worker; raise the hard limit (ulimit -Hn, "
-                        "LimitNOFILE=) or lower the setting", section.worker_connections, soft, FDS_PER_CONNECTION, FD_RESERVE, cap)
+            log.warning(
+                "shmdisagg.worker_connections %d does not fit under RLIMIT_NOFILE %d (%d descriptors per connection, "
+                "%d kept for the rest): at most %d connections per worker; raise the hard limit (ulimit -Hn, "
+                "LimitNOFILE=) or lower the setting",
+                section.worker_connections,
+                soft,
+                FDS_PER_CONNECTION,
+                FD_RESERVE,
+                cap,
+            )
         return cls(section.client_header_timeout_s, section.client_body_timeout_s, section.max_request_body_bytes, cap)
 
 
@@ -132,11 +139,18 @@ def fit_connections(wanted: int, nofile: int) -> int:
 
 def edge_protocol(limits: EdgeLimits) -> type[EdgeProtocol]:
     """The protocol class to pass as `uvicorn.Config(http=...)`, with `limits` bound."""
-    return type("EdgeProtocol", (EdgeProtocol,), {"limits": limits, "head_timeout_s": limits.client_header_timeout_s,
-                                                  "body_timeout_s": limits.client_body_timeout_s,
-                                                  "max_body": limits.max_request_body_bytes,
-                                                  "max_body_digits": len(str(limits.max_request_body_bytes)),
-                                                  "max_connections": limits.worker_connections})
+    return type(
+        "EdgeProtocol",
+        (EdgeProtocol,),
+        {
+            "limits": limits,
+            "head_timeout_s": limits.client_header_timeout_s,
+            "body_timeout_s": limits.client_body_timeout_s,
+            "max_body": limits.max_request_body_bytes,
+            "max_body_digits": len(str(limits.max_request_body_bytes)),
+            "max_connections": limits.worker_connections,
+        },
+    )
 
 
 class _Refusal(Exception):
@@ -215,8 +229,14 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._arm(self.loop.time() + self.head_timeout_s)
         if len(self.connections) > self.max_connections:
-            log.debug("connection refused: %d open connections, the limit is %d", len(self.connections) - 1, self.max_connections)
-            self.transport.write(self._error(503, "too many open connections to this server; retry shortly", b"retry-after: 1\r\n"))
+            log.debug(
+                "connection refused: %d open connections, the limit is %d",
+                len(self.connections) - 1,
+                self.max_connections,
+            )
+            self.transport.write(
+                self._error(503, "too many open connections to this server; retry shortly", b"retry-after: 1\r\n")
+            )
             self._linger()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -269,8 +289,14 @@ class EdgeProtocol(HttpToolsProtocol):
                 self._timer = None
             self.handle_websocket_upgrade()
             return
-        if any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in self.headers):
-            self._refuse(400, "invalid HTTP request: an upgrade is not served on this port; send the request without an Upgrade header")
+        if any(
+            name == b"transfer-encoding" or (name == b"content-length" and value != b"0")
+            for name, value in self.headers
+        ):
+            self._refuse(
+                400,
+                "invalid HTTP request: an upgrade is not served on this port; send the request without an Upgrade header",
+            )
             return
         log.debug("upgrade to %r ignored", self._get_upgrade())
         offset = upgrade.args[0] if upgrade.args else len(data)
@@ -377,7 +403,9 @@ class EdgeProtocol(HttpToolsProtocol):
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]
-        head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n%s\r\n" % (len(body), extra))
+        head.append(
+            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n%s\r\n" % (len(body), extra)
+        )
         return b"".join(head) + body
 
     def _refuse(self, status: int, message: str) -> None:

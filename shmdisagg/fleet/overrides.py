@@ -41,7 +41,9 @@ class FleetOverrides:
         port = env.get("SHMDISAGG_PUBLIC_PORT")
         timeout = float(env.get("SHMDISAGG_LEG_TIMEOUT_S", repr(DEFAULT_LEG_TIMEOUT_S)))
         level = env.get("SHMDISAGG_LOG_LEVEL")
-        return cls(int(port) if port else None, timeout if timeout > 0 else None, level if level in LOG_LEVELS else None)
+        return cls(
+            int(port) if port else None, timeout if timeout > 0 else None, level if level in LOG_LEVELS else None
+        )
 
     def apply(self, config: DisaggConfig) -> DisaggConfig:
         """The config with the picked public port (its shared-memory names and socket paths

@@ -98,7 +98,9 @@ class GracefulStop:
             log.warning("grace period of %g s over: ending %d request(s) with 503", self.grace_s, running)
 
 
-async def _housekeeping(table: ControlTable, row: int, view: ClusterView, service: DisaggService, socket_path: str) -> None:
+async def _housekeeping(
+    table: ControlTable, row: int, view: ClusterView, service: DisaggService, socket_path: str
+) -> None:
     """Heartbeat this worker's row; refresh the cluster view when the server set changes."""
     next_info = 0.0
     loop = asyncio.get_running_loop()
@@ -156,8 +158,13 @@ def process_id(config: DisaggConfig, env: TrtllmEnv, worker_index: int) -> int:
     return worker_index % 64
 
 
-async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None = None, overrides: FleetOverrides | None = None,
-                supervisor_fd: int | None = None) -> None:
+async def serve(
+    config: DisaggConfig,
+    worker_index: int,
+    env: TrtllmEnv | None = None,
+    overrides: FleetOverrides | None = None,
+    supervisor_fd: int | None = None,
+) -> None:
     """Serve until a stop signal, or until the deployment's supervisor exits (`supervisor_fd`,
     its pidfd: readable then), which stops it the same graceful way."""
     env = env or TrtllmEnv()
@@ -176,23 +183,49 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         directory = ServerDirectory(table)
         view = ClusterView(directory)
         version = table.servers_version()
-        view.apply(await fetch_cluster_info(config.coordinator_socket, config.shmdisagg.server_start_timeout_s), version)
+        view.apply(
+            await fetch_cluster_info(config.coordinator_socket, config.shmdisagg.server_start_timeout_s), version
+        )
         ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
         if config.shmdisagg.kv_events.hints and "kv_cache_aware" in (ctx_args.type, gen_args.type):
             hints = KvHints(config.kv_hint_socket)  # the coordinator drains KV events only then
         if {ctx_args.type, gen_args.type} & USES_INDEX:
             index = BlockIndex.attach(table, timeout=config.shmdisagg.server_start_timeout_s)
         ctx_policy = make_policy(table, row, ROLE_CONTEXT, ctx_args, index, lambda: view.routing_keys.get(ROLE_CONTEXT))
-        gen_policy = make_policy(table, row, ROLE_GENERATION, gen_args, index, lambda: view.routing_keys.get(ROLE_GENERATION))
+        gen_policy = make_policy(
+            table, row, ROLE_GENERATION, gen_args, index, lambda: view.routing_keys.get(ROLE_GENERATION)
+        )
         ctx_policy, gen_policy = metrics.wrap_policy(ctx_policy, False), metrics.wrap_policy(gen_policy, True)
         claim = node_claim(config)
         ids = DisaggIdGenerator(claim.node_id, process_id(config, env, worker_index))
         retries = 0 if env.no_retry else config.max_retries  # TRTLLM_DISAGG_NO_RETRY=1
-        legs = LegRunner(directory, upstream, reporter, retries, hints, leg_timeout_s=overrides.leg_timeout_s, answers=metrics.answered)
+        legs = LegRunner(
+            directory,
+            upstream,
+            reporter,
+            retries,
+            hints,
+            leg_timeout_s=overrides.leg_timeout_s,
+            answers=metrics.answered,
+        )
         style = env.schedule_style or config.schedule_style  # the coordinator resolved -s into the variable
-        local_prefill = config.conditional_disagg_config.max_local_prefill_length if config.conditional_disagg_config else 0
-        flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info, style, local_prefill, flow_options(config, env), wire_for(config, env))
-        admission = metrics.admission(config.shmdisagg.max_inflight_requests, lambda: sum(table.load(s.slot)[0] for s in directory.servers()))
+        local_prefill = (
+            config.conditional_disagg_config.max_local_prefill_length if config.conditional_disagg_config else 0
+        )
+        flows = Flows(
+            legs,
+            ctx_policy,
+            gen_policy,
+            ids.next_id,
+            view.ctx_server_info,
+            style,
+            local_prefill,
+            flow_options(config, env),
+            wire_for(config, env),
+        )
+        admission = metrics.admission(
+            config.shmdisagg.max_inflight_requests, lambda: sum(table.load(s.slot)[0] for s in directory.servers())
+        )
         service = DisaggService(config, flows, ids, admission, style)
         metrics.install(service)
         needs_tokens = ctx_policy.needs_tokens or gen_policy.needs_tokens
@@ -200,13 +233,20 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         if needs_tokens or conversations:
             # importing transformers and loading a tokenizer take seconds: beat meanwhile, so the
             # coordinator does not take the slow start for a stuck worker (worker_timeout_s)
-            tokenizer = await _beating(table, row, asyncio.to_thread(load_routing_tokenizer, config)) if needs_tokens else None
+            tokenizer = (
+                await _beating(table, row, asyncio.to_thread(load_routing_tokenizer, config)) if needs_tokens else None
+            )
             service.keys = KeyBuilder(tokenizer, conversations)
         service.models, service.routing_key_configs = view.models, view.routing_key_configs
         # return_perf_metrics, perf_metrics_output_dir, otlp_config, TRTLLM_REQUEST_TRACE_DIR
         observe = Observability.from_config(config)
         observe.start()
-        app = FleetApp(service, control_app(service, directory, table, worker_index, metrics), metrics.request, observe.wrap(service.handle))
+        app = FleetApp(
+            service,
+            control_app(service, directory, table, worker_index, metrics),
+            metrics.request,
+            observe.wrap(service.handle),
+        )
         sock = bind_reuseport(config.hostname, config.port)
         uv = uvicorn.Config(
             app,

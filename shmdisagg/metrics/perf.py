@@ -67,7 +67,9 @@ class PerfStore:
     - `_unsupported`: server -> loop time before which it is not polled again (404).
     """
 
-    def __init__(self, servers: dict[int, str], max_requests: int = 0, row: memoryview | None = None, grace_s: float = GRACE_S) -> None:
+    def __init__(
+        self, servers: dict[int, str], max_requests: int = 0, row: memoryview | None = None, grace_s: float = GRACE_S
+    ) -> None:
         self.servers = servers
         self.max_requests = max(max_requests, 0)
         self.grace_s = grace_s

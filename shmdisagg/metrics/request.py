@@ -233,11 +233,25 @@ class RequestMetrics:
             row[_CACHED0 + slot] += ex.cached_tokens
 
         if self.records is not None:
-            self.records.add((
-                ex.disagg_request_id, arrival, ctx_dispatch, ctx_done, gen_dispatch, first, last,
-                slot, ex.gen_slot, ex.prompt_tokens, ex.cached_tokens,
-                max(ex.retries, ctx_retries + gen_retries), ex.status, code, ex.stream,
-            ))
+            self.records.add(
+                (
+                    ex.disagg_request_id,
+                    arrival,
+                    ctx_dispatch,
+                    ctx_done,
+                    gen_dispatch,
+                    first,
+                    last,
+                    slot,
+                    ex.gen_slot,
+                    ex.prompt_tokens,
+                    ex.cached_tokens,
+                    max(ex.retries, ctx_retries + gen_retries),
+                    ex.status,
+                    code,
+                    ex.stream,
+                )
+            )
 
     def _observe(self, name: str, value: float) -> None:
         observe_into(self.row, name, value)
@@ -245,11 +259,40 @@ class RequestMetrics:
 
 # Word offsets, resolved once: the sink runs on every request.
 _C = LAYOUT.counter
-(_STREAM, _NONSTREAM, _RESPONSES, _DISCONNECTS, _INTERNAL, _HTTP_EXC, _CTX_TOTAL, _CTX_RETRY, _CTX_DONE,
- _CTX_ERR, _GEN_TOTAL, _GEN_RETRY, _GEN_DONE, _GEN_ERR) = (_C[n] for n in (
-    "stream_requests", "nonstream_requests", "total_responses", "shmdisagg_client_disconnects", "internal_errors",
-    "http_exceptions", "ctx_total_requests", "ctx_retry_requests", "ctx_completed_requests", "ctx_error_requests",
-    "gen_total_requests", "gen_retry_requests", "gen_completed_requests", "gen_error_requests"))
+(
+    _STREAM,
+    _NONSTREAM,
+    _RESPONSES,
+    _DISCONNECTS,
+    _INTERNAL,
+    _HTTP_EXC,
+    _CTX_TOTAL,
+    _CTX_RETRY,
+    _CTX_DONE,
+    _CTX_ERR,
+    _GEN_TOTAL,
+    _GEN_RETRY,
+    _GEN_DONE,
+    _GEN_ERR,
+) = (
+    _C[n]
+    for n in (
+        "stream_requests",
+        "nonstream_requests",
+        "total_responses",
+        "shmdisagg_client_disconnects",
+        "internal_errors",
+        "http_exceptions",
+        "ctx_total_requests",
+        "ctx_retry_requests",
+        "ctx_completed_requests",
+        "ctx_error_requests",
+        "gen_total_requests",
+        "gen_retry_requests",
+        "gen_completed_requests",
+        "gen_error_requests",
+    )
+)
 _R = LAYOUT.routing
 _CTX_ROUTED, _CTX_RETRY_D, _CTX_NONE = (_R[("context", o)] for o in ("routed", "retry", "no_server"))
 _GEN_ROUTED, _GEN_RETRY_D, _GEN_NONE = (_R[("generation", o)] for o in ("routed", "retry", "no_server"))
@@ -262,10 +305,19 @@ def _hist(name: str) -> tuple[int, tuple[float, ...], int]:
     return base, bounds, base + len(bounds) + 1
 
 
-(_H_QUEUE, _H_CTX_FIRST, _H_CTX_COMPLETE, _H_GEN_FIRST, _H_GEN_COMPLETE, _H_TTFT, _H_E2E, _H_OVERHEAD) = (_hist(n) for n in (
-    "queue_latency_seconds", "ctx_first_token_latency_seconds", "ctx_complete_latency_seconds",
-    "gen_first_token_latency_seconds", "gen_complete_latency_seconds", "shmdisagg_time_to_first_token_seconds",
-    "shmdisagg_e2e_request_latency_seconds", "shmdisagg_orchestrator_overhead_seconds"))
+(_H_QUEUE, _H_CTX_FIRST, _H_CTX_COMPLETE, _H_GEN_FIRST, _H_GEN_COMPLETE, _H_TTFT, _H_E2E, _H_OVERHEAD) = (
+    _hist(n)
+    for n in (
+        "queue_latency_seconds",
+        "ctx_first_token_latency_seconds",
+        "ctx_complete_latency_seconds",
+        "gen_first_token_latency_seconds",
+        "gen_complete_latency_seconds",
+        "shmdisagg_time_to_first_token_seconds",
+        "shmdisagg_e2e_request_latency_seconds",
+        "shmdisagg_orchestrator_overhead_seconds",
+    )
+)
 
 
 def _observe(row: memoryview, hist: tuple[int, tuple[float, ...], int], value: float) -> None:
@@ -276,9 +328,21 @@ def _observe(row: memoryview, hist: tuple[int, tuple[float, ...], int], value: f
 
 # field order of the record tuple above (the coordinator's `perf.py` names them)
 RECORD_FIELDS = (
-    "disagg_request_id", "arrival", "ctx_dispatch", "ctx_done", "gen_dispatch", "first_token",
-    "last_token", "ctx_slot", "gen_slot", "prompt_tokens", "cached_tokens", "retries", "status",
-    "error_code", "stream",
+    "disagg_request_id",
+    "arrival",
+    "ctx_dispatch",
+    "ctx_done",
+    "gen_dispatch",
+    "first_token",
+    "last_token",
+    "ctx_slot",
+    "gen_slot",
+    "prompt_tokens",
+    "cached_tokens",
+    "retries",
+    "status",
+    "error_code",
+    "stream",
 )
 
 

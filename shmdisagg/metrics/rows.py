@@ -67,7 +67,9 @@ class MetricsSegment:
         stride = _stride(LAYOUT.words)
         segment = Segment.create(segment_name(prefix), HEADER_BYTES + rows * stride)
         # magic last: an attacher that sees it sees the rest of the header
-        segment.mm[8:HEADER_BYTES] = _HEADER.pack(0, VERSION, LAYOUT_HASH, LAYOUT.words, rows, stride)[8:] + bytes(HEADER_BYTES - _HEADER.size)
+        segment.mm[8:HEADER_BYTES] = _HEADER.pack(0, VERSION, LAYOUT_HASH, LAYOUT.words, rows, stride)[8:] + bytes(
+            HEADER_BYTES - _HEADER.size
+        )
         segment.mm[0:8] = struct.pack("<Q", MAGIC)
         return cls(segment, rows, stride)
 
@@ -85,7 +87,9 @@ class MetricsSegment:
         metrics = cls._checked(Segment.adopt(segment_name(prefix)))
         if metrics.rows != FIRST_WORKER_ROW + num_workers:
             metrics.close()
-            raise SegmentNotReady(f"{metrics.name}: rows for {metrics.rows - FIRST_WORKER_ROW} workers, not {num_workers}")
+            raise SegmentNotReady(
+                f"{metrics.name}: rows for {metrics.rows - FIRST_WORKER_ROW} workers, not {num_workers}"
+            )
         return metrics
 
     @classmethod

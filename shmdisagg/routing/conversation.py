@@ -85,6 +85,10 @@ class ConversationPolicy(TablePolicy):
 
     def pick(self, key: RoutingKey, exclude_slot: int) -> int:
         if key.conversation_id is not None:
-            return self.index.conv_pick_explicit(self.row, self.role, exclude_slot, conversation_key(key.conversation_id), key.num_tokens)
-        slot, _ = self.index.conv_pick_implicit(self.row, self.role, exclude_slot, self._hashes(key), key.num_tokens, self.args.match_threshold)
+            return self.index.conv_pick_explicit(
+                self.row, self.role, exclude_slot, conversation_key(key.conversation_id), key.num_tokens
+            )
+        slot, _ = self.index.conv_pick_implicit(
+            self.row, self.role, exclude_slot, self._hashes(key), key.num_tokens, self.args.match_threshold
+        )
         return slot

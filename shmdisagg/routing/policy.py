@@ -31,9 +31,28 @@ class RoutingKey:
     chains its new blocks.
     """
 
-    __slots__ = ("num_tokens", "token_ids", "ids32", "conversation_id", "text", "salt_id", "_hashes", "_view", "matched_blocks", "ids_given")
+    __slots__ = (
+        "num_tokens",
+        "token_ids",
+        "ids32",
+        "conversation_id",
+        "text",
+        "salt_id",
+        "_hashes",
+        "_view",
+        "matched_blocks",
+        "ids_given",
+    )
 
-    def __init__(self, num_tokens: int, token_ids: list[int] | None = None, conversation_id: str | None = None, text: str | None = None, salt_id: int | None = None, ids32: bytes | None = None) -> None:
+    def __init__(
+        self,
+        num_tokens: int,
+        token_ids: list[int] | None = None,
+        conversation_id: str | None = None,
+        text: str | None = None,
+        salt_id: int | None = None,
+        ids32: bytes | None = None,
+    ) -> None:
         self.num_tokens = num_tokens
         self.token_ids = token_ids
         self.ids32 = ids32

@@ -177,7 +177,9 @@ class ControlTable:
             if not region.check_control():
                 raise SegmentNotReady(f"{segment.name}: its creator died before marking it READY")
             if region.max_workers != max_workers:
-                raise SegmentNotReady(f"{segment.name}: {region.max_workers} worker rows, the config asks for {max_workers}")
+                raise SegmentNotReady(
+                    f"{segment.name}: {region.max_workers} worker rows, the config asks for {max_workers}"
+                )
             table = cls(prefix, segment, region)
             table._repair()
         except BaseException:
@@ -286,9 +288,7 @@ class ControlTable:
         """
         flags = server_flags(True, healthy, role)
         return int(
-            self._writer().write_server(
-                slot, flags, max_batch_size, tokens_per_block, max_num_tokens, addr.encode()
-            )
+            self._writer().write_server(slot, flags, max_batch_size, tokens_per_block, max_num_tokens, addr.encode())
         )
 
     def set_healthy(self, slot: int, healthy: bool) -> None:
@@ -330,8 +330,9 @@ class ControlTable:
                 inc, flags, _, _, mb, tpb, mnt, addr = _retrying(region.read_server, slot)
                 _, _, role = split_flags(flags)
                 out.append(
-                    ServerInfo(slot, addr.decode(errors="replace"), role, True,
-                               bool(healthy >> slot & 1), inc, mb, tpb, mnt)
+                    ServerInfo(
+                        slot, addr.decode(errors="replace"), role, True, bool(healthy >> slot & 1), inc, mb, tpb, mnt
+                    )
                 )
             if region.servers_version() == version:
                 return out
@@ -344,13 +345,20 @@ class ControlTable:
     def coordinator(self) -> dict[str, int]:
         """{"pid", "starttime", "incarnation", "heartbeat_ns", "state"} of the coordinator line."""
         pid, starttime, incarnation, heartbeat_ns, state = self._region.coord()
-        return {"pid": pid, "starttime": starttime, "incarnation": incarnation,
-                "heartbeat_ns": heartbeat_ns, "state": state}
+        return {
+            "pid": pid,
+            "starttime": starttime,
+            "incarnation": incarnation,
+            "heartbeat_ns": heartbeat_ns,
+            "state": state,
+        }
 
     def rows(self) -> list[RowInfo]:
         """Claimed worker rows (rows being reclaimed are left out)."""
-        return [RowInfo(row, pid, token, start, hb, disp, comp, fleet)
-                for row, token, pid, start, hb, disp, comp, fleet in self._region.rows()]
+        return [
+            RowInfo(row, pid, token, start, hb, disp, comp, fleet)
+            for row, token, pid, start, hb, disp, comp, fleet in self._region.rows()
+        ]
 
     def load(self, slot: int) -> tuple[int, int]:
         """(active requests, active tokens) of server `slot`, summed over claimed rows."""

@@ -206,7 +206,9 @@ class Connection(asyncio.Protocol):
             self.fail(UpstreamProtocolError(f"malformed response from {self.host.authority}: {exc}"))
         else:
             if self.head_fut is not None and self.rx_bytes > MAX_HEAD_BYTES:
-                self.fail(UpstreamProtocolError(f"response head from {self.host.authority} over {MAX_HEAD_BYTES} bytes"))
+                self.fail(
+                    UpstreamProtocolError(f"response head from {self.host.authority} over {MAX_HEAD_BYTES} bytes")
+                )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

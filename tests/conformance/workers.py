@@ -119,8 +119,12 @@ class ForkServer:
             "PYTHONPYCACHEPREFIX": str(STATE / "pycache"),
         }
         self.proc = subprocess.Popen(
-            [str(copy.python), str(FORKSERVER), str(copy.root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, cwd=copy.root, preexec_fn=die_with_parent,
+            [str(copy.python), str(FORKSERVER), str(copy.root)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=copy.root,
+            preexec_fn=die_with_parent,
         )
         self._read(START_TIMEOUT_S)  # {"ready": true} once the imports are done
 

@@ -73,7 +73,12 @@ class Stack:
 async def call(handler: Handler, path: str, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> Answer:
     """One POST through `handler` (an ASGI hot-route handler); the client never disconnects."""
     raw = body if isinstance(body, bytes) else orjson.dumps(body)
-    scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-type", b"application/json"), *(headers or [])]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [(b"content-type", b"application/json"), *(headers or [])],
+    }
     sent = False
     forever = asyncio.Event()
     messages: list[dict[str, Any]] = []

@@ -13,7 +13,13 @@ from tests.stress.chaos.deploy import Fault
 
 pytestmark = pytest.mark.chaos
 
-ERR = {"object": "error", "message": "no healthy generation server", "type": "ServiceUnavailableError", "param": None, "code": 503}
+ERR = {
+    "object": "error",
+    "message": "no healthy generation server",
+    "type": "ServiceUnavailableError",
+    "param": None,
+    "code": 503,
+}
 
 
 def _feed(raw: bytes) -> Exchange:

@@ -56,7 +56,11 @@ def block_hashes(tokens: Sequence[int], tokens_per_block: int, algo: str = KV_CA
 
 
 def extension_blocks(
-    tokens: Sequence[int], tokens_per_block: int, start_block: int, parent: int | None, algo: str = KV_CACHE_HASH_ALGO_V1
+    tokens: Sequence[int],
+    tokens_per_block: int,
+    start_block: int,
+    parent: int | None,
+    algo: str = KV_CACHE_HASH_ALGO_V1,
 ) -> list[tuple[int, Sequence[int]]]:
     """(hash, tokens) of the blocks of `tokens` from block index `start_block` on, chained on
     `parent` (the hash of block `start_block - 1`, None at the root). Equal to

@@ -59,8 +59,14 @@ class KvEventBuffer:
     `restarts`; `_events` holds (event_id, kind, payload, emitted_at) tuples, `_drop_next` how
     many of the next events are lost."""
 
-    def __init__(self, max_size: int, window_size: int, include_tokens: bool = True, hash_algo: str = KV_CACHE_HASH_ALGO_V1,
-                 timestamps: bool = False) -> None:
+    def __init__(
+        self,
+        max_size: int,
+        window_size: int,
+        include_tokens: bool = True,
+        hash_algo: str = KV_CACHE_HASH_ALGO_V1,
+        timestamps: bool = False,
+    ) -> None:
         self.max_size = max_size
         self.timestamps = timestamps
         self.window_size = window_size
@@ -157,7 +163,9 @@ class KvEventBuffer:
 
     def _block(self, block_hash: int, tokens: Sequence[int]) -> dict[str, Any]:
         toks = (
-            [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in tokens] if self.include_tokens else []
+            [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in tokens]
+            if self.include_tokens
+            else []
         )
         return {
             "type": "stored_block",

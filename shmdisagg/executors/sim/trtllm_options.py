@@ -64,7 +64,14 @@ _KNOWN_IGNORED_KEYS = frozenset(
         "mm_encoder_only", "peft_cache_config", "enable_lora", "reasoning_parser", "revision",
     }
 )  # fmt: skip
-_KV_CACHE_KEYS = {"tokens_per_block", "enable_block_reuse", "event_buffer_max_size", "free_gpu_memory_fraction", "max_tokens", "kv_cache_event_hash_algo"}
+_KV_CACHE_KEYS = {
+    "tokens_per_block",
+    "enable_block_reuse",
+    "event_buffer_max_size",
+    "free_gpu_memory_fraction",
+    "max_tokens",
+    "kv_cache_event_hash_algo",
+}
 
 
 def parse_serve_args(argv: list[str], prog: str = "python -m shmdisagg.executors.sim serve") -> SimConfig:

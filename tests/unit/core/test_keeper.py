@@ -44,8 +44,11 @@ class Script:
     def __call__(self, env: dict[str, str], fds: Sequence[int]) -> subprocess.Popen[bytes]:
         ready, code, linger = self.runs[len(self.envs)] if len(self.envs) < len(self.runs) else (False, 3, 0.0)
         self.envs.append(env)
-        proc = subprocess.Popen([sys.executable, "-c", FAKE, "1" if ready else "0", str(code), str(linger)],
-                                env={**os.environ, **env}, pass_fds=tuple(fds))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", FAKE, "1" if ready else "0", str(code), str(linger)],
+            env={**os.environ, **env},
+            pass_fds=tuple(fds),
+        )
         self.pids.append(proc.pid)
         return proc
 

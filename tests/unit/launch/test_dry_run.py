@@ -42,7 +42,9 @@ def _write(tmp_path: Path, cfg: dict) -> str:  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize("dry_run", [True, False])
-def test_a_missing_transceiver_backend_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str], dry_run: bool) -> None:
+def test_a_missing_transceiver_backend_exits_2_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dry_run: bool
+) -> None:
     cfg = small_config()
     del cfg["generation_servers"]["cache_transceiver_config"]
     path = _write(tmp_path, cfg)
@@ -50,7 +52,9 @@ def test_a_missing_transceiver_backend_exits_2_naming_the_key(tmp_path: Path, ca
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1
-    assert err.startswith(f"shmdisagg: config error: {path}: generation_servers.cache_transceiver_config.backend: not set")
+    assert err.startswith(
+        f"shmdisagg: config error: {path}: generation_servers.cache_transceiver_config.backend: not set"
+    )
 
 
 def test_gpus_that_do_not_add_up_exit_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -78,8 +78,7 @@ class IndexModel:
                 out[s] = d
         return out
 
-    def jump_depths(self, hashes: list[int], candidates: int, jump: int,
-                    events_only: bool = False) -> dict[int, int]:
+    def jump_depths(self, hashes: list[int], candidates: int, jump: int, events_only: bool = False) -> dict[int, int]:
         """pick_kv's jump walk, each server on its own (native/picks.c, `jump_walk`): probe the
         last block of every window of `jump` blocks; at the first probe g a server lacks, bisect
         [window start, g] for a block it lacks whose predecessor it holds (or the window start).

@@ -137,4 +137,12 @@ def test_events_carry_no_timestamp_unless_asked_as_tensorrt_llm_s_serializer():
     buf.stored(None, [(5, [1, 2])])
     events = orjson.loads(buf.drain_json())
     assert [sorted(e) for e in events] == [["data", "event_id", "window_size"]] * 2
-    assert sorted(events[1]["data"]["blocks"][0]) == ["block_hash", "cache_level", "lora_id", "mm_keys", "priority", "tokens", "type"]
+    assert sorted(events[1]["data"]["blocks"][0]) == [
+        "block_hash",
+        "cache_level",
+        "lora_id",
+        "mm_keys",
+        "priority",
+        "tokens",
+        "type",
+    ]
