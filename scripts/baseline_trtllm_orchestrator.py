@@ -58,8 +58,9 @@ import time
 import traceback
 import uuid
 from collections import deque
+from collections.abc import AsyncGenerator, Callable
 from enum import IntEnum
-from typing import Any, AsyncGenerator, Callable, Dict, List, Literal, Optional, Tuple, Type, Union
+from typing import Annotated, Any, Literal, Union
 
 import aiohttp
 import uvicorn
@@ -68,7 +69,6 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from typing_extensions import Annotated
 
 logger = logging.getLogger("baseline_trtllm")
 
@@ -88,8 +88,8 @@ class OpenAIBaseModel(BaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: Optional[bool] = True
-    continuous_usage_stats: Optional[bool] = False
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
 
 
 class PromptTokensDetails(OpenAIBaseModel):
@@ -99,37 +99,37 @@ class PromptTokensDetails(OpenAIBaseModel):
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     total_tokens: int = 0
-    completion_tokens: Optional[int] = 0
-    prompt_tokens_details: Optional[PromptTokensDetails] = None
+    completion_tokens: int | None = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class ResponseFormat(OpenAIBaseModel):
     type: Literal["text", "json", "json_schema", "json_object", "regex", "ebnf", "structural_tag"]
-    schema_: Optional[dict] = Field(default=None, alias="schema")
-    json_schema: Optional[dict] = None
-    regex: Optional[str] = None
-    ebnf: Optional[str] = None
-    format: Optional[dict] = None  # an xgrammar structural-tag Format in TensorRT-LLM
+    schema_: dict | None = Field(default=None, alias="schema")
+    json_schema: dict | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    format: dict | None = None  # an xgrammar structural-tag Format in TensorRT-LLM
 
 
 class DisaggregatedParams(OpenAIBaseModel):
     request_type: str
-    first_gen_tokens: Optional[List[int]] = None
-    first_gen_log_probs: Optional[List] = None
-    first_gen_logits: Optional[List] = None
-    ctx_request_id: Optional[int] = None
-    encoded_opaque_state: Optional[str] = None
-    draft_tokens: Optional[List[int]] = None
-    disagg_request_id: Optional[int] = None
-    ctx_dp_rank: Optional[int] = None
-    ctx_info_endpoint: Optional[str] = None
-    schedule_style: Optional[DisaggScheduleStyle] = None
-    ctx_usage: Optional[UsageInfo] = None
+    first_gen_tokens: list[int] | None = None
+    first_gen_log_probs: list | None = None
+    first_gen_logits: list | None = None
+    ctx_request_id: int | None = None
+    encoded_opaque_state: str | None = None
+    draft_tokens: list[int] | None = None
+    disagg_request_id: int | None = None
+    ctx_dp_rank: int | None = None
+    ctx_info_endpoint: str | None = None
+    schedule_style: DisaggScheduleStyle | None = None
+    ctx_usage: UsageInfo | None = None
     return_prompt_token_ids_b64: bool = False
-    resolved_thinking: Optional[bool] = None
+    resolved_thinking: bool | None = None
     # set by the service (_get_ctx_request): conversation routing and the v1 control endpoint
-    conversation_id: Optional[str] = None
-    context_control_endpoint: Optional[str] = None
+    conversation_id: str | None = None
+    context_control_endpoint: str | None = None
 
 
 class ConversationParams(OpenAIBaseModel):
@@ -158,47 +158,47 @@ def _check_logprobs_limit(name: str, value: Any) -> None:
 
 class CompletionRequest(OpenAIBaseModel):
     model: str
-    prompt: Union[List[int], List[List[int]], str, List[str]]
-    best_of: Optional[int] = None
-    echo: Optional[bool] = False
-    frequency_penalty: Optional[float] = 0.0
-    logit_bias: Optional[Dict[str, float]] = None
-    logprobs: Optional[int] = None
-    max_tokens: Optional[int] = None
+    prompt: list[int] | list[list[int]] | str | list[str]
+    best_of: int | None = None
+    echo: bool | None = False
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    logprobs: int | None = None
+    max_tokens: int | None = None
     n: int = 1
-    presence_penalty: Optional[float] = 0.0
-    seed: Optional[int] = Field(default=None)
-    stop: Optional[Union[str, List[str]]] = Field(default_factory=list)
-    stream: Optional[bool] = False
-    stream_options: Optional[StreamOptions] = None
-    suffix: Optional[str] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    user: Optional[str] = None
-    lora_request: Optional[Dict[str, Any]] = None  # a LoRARequest dataclass in TensorRT-LLM
-    prompt_ignore_length: Optional[int] = 0
+    presence_penalty: float | None = 0.0
+    seed: int | None = Field(default=None)
+    stop: str | list[str] | None = Field(default_factory=list)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    suffix: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    lora_request: dict[str, Any] | None = None  # a LoRARequest dataclass in TensorRT-LLM
+    prompt_ignore_length: int | None = 0
     use_beam_search: bool = False
     top_k: int = 0
     top_p_min: float = 0.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
-    length_penalty: Optional[float] = None
-    early_stopping: Optional[EarlyStopping] = None
-    stop_token_ids: Optional[List[int]] = Field(default_factory=list)
+    length_penalty: float | None = None
+    early_stopping: EarlyStopping | None = None
+    stop_token_ids: list[int] | None = Field(default_factory=list)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: Optional[Annotated[int, Field(ge=1)]] = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
     return_context_logits: bool = False
     detokenize: bool = True
-    thinking_token_budget: Optional[int] = None
+    thinking_token_budget: int | None = None
     add_special_tokens: bool = Field(default=True)
-    response_format: Optional[ResponseFormat] = Field(default=None)
-    disaggregated_params: Optional[DisaggregatedParams] = Field(default=None)
-    priority: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    conversation_params: Optional[ConversationParams] = Field(default=None)
+    response_format: ResponseFormat | None = Field(default=None)
+    disaggregated_params: DisaggregatedParams | None = Field(default=None)
+    priority: float | None = Field(default=None, ge=0.0, le=1.0)
+    conversation_params: ConversationParams | None = Field(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -229,60 +229,60 @@ class CompletionRequest(OpenAIBaseModel):
 
 
 class ChatCompletionRequest(OpenAIBaseModel):
-    messages: List[Dict[str, Any]]  # the OpenAI message TypedDict union in TensorRT-LLM
-    prompt_token_ids: Optional[List[int]] = None
-    prompt_token_ids_b64: Optional[str] = None
+    messages: list[dict[str, Any]]  # the OpenAI message TypedDict union in TensorRT-LLM
+    prompt_token_ids: list[int] | None = None
+    prompt_token_ids_b64: str | None = None
     model: str
-    frequency_penalty: Optional[float] = 0.0
-    logit_bias: Optional[Dict[str, float]] = None
-    logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = 0
-    max_completion_tokens: Optional[int] = Field(default=None, validation_alias="max_tokens")
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    max_completion_tokens: int | None = Field(default=None, validation_alias="max_tokens")
     n: int = 1
-    presence_penalty: Optional[float] = 0.0
-    response_format: Optional[ResponseFormat] = None
-    seed: Optional[int] = Field(None)
-    stop: Optional[Union[str, List[str]]] = Field(default_factory=list)
-    stream: Optional[bool] = False
-    stream_options: Optional[StreamOptions] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    tools: Optional[List[Dict[str, Any]]] = None
-    tool_choice: Optional[Union[Literal["none", "auto", "required"], Dict[str, Any]]] = "none"
-    user: Optional[str] = None
-    reasoning_effort: Optional[Literal["low", "medium", "high", "max", "none"]] = "low"
-    thinking: Optional[Dict[str, Any]] = None
-    thinking_token_budget: Optional[int] = None
-    prompt_ignore_length: Optional[int] = 0
-    best_of: Optional[int] = None
+    presence_penalty: float | None = 0.0
+    response_format: ResponseFormat | None = None
+    seed: int | None = Field(None)
+    stop: str | list[str] | None = Field(default_factory=list)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = "none"
+    user: str | None = None
+    reasoning_effort: Literal["low", "medium", "high", "max", "none"] | None = "low"
+    thinking: dict[str, Any] | None = None
+    thinking_token_budget: int | None = None
+    prompt_ignore_length: int | None = 0
+    best_of: int | None = None
     use_beam_search: bool = False
     top_k: int = 0
     top_p_min: float = 0.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
-    length_penalty: Optional[float] = None
-    early_stopping: Optional[EarlyStopping] = None
-    stop_token_ids: Optional[List[int]] = Field(default_factory=list)
+    length_penalty: float | None = None
+    early_stopping: EarlyStopping | None = None
+    stop_token_ids: list[int] | None = Field(default_factory=list)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: Optional[Annotated[int, Field(ge=1)]] = None
-    lora_request: Optional[Dict[str, Any]] = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
+    lora_request: dict[str, Any] | None = None
     echo: bool = False
     add_generation_prompt: bool = True
     add_special_tokens: bool = False
-    documents: Optional[List[Dict[str, str]]] = None
-    chat_template: Optional[str] = None
-    chat_template_kwargs: Optional[Dict[str, Any]] = None
-    media_io_kwargs: Optional[Dict[str, Dict[str, Any]]] = None
-    disaggregated_params: Optional[DisaggregatedParams] = None
-    conversation_params: Optional[ConversationParams] = None
-    cache_salt: Optional[str] = None
-    priority: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    agent_hierarchy: Optional[Dict[str, Any]] = None
-    mm_processor_kwargs: Optional[Dict[str, Any]] = None
+    documents: list[dict[str, str]] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    disaggregated_params: DisaggregatedParams | None = None
+    conversation_params: ConversationParams | None = None
+    cache_salt: str | None = None
+    priority: float | None = Field(default=None, ge=0.0, le=1.0)
+    agent_hierarchy: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -293,22 +293,22 @@ class ChatCompletionRequest(OpenAIBaseModel):
 
 
 class CompletionLogProbs(OpenAIBaseModel):
-    text_offset: List[int] = Field(default_factory=list)
-    token_logprobs: List[Optional[float]] = Field(default_factory=list)
-    tokens: List[str] = Field(default_factory=list)
-    top_logprobs: List[Optional[Dict[str, float]]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
 class CompletionResponseChoice(OpenAIBaseModel):
     index: int
     text: str
-    token_ids: Optional[List[int]] = None
-    logprobs: Optional[CompletionLogProbs] = None
-    context_logits: Optional[Union[List[float], List[List[float]]]] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = Field(default=None)
-    disaggregated_params: Optional[DisaggregatedParams] = Field(default=None)
-    avg_decoded_tokens_per_iter: Optional[float] = Field(default=None)
+    token_ids: list[int] | None = None
+    logprobs: CompletionLogProbs | None = None
+    context_logits: list[float] | list[list[float]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = Field(default=None)
+    disaggregated_params: DisaggregatedParams | None = Field(default=None)
+    avg_decoded_tokens_per_iter: float | None = Field(default=None)
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -316,28 +316,28 @@ class CompletionResponse(OpenAIBaseModel):
     object: str = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
-    choices: List[CompletionResponseChoice]
+    choices: list[CompletionResponseChoice]
     usage: UsageInfo
-    prompt_token_ids: Optional[Union[List[List[int]], List[int]]] = None
+    prompt_token_ids: list[list[int]] | list[int] | None = None
 
 
 class ChatMessage(OpenAIBaseModel):
     role: str
-    content: Optional[str] = None
-    reasoning_content: Optional[str] = None
-    reasoning: Optional[str] = None
-    tool_calls: List[Dict[str, Any]] = Field(default_factory=list)
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
     index: int
     message: ChatMessage
-    logprobs: Optional[Dict[str, Any]] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = None
-    mm_embedding_handle: Optional[Dict[str, Any]] = None
-    disaggregated_params: Optional[DisaggregatedParams] = Field(default=None)
-    avg_decoded_tokens_per_iter: Optional[float] = Field(default=None)
+    logprobs: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    mm_embedding_handle: dict[str, Any] | None = None
+    disaggregated_params: DisaggregatedParams | None = Field(default=None)
+    avg_decoded_tokens_per_iter: float | None = Field(default=None)
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -345,10 +345,10 @@ class ChatCompletionResponse(OpenAIBaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
-    choices: List[ChatCompletionResponseChoice]
+    choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
-    prompt_token_ids: Optional[List[int]] = None
-    prompt_token_ids_b64: Optional[str] = None
+    prompt_token_ids: list[int] | None = None
+    prompt_token_ids_b64: str | None = None
 
 
 UCompletionRequest = Union[CompletionRequest, ChatCompletionRequest]
@@ -430,7 +430,7 @@ class _Counter:
 class _Histogram:
     __slots__ = ("buckets", "counts", "sum")
 
-    def __init__(self, buckets: List[float]) -> None:
+    def __init__(self, buckets: list[float]) -> None:
         self.buckets = buckets
         self.counts = [0] * (len(buckets) + 1)
         self.sum = 0.0
@@ -474,7 +474,7 @@ class DisaggPerfMetricsCollector:
         self,
         ctx_server: str,
         gen_server: str,
-        ctx_request_id: Optional[int],
+        ctx_request_id: int | None,
         server_arrival_time: float,
         server_first_token_time: float,
         ctx_dispatch_time: float,
@@ -522,16 +522,16 @@ def get_global_disagg_request_id(node_id: int, process_id: int = 0) -> int:
 
 
 class RoundRobinRouter:
-    def __init__(self, role: str, servers: List[str]) -> None:
+    def __init__(self, role: str, servers: list[str]) -> None:
         self._servers = servers
         self._server_role = role
-        self._server_info: Dict[str, dict] = {}
+        self._server_info: dict[str, dict] = {}
         self._prepared_ready_servers: set = set()
         self._lock = asyncio.Lock()
         self._server_idx = 0
 
     @property
-    def servers(self) -> List[str]:
+    def servers(self) -> list[str]:
         return self._servers
 
     @property
@@ -555,8 +555,8 @@ class RoundRobinRouter:
         return server
 
     async def get_next_server(
-        self, request: Any, exclude_server: Optional[str] = None, req_id: Optional[int] = None
-    ) -> Tuple[str, dict]:
+        self, request: Any, exclude_server: str | None = None, req_id: int | None = None
+    ) -> tuple[str, dict]:
         del req_id
         if not self._servers:
             raise ValueError(f"No {self._server_role} servers available")
@@ -571,9 +571,9 @@ class RoundRobinRouter:
     async def finish_request(
         self,
         request: Any,
-        session: Optional[aiohttp.ClientSession] = None,
+        session: aiohttp.ClientSession | None = None,
         success: bool = True,
-        req_id: Optional[int] = None,
+        req_id: int | None = None,
     ) -> None:
         del request, session, success, req_id
 
@@ -584,7 +584,7 @@ class RoundRobinRouter:
 
 
 class UpstreamRequestTimeoutError(TimeoutError):
-    def __init__(self, role: str, timeout_secs: int, detail: Optional[str] = None) -> None:
+    def __init__(self, role: str, timeout_secs: int, detail: str | None = None) -> None:
         message = f"{role} worker request exceeded the configured {timeout_secs}-second timeout"
         if detail:
             message = f"{message}: {detail}"
@@ -594,9 +594,7 @@ class UpstreamRequestTimeoutError(TimeoutError):
 class _ManagedResponseStream:
     """Own router cleanup even when a response stream is never started."""
 
-    def __init__(
-        self, client: "OpenAIHttpClient", request: Any, resp_generator: Any, req_id: Optional[int] = None
-    ) -> None:
+    def __init__(self, client: OpenAIHttpClient, request: Any, resp_generator: Any, req_id: int | None = None) -> None:
         self._client = client
         self._request = request
         self._resp_generator = resp_generator
@@ -604,7 +602,7 @@ class _ManagedResponseStream:
         self._cleanup_lock = asyncio.Lock()
         self._closed = False
 
-    def __aiter__(self) -> "_ManagedResponseStream":
+    def __aiter__(self) -> _ManagedResponseStream:
         return self
 
     async def __anext__(self) -> Any:
@@ -665,7 +663,7 @@ class OpenAIHttpClient:
         timeout_secs: int = 180,
         max_retries: int = 1,
         retry_interval_sec: int = 1,
-        disagg_id_generator: Optional[Callable[[], Any]] = None,
+        disagg_id_generator: Callable[[], Any] | None = None,
     ) -> None:
         self._router = router
         self._role = role
@@ -686,7 +684,7 @@ class OpenAIHttpClient:
         self._timeout_secs = timeout_secs
 
     async def send_request(
-        self, request: UCompletionRequest, server: Optional[str] = None, hooks: Any = None, req_id: Optional[int] = None
+        self, request: UCompletionRequest, server: str | None = None, hooks: Any = None, req_id: int | None = None
     ) -> Any:
         if isinstance(request, CompletionRequest):
             return await self._send_request("v1/completions", request, CompletionResponse, server, hooks, req_id)
@@ -700,10 +698,10 @@ class OpenAIHttpClient:
         self,
         endpoint: str,
         request: UCompletionRequest,
-        response_type: Type[Any],
-        server: Optional[str] = None,
+        response_type: type[Any],
+        server: str | None = None,
         hooks: Any = None,
-        req_id: Optional[int] = None,
+        req_id: int | None = None,
     ) -> Any:
         self._metrics_collector.total_requests.inc()
         resp_generator = None
@@ -749,9 +747,9 @@ class OpenAIHttpClient:
     async def _cleanup_request_safely(
         self,
         request: Any,
-        resp_generator: Optional[AsyncGenerator[Any, None]],
+        resp_generator: AsyncGenerator[Any, None] | None,
         success: bool,
-        req_id: Optional[int] = None,
+        req_id: int | None = None,
     ) -> None:
         async def cleanup() -> None:
             try:
@@ -768,7 +766,7 @@ class OpenAIHttpClient:
             raise
 
     async def _post_with_retry(
-        self, server: str, url: str, request: UCompletionRequest, hooks: Any = None, req_id: Optional[int] = None
+        self, server: str, url: str, request: UCompletionRequest, hooks: Any = None, req_id: int | None = None
     ) -> AsyncGenerator[Any, None]:
         is_stream = request.stream
         for attempt in range(self._max_retries + 1):
@@ -813,7 +811,7 @@ class OpenAIHttpClient:
                 break
             except UpstreamRequestTimeoutError:
                 raise
-            except asyncio.TimeoutError as e:
+            except TimeoutError as e:
                 logger.error(f"{self._role} request to {url} timed out after {self._timeout_secs} seconds")
                 raise UpstreamRequestTimeoutError(self._role, self._timeout_secs) from e
             except (aiohttp.ClientError, OSError) as e:
@@ -837,7 +835,7 @@ class OpenAIHttpClient:
         start_time: float,
         server: str,
         hooks: Any = None,
-        req_id: Optional[int] = None,
+        req_id: int | None = None,
     ) -> AsyncGenerator[Any, None]:
         assert request.stream, "Request is not streaming"
         assert "text/event-stream" in http_response.headers.get("Content-Type", ""), "Response is not streaming"
@@ -864,14 +862,14 @@ class OpenAIHttpClient:
             logger.error(f"{self._role} client {server} error: {e}")
             raise
 
-    async def _finish_request(self, request: Any, success: bool = True, req_id: Optional[int] = None) -> None:
+    async def _finish_request(self, request: Any, success: bool = True, req_id: int | None = None) -> None:
         self._metrics_collector.completed_requests.inc()
         if req_id is None:
             await self._router.finish_request(request, self._session, success=success)
         else:
             await self._router.finish_request(request, self._session, success=success, req_id=req_id)
 
-    async def check_ready(self) -> Tuple[List[str], List[str]]:
+    async def check_ready(self) -> tuple[list[str], list[str]]:
         async def check_server_ready(server: str) -> bool:
             try:
                 async with self._session.get(f"http://{server}/health") as response:
@@ -895,13 +893,13 @@ class OpenAIHttpClient:
 
 
 async def done_generator() -> AsyncGenerator[bytes, None]:
-    yield "data: [DONE]\n\n".encode("utf-8")
+    yield b"data: [DONE]\n\n"
 
 
 class DisaggCoordinatorService:
     """The in-process coordinator of the single-process path: routers, readiness, ids."""
 
-    def __init__(self, ctx_servers: List[str], gen_servers: List[str], node_id: int) -> None:
+    def __init__(self, ctx_servers: list[str], gen_servers: list[str], node_id: int) -> None:
         self.ctx_router = RoundRobinRouter("context", ctx_servers)
         self.gen_router = RoundRobinRouter("generation", gen_servers)
         self._node_id = node_id
@@ -912,7 +910,7 @@ class DisaggCoordinatorService:
     async def is_ready(self) -> bool:
         return True
 
-    async def cluster_info(self) -> Dict[str, Any]:
+    async def cluster_info(self) -> dict[str, Any]:
         return {
             "is_ready": await self.is_ready(),
             "server_lists": {"context": list(self.ctx_router.servers), "generation": list(self.gen_router.servers)},
@@ -934,8 +932,8 @@ class OpenAIDisaggregatedService:
         self._tokids_ctxbytes = False
         self._strip_gen_message_history = False
         self._schedule_style = DisaggScheduleStyle.CONTEXT_FIRST
-        self._ctx_client: Optional[OpenAIHttpClient] = None
-        self._gen_client: Optional[OpenAIHttpClient] = None
+        self._ctx_client: OpenAIHttpClient | None = None
+        self._gen_client: OpenAIHttpClient | None = None
 
     async def openai_completion(self, request: CompletionRequest, hooks: Any = None) -> Any:
         if not await self.is_ready():
@@ -1035,7 +1033,7 @@ class OpenAIDisaggregatedService:
         return True
 
     @staticmethod
-    def _get_conversation_id(request: UCompletionRequest) -> Optional[str]:
+    def _get_conversation_id(request: UCompletionRequest) -> str | None:
         if request.conversation_params is not None:
             return request.conversation_params.conversation_id
         if request.disaggregated_params is not None:
@@ -1045,8 +1043,8 @@ class OpenAIDisaggregatedService:
     def _get_ctx_request(
         self,
         request: UCompletionRequest,
-        disagg_request_id: Optional[int],
-        context_control_endpoint: Optional[str] = None,
+        disagg_request_id: int | None,
+        context_control_endpoint: str | None = None,
     ) -> UCompletionRequest:
         conversation_id = self._get_conversation_id(request)
         return request.model_copy(
@@ -1065,7 +1063,7 @@ class OpenAIDisaggregatedService:
         )
 
     def _get_gen_request(
-        self, request: UCompletionRequest, ctx_response: Any, disagg_request_id: Optional[int]
+        self, request: UCompletionRequest, ctx_response: Any, disagg_request_id: int | None
     ) -> UCompletionRequest:
         conversation_id = self._get_conversation_id(request)
         request.disaggregated_params = ctx_response.choices[0].disaggregated_params
@@ -1133,7 +1131,7 @@ class RawRequestResponseHooks:
             get_steady_clock_now_in_seconds() - self.request_arrival_time
         )
 
-    def on_disagg_request_id(self, disagg_request_id: Optional[int]) -> None:
+    def on_disagg_request_id(self, disagg_request_id: int | None) -> None:
         pass
 
     def on_ctx_dispatch(self, request: Any) -> None:
@@ -1176,8 +1174,8 @@ def resolve_request_conversation_id(req: Any, headers: Any) -> None:
 class OpenAIDisaggServer:
     def __init__(
         self,
-        ctx_servers: List[str],
-        gen_servers: List[str],
+        ctx_servers: list[str],
+        gen_servers: list[str],
         req_timeout_secs: int = 180,
         server_start_timeout_secs: int = 180,
         max_retries: int = 1,

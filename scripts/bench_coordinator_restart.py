@@ -92,7 +92,7 @@ class Load:
             async with session.post(f"{self.url}/v1/completions", json=body) as r:
                 raw = await r.read()
             ok = r.status == 200 and b'"error"' not in raw and (not stream or raw.rstrip().endswith(b"[DONE]"))
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             ok = False
         self.done.append((start, time.monotonic() - start, ok))
 

@@ -27,8 +27,8 @@ import asyncio
 import gc
 import os
 import re
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path

@@ -19,7 +19,6 @@ the request path runs, and the coordinator, which joins perf records off it) and
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import subprocess

@@ -169,9 +169,9 @@ def main() -> None:
         return
     import uvloop
 
+    from shmdisagg.upstream import UpstreamPool
     from tests.integration.harness import fake_executors
     from tests.integration.inprocess import Stack
-    from shmdisagg.upstream import UpstreamPool
 
     modes = args.modes.split(",")
     variants = args.variants.split(",")

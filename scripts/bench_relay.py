@@ -21,7 +21,6 @@ only the relay's own Python work is timed (on uvloop, as the fleet runs).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import sys
 import time
@@ -99,7 +98,7 @@ class _Response:
     def __init__(self, chunks: list[bytes]) -> None:
         self._it = iter(chunks)
 
-    def __aiter__(self) -> "_Response":
+    def __aiter__(self) -> _Response:
         return self
 
     async def __anext__(self) -> bytes:

@@ -62,13 +62,13 @@ class DisconnectWatch:
         self._task: asyncio.Task[Any] | None = None
         self.disconnected = False
 
-    def __enter__(self) -> "DisconnectWatch":
+    def __enter__(self) -> DisconnectWatch:
         self._task = asyncio.current_task()
         self._watch = asyncio.ensure_future(self._receive())
         self._watch.add_done_callback(self._on_message)
         return self
 
-    def _on_message(self, fut: "asyncio.Future[Message]") -> None:
+    def _on_message(self, fut: asyncio.Future[Message]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return
         if fut.result().get("type") == "http.disconnect" and self._task is not None:

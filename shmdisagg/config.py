@@ -170,7 +170,7 @@ class ServerSection(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _check_count(self) -> "ServerSection":
+    def _check_count(self) -> ServerSection:
         if self.urls and len(self.urls) != self.num_instances:
             raise ValueError(f"{len(self.urls)} urls but num_instances is {self.num_instances}")
         return self
@@ -342,7 +342,7 @@ class IndexSection(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _capacity_within_max(self) -> "IndexSection":
+    def _capacity_within_max(self) -> IndexSection:
         if self.capacity > self.max_capacity:
             raise KeyedError("capacity", f"{self.capacity} exceeds max_capacity ({self.max_capacity})")
         return self
@@ -484,7 +484,7 @@ class DisaggConfig(BaseModel):
         return host
 
     @model_validator(mode="after")
-    def _check_supported(self) -> "DisaggConfig":
+    def _check_supported(self) -> DisaggConfig:
         # disagg_cluster and disagg_coordinator_url are refused before validation (_refusals)
         model = (self.model_extra or {}).get("model")
         # TensorRT-LLM's top-level `model` (inherited by both roles): a name or a path, never empty
@@ -495,7 +495,7 @@ class DisaggConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _check_executors(self) -> "DisaggConfig":
+    def _check_executors(self) -> DisaggConfig:
         """Each role lists at least one executor (the coordinator waits for a healthy one of
         each); no url is the public address or listed in both roles."""
         for key in ("context_servers", "generation_servers"):
@@ -532,7 +532,7 @@ class DisaggConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _check_conditional_disagg(self) -> "DisaggConfig":
+    def _check_conditional_disagg(self) -> DisaggConfig:
         """`conditional_disagg_config` decides on the generation router's KV match, so TensorRT-LLM
         asserts that router is `kv_cache_aware` (`_check_conditional_disagg` in
         `tensorrt_llm/serve/openai_disagg_service.py`); here the same config is refused by name
@@ -548,7 +548,7 @@ class DisaggConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _check_port(self) -> "DisaggConfig":
+    def _check_port(self) -> DisaggConfig:
         """Port 0 only for one fleet worker: TensorRT-LLM publishes the bound address of a single
         self-contained server only (`test_disaggregated_rejects_a_worker_fleet`, test id
         57374853910)."""
@@ -561,7 +561,7 @@ class DisaggConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _check_fleet_room(self) -> "DisaggConfig":
+    def _check_fleet_room(self) -> DisaggConfig:
         """Every fleet worker needs a row in the table, and both coordinator sockets a path the
         kernel accepts (an existing directory, at most 107 bytes with the `.kvhint` suffix)."""
         rows = self.shmdisagg.shm.max_workers

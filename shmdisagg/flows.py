@@ -316,7 +316,7 @@ def gen_first_params(server_info: dict[str, Any], rid: int, style: int) -> dict[
     }
 
 
-async def _cancel(task: "asyncio.Future[Any]") -> None:
+async def _cancel(task: asyncio.Future[Any]) -> None:
     """Cancel a leg task and close what it opened (its pick is released by the leg itself)."""
     if not task.done():
         task.cancel()

@@ -178,7 +178,7 @@ class Deployment:
     def url(self) -> str:
         return public_url(self.config)
 
-    def __enter__(self) -> "Deployment":
+    def __enter__(self) -> Deployment:
         self.start()
         return self
 

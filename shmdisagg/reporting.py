@@ -63,7 +63,7 @@ class FailureReporter:
                     async with session.post("http://coordinator/report", json=payload) as r:
                         r.release()
                     self.sent += len(payload)
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+                except (TimeoutError, aiohttp.ClientError, OSError) as err:
                     self.dropped += len(payload)
                     log.debug("failure report not delivered: %r", err)
 

@@ -31,8 +31,8 @@ from shmdisagg.config import DisaggConfig
 from shmdisagg.errors import RequestError
 from shmdisagg.exchange import Exchange
 from shmdisagg.flows import Flows
-from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.hashing import cache_salt_id
+from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.routing import RoutingKey
 from shmdisagg.routing.conversation import SESSION_HEADERS, canonical_text, conversation_id, header_conversation_id
 from shmdisagg.tokenization import RoutingTokenizer, prompt_token_ids

@@ -23,7 +23,7 @@ Errors reach the client in Anthropic's envelope, `{"type": "error", "error": {"t
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
@@ -80,7 +80,7 @@ class ToolUseBlock(_Open):
 class ToolResultBlock(_Open):
     type: Literal["tool_result"] = "tool_result"
     tool_use_id: str
-    content: Union[str, list["ContentBlock"], None] = None
+    content: str | list[ContentBlock] | None = None
     is_error: bool | None = None
 
 
@@ -110,15 +110,13 @@ def _block_tag(value: Any) -> str:
 
 
 ContentBlock = Annotated[
-    Union[
-        Annotated[TextBlock, Tag("text")],
-        Annotated[ImageBlock, Tag("image")],
-        Annotated[ToolUseBlock, Tag("tool_use")],
-        Annotated[ToolResultBlock, Tag("tool_result")],
-        Annotated[ThinkingBlock, Tag("thinking")],
-        Annotated[RedactedThinkingBlock, Tag("redacted_thinking")],
-        Annotated[UnknownBlock, Tag("unknown")],
-    ],
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ImageBlock, Tag("image")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[ThinkingBlock, Tag("thinking")]
+    | Annotated[RedactedThinkingBlock, Tag("redacted_thinking")]
+    | Annotated[UnknownBlock, Tag("unknown")],
     Discriminator(_block_tag),
 ]
 ToolResultBlock.model_rebuild()
@@ -126,7 +124,7 @@ ToolResultBlock.model_rebuild()
 
 class Message(_Open):
     role: Literal["user", "assistant", "system"]
-    content: Union[str, list[ContentBlock]]
+    content: str | list[ContentBlock]
 
 
 class Tool(_Open):
@@ -165,7 +163,7 @@ class ThinkingDisabled(_Closed):
     type: Literal["disabled"] = "disabled"
 
 
-Thinking = Annotated[Union[ThinkingEnabled, ThinkingAdaptive, ThinkingDisabled], Field(discriminator="type")]
+Thinking = Annotated[ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled, Field(discriminator="type")]
 
 
 class CountTokensRequest(_Open):
@@ -173,7 +171,7 @@ class CountTokensRequest(_Open):
 
     model: str
     messages: list[Message] = Field(min_length=1)
-    system: Union[str, list[TextBlock], None] = None
+    system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None

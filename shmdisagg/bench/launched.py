@@ -137,8 +137,7 @@ def run_launched(args: argparse.Namespace, load_config: Callable[[str], Any]) ->
         config = load_config(args.config)  # the user's file: errors and warnings name it
         with _moved_config(args.config, args.port) as path:
             if path != args.config:
-                from shmdisagg.config import ConfigError
-                from shmdisagg.config import load_config as load_moved
+                from shmdisagg.config import ConfigError, load_config as load_moved
 
                 try:
                     config = load_moved(path)

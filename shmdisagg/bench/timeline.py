@@ -56,7 +56,7 @@ class LoadSampler:
         try:
             async with self.session.get(self.url, timeout=aiohttp.ClientTimeout(total=2.0)) as r:
                 text = await r.text() if r.status == 200 else ""
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return  # a missed sample; keep going
         loads = parse_server_load(text)
         if not loads:

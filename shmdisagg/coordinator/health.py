@@ -224,7 +224,7 @@ class HealthMonitor:
         except (aiohttp.ClientConnectorError, ConnectionRefusedError):
             self._mark(ex, False, answered, refused=True)
             return
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if loop.time() < self._late_until:
                 return  # our loop was late, not necessarily the executor
             ok = False

@@ -29,23 +29,23 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from shmdisagg.config import DisaggConfig
-from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S, FleetOverrides
-from shmdisagg.trtllm_env import NOT_FOR_WORKERS, TrtllmEnv, apply_gc
 from shmdisagg.coordinator.adoption import stop_stale_fleet, take_over
 from shmdisagg.coordinator.api import internal_app
 from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor, executors_from_config
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
 from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
+from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S, FleetOverrides
 from shmdisagg.metrics.answered import answered_reader
 from shmdisagg.metrics.perf import PerfStore
-from shmdisagg.node_ids import NodeIdError, claim_or_inherit
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
+from shmdisagg.node_ids import NodeIdError, claim_or_inherit
 from shmdisagg.processes import ProcessId
 from shmdisagg.procutil import listening, private_unix_socket, public_port_problem, publish_address, reserve_port
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.index import BlockIndex, IndexSettings
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
+from shmdisagg.trtllm_env import NOT_FOR_WORKERS, TrtllmEnv, apply_gc
 
 log = logging.getLogger("shmdisagg.coordinator")
 

@@ -26,15 +26,15 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shmdisagg import __version__
-from shmdisagg.anthropic.route import AnthropicRoutes
 from shmdisagg.answers import executor_error_message
+from shmdisagg.anthropic.route import AnthropicRoutes
 from shmdisagg.asgi import Receive, Scope, Send
 from shmdisagg.directory import ServerDirectory, split_addr
 from shmdisagg.errors import error_body
 from shmdisagg.responses_api import responses
-from shmdisagg.upstream import UpstreamError
 from shmdisagg.service import DisaggService
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable
+from shmdisagg.upstream import UpstreamError
 
 if TYPE_CHECKING:
     from shmdisagg.metrics.fleet import FleetMetrics

@@ -32,7 +32,7 @@ async def fetch_cluster_info(socket_path: str, timeout_s: float) -> dict[str, An
                         data = await r.json()
                         if isinstance(data, dict):
                             return data
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
             if loop.time() > deadline:
                 raise TimeoutError(f"coordinator at {socket_path} did not answer within {timeout_s:g} s")

@@ -36,7 +36,7 @@ class FleetOverrides:
         return env
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "FleetOverrides":
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> FleetOverrides:
         env = os.environ if environ is None else environ
         port = env.get("SHMDISAGG_PUBLIC_PORT")
         timeout = float(env.get("SHMDISAGG_LEG_TIMEOUT_S", repr(DEFAULT_LEG_TIMEOUT_S)))

@@ -40,28 +40,28 @@ import uvicorn
 import uvloop
 
 from shmdisagg.config import ConfigError, DisaggConfig, load_config
-from shmdisagg.fleet.overrides import FleetOverrides
-from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, apply_gc, read_env
 from shmdisagg.directory import ServerDirectory
 from shmdisagg.fleet.app import FleetApp, control_app
-from shmdisagg.fleet.edge import EdgeLimits, edge_protocol
-from shmdisagg.ids import DisaggIdGenerator
-from shmdisagg.processes import supervisor_of
-from shmdisagg.node_ids import LOCK_DIR, NodeIdClaim, claim_or_inherit
-from shmdisagg.procutil import bind_reuseport
-from shmdisagg.shm.segment import cleanup_stale
-from shmdisagg.routing import USES_INDEX, make_policy
-from shmdisagg.shm.index import BlockIndex
-from shmdisagg.tokenizer_source import load_routing_tokenizer
 from shmdisagg.fleet.cluster import ClusterView, fetch_cluster_info
+from shmdisagg.fleet.edge import EdgeLimits, edge_protocol
+from shmdisagg.fleet.overrides import FleetOverrides
 from shmdisagg.flows import FlowOptions, Flows
+from shmdisagg.ids import DisaggIdGenerator
 from shmdisagg.legs import LegRunner
 from shmdisagg.metrics.fleet import FleetMetrics
+from shmdisagg.node_ids import LOCK_DIR, NodeIdClaim, claim_or_inherit
 from shmdisagg.observe import Observability
+from shmdisagg.processes import supervisor_of
+from shmdisagg.procutil import bind_reuseport
 from shmdisagg.reporting import FailureReporter, KvHints
+from shmdisagg.routing import USES_INDEX, make_policy
 from shmdisagg.service import DisaggService, KeyBuilder
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
+from shmdisagg.shm.index import BlockIndex
+from shmdisagg.shm.segment import cleanup_stale
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
+from shmdisagg.tokenizer_source import load_routing_tokenizer
+from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, apply_gc, read_env
 from shmdisagg.upstream import UpstreamPool
 from shmdisagg.wire import Wire
 

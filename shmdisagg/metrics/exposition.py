@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from shmdisagg.metrics.rows import MetricsSegment
 from shmdisagg.metrics.schema import COUNTERS, HISTOGRAMS, LAYOUT, MAX_SERVERS, OUTCOMES, PER_SERVER, ROLES

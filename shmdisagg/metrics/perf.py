@@ -154,7 +154,7 @@ class PerfStore:
                     return None
                 data = await r.json(content_type=None)
                 return data if isinstance(data, list) else None
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return None
 
     def _store(self, addr: str, records: list[Any]) -> None:

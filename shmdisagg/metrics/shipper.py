@@ -99,7 +99,7 @@ class RecordShipper:
                 ) as r:
                     await r.read()
                     ok = r.status == 200
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+            except (TimeoutError, aiohttp.ClientError, OSError) as err:
                 log.debug("perf records not delivered: %r", err)
                 ok = False
             if ok:

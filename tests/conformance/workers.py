@@ -24,8 +24,8 @@ from typing import Any
 import orjson
 
 from shmdisagg.procutil import die_with_parent
-from tests.conftest import free_port
 from tests.conformance.worker_copy import STATE, WorkerCopy
+from tests.conftest import free_port
 
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine imports transformers slowly
 FORKSERVER = Path(__file__).with_name("forkserver.py")

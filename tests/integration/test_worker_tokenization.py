@@ -12,8 +12,8 @@ import json
 import os
 import subprocess
 import urllib.request
-from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -21,9 +21,8 @@ from shmdisagg.config import parse_config
 from shmdisagg.tokenization import HFTokenizer, prompt_token_ids
 from shmdisagg.tokenizer_source import load_routing_tokenizer
 from tests.conftest import free_port
-from tests.unit.routing.test_chat_render import CASES
-
 from tests.integration.trtllm_worker import WORKER_DIR as WORKER, WORKER_VENV, missing  # noqa: E402
+from tests.unit.routing.test_chat_render import CASES
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 

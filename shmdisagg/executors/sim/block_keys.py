@@ -20,11 +20,11 @@ from shmdisagg.hashing import (
     KV_CACHE_HASH_ALGO_V2,
     KV_CACHE_HASH_ALGO_V2_SHA256_64,
     KV_CACHE_HASH_ALGOS,
+    block_hashes as v1_block_hashes,
     block_hashes_v2_64,
     block_keys_v2,
     v1_block_key,
 )
-from shmdisagg.hashing import block_hashes as v1_block_hashes
 
 __all__ = ["HASH_ALGO_CHOICES", "block_hashes", "effective_hash_algo", "extension_blocks"]
 

@@ -20,7 +20,6 @@ from shmdisagg.executors.sim.config import SimConfig
 from shmdisagg.executors.sim.errors import ConfigError, RaisingArgumentParser
 from shmdisagg.executors.sim.trtllm_options import parse_serve_args
 
-
 PROG = "python -m shmdisagg.executors.sim"
 
 

@@ -32,14 +32,14 @@ from collections.abc import Callable
 from typing import Any
 
 from shmdisagg.executors.sim import sampler, timing
+from shmdisagg.executors.sim.block_keys import extension_blocks
 from shmdisagg.executors.sim.block_pool import BlockPool
 from shmdisagg.executors.sim.errors import SimError, TransferError
-from shmdisagg.executors.sim.block_keys import extension_blocks
-from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1
 from shmdisagg.executors.sim.metrics import Counters
 from shmdisagg.executors.sim.profiles import Profile
 from shmdisagg.executors.sim.sequence import Kind, Phase, Sequence
 from shmdisagg.executors.sim.transfer import KvPuller, TransferTable
+from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1
 
 log = logging.getLogger("shmdisagg.executors.sim.engine")
 

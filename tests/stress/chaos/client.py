@@ -104,7 +104,7 @@ class Connection:
         self.reusable = True
 
     @classmethod
-    async def open(cls, port: int, rcvbuf: int | None = None) -> "Connection":
+    async def open(cls, port: int, rcvbuf: int | None = None) -> Connection:
         """Raises ConnectionRefusedError (and other OSErrors) as `asyncio.open_connection` does.
         `rcvbuf`: a small receive buffer, so that a slow reader really holds the server back."""
         opened = time.monotonic()

@@ -103,7 +103,7 @@ class ChaosRun:
 
     # -- around the body -------------------------------------------------------------------
 
-    def __enter__(self) -> "ChaosRun":
+    def __enter__(self) -> ChaosRun:
         began = time.monotonic()
         self.dep.start()
         self.row["start_s"] = round(time.monotonic() - began, 1)

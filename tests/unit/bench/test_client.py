@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import orjson
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from shmdisagg.bench.client import RequestRecord, _Stream, completion_body, has_text
 

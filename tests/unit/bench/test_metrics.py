@@ -6,8 +6,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from shmdisagg.bench.client import RequestRecord
 from shmdisagg.bench.metrics import Slo, parse_slo, percentile, summarize

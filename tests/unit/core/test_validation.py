@@ -7,8 +7,7 @@ from enum import IntEnum
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from shmdisagg._native import token_ids_int32, token_ids_ok
 from shmdisagg.errors import RequestError

@@ -7,8 +7,7 @@ import random
 from array import array
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from shmdisagg import _native, hashing
 from shmdisagg.hashing import PrefixHashCache

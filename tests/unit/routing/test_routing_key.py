@@ -6,8 +6,7 @@ from __future__ import annotations
 import random
 from array import array
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from shmdisagg import hashing
 from shmdisagg.config import RouterConfig

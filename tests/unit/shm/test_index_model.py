@@ -10,8 +10,7 @@ from __future__ import annotations
 import time
 from array import array
 
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shmdisagg import _native

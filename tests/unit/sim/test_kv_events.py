@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 import orjson
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from shmdisagg.executors.sim.kv_events import KvEventBuffer
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shmdisagg.executors.sim.profiles import PROFILES, get_profile, guess_profile
 from shmdisagg.executors.sim.errors import ConfigError
+from shmdisagg.executors.sim.profiles import PROFILES, get_profile, guess_profile
 from shmdisagg.executors.sim.timing import iteration_seconds, itl_seconds, transfer_seconds, ttft_seconds
 
 H100_8B = get_profile("h100-sxm-llama-3.1-8b")
