@@ -60,7 +60,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from enum import IntEnum
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import aiohttp
 import uvicorn
@@ -148,7 +148,7 @@ class ConversationParams(OpenAIBaseModel):
         return conversation_id
 
 
-EarlyStopping = Union[bool, Literal["never"]]
+EarlyStopping = bool | Literal["never"]
 
 
 def _check_logprobs_limit(name: str, value: Any) -> None:
@@ -351,8 +351,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     prompt_token_ids_b64: str | None = None
 
 
-UCompletionRequest = Union[CompletionRequest, ChatCompletionRequest]
-UCompletionResponse = Union[CompletionResponse, ChatCompletionResponse]
+UCompletionRequest = CompletionRequest | ChatCompletionRequest
+UCompletionResponse = CompletionResponse | ChatCompletionResponse
 
 _GEN_PENDING_FINISH_REASONS = ("length", "not_finished")
 

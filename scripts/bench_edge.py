@@ -167,7 +167,7 @@ async def main(args: argparse.Namespace) -> None:
     gc.disable()
     for shape, request in SHAPES.items():
         times: dict[str, list[float]] = {name: [] for name in classes}
-        for name, cls in classes.items():  # warm-up
+        for cls in classes.values():  # warm-up
             await run_round(cls, config, request, args.requests)
         for r in range(args.rounds):
             order = list(classes.items()) if r % 2 == 0 else list(reversed(classes.items()))

@@ -446,7 +446,7 @@ def report(
     print()
     print(
         f"N={args.n} per cell after {args.warmup} warm-up, c={args.concurrency}, {args.rounds} rounds (median, min-max); "
-        f"prompt={'%d token ids' % args.prompt_tokens if args.prompt_tokens else 'text'}; {args.ctx_servers} ctx + {args.gen_servers} gen fakes"
+        f"prompt={f'{args.prompt_tokens} token ids' if args.prompt_tokens else 'text'}; {args.ctx_servers} ctx + {args.gen_servers} gen fakes"
     )
     print()
     print(

@@ -70,7 +70,7 @@ def trtllm_plan(
     )
     gpu_iter = iter(gpu_lists)
     instances = []
-    for role, key, section, options, ranks in roles:
+    for role, _, section, options, _ in roles:
         for i, (host, port) in enumerate(section.addresses()):
             name = f"{role}-{i}"
             gpus = next(gpu_iter)

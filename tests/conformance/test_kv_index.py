@@ -121,9 +121,9 @@ def test_index_holds_what_each_worker_stored(kv: KvSetup) -> None:
             owner: list[str] = []
 
             def reported() -> bool:
-                masks = event_masks(table, hashes[-1:]) or {}
-                owner[:] = [a for a in kv.twins if masks.get(hashes[-1], 0) >> slots[a] & 1]
-                return len(owner) == 1
+                masks = event_masks(table, hashes[-1:]) or {}  # noqa: B023 (wait_until polls it before the loop moves on)
+                owner[:] = [a for a in kv.twins if masks.get(hashes[-1], 0) >> slots[a] & 1]  # noqa: B023 (wait_until polls it before the loop moves on)
+                return len(owner) == 1  # noqa: B023 (wait_until polls it before the loop moves on)
 
             wait_until(reported, what=f"one context server's events to hold the last block of {prompt!r}")
             twin = kv.twins[owner[0]]

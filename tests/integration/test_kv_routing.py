@@ -61,12 +61,12 @@ def test_concurrent_requests_for_a_new_prefix_through_two_workers_land_together(
                 barrier = threading.Barrier(2)
 
                 def send(i: int) -> None:
-                    barrier.wait()
+                    barrier.wait()  # noqa: B023 (the threads are joined in this iteration)
                     assert (
                         post(
                             dep,
                             "/v1/completions",
-                            {"model": "fake-model", "prompt": prompt, "max_tokens": 2},
+                            {"model": "fake-model", "prompt": prompt, "max_tokens": 2},  # noqa: B023 (the threads are joined in this iteration)
                             conn=conns[i],
                         )[0]
                         == 200

@@ -160,7 +160,7 @@ def test_stopped_executors_cannot_outlive_the_deadline(pair) -> None:  # type: i
         for t in threads:
             t.join(timeout=20)
         assert len(results) == 4
-        for stream, ended, resp in results:
+        for _stream, ended, resp in results:
             assert ended - started < 1.5 + 2.0  # the deadline plus scheduling slack
             assert resp[0] == 504  # nothing was sent yet: a JSON 504, streaming or not
     finally:

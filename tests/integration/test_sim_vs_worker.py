@@ -350,7 +350,7 @@ def test_a_stop_string_ends_the_request_with_stop_and_the_string_as_stop_reason(
         compare_stream({k: v[0] for k, v in answers.items()}, chat)
     else:
         compare_json({k: v[0] for k, v in answers.items()})
-    for name, ((status, _, raw), stop, texts) in answers.items():
+    for name, ((_status, _, raw), stop, _texts) in answers.items():
         if stream:
             [final] = chunks_of(raw, chat, "finish")
             choice = final["choices"][0]

@@ -154,7 +154,7 @@ def _kill_one_of_each_role_and_keep_serving(dep: Deployment) -> None:
             status, resp = post(dep, "/v1/completions", COMPLETION)
             assert status == 200, resp
         # the coordinator notices the refused connections (health polled every 0.2 s here)
-        wait_until(lambda: _healthy(dep)[addr] is False, timeout_s=3, what=f"{addr} marked unhealthy")
+        wait_until(lambda: _healthy(dep)[addr] is False, timeout_s=3, what=f"{addr} marked unhealthy")  # noqa: B023 (wait_until polls it before the loop moves on)
         assert time.monotonic() - killed_at < 3
         _serves_every_request_shape(dep)
     healthy = _healthy(dep)

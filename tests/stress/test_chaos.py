@@ -51,7 +51,7 @@ def test_sigkill_of_random_fleet_workers(tmp_path: Path, shm_prefix: str, chaos_
         while run.more(len(replaced), at_least=2):
             old = run.dep.kill_worker(run.rng)
             # the next kill only once the replacement listens: two workers down at once refuse connections
-            replaced.append(run.wait_until(lambda: _fleet_whole(run, old), 60, "a replacement worker listening"))
+            replaced.append(run.wait_until(lambda: _fleet_whole(run, old), 60, "a replacement worker listening"))  # noqa: B023 (polled before the loop moves on)
             run.wait_served(10)
             run.hold(run.rng.uniform(0.2, 0.8))
         run.notes.append(f"replacement listening in <= {max(replaced):.2f} s")
@@ -81,21 +81,21 @@ def test_sigkill_and_restart_of_executors(tmp_path: Path, shm_prefix: str, chaos
             run.dep.kill_executor(ex)
             cleared.append(
                 run.wait_until(
-                    lambda: not run.dep.healthy(ex.slot) and _index_blocks(run, ex.slot) == 0,
+                    lambda: not run.dep.healthy(ex.slot) and _index_blocks(run, ex.slot) == 0,  # noqa: B023 (polled before the loop moves on)
                     20,
                     f"{ex.name} unhealthy with no blocks in the index",
                 )
             )
             run.hold(run.rng.uniform(0.2, 0.6))
             run.dep.restart_executor(ex)
-            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy again")
+            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy again")  # noqa: B023 (polled before the loop moves on)
             run.wait_served(10)
             # the same port again, at once: the new process is up before the next health check
             # could have seen the old one gone (it may see a refusal; a worker's report may too)
             ex = _spare(run)
             run.dep.kill_executor(ex)
             run.dep.restart_executor(ex, at_once=True)
-            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy after a same-port restart")
+            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy after a same-port restart")  # noqa: B023 (polled before the loop moves on)
             run.wait_served(10)
             cycles += 1
         run.notes.append(f"dead executor unhealthy and out of the index in <= {max(cleared):.2f} s")
@@ -131,7 +131,7 @@ def test_sigstop_of_an_executor_past_the_leg_timeout(
             stops += 1
             run.hold(layout.leg_timeout_s + 1.0)  # past the leg timeout of what it holds
             run.dep.cont_executor(ex)
-            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy after SIGCONT")
+            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy after SIGCONT")  # noqa: B023 (polled before the loop moves on)
             run.wait_served(10)
     timed_out = sum(1 for o in run.load.outcomes if o.status == 504)
     assert timed_out >= 1, "no request met the stopped executor: the scenario did not test the leg timeout"
@@ -205,7 +205,7 @@ def test_clients_that_disconnect_at_random_points(tmp_path: Path, shm_prefix: st
             points = [LEAVE_POINTS[(waves + k) % len(LEAVE_POINTS)] for k in range(10)]
             futures = [
                 run.load.submit(
-                    lambda p=p, k=k: leaving_client(run.dep.port, random.Random(run.seed + 31 * waves + k), p)
+                    lambda p=p, k=k: leaving_client(run.dep.port, random.Random(run.seed + 31 * waves + k), p)  # noqa: B023 (its future is waited on in this iteration)
                 )
                 for k, p in enumerate(points)
             ]
@@ -241,7 +241,7 @@ def test_slow_reading_and_trickling_clients(tmp_path: Path, shm_prefix: str, cha
             stalled = [
                 (
                     run.load.submit(
-                        lambda r=random.Random(rng.random()), e=e: stalled_reader(port, r, e, max_tokens=20000)
+                        lambda r=random.Random(rng.random()), e=e: stalled_reader(port, r, e, max_tokens=20000)  # noqa: B008 (on purpose: each client's own RNG, drawn in order from the round's)
                     ),
                     e,
                 )
@@ -250,7 +250,7 @@ def test_slow_reading_and_trickling_clients(tmp_path: Path, shm_prefix: str, cha
             last_stalled = run.elapsed
             owed = [
                 run.load.submit(
-                    lambda r=random.Random(rng.random()): slow_reader(
+                    lambda r=random.Random(rng.random()): slow_reader(  # noqa: B008 (on purpose: each client's own RNG, drawn in order from the round's)
                         port, r, run.deadline_s, max_tokens=96, read_bytes=512, pause_s=0.02
                     )
                 )
@@ -258,7 +258,7 @@ def test_slow_reading_and_trickling_clients(tmp_path: Path, shm_prefix: str, cha
             ]
             owed += [
                 run.load.submit(
-                    lambda r=random.Random(rng.random()), part=part: trickling_client(
+                    lambda r=random.Random(rng.random()), part=part: trickling_client(  # noqa: B008 (on purpose: each client's own RNG, drawn in order from the round's)
                         port, r, run.deadline_s, part=part, gap_s=0.012
                     )
                 )

@@ -90,7 +90,7 @@ class IndexModel:
 
             def holds(j: int) -> bool:
                 m = self.slots.get(table_key(hashes[j]))
-                return m is not None and bool((m[0] if events_only else m[0] | m[1]) >> s & 1)
+                return m is not None and bool((m[0] if events_only else m[0] | m[1]) >> s & 1)  # noqa: B023 (called only in this iteration)
 
             lo, n, depth = 0, len(hashes), len(hashes)
             while lo < n:

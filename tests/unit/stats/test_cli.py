@@ -148,8 +148,7 @@ def test_a_piped_snapshot_is_not_cut_to_80_columns(shm_prefix: str) -> None:
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--once", "--interval", "0.01"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            capture_output=True,
             env=env,
             timeout=60,
         )
