@@ -360,7 +360,8 @@ _GEN_PENDING_FINISH_REASONS = ("length", "not_finished")
 def ensure_request_chat_template_allowed(request: Any, allow_request_chat_template: bool) -> None:
     if getattr(request, "chat_template", None) is not None and not allow_request_chat_template:
         raise ValueError(
-            "chat_template cannot be supplied per request unless request-level chat templates are enabled at server startup."
+            "chat_template cannot be supplied per request unless request-level chat templates are enabled at "
+            "server startup."
         )
 
 
@@ -1088,7 +1089,8 @@ class OpenAIDisaggregatedService:
             for idx, choice in enumerate(ctx_response.choices):
                 if choice.disaggregated_params is None:
                     raise ValueError(
-                        f"Context server choice {idx} did not return disaggregated params. finish_reason={choice.finish_reason!r}"
+                        f"Context server choice {idx} did not return disaggregated params. "
+                        f"finish_reason={choice.finish_reason!r}"
                     )
                 if choice.finish_reason in _GEN_PENDING_FINISH_REASONS:
                     if choice.disaggregated_params.ctx_request_id is None:

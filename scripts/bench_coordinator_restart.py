@@ -168,16 +168,19 @@ def main() -> int:
         finally:
             dep.stop()
     print(
-        f"coordinator SIGKILL under load: {args.concurrency} clients, {args.kills} kills {args.gap:g} s apart, 2 fleet workers"
+        f"coordinator SIGKILL under load: {args.concurrency} clients, {args.kills} kills {args.gap:g} s apart, 2 "
+        "fleet workers"
     )
     print(
-        f"{'kill':>4} {'restart s':>9} {'events s':>9} {'requests':>8} {'failed':>6} {'p50/p99 ms before':>18} {'p50/p99 ms after':>17}"
+        f"{'kill':>4} {'restart s':>9} {'events s':>9} {'requests':>8} {'failed':>6} {'p50/p99 ms before':>18} "
+        f"{'p50/p99 ms after':>17}"
     )
     for i, r in enumerate(rows, 1):
         restart = f"{r['restart_s']:.2f}" if r["restart_s"] is not None else "never"
         events = f"{r['events_s']:.2f}" if r["events_s"] is not None else "never"
         print(
-            f"{i:>4} {restart:>9} {events:>9} {r['requests']:>8} {r['failed']:>6} {r['before_ms']:>18} {r['after_ms']:>17}"
+            f"{i:>4} {restart:>9} {events:>9} {r['requests']:>8} {r['failed']:>6} {r['before_ms']:>18} "
+            f"{r['after_ms']:>17}"
         )
     failed = sum(int(r["failed"]) for r in rows)  # type: ignore[call-overload]
     print(f"failed requests: {failed} of {sum(int(r['requests']) for r in rows)}")  # type: ignore[call-overload]

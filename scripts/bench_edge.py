@@ -43,8 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shmdisagg.fleet.edge import EdgeLimits, edge_protocol  # noqa: E402
 
 BODY = (
-    b'{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful assistant."},'
-    b'{"role":"user","content":"Write one sentence about the sea."}],"max_tokens":64,"temperature":0.7,"stream":false,"n":1}'
+    b'{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful '
+    b'assistant."},'
+    b'{"role":"user","content":"Write one sentence about the '
+    b'sea."}],"max_tokens":64,"temperature":0.7,"stream":false,"n":1}'
 )
 SDK_HEADERS = [
     b"host: 127.0.0.1:8000",
@@ -179,7 +181,8 @@ async def main(args: argparse.Namespace) -> None:
         diffs = sorted(e - b for b, e in zip(base, edge))
         q1, q3 = diffs[len(diffs) // 4], diffs[3 * len(diffs) // 4]
         print(
-            f"  {shape:10s} {'EdgeProtocol - uvicorn':26s} min {min(edge) - min(base):+7.0f}  median of paired differences {statistics.median(diffs):+.0f} "
+            f"  {shape:10s} {'EdgeProtocol - uvicorn':26s} min {min(edge) - min(base):+7.0f}  median of paired "
+            f"differences {statistics.median(diffs):+.0f} "
             f"(quartiles {q1:+.0f} .. {q3:+.0f})"
         )
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Cost of one `kv_cache_aware` routing decision through the policy, as a fleet worker makes it.
 
-Usage: PYTHONPATH=TREE .venv/bin/python TREE/scripts/bench_kv_policy.py [--reps 3000] [--sizes 1024,8192] [--algos v1_block_key]
+Usage: PYTHONPATH=TREE .venv/bin/python TREE/scripts/bench_kv_policy.py [--reps 3000] [--sizes 1024,8192]
+       [--algos v1_block_key]
 
 Times `RoutingKey(...)` from a request's int32 ids, `KvCacheAwarePolicy.pick` (hashing through
 the role's algorithm and the native `pick_kv`) and the release, per decision, over next turns
@@ -86,7 +87,8 @@ def main() -> None:
                     if i >= WARMUP:
                         times.append(t1 - t0)
                 print(
-                    f"{size:>6} tokens {algo:<13} pick+release us p50 {pct(times, 0.5):7.1f}  p99 {pct(times, 0.99):7.1f}  min {min(times) / 1000:7.1f}"
+                    f"{size:>6} tokens {algo:<13} pick+release us p50 {pct(times, 0.5):7.1f}  p99 "
+                    f"{pct(times, 0.99):7.1f}  min {min(times) / 1000:7.1f}"
                 )
         finally:
             dep.close()
@@ -133,7 +135,8 @@ def ab(dep: Deployment, families: list[list[int]], size: int, args: argparse.Nam
     for name, which in (("before (direct)", "old"), ("after (policy)", "new")):
         xs = times[which]
         print(
-            f"{size:>6} tokens {name:<16} us p50 {pct(xs, 0.5):7.1f}  p99 {pct(xs, 0.99):7.1f}  min {min(xs) / 1000:7.1f}"
+            f"{size:>6} tokens {name:<16} us p50 {pct(xs, 0.5):7.1f}  p99 {pct(xs, 0.99):7.1f}  min "
+            f"{min(xs) / 1000:7.1f}"
         )
     # the second call of a pair runs warmer; averaging both orders' medians cancels that
     d = (pct(diffs[True], 0.5) + pct(diffs[False], 0.5)) / 2

@@ -357,7 +357,8 @@ def main() -> int:
             }
             backend_pids = [p.pid for _, _, p in fakes]
             print(
-                f"# fakes ctx={ctx_urls} gen={gen_urls}; shmdisagg fleet pid {fleet_pid}, coordinator pid {coord_pid}; baseline pid {baseline.pid}; loadgen pid {loadgen.pid}",
+                f"# fakes ctx={ctx_urls} gen={gen_urls}; shmdisagg fleet pid {fleet_pid}, coordinator pid "
+                f"{coord_pid}; baseline pid {baseline.pid}; loadgen pid {loadgen.pid}",
                 flush=True,
             )
 
@@ -414,10 +415,11 @@ def main() -> int:
                             row[f"{k}_sys_ms"] = (after[k][2] - before[k][2]) * 1000 / CLK_TCK / n
                         results.setdefault((system, mode), []).append(row)
                         print(
-                            f"round {rnd} {mode:<18} {system:<9}  proxy {row['proxy_ms']:.3f} ms/req (ns {row['proxy_ns_ms']:.3f}, kernel {row['proxy_sys_ms']:.3f})"
+                            f"round {rnd} {mode:<18} {system:<9}  proxy {row['proxy_ms']:.3f} ms/req (ns "
+                            f"{row['proxy_ns_ms']:.3f}, kernel {row['proxy_sys_ms']:.3f})"
                             + (f"  coord {row['coord_ms']:.3f}" if "coord_ms" in row else "")
-                            + f"  {row['req_s']:.0f} req/s  p50 {row['p50_ms']:.1f}  p99 {row['p99_ms']:.1f} ms  bad {row['bad']}"
-                            + (f"  e.g. {row['bad_samples'][0]}" if row["bad_samples"] else ""),
+                            + f"  {row['req_s']:.0f} req/s  p50 {row['p50_ms']:.1f}  p99 {row['p99_ms']:.1f} ms  "
+                            f"bad {row['bad']}" + (f"  e.g. {row['bad_samples'][0]}" if row["bad_samples"] else ""),
                             flush=True,
                         )
             loadgen.stdin.write("\n")
@@ -445,12 +447,15 @@ def report(
 ) -> None:
     print()
     print(
-        f"N={args.n} per cell after {args.warmup} warm-up, c={args.concurrency}, {args.rounds} rounds (median, min-max); "
-        f"prompt={f'{args.prompt_tokens} token ids' if args.prompt_tokens else 'text'}; {args.ctx_servers} ctx + {args.gen_servers} gen fakes"
+        f"N={args.n} per cell after {args.warmup} warm-up, c={args.concurrency}, {args.rounds} rounds (median, "
+        "min-max); "
+        f"prompt={f'{args.prompt_tokens} token ids' if args.prompt_tokens else 'text'}; {args.ctx_servers} ctx + "
+        f"{args.gen_servers} gen fakes"
     )
     print()
     print(
-        "| system | mode | proxy CPU ms/req (/proc ticks) | of which kernel | proxy CPU ms/req (ns) | coordinator ms/req | req/s | p50 ms | p99 ms | backends CPU ms/req | client CPU ms/req | bad |"
+        "| system | mode | proxy CPU ms/req (/proc ticks) | of which kernel | proxy CPU ms/req (ns) | "
+        "coordinator ms/req | req/s | p50 ms | p99 ms | backends CPU ms/req | client CPU ms/req | bad |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mode in modes:
@@ -462,14 +467,18 @@ def report(
             ns, nlo, nhi = median_row(rows, "proxy_ns_ms")
             coord = f"{median_row(rows, 'coord_ms')[0]:.3f}" if "coord_ms" in rows[0] else "–"
             print(
-                f"| {system} | {mode} | {cpu:.3f} ({lo:.3f}–{hi:.3f}) | {median_row(rows, 'proxy_sys_ms')[0]:.3f} | {ns:.3f} ({nlo:.3f}–{nhi:.3f}) | {coord} | "
-                f"{median_row(rows, 'req_s')[0]:.0f} | {median_row(rows, 'p50_ms')[0]:.1f} | {median_row(rows, 'p99_ms')[0]:.1f} | "
-                f"{median_row(rows, 'backends_ms')[0]:.3f} | {median_row(rows, 'client_cpu_ms')[0]:.3f} | {sum(r['bad'] for r in rows)} |"
+                f"| {system} | {mode} | {cpu:.3f} ({lo:.3f}–{hi:.3f}) | "
+                f"{median_row(rows, 'proxy_sys_ms')[0]:.3f} | {ns:.3f} ({nlo:.3f}–{nhi:.3f}) | {coord} | "
+                f"{median_row(rows, 'req_s')[0]:.0f} | {median_row(rows, 'p50_ms')[0]:.1f} | "
+                f"{median_row(rows, 'p99_ms')[0]:.1f} | "
+                f"{median_row(rows, 'backends_ms')[0]:.3f} | {median_row(rows, 'client_cpu_ms')[0]:.3f} | "
+                f"{sum(r['bad'] for r in rows)} |"
             )
     if set(systems) >= {"shmdisagg", "baseline"}:
         print()
         print(
-            "| mode | baseline / shmdisagg, proxy CPU (ns) | same, shmdisagg worker + coordinator | baseline / shmdisagg, req/s |"
+            "| mode | baseline / shmdisagg, proxy CPU (ns) | same, shmdisagg worker + coordinator | baseline / "
+            "shmdisagg, req/s |"
         )
         print("|---|---|---|---|")
         for mode in modes:
@@ -480,7 +489,8 @@ def report(
             sc = median_row(s, "proxy_ns_ms")[0]
             sct = statistics.median(r["proxy_ns_ms"] + r["coord_ns_ms"] for r in s)
             print(
-                f"| {mode} | {bc / sc:.2f}× ({bc:.3f} / {sc:.3f}) | {bc / sct:.2f}× ({bc:.3f} / {sct:.3f}) | {median_row(b, 'req_s')[0] / median_row(s, 'req_s')[0]:.2f} |"
+                f"| {mode} | {bc / sc:.2f}× ({bc:.3f} / {sc:.3f}) | {bc / sct:.2f}× ({bc:.3f} / {sct:.3f}) | "
+                f"{median_row(b, 'req_s')[0] / median_row(s, 'req_s')[0]:.2f} |"
             )
 
 

@@ -174,19 +174,23 @@ def main() -> int:
                     row["seconds"] = round(time.monotonic() - t0, 1)
                     rows.append(row)
                     print(
-                        f"{router:15s} fleet {fleet} sim x{sim_speedup:g}: hit {row['hit_rate']:.4f} ({row['hit_rate'] / ideal:.2f}x ideal) "
-                        f"TTFT p50/p99 {row['ttft_p50_ms']:.0f}/{row['ttft_p99_ms']:.0f} ms  ctx load max/min {row['load_max_min']:.2f} "
+                        f"{router:15s} fleet {fleet} sim x{sim_speedup:g}: hit {row['hit_rate']:.4f} "
+                        f"({row['hit_rate'] / ideal:.2f}x ideal) "
+                        f"TTFT p50/p99 {row['ttft_p50_ms']:.0f}/{row['ttft_p99_ms']:.0f} ms  ctx load max/min "
+                        f"{row['load_max_min']:.2f} "
                         f"{row['ctx_routed']}  errors {row['errors']}",
                         flush=True,
                     )
     print(f"\ntrace {args.trace.name}, first {args.num_requests} requests, ideal (infinite cache) hit rate {ideal:.4f}")
     print(
-        "| router | fleet | sim speed-up | KV hit rate | x ideal | TTFT p50 ms | TTFT p99 ms | ctx load max/min | errors |"
+        "| router | fleet | sim speed-up | KV hit rate | x ideal | TTFT p50 ms | TTFT p99 ms | ctx load max/min "
+        "| errors |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['router']} | {r['fleet']} | {r['sim_speedup']:g} | {r['hit_rate']:.4f} | {r['hit_rate'] / ideal:.2f} | {r['ttft_p50_ms']:.0f} "
+            f"| {r['router']} | {r['fleet']} | {r['sim_speedup']:g} | {r['hit_rate']:.4f} | "
+            f"{r['hit_rate'] / ideal:.2f} | {r['ttft_p50_ms']:.0f} "
             f"| {r['ttft_p99_ms']:.0f} | {r['load_max_min']:.2f} | {r['errors']} |"
         )
     rr = {(r["fleet"], r["sim_speedup"]): r for r in rows if r["router"] == "round_robin"}
@@ -195,7 +199,8 @@ def main() -> int:
         if r["router"] != "round_robin" and base is not None:
             print(
                 f"TTFT ratio round_robin / {r['router']} at fleet {r['fleet']}, sim x{r['sim_speedup']:g}: "
-                f"p50 {base['ttft_p50_ms'] / max(r['ttft_p50_ms'], 1e-9):.2f}, p99 {base['ttft_p99_ms'] / max(r['ttft_p99_ms'], 1e-9):.2f}"
+                f"p50 {base['ttft_p50_ms'] / max(r['ttft_p50_ms'], 1e-9):.2f}, p99 "
+                f"{base['ttft_p99_ms'] / max(r['ttft_p99_ms'], 1e-9):.2f}"
             )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

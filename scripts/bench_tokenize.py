@@ -114,7 +114,8 @@ def main() -> None:
         import transformers
 
         print(
-            f"host: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, transformers {transformers.__version__}, load average "
+            f"host: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, transformers "
+            f"{transformers.__version__}, load average "
             f"{os.getloadavg()[0]:.2f}; BPE of {len(tok)} entries built offline in {built:.1f} s, "
             f"{chars_per_token:.2f} characters per token; {args.reps} rounds per size\n"
         )

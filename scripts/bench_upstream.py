@@ -56,8 +56,9 @@ JSON_RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-l
     JSON_BODY,
 )
 SSE_EVENTS = [
-    b'data: {"id":"chatcmpl-0123456789","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" t%02d"}}]}\n\n'
-    % i
+    b"data: "
+    b'{"id":"chatcmpl-0123456789","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" '
+    b't%02d"}}]}\n\n' % i
     for i in range(15)
 ] + [b"data: [DONE]\n\n"]
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"

@@ -104,7 +104,8 @@ def run(value: str, n: int) -> str:
         took = time.monotonic() - started
         after = rss_kb(worker), rss_kb(proc.pid)
         return (
-            f"TRTLLM_DISAGG_SERVER_DISABLE_GC={value}: {n} requests in {took:.0f} s; fleet worker VmRSS {before[0]} -> {after[0]} kB "
+            f"TRTLLM_DISAGG_SERVER_DISABLE_GC={value}: {n} requests in {took:.0f} s; fleet worker VmRSS "
+            f"{before[0]} -> {after[0]} kB "
             f"(+{after[0] - before[0]}), coordinator {before[1]} -> {after[1]} kB (+{after[1] - before[1]})"
         )
     finally:

@@ -166,7 +166,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         ctx = ", ".join(config.context_servers.urls)
         gen = ", ".join(config.generation_servers.urls)
         print(
-            f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; context: {ctx}; generation: {gen}; executor logs: {dep.log_dir})",
+            f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; context: {ctx}; "
+            f"generation: {gen}; executor logs: {dep.log_dir})",
             flush=True,
         )
         code = dep.wait(reap=True)
@@ -197,7 +198,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.metadata_server_config_file is not None:
         print(
-            "shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is not supported; "
+            "shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is "
+            "not supported; "
             "list the executors under context_servers.urls and generation_servers.urls",
             file=sys.stderr,
         )
@@ -207,7 +209,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.report_addr is not None and config.num_workers > 1:
         # the same refusal as TensorRT-LLM's (test_disaggregated_rejects_a_worker_fleet, test id 57374853910)
         print(
-            f"shmdisagg: --report_addr: TensorRT-LLM reports the address of a single self-contained disaggregated server only; "
+            "shmdisagg: --report_addr: TensorRT-LLM reports the address of a single self-contained "
+            "disaggregated server only; "
             f"{args.config} has num_workers: {config.num_workers}: set num_workers: 1",
             file=sys.stderr,
         )
@@ -318,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         aliases=["disaggregated"],
         help="coordinator and fleet for executors already running (trtllm-serve disaggregated)",
-        description="The coordinator and fleet for executors already running: TensorRT-LLM's `trtllm-serve disaggregated` "
+        description="The coordinator and fleet for executors already running: TensorRT-LLM's `trtllm-serve "
+        "disaggregated` "
         "with its flags. A flag wins over the config's own setting.",
     )
     p.add_argument(
@@ -329,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--server_start_timeout",
         type=_positive_int,
         metavar="SECONDS",
-        help="wait up to this long for every executor's GET /health = 200, else fail (default: shmdisagg.server_start_timeout_s, 180)",
+        help="wait up to this long for every executor's GET /health = 200, else fail (default: "
+        "shmdisagg.server_start_timeout_s, 180)",
     )
     p.add_argument(
         "-r",

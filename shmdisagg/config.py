@@ -507,7 +507,8 @@ class DisaggConfig(BaseModel):
                 hint = f" (is {near[0]!r} a misspelling of it?)" if near else ""
                 raise KeyedError(
                     key,
-                    f"missing{hint}; a deployment needs at least one {role} executor: list it under {key}.urls as host:port",
+                    f"missing{hint}; a deployment needs at least one {role} executor: list it under {key}.urls "
+                    "as host:port",
                 )
             raise KeyedError(f"{key}.urls", f"none listed; a deployment needs at least one {role} executor (host:port)")
         public = _endpoint(self.hostname, self.port)
@@ -520,7 +521,8 @@ class DisaggConfig(BaseModel):
                 if _same_listener(ep, public):
                     raise KeyedError(
                         f"{key}.urls",
-                        f"{url!r} is the public address (hostname:port {self.hostname}:{self.port}) the fleet listens on",
+                        f"{url!r} is the public address (hostname:port {self.hostname}:{self.port}) the fleet "
+                        "listens on",
                     )
                 if key == "generation_servers":
                     clash = next((c for c_ep, c in context.items() if _same_listener(ep, c_ep)), None)
@@ -610,14 +612,18 @@ MAX_EXECUTORS = 64  # the shared table's and the KV index's server bitmasks are 
 
 # TensorRT-LLM config keys shmdisagg refuses before anything else is checked: key -> what to do.
 _REFUSED_KEYS = {
-    "disagg_cluster": "dynamic service discovery is not supported; list the executors under context_servers.urls and generation_servers.urls",
-    "disagg_coordinator_url": "an external coordinator is not supported: shmdisagg runs its own on this host; remove the key",
+    "disagg_cluster": "dynamic service discovery is not supported; list the executors under context_servers.urls "
+    "and generation_servers.urls",
+    "disagg_coordinator_url": "an external coordinator is not supported: shmdisagg runs its own on this host; "
+    "remove the key",
     "multimodal_servers": "multimodal encoder servers (EPD) are not supported: shmdisagg has no encoder leg; "
     "remove the section and serve through context_servers and generation_servers",
-    "conversation_affinity_header_for_subagents": "sub-agent parent-session affinity is not supported (requests route by their own "
+    "conversation_affinity_header_for_subagents": "sub-agent parent-session affinity is not supported (requests "
+    "route by their own "
     "conversation id under router type conversation); remove the key",
     "subagent_affinity_scope": "sub-agent parent-session affinity is not supported; remove the key",
-    "bind_host": "a bind address apart from the advertised hostname is not supported; set hostname to the address to listen on and remove bind_host",
+    "bind_host": "a bind address apart from the advertised hostname is not supported; set hostname to the "
+    "address to listen on and remove bind_host",
 }
 
 
@@ -714,7 +720,8 @@ def config_warnings(config: DisaggConfig) -> list[str]:
                 out.append(unknown(f"{name}.{key}", key, [*_SECTION_FIELDS, *LLM_ARG_NAMES]))
     if config.port == 0:
         out.append(
-            "port: 0 lets the kernel pick the port; only shmdisagg serve --report_addr PATH can run it (it writes host:port to PATH)"
+            "port: 0 lets the kernel pick the port; only shmdisagg serve --report_addr PATH can run it (it "
+            "writes host:port to PATH)"
         )
     return out
 

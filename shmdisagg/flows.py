@@ -1,7 +1,8 @@
 """The two schedule styles of TensorRT-LLM's disaggregated service, over `LegRunner`.
 
-Context-first (`tensorrt_llm/serve/openai_disagg_service.py`, `_send_disagg_request_ctx_first`): the context leg runs non-streaming
-with `disaggregated_params = {request_type: "context_only", disagg_request_id}`; if its
+Context-first (`tensorrt_llm/serve/openai_disagg_service.py`, `_send_disagg_request_ctx_first`):
+the context leg runs non-streaming with
+`disaggregated_params = {request_type: "context_only", disagg_request_id}`; if its
 `finish_reason` is `length` or `not_finished`, the generation leg gets the context choice's
 `disaggregated_params` (now `generation_only`, same id, `ctx_usage`) and the prompt token ids
 the context executor returned; any other `finish_reason` makes the context answer final.

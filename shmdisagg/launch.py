@@ -213,7 +213,8 @@ class Deployment:
         except OSError:
             claim.close()
             raise LaunchError(
-                f"another launch of this deployment (shared-memory prefix {self.config.shm_prefix}) is starting or running"
+                f"another launch of this deployment (shared-memory prefix {self.config.shm_prefix}) is starting "
+                "or running"
             ) from None
         self._claim_sock = claim
 

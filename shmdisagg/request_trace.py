@@ -60,7 +60,10 @@ SHUTDOWN_TIMEOUT_S = 5.0
 SIDECAR_DIR = "_writer"
 SIDECAR_SCHEMA = "trtllm-request-trace-writer/1"
 SIDECAR_INTERVAL_S = 10.0
-DURABILITY = "a record is persisted once the append holding it, its terminating newline included, has been written, flushed and fsync()ed without an error"
+DURABILITY = (
+    "a record is persisted once the append holding it, its terminating newline included, has been "
+    "written, flushed and fsync()ed without an error"
+)
 _DROP_REASONS = ("queue_full", "unserializable", "write_error", "shutdown")
 _NO_SESSION = "_no_session"
 _SESSION_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

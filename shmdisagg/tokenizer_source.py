@@ -70,7 +70,8 @@ def _role_source(config: DisaggConfig, role: str, args: RouterConfig) -> Source 
     router = f"{role}.router"
     if args.custom_tokenizer:
         raise ConfigError(
-            f"{router}.custom_tokenizer: TensorRT-LLM's custom tokenizers (tensorrt_llm.tokenizer.load_custom_tokenizer) "
+            f"{router}.custom_tokenizer: TensorRT-LLM's custom tokenizers "
+            "(tensorrt_llm.tokenizer.load_custom_tokenizer) "
             "are TensorRT-LLM code this router does not carry; remove it, or use a router that does not tokenize "
             "(load_balancing, round_robin, conversation without use_token_ids)"
         )

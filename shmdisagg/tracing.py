@@ -61,7 +61,10 @@ def otlp_problem(environ: dict[str, str] | None = None) -> str | None:
         except ModuleNotFoundError:
             found = False
         if not found:
-            return f"needs the OpenTelemetry SDK and its OTLP {protocol} exporter ({needed} is not installed): {INSTALL_HINT}"
+            return (
+                f"needs the OpenTelemetry SDK and its OTLP {protocol} exporter ({needed} is not installed): "
+                f"{INSTALL_HINT}"
+            )
     return None
 
 

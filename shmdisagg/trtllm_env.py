@@ -20,7 +20,7 @@ NVIDIA/TensorRT-LLM files, cited per variable:
 | `TRTLLM_DISAGG_BENCHMARK_GEN_ONLY` | `== "1"`: no context leg; the generation leg gets a fixed stub handoff (`first_gen_tokens [7]`, `ctx_request_id 1`) and `ignore_eos`, and readiness skips the context servers (`_check_gen_only_disagg`, `_wait_for_all_servers_ready`, `serve/openai_disagg_service.py`) | the same (`flows.Flows.generation_only`, the coordinator's start-up wait) |
 | `TRTLLM_SERVE_ENABLE_MSGSPEC` | `== "1"`: the orchestrator sends msgpack bodies with `X-TRTLLM-Msgpack: 1`, the worker decodes them (`serve/openai_client.py`, `serve/openai_server.py`) | the same for every leg (`wire.py`); the executors need the variable too |
 | `TLLM_LOG_LEVEL` | the TRT-LLM logger's level; it wins over `-l` (`tensorrt_llm/logger.py`: `set_level` is discarded when it is set; an unknown name means `warning`) | the same for the coordinator and fleet workers |
-"""
+"""  # noqa: E501 (a markdown table above: its rows cannot wrap)
 
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ def read_env(environ: Mapping[str, str] | None = None) -> TrtllmEnv:
             disable_gc = int(gc_value) != 0
         except ValueError:
             problems.append(
-                f"TRTLLM_DISAGG_SERVER_DISABLE_GC: {gc_value!r} is not an integer; 0 keeps the garbage collector on, 1 (the default) turns it off"
+                f"TRTLLM_DISAGG_SERVER_DISABLE_GC: {gc_value!r} is not an integer; 0 keeps the garbage collector "
+                "on, 1 (the default) turns it off"
             )
 
     process_id = None
@@ -106,7 +107,8 @@ def read_env(environ: Mapping[str, str] | None = None) -> TrtllmEnv:
             process_id = -1
         if not 0 <= process_id < PROCESS_ID_SPACE:
             problems.append(
-                f"TRTLLM_DISAGG_WORKER_PROCESS_ID: {pid_value!r} is not an integer in [0, {PROCESS_ID_SPACE}) (the request id's process_id field)"
+                f"TRTLLM_DISAGG_WORKER_PROCESS_ID: {pid_value!r} is not an integer in [0, {PROCESS_ID_SPACE}) "
+                "(the request id's process_id field)"
             )
             process_id = None
 
@@ -141,7 +143,8 @@ def read_env(environ: Mapping[str, str] | None = None) -> TrtllmEnv:
         )
     if env.get("WEB_CONCURRENCY") is not None:
         warnings.append(
-            "WEB_CONCURRENCY is ignored, as by TensorRT-LLM's trtllm-serve disaggregated; num_workers sets the fleet size"
+            "WEB_CONCURRENCY is ignored, as by TensorRT-LLM's trtllm-serve disaggregated; num_workers sets the "
+            "fleet size"
         )
 
     log_level = None
@@ -150,7 +153,8 @@ def read_env(environ: Mapping[str, str] | None = None) -> TrtllmEnv:
         log_level = level_value.lower()
         if log_level not in LOG_LEVELS:
             warnings.append(
-                f"TLLM_LOG_LEVEL={level_value!r} is not a log level ({', '.join(LOG_LEVELS)}); using warning, as TensorRT-LLM does"
+                f"TLLM_LOG_LEVEL={level_value!r} is not a log level ({', '.join(LOG_LEVELS)}); using warning, as "
+                "TensorRT-LLM does"
             )
             log_level = "warning"
 

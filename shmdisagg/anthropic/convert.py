@@ -301,7 +301,8 @@ def _tools(req: MessagesRequest) -> list[dict[str, Any]] | None:
         if tool.input_schema is None:
             if tool.is_schema_client_tool():
                 raise AnthropicRequestError(
-                    f"Anthropic schema client tool {tool.name!r} (type={tool.type!r}) is recognized, but its built-in input schema is not implemented by this server"
+                    f"Anthropic schema client tool {tool.name!r} (type={tool.type!r}) is recognized, but its "
+                    "built-in input schema is not implemented by this server"
                 )
             raise AnthropicRequestError(f"Client tool {tool.name!r} requires input_schema")
         function = {
@@ -323,13 +324,15 @@ def _tool_choice(choice: ToolChoice | None, tools: list[dict[str, Any]] | None) 
         return "none"
     if tools is None:
         raise AnthropicRequestError(
-            f"tool_choice type {choice.type!r} requires at least one client-executable tool; all provided tools were server tools or the tools list was empty"
+            f"tool_choice type {choice.type!r} requires at least one client-executable tool; all provided tools "
+            "were server tools or the tools list was empty"
         )
     if choice.type == "auto":
         return "auto"
     if choice.type == "any":
         raise AnthropicRequestError(
-            "Anthropic tool_choice type 'any' is not supported because the chat pipeline cannot require an arbitrary tool call"
+            "Anthropic tool_choice type 'any' is not supported because the chat pipeline cannot require an "
+            "arbitrary tool call"
         )
     if not choice.name:
         raise AnthropicRequestError("tool_choice type 'tool' requires a 'name'")
@@ -337,7 +340,8 @@ def _tool_choice(choice: ToolChoice | None, tools: list[dict[str, Any]] | None) 
         raise AnthropicRequestError(f"tool_choice names unknown tool {choice.name!r}")
     # a forced call comes without parsed arguments: refused here rather than a 500 later
     raise AnthropicRequestError(
-        "Anthropic tool_choice type 'tool' is not supported because the chat pipeline emits a forced call without parsed arguments; "
+        "Anthropic tool_choice type 'tool' is not supported because the chat pipeline emits a forced call "
+        "without parsed arguments; "
         "use tool_choice 'auto' and describe the required tool in the prompt"
     )
 

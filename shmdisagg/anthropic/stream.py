@@ -309,7 +309,8 @@ class StreamReframer:
                 continue
             if state.started:  # resumed after its block closed: a second block keeps it whole
                 log.warning(
-                    "tool call %r (index %r) continued after its block closed; its remaining arguments go in a second block",
+                    "tool call %r (index %r) continued after its block closed; its remaining arguments go in a "
+                    "second block",
                     state.name,
                     state.key,
                 )

@@ -5,9 +5,9 @@ create the table (cleaning a dead deployment's stale segments; a live one
 holds the segment's flock and makes this fail), register the executors of the config, wait until
 every configured executor answers `GET /health` with 200 (up to `server_start_timeout_s` or
 `-t`, as TensorRT-LLM waits for all its servers before it serves), serve the internal API on a
-Unix socket only this user can connect to (mode 0600) and, with a `kv_cache_aware` router, listen for the fleet's KV poll hints on a Unix
-datagram socket (`kv_events.py`), start the fleet and, with `--report_addr PATH`, write the
-public host:port to PATH. Then it heart-beats the table, polls executor
+Unix socket only this user can connect to (mode 0600) and, with a `kv_cache_aware` router,
+listen for the fleet's KV poll hints on a Unix datagram socket (`kv_events.py`), start the fleet
+and, with `--report_addr PATH`, write the public host:port to PATH. Then it heart-beats the table, polls executor
 health, drains KV events and supervises the fleet until SIGTERM/SIGINT, and shuts down in a
 fixed, bounded order: stop the fleet (each worker gets `timeout_graceful_shutdown_s` for its
 requests in flight, then STOP_MARGIN_S to end the rest and exit before a SIGKILL), stop the
@@ -235,8 +235,9 @@ class Coordinator:
     async def _wait_ready(self) -> None:
         """Until every configured executor is healthy (TensorRT-LLM's orchestrator waits until
         all its servers' /health is 200, up to `--server_start_timeout`, else it fails:
-        `_wait_for_all_servers_ready` in `tensorrt_llm/serve/openai_disagg_service.py`); after WAIT_NOTICE_S it logs what it waits for, then
-        every WAIT_REPORT_S which servers are still not ready."""
+        `_wait_for_all_servers_ready` in `tensorrt_llm/serve/openai_disagg_service.py`); after
+        WAIT_NOTICE_S it logs what it waits for, then every WAIT_REPORT_S which servers are still
+        not ready."""
         loop = asyncio.get_running_loop()
         timeout = self.config.shmdisagg.server_start_timeout_s
         start = loop.time()

@@ -86,7 +86,8 @@ class RoleKeys:
             who = ", ".join(f"slot {s}: {self.effective(s)}" for s in sorted(self.claimed))
             self.algo, self.error = (
                 None,
-                f"one hash algorithm per role; the {self.name} executors' KV events use several ({who}): routing by load only",
+                f"one hash algorithm per role; the {self.name} executors' KV events use several ({who}): routing "
+                "by load only",
             )
             if before[1] != self.error:
                 log.error("%s role: %s", self.name, self.error)

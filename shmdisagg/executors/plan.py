@@ -212,7 +212,8 @@ def describe_plan(plan: LaunchPlan, config: DisaggConfig, config_path: str) -> s
         what = {"sim": "executor simulator", "trtllm": "trtllm-serve"}[plan.backend]
         n_ctx = sum(1 for i in plan.instances if i.role == "context")
         out.append(
-            f"executors: {len(plan.instances)} x {what} ({n_ctx} context, {len(plan.instances) - n_ctx} generation), model {plan.model}"
+            f"executors: {len(plan.instances)} x {what} ({n_ctx} context, {len(plan.instances) - n_ctx} "
+            f"generation), model {plan.model}"
         )
         gpus = [g for inst in plan.instances for g in inst.gpus]
         if gpus:
@@ -221,14 +222,16 @@ def describe_plan(plan: LaunchPlan, config: DisaggConfig, config_path: str) -> s
         note = (
             ""
             if plan.run_dir
-            else f" (at launch: --log-dir, else {tempfile.gettempdir()}/{config.shm_prefix}-logs, reused by each launch)"
+            else f" (at launch: --log-dir, else {tempfile.gettempdir()}/{config.shm_prefix}-logs, reused by each "
+            "launch)"
         )
         out.append(f"logs and option files: {run_dir}{note}")
     for inst in plan.instances:
         out.append("")
         gpus = f"GPUs {','.join(inst.gpus)}" if inst.gpus else "no GPU"
         out.append(
-            f"[{inst.name}] {inst.role} on {inst.addr}, {gpus}, log {(plan.run_dir or UNSET_RUN_DIR) / (inst.name + '.log')}"
+            f"[{inst.name}] {inst.role} on {inst.addr}, {gpus}, log "
+            f"{(plan.run_dir or UNSET_RUN_DIR) / (inst.name + '.log')}"
         )
         out.append(f"  $ {inst.shell_line()}")
         if inst.options is not None:
@@ -239,7 +242,8 @@ def describe_plan(plan: LaunchPlan, config: DisaggConfig, config_path: str) -> s
         f"then: {shlex.join([sys.executable, '-m', 'shmdisagg.coordinator', '-c', os.path.abspath(config_path)])}"
     )
     out.append(
-        f"      coordinator + {config.num_workers} fleet worker{'s' if config.num_workers != 1 else ''} on {config.hostname}:{config.port} "
+        f"      coordinator + {config.num_workers} fleet worker{'s' if config.num_workers != 1 else ''} on "
+        f"{config.hostname}:{config.port} "
         f"(routers {config.context_servers.router.type}/{config.generation_servers.router.type}, "
         f"schedule {config.schedule_style}, shared memory /dev/shm/{config.shm_prefix}-*)"
     )

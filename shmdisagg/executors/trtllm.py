@@ -57,7 +57,8 @@ def trtllm_plan(
     backend = settings.backend or _top_level_backend(config)
     if "CUDA_VISIBLE_DEVICES" in settings.env:
         raise PlanError(
-            "shmdisagg.executors.trtllm.env.CUDA_VISIBLE_DEVICES: the launcher sets it per instance from shmdisagg.executors.gpus"
+            "shmdisagg.executors.trtllm.env.CUDA_VISIBLE_DEVICES: the launcher sets it per instance from "
+            "shmdisagg.executors.gpus"
         )
     roles = []
     for role, key in ROLE_SECTIONS:
@@ -242,7 +243,8 @@ def _check(options: dict[str, Any], key: str, section: ServerSection) -> None:
         raise PlanError(f"{key}.kv_cache_config.event_buffer_max_size: must be an integer >= 0, got {events!r}")
     if events == 0 and section.router.type == "kv_cache_aware":
         raise PlanError(
-            f"{key}.kv_cache_config.event_buffer_max_size: 0 turns KV events off, and the kv_cache_aware router needs them"
+            f"{key}.kv_cache_config.event_buffer_max_size: 0 turns KV events off, and the kv_cache_aware router "
+            "needs them"
         )
     fraction = kv.get("free_gpu_memory_fraction")
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:

@@ -295,7 +295,8 @@ class EdgeProtocol(HttpToolsProtocol):
         ):
             self._refuse(
                 400,
-                "invalid HTTP request: an upgrade is not served on this port; send the request without an Upgrade header",
+                "invalid HTTP request: an upgrade is not served on this port; send the request without an "
+                "Upgrade header",
             )
             return
         log.debug("upgrade to %r ignored", self._get_upgrade())

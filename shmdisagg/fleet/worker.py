@@ -2,8 +2,9 @@
 
 Owns this worker's counter row in the shared table (claimed at start, heart-beaten every
 250 ms), and row 2 + index of the metrics segment (`shmdisagg/metrics/`). Never writes another
-worker's row, the server records or the block index: the coordinator does. Started by the coordinator's supervisor with the environment variables below;
-`python -m shmdisagg.fleet.worker` is the entry point.
+worker's row, the server records or the block index: the coordinator does. Started by the
+coordinator's supervisor with the environment variables below; `python -m
+shmdisagg.fleet.worker` is the entry point.
 
 - `SHMDISAGG_CONFIG`: path of the deployment config file
 - `SHMDISAGG_WORKER_INDEX`: this worker's index in the fleet (0..num_workers-1), also the

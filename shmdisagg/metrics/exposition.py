@@ -61,7 +61,8 @@ class FleetCollector(Collector):
             yield CounterMetricFamily(c.name, c.help, value=total[LAYOUT.counter[c.name]])
         fam = CounterMetricFamily(
             "shmdisagg_routing_decisions",
-            "Routing decisions per role, router and outcome (routed: first pick; retry: a pick for a retry; no_server: no eligible server)",
+            "Routing decisions per role, router and outcome (routed: first pick; retry: a pick for a retry; "
+            "no_server: no eligible server)",
             labels=["role", "router", "outcome"],
         )
         for role in ROLES:

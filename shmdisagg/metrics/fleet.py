@@ -114,5 +114,6 @@ class FleetMetrics:
             log.warning("coordinator did not answer /perf_metrics: %r", err)
             return (
                 503,
-                b'{"object":"error","message":"the coordinator did not answer","type":"ServiceUnavailable","param":null,"code":503}',
+                b'{"object":"error","message":"the coordinator did not '
+                b'answer","type":"ServiceUnavailable","param":null,"code":503}',
             )

@@ -155,7 +155,8 @@ HISTOGRAMS = (
     ),
     Histogram(
         "shmdisagg_orchestrator_overhead_seconds",
-        "Time a request spent in the fleet worker outside executor waits: arrival to context dispatch plus context answer to generation dispatch",
+        "Time a request spent in the fleet worker outside executor waits: arrival to context dispatch plus "
+        "context answer to generation dispatch",
         OVERHEAD_BUCKETS,
     ),
 )
@@ -175,11 +176,13 @@ PER_SERVER = (
     ),
     Counter(
         "shmdisagg_server_kv_cache_restarts",
-        "Executor restarts seen in its KV events (event_id went back, or a created event) that cleared its index entries",
+        "Executor restarts seen in its KV events (event_id went back, or a created event) that cleared its index "
+        "entries",
     ),
     Counter(
         "shmdisagg_server_answered_legs",
-        "Legs the server answered (response head with a status below 500): the coordinator's liveness evidence besides /health",
+        "Legs the server answered (response head with a status below 500): the coordinator's liveness evidence "
+        "besides /health",
     ),
 )
 

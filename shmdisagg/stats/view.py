@@ -91,7 +91,8 @@ def render(snap: dict[str, Any]) -> RenderableType:
 
     fleet = snap["fleet"]
     workers = Table(
-        title=f"fleet workers ({fleet['workers']}; {_n(fleet['legs_in_flight'])} legs in flight, {_rate(fleet['legs_per_s'])} legs/s)",
+        title=f"fleet workers ({fleet['workers']}; {_n(fleet['legs_in_flight'])} legs in flight, "
+        f"{_rate(fleet['legs_per_s'])} legs/s)",
         title_justify="left",
     )
     # "worker" is the coordinator's fleet index ("fleet worker N" in its log, /cluster_info's

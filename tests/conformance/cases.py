@@ -87,7 +87,9 @@ class Case:
     name: str
     path: str
     build: Callable[[Req], dict[str, Any]]
-    kind: str = "same"  # "same": equal to the direct answer; "refused": shmdisagg's documented 400; "error": the worker's error relayed
+    # "same": equal to the direct answer; "refused": shmdisagg's documented 400; "error": the
+    # worker's error relayed
+    kind: str = "same"
 
 
 def _cmpl(req: Req, **kw: Any) -> dict[str, Any]:

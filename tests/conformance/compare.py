@@ -219,7 +219,8 @@ def chunk_shape_diff(direct: list[dict[str, Any]], via: list[dict[str, Any]]) ->
             lacks, extra = sorted(closest - f), sorted(f - closest)
             who, them = ("via shmdisagg", "direct") if name == "via" else ("direct", "via shmdisagg")
             out.append(
-                f"a {who} chunk kind that {them} never sends; against the closest {them} chunk it lacks {lacks} and adds {extra}"
+                f"a {who} chunk kind that {them} never sends; against the closest {them} chunk it lacks {lacks} "
+                f"and adds {extra}"
             )
     return out
 

@@ -292,7 +292,8 @@ def _metrics_headers(arrival: float) -> dict[str, str]:
     queue 1 ms, first token 2 ms after arrival, the end now, one decoding step of 0.5 ms."""
     end = time.monotonic()
     return {
-        "Server-Timing": f"server_queue;dur=1.000000, server_ttft;dur=2.000000, server_e2e;dur={(end - arrival) * 1000:.6f}",
+        "Server-Timing": "server_queue;dur=1.000000, server_ttft;dur=2.000000, "
+        f"server_e2e;dur={(end - arrival) * 1000:.6f}",
         "X-TRTLLM-Start-End-Time": f"server-start;ts={arrival:.9f}, server-end;ts={end:.9f}",
         "X-TRTLLM-Step-Metrics": "server-step-0-forward;dur=0.500000",
     }

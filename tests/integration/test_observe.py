@@ -92,7 +92,8 @@ def test_nothing_is_added_or_asked_unless_the_client_asks_and_the_key_is_set(
     stack: Stack, fakes: list[FakeExecutor]
 ) -> None:
     plain, stream = serve(stack, Observability(expose=True), [
-        ("/v1/completions", COMPLETION, []), ("/v1/completions", {**COMPLETION, "stream": True}, [(b"x-trtllm-return-metrics", b"0")])])  # fmt: skip
+        ("/v1/completions", COMPLETION, []),
+        ("/v1/completions", {**COMPLETION, "stream": True}, [(b"x-trtllm-return-metrics", b"0")])])  # fmt: skip
     assert plain.status == stream.status == 200
     assert not any(h.startswith(("server-timing", "x-trtllm-")) for h in plain.headers)
     assert stream.body.endswith(b"data: [DONE]\n\n") and EVENT not in stream.body

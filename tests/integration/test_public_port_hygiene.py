@@ -78,7 +78,8 @@ def test_the_public_port_refuses_slow_oversized_and_garbage_requests_in_the_open
 
             slow = _exchange(
                 dep,
-                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+                b"2\r\n\r\n{}",
                 every_s=0.05,
             )
             assert _error(slow, 408)["type"] == "RequestTimeoutError"
@@ -86,8 +87,8 @@ def test_the_public_port_refuses_slow_oversized_and_garbage_requests_in_the_open
             limit = dep.config.shmdisagg.max_request_body_bytes
             big = _exchange(
                 dep,
-                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                % (limit + 1),
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+                b"%d\r\n\r\n" % (limit + 1),
             )
             assert _error(big, 413)["message"] == f"request body is larger than {limit} bytes"
 

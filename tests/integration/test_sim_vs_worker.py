@@ -533,7 +533,8 @@ def generation_body(body: dict[str, Any], ctx: dict[str, Any], chat: bool) -> di
 
 LEGS = {
     "completion": (COMPLETIONS, {"prompt": TEXT, "max_tokens": 5}, {}),
-    "completion_b64_is_chat_only": (COMPLETIONS, {"prompt": TEXT, "max_tokens": 4}, {"return_prompt_token_ids_b64": True}),
+    "completion_b64_is_chat_only": (
+        COMPLETIONS, {"prompt": TEXT, "max_tokens": 4}, {"return_prompt_token_ids_b64": True}),
     "chat": (CHAT, {"messages": MESSAGES, "max_tokens": 5}, {}),
     "chat_b64": (CHAT, {"messages": MESSAGES, "max_tokens": 4}, {"return_prompt_token_ids_b64": True}),
 }  # fmt: skip

@@ -21,7 +21,7 @@ from shmdisagg.config import parse_config
 from shmdisagg.tokenization import HFTokenizer, prompt_token_ids
 from shmdisagg.tokenizer_source import load_routing_tokenizer
 from tests.conftest import free_port
-from tests.integration.trtllm_worker import WORKER_DIR as WORKER, WORKER_VENV, missing  # noqa: E402
+from tests.integration.trtllm_worker import WORKER_DIR as WORKER, WORKER_VENV, missing
 from tests.unit.routing.test_chat_render import CASES
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")

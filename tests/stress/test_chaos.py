@@ -274,15 +274,18 @@ def test_slow_reading_and_trickling_clients(tmp_path: Path, shm_prefix: str, cha
         # each stalled stream really stalled: cut upstream (at its deadline, or when its client left)
         _, cut = poll(lambda: [] if _aborted(run) >= 2 * rounds else [f"{_aborted(run)} aborted"], 10)
         assert not cut, (
-            f"{2 * rounds} stalled streams, but the generation executors aborted {cut}: a stream that never stalled tests nothing"
+            f"{2 * rounds} stalled streams, but the generation executors aborted {cut}: a stream that never "
+            "stalled tests nothing"
         )
         run.notes.append(
-            f"{2 * rounds} stalled clients; the last ones' picks released while connected ({waited:.2f} s after the load)"
+            f"{2 * rounds} stalled clients; the last ones' picks released while connected ({waited:.2f} s after "
+            "the load)"
         )
         _release(run, stalled)
         slow = [o for o in run.extra if o.user == "slow_reader"]
         run.notes.append(
-            f"slow streams {sum(o.kind == COMPLETE for o in slow)}/{len(slow)} complete, longest {max(o.elapsed for o in slow):.1f} s"
+            f"slow streams {sum(o.kind == COMPLETE for o in slow)}/{len(slow)} complete, longest "
+            f"{max(o.elapsed for o in slow):.1f} s"
         )
 
 

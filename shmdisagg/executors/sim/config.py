@@ -103,7 +103,8 @@ class SimConfig:
             raise ConfigError("event_buffer_max_size must be >= 0")
         if self.kv_cache_event_hash_algo not in HASH_ALGO_CHOICES:
             raise ConfigError(
-                f"kv_cache_event_hash_algo must be one of {', '.join(HASH_ALGO_CHOICES)}, got {self.kv_cache_event_hash_algo!r}"
+                f"kv_cache_event_hash_algo must be one of {', '.join(HASH_ALGO_CHOICES)}, got "
+                f"{self.kv_cache_event_hash_algo!r}"
             )
         if not 0 < self.free_gpu_memory_fraction <= 1:
             raise ConfigError("free_gpu_memory_fraction must be within (0, 1]")

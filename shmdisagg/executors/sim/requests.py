@@ -422,7 +422,8 @@ def _completion_prompt(body: CompletionRequest, tokenizer: Tokenizer) -> tuple[l
         kinds = {_prompt_item_kind(p) for p in prompt}
         if len(kinds) != 1 or None in kinds:
             raise ValidationFailed(
-                "prompt: Input should be a string, a list of strings, a list of token ids or a list of lists of token ids"
+                "prompt: Input should be a string, a list of strings, a list of token ids or a list of lists of "
+                "token ids"
             )
         if kinds != {"id"}:
             if len(prompt) > 1:

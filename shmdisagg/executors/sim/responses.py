@@ -214,7 +214,10 @@ class StreamEncoder:
             self._suffix = b',"reasoning_content":""}}]}\n\n'
         else:
             self._prefix = b"data: " + head + b',"choices":[{"index":0,"text":'
-            self._suffix = b',"token_ids":null,"logprobs":null,"finish_reason":null,"stop_reason":null,"avg_decoded_tokens_per_iter":null}],"usage":null}\n\n'
+            self._suffix = (
+                b',"token_ids":null,"logprobs":null,"finish_reason":null,"stop_reason":null,'
+                b'"avg_decoded_tokens_per_iter":null}],"usage":null}\n\n'
+            )
         self._fast = not req.logprobs and not req.continuous_usage and req.detokenize
         # a completion's first chunk carries the echoed prompt, so it takes the slow path
         self._echo_pending = bool(req.echo_text) and not req.chat

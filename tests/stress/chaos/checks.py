@@ -12,8 +12,9 @@ Which outcomes are clean (`Rules`, per scenario):
 - a connection cut without an answer (reset in the handshake, reset or EOF before the head, a
   body or a stream cut without an error event) only where the scenario killed a process the
   connection may have reached: a fleet worker SIGKILLed before it was opened and gone (every
-  thread exited, its listener closed) only after, the cut seen within `cut_window_s` of the kill. Everything else (refused connections, timeouts past the client's
-  deadline, malformed bodies, bytes after `[DONE]`) is a violation everywhere.
+  thread exited, its listener closed) only after, the cut seen within `cut_window_s` of the
+  kill. Everything else (refused connections, timeouts past the client's deadline, malformed
+  bodies, bytes after `[DONE]`) is a violation everywhere.
 After the load drains: every load counter in the table is 0 (and every worker row released
 each pick it made), no executor still runs a request, the KV index holds exactly what the live
 executors hold (kv_cache_aware roles), no `disagg_request_id` was used twice. After shutdown:
@@ -67,7 +68,10 @@ class Tally:
 
     def summary(self) -> str:
         errors = " ".join(f"{s}:{n}" for s, n in sorted(self.errors.items())) or "-"
-        return f"{self.owed} owed, {self.complete} complete, errors {errors}, {self.forgiven_cuts} cut by a kill, {len(self.violations)} violations"
+        return (
+            f"{self.owed} owed, {self.complete} complete, errors {errors}, {self.forgiven_cuts} cut by a "
+            f"kill, {len(self.violations)} violations"
+        )
 
 
 def judge(outcomes: Iterable[Outcome], events: list[Fault], rules: Rules, t0: float = 0.0) -> Tally:
@@ -92,7 +96,8 @@ def judge(outcomes: Iterable[Outcome], events: list[Fault], rules: Rules, t0: fl
         else:
             what = "unexpected status" if out.kind == ERROR else out.kind
             tally.violations.append(
-                f"{what}: {out.detail} ({out.path}, {'stream' if out.stream else 'json'}, {out.user}, connection opened "
+                f"{what}: {out.detail} ({out.path}, {'stream' if out.stream else 'json'}, {out.user}, connection "
+                "opened "
                 f"+{out.conn_opened - t0:.3f}, sent +{out.started - t0:.3f}, ended +{out.ended - t0:.3f} s)"
             )
     return tally
@@ -162,7 +167,8 @@ def index_problems(dep: ChaosDeployment) -> list[str]:
         if ex.pid is None or ex.slot not in healthy:
             if held:
                 out.append(
-                    f"{ex.name} (slot {ex.slot}) is {'dead' if ex.pid is None else 'unhealthy'} but holds {held} blocks in the index"
+                    f"{ex.name} (slot {ex.slot}) is {'dead' if ex.pid is None else 'unhealthy'} but holds {held} "
+                    "blocks in the index"
                 )
             continue
         if ex.stopped:

@@ -215,7 +215,8 @@ class ChaosDeployment:
                 "timeout_graceful_shutdown_s": 1.0,
                 # the harness reads each executor's /perf_metrics (disagg ids): a ring big enough for its polls
                 "executors": {"backend": "sim", "model": MODEL, "startup_timeout_s": 60,
-                              "sim": {"speedup": 20.0, "num_blocks": 4096, "extra_args": ["--perf-metrics-max-requests", "100000"]}},
+                              "sim": {"speedup": 20.0, "num_blocks": 4096,
+                                      "extra_args": ["--perf-metrics-max-requests", "100000"]}},
                 **layout.shmdisagg,
             },
         )  # fmt: skip

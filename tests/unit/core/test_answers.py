@@ -191,7 +191,8 @@ def test_max_tokens_reads_the_field_the_worker_reads() -> None:
     ("body", "message"),
     [
         (
-            b'{"object":"error","message":"bad prompt at 127.0.0.1:8001","type":"BadRequestError","param":null,"code":400}',
+            b'{"object":"error","message":"bad prompt at '
+            b'127.0.0.1:8001","type":"BadRequestError","param":null,"code":400}',
             "bad prompt at <executor>",
         ),
         (

@@ -112,7 +112,8 @@ def test_the_metadata_server_is_refused_by_name(tmp_path: Path) -> None:
     out = _serve("disaggregated", "-c", str(_write(tmp_path)), "-m", str(tmp_path / "etcd.yaml"))
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is not supported; "
+        "shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is not "
+        "supported; "
         "list the executors under context_servers.urls and generation_servers.urls"
     ]
 
@@ -122,13 +123,15 @@ def test_report_addr_is_refused_with_a_fleet_and_port_0_needs_it(tmp_path: Path)
     out = _serve("disaggregated", "-c", str(path), "--report_addr", str(tmp_path / "a.addr"))
     assert out.returncode == 2, out
     assert out.stderr.strip().splitlines() == [
-        f"shmdisagg: --report_addr: TensorRT-LLM reports the address of a single self-contained disaggregated server only; {path} has "
+        "shmdisagg: --report_addr: TensorRT-LLM reports the address of a single self-contained disaggregated "
+        f"server only; {path} has "
         "num_workers: 2: set num_workers: 1"
     ]
     path = _write(tmp_path, port=0)
     out = _serve("disaggregated", "-c", str(path))
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
-        f"shmdisagg: config error: {path}: port: 0 (a port the kernel picks) needs --report_addr PATH, where the bound host:port is "
+        f"shmdisagg: config error: {path}: port: 0 (a port the kernel picks) needs --report_addr PATH, where the "
+        "bound host:port is "
         "written; nothing else would learn the port"
     ), out
     for command in (["launch"], ["bench", "--launch"]):

@@ -76,7 +76,8 @@ def _error(data: object) -> str:
         ),
         (
             lambda d: d.update(conditional_disagg_config={"max_local_prefill_length": 64}),
-            "conditional_disagg_config: needs a kv_cache_aware generation router (generation_servers.router.type is load_balancing)",
+            "conditional_disagg_config: needs a kv_cache_aware generation router (generation_servers.router.type "
+            "is load_balancing)",
         ),
         (lambda d: d["generation_servers"]["router"].update(use_tokenz=True), "generation_servers.router.use_tokenz"),
         (lambda d: d.update(port=70000), "port:"),
@@ -170,7 +171,8 @@ def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path, hf_tokeni
         # an executor on the public address: the fleet and the executor cannot both listen there
         (
             lambda d: d["context_servers"].update(urls=["localhost:8001", "localhost:8000"]),
-            "context_servers.urls: 'localhost:8000' is the public address (hostname:port localhost:8000) the fleet listens on",
+            "context_servers.urls: 'localhost:8000' is the public address (hostname:port localhost:8000) the "
+            "fleet listens on",
         ),
         (
             lambda d: d["generation_servers"].update(urls=["http://127.0.0.1:8000"]),
@@ -183,7 +185,8 @@ def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path, hf_tokeni
         # one executor in both roles, or twice in one role, however it is spelt
         (
             lambda d: d["generation_servers"].update(urls=["localhost:8002"]),
-            "generation_servers.urls: 'localhost:8002' is also a context_servers url ('localhost:8002'): an executor serves one role",
+            "generation_servers.urls: 'localhost:8002' is also a context_servers url ('localhost:8002'): an "
+            "executor serves one role",
         ),
         (
             lambda d: d["generation_servers"].update(urls=["http://127.0.0.1:8001/"]),
@@ -234,7 +237,8 @@ def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path, hf_tokeni
         # a deployment needs an executor of each role
         (
             lambda d: d.pop("context_servers"),
-            "cfg.yaml: context_servers: missing; a deployment needs at least one context executor: list it under context_servers.urls as host:port",
+            "cfg.yaml: context_servers: missing; a deployment needs at least one context executor: list it under "
+            "context_servers.urls as host:port",
         ),
         (
             lambda d: d["context_servers"].pop("urls") and d["context_servers"].pop("num_instances"),

@@ -238,7 +238,8 @@ def test_the_launcher_names_an_unusable_log_directory_and_starts_nothing(tmp_pat
         ),
         (
             lambda d: d["generation_servers"].update(urls=[f"{NOT_HERE}:9162"]),
-            f"generation_servers.urls: '{NOT_HERE}:9162': '{NOT_HERE}' is not an address of this machine; shmdisagg launch starts its executors on this machine",
+            f"generation_servers.urls: '{NOT_HERE}:9162': '{NOT_HERE}' is not an address of this machine; "
+            "shmdisagg launch starts its executors on this machine",
         ),
     ],
 )

@@ -200,10 +200,12 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
     (tmp_path / "tensorrt_llm/commands").mkdir(parents=True)
     (tmp_path / "tensorrt_llm/llmapi/llm_args.py").write_text(
         "class KvCacheConfig:\n    tokens_per_block: int = 32\n"
-        "class BaseLlmArgs:\n    model_config = None\n    model: str\n    _hidden: int = 0\n    max_batch_size: int = 2048\n"
+        "class BaseLlmArgs:\n    model_config = None\n    model: str\n    _hidden: int = 0\n    max_batch_size: "
+        "int = 2048\n"
         "_TORCH_LLMARGS_REMOVED_ARG_CHECKS: dict = {'sampler_type': print}\n"
         "class TorchLlmArgs(BaseLlmArgs):\n    print_iter_log: bool = False\n"
-        "def update_llm_args_with_extra_dict(llm_args, llm_args_dict):\n    if 'hf_revision' in llm_args_dict:\n        pass\n"
+        "def update_llm_args_with_extra_dict(llm_args, llm_args_dict):\n    if 'hf_revision' in llm_args_dict:\n "
+        "       pass\n"
     )
     (tmp_path / "tensorrt_llm/commands/serve.py").write_text(
         "def get_llm_args(model, free_gpu_memory_fraction=0.9, **rest):\n    pass\n"

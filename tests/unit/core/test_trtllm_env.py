@@ -64,7 +64,8 @@ def test_each_variable_means_what_it_means_in_tensorrt_llm(
         (
             {"TRTLLM_DISAGG_LIFECYCLE_PROTOCOL_VERSION": "1"},
             [
-                "TRTLLM_DISAGG_LIFECYCLE_PROTOCOL_VERSION: the v1 generation-grant lifecycle protocol is not supported; unset it or set 0"
+                "TRTLLM_DISAGG_LIFECYCLE_PROTOCOL_VERSION: the v1 generation-grant lifecycle protocol is not "
+                "supported; unset it or set 0"
             ],
         ),
         (
@@ -109,7 +110,8 @@ def test_variables_that_cannot_be_honoured_are_refused_by_name(variables: dict[s
     [
         (
             {"WEB_CONCURRENCY": "4"},
-            "WEB_CONCURRENCY is ignored, as by TensorRT-LLM's trtllm-serve disaggregated; num_workers sets the fleet size",
+            "WEB_CONCURRENCY is ignored, as by TensorRT-LLM's trtllm-serve disaggregated; num_workers sets the "
+            "fleet size",
         ),
         (
             {"TRTLLM_DISAGG_COORDINATOR_RESERVATION_TIMEOUT": "600"},
@@ -205,7 +207,8 @@ def test_check_config_refuses_a_variable_in_one_line_and_warns_about_others(tmp_
     )
     assert out.returncode == 2, out
     assert out.stderr.strip().splitlines() == [
-        "shmdisagg: config error: TRTLLM_DISAGG_LIFECYCLE_PROTOCOL_VERSION: the v1 generation-grant lifecycle protocol is not supported; "
+        "shmdisagg: config error: TRTLLM_DISAGG_LIFECYCLE_PROTOCOL_VERSION: the v1 generation-grant lifecycle "
+        "protocol is not supported; "
         "unset it or set 0 (v0, TensorRT-LLM's default handoff)"
     ]
     del env["TRTLLM_DISAGG_LIFECYCLE_PROTOCOL_VERSION"]

@@ -409,7 +409,8 @@ def test_an_upgrade_is_refused_with_a_body_and_ignored_without(port: int) -> Non
         async with serving(port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(
-                b"GET / HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n"
+                b"GET / HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: "
+                b"h2c\r\nhttp2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n"
             )
             served = (await one_response(reader))[::2]
             writer.write(POST_HEAD + b"connection: upgrade\r\nupgrade: foo\r\ncontent-length: 2\r\n\r\n{}")
@@ -458,8 +459,10 @@ def test_a_worker_raises_its_descriptor_limit_and_clamps_the_cap_once(tmp_path: 
         "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')\n"
         "from shmdisagg.config import DisaggConfig\n"
         "from shmdisagg.fleet.edge import EdgeLimits\n"
-        "c = DisaggConfig.model_validate({'context_servers': {'urls': ['127.0.0.1:1']}, 'generation_servers': {'urls': ['127.0.0.1:2']}})\n"
-        "print('cap', EdgeLimits.for_worker(c).worker_connections, 'soft', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "c = DisaggConfig.model_validate({'context_servers': {'urls': ['127.0.0.1:1']}, 'generation_servers': "
+        "{'urls': ['127.0.0.1:2']}})\n"
+        "print('cap', EdgeLimits.for_worker(c).worker_connections, 'soft', "
+        "resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["cap", str((2048 - FD_RESERVE) // FDS_PER_CONNECTION), "soft", "2048"], out

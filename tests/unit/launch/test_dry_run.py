@@ -17,7 +17,8 @@ from tests.fakes.trtllm_shim import EXAMPLE_8GPU, REPO, small_config
 def test_the_8gpu_example_dry_run_prints_every_instance_and_writes_nothing(tmp_path: Path) -> None:
     log_dir = tmp_path / "never"
     proc = subprocess.run(
-        [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(EXAMPLE_8GPU), "--dry-run", "--log-dir", str(log_dir)],
+        [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(EXAMPLE_8GPU), "--dry-run",
+         "--log-dir", str(log_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -66,7 +66,8 @@ def test_generated_options_carry_what_disaggregation_and_kv_events_need() -> Non
     assert ctx is not None and gen is not None
     assert ctx["cache_transceiver_config"] == gen["cache_transceiver_config"] == {"backend": "NIXL"}
     assert ctx["kv_cache_config"] == {
-        "enable_block_reuse": True, "event_buffer_max_size": 4096, "tokens_per_block": 32, "free_gpu_memory_fraction": 0.85,
+        "enable_block_reuse": True, "event_buffer_max_size": 4096, "tokens_per_block": 32,
+        "free_gpu_memory_fraction": 0.85,
     }  # fmt: skip
     assert (ctx["max_batch_size"], ctx["max_num_tokens"]) == (16, 16384)
     assert (gen["max_batch_size"], gen["max_num_tokens"]) == (256, 8192)
@@ -85,7 +86,8 @@ def test_generated_defaults_fill_what_a_minimal_section_leaves_out() -> None:
     ctx = plan.instances[0].options
     assert ctx is not None
     assert ctx["kv_cache_config"] == {
-        "enable_block_reuse": True, "event_buffer_max_size": 4096, "tokens_per_block": 32, "free_gpu_memory_fraction": 0.9,
+        "enable_block_reuse": True, "event_buffer_max_size": 4096, "tokens_per_block": 32,
+        "free_gpu_memory_fraction": 0.9,
     }  # fmt: skip
     assert (ctx["max_batch_size"], ctx["max_num_tokens"]) == (2048, 8192)
     # a section that sets one kv_cache_config key keeps the other generated ones
@@ -342,7 +344,8 @@ def test_the_simulator_gets_the_roles_trtllm_options_with_trtllm_defaults() -> N
         ),
         (
             {"kv_cache_config": {"kv_cache_event_hash_algo": "v3"}},
-            "context_servers.kv_cache_config.kv_cache_event_hash_algo: must be one of auto, v1_block_key, v2_sha256, v2_sha256_64, got 'v3'",
+            "context_servers.kv_cache_config.kv_cache_event_hash_algo: must be one of auto, v1_block_key, "
+            "v2_sha256, v2_sha256_64, got 'v3'",
         ),
     ],
 )

@@ -19,11 +19,12 @@ def worker_record() -> dict:
         "request_id": "42",
         "status": "complete",
         "phases": {"server": {
-            "timing_metrics": {"arrival_time": 1.0, "first_scheduled_time": 1.01, "first_token_time": 1.02, "last_token_time": 1.05,
-                               "kv_cache_transfer_start": None, "kv_cache_transfer_end": None},
+            "timing_metrics": {"arrival_time": 1.0, "first_scheduled_time": 1.01, "first_token_time": 1.02,
+                               "last_token_time": 1.05, "kv_cache_transfer_start": None, "kv_cache_transfer_end": None},
             "time_breakdown_metrics": {
-                "step_metrics": [{"iter": 3, "forward_start_time": 2.0, "forward_end_time": 2.002, "sample_start_time": 2.002,
-                                  "sample_end_time": 2.003, "gpu_forward_time": 1.5, "gpu_sample_time": 0.5}],
+                "step_metrics": [{"iter": 3, "forward_start_time": 2.0, "forward_end_time": 2.002,
+                                  "sample_start_time": 2.002, "sample_end_time": 2.003, "gpu_forward_time": 1.5,
+                                  "gpu_sample_time": 0.5}],
                 "ctx_chunk_metrics": [{"forward_start_time": 1.0, "forward_end_time": 1.004, "sample_start_time": 1.004,
                                        "sample_end_time": 1.005, "gpu_forward_time": 3.0, "gpu_sample_time": 0.25}],
             },
@@ -52,7 +53,8 @@ def test_a_combined_record_lists_each_phase_once_and_round_trips_to_jsonl() -> N
         {"arrival_time": 1.0, "last_token_time": 1.05, "first_scheduled_time": 1.01, "first_token_time": 1.02}
     )
     disagg = {"ctx_server": "ctx:8000", "gen_server": "gen:8000", "timing_metrics": {
-        "arrival_time": 0.99, "last_token_time": 1.1, "server_arrival_time": 0.99, "ctx_dispatch_time": 1.0, "server_first_token_time": 1.03}}  # fmt: skip
+        "arrival_time": 0.99, "last_token_time": 1.1, "server_arrival_time": 0.99, "ctx_dispatch_time": 1.0,
+        "server_first_token_time": 1.03}}  # fmt: skip
     record = pr.combine("42", disagg, ctx, gen, disagg_request_id=42)
     assert set(record["phases"]) == {"disagg", "ctx", "gen"}
     headers = pr.metrics_headers([record])

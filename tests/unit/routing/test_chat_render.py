@@ -36,7 +36,10 @@ WEATHER_DUMP = {
         "strict": None,
     },
 }
-OTHER_TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+OTHER_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if "
+    "add_generation_prompt %}[assistant]{% endif %}"
+)
 
 
 def msg(role: str, content: str, **extra: Any) -> dict[str, Any]:

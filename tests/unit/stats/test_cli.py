@@ -206,7 +206,10 @@ def test_once_on_the_segments_of_a_killed_deployment_says_stale_and_exits_1(
         coord.unlink()
         coord.close()
     out, err = capsys.readouterr()
-    reason = f"coordinator pid {pid} is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` of this deployment removes them"
+    reason = (
+        f"coordinator pid {pid} is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` "
+        "of this deployment removes them"
+    )
     assert rc == 1 and reason in err
     if as_json:
         snap = orjson.loads(out)

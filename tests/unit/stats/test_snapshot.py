@@ -169,7 +169,8 @@ def test_a_dead_coordinator_makes_the_snapshot_stale(live, shm_prefix: str) -> N
         assert snap["state"] == snap["coordinator"]["state"] == "stale" and snap["coordinator"]["alive"] is False
         assert (
             snap["stale_reason"]
-            == f"coordinator pid {dead} is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` of this deployment removes them"
+            == f"coordinator pid {dead} is gone: stale segments; the next `shmdisagg launch` or `shmdisagg "
+            "serve` of this deployment removes them"
         )
 
         coord.set_coordinator(PID, process_starttime(PID) + 1, 0xABE)  # the pid, reused by another process

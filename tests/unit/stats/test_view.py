@@ -143,7 +143,10 @@ def test_the_view_shows_cancelled_requests_and_the_coordinators_worker_numbers()
 
 
 def test_a_stale_deployment_says_so_and_shows_no_server_as_ok() -> None:
-    reason = "coordinator pid 10 is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` of this deployment removes them"
+    reason = (
+        "coordinator pid 10 is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` of "
+        "this deployment removes them"
+    )
     snap = {
         **SNAP,
         "state": "stale",
