@@ -109,7 +109,7 @@ def check_context_answer(ctx: Any) -> dict[str, Any]:
     """A context executor's answer as the flow needs it (TensorRT-LLM's `_verify_ctx_response`,
     plus exactly one choice: requests are `n: 1`). Raises `ContractError`."""
     choices = ctx.get("choices") if isinstance(ctx, dict) else None
-    if not isinstance(choices, list) or not choices:
+    if not isinstance(ctx, dict) or not isinstance(choices, list) or not choices:
         raise ContractError("context executor returned no choices")
     if len(choices) != 1 or not isinstance(choices[0], dict):
         raise ContractError(f"context executor returned {len(choices)} choices for a request with n=1")

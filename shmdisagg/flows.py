@@ -138,7 +138,7 @@ class Flows:
         self._style = self.generation_first if schedule_style == "generation_first" else self.context_first
         tpb = getattr(gen_policy, "tokens_per_block", None)
         self.max_local_prefill = max_local_prefill_length if tpb is not None else 0
-        self._gen_tpb = tpb
+        self._gen_tpb: Callable[[], int] | None = tpb  # KvCacheAwarePolicy.tokens_per_block
         self.local_prefills = 0
         self.disaggregated = 0
 
@@ -149,11 +149,11 @@ class Flows:
             if self.options.benchmark_gen_only:
                 await self.generation_only(ex, req, key, path, reserved)
                 return
-            if self.max_local_prefill:
+            if self.max_local_prefill and self._gen_tpb is not None:  # (max_local_prefill is 0 without it)
                 reserved.slot = self.gen_policy.pick(key, -1)
                 if reserved.slot < 0:
                     raise RequestError(503, "no healthy generation server", "no_generation_servers")
-                matched = key.matched_blocks * self._gen_tpb()  # type: ignore[misc]
+                matched = key.matched_blocks * self._gen_tpb()
                 total = len(key.token_ids or ())
                 if matched and total - matched <= self.max_local_prefill:
                     self.local_prefills += 1  # the request as it came, prefill and decode there
@@ -366,8 +366,8 @@ async def relay(ex: Exchange, opened: Opened, max_tokens: int | None) -> None:
         await ex.fail(502, str(err), "executor_contract")
     except TimeoutError:
         opened.close(abort=True)
-        err = leg_timeout_error(opened.role, opened.timeout_s)
-        await ex.fail(err.status, err.message, err.code)
+        timeout = leg_timeout_error(opened.role, opened.timeout_s)
+        await ex.fail(timeout.status, timeout.message, timeout.code)
     except UpstreamError as err:
         opened.close(abort=True)
         if not ex.started:

@@ -237,7 +237,7 @@ class LegRunner:
         self, policy: Policy, key: RoutingKey, path: str, make_body: Callable[[int], bytes], role: str, **kw: Any
     ) -> tuple[int, bytes, int]:
         """A non-streaming leg: (status, body, slot); the pick is released before returning."""
-        opened = await self.open(policy, key, path, make_body, role, **kw)  # type: ignore[arg-type]
+        opened = await self.open(policy, key, path, make_body, role, **kw)
         try:
             async with opened.timeout():
                 body = await opened.response.read()

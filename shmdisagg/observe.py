@@ -32,7 +32,7 @@ Per-request metrics (upstream: `perf_metrics.py` id 56757725682, `openai_client.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -132,7 +132,8 @@ class Observability:
 
 
 def _asked(scope: Scope) -> bool:
-    for name, value in scope.get("headers", ()):
+    headers: Iterable[tuple[bytes, bytes]] = scope.get("headers", ())  # ASGI: (name, value) byte pairs
+    for name, value in headers:
         if name == RETURN_METRICS:
             return value.strip() == b"1"
     return False
@@ -200,7 +201,7 @@ class RequestObservation:
             )
         except BaseException as err:
             if span is not None:
-                tracing.end_leg(span, f"{type(err).__name__}: {err}")  # type: ignore[union-attr]
+                tracing.end_leg(span, f"{type(err).__name__}: {err}")  # type: ignore[union-attr]  # a span implies tracing
             raise
         return ObservedLeg(self, role, f"{host}:{port}", resp, span)
 
@@ -306,7 +307,7 @@ class RequestObservation:
         else:
             error = "stream ended early"
         if self.span is not None:
-            self.o.tracing.end_request(self.span, self.span_token, self.status, self.rid, error)  # type: ignore[union-attr]
+            self.o.tracing.end_request(self.span, self.span_token, self.status, self.rid, error)  # type: ignore[union-attr]  # a span implies tracing
         trace = self.trace
         if trace is not None and not trace.done:
             if not trace.request_written and self.status >= 400:
@@ -348,7 +349,7 @@ class ObservedLeg:
         self._seen = False
         self._filter = MetricsEventFilter() if obs.measured and resp.is_event_stream else None
         if span is not None:
-            obs.o.tracing.leg_status(span, resp.status)  # type: ignore[union-attr]
+            obs.o.tracing.leg_status(span, resp.status)  # type: ignore[union-attr]  # a span implies tracing
         if role == "generation" and resp.status == 200:
             obs.gen_state = "open"
         if obs.measured and resp.status == 200 and not resp.is_event_stream:
@@ -383,7 +384,7 @@ class ObservedLeg:
                 obs.gen_state = "complete"
                 obs.gen_server = self.addr
         if self.span is not None:
-            obs.o.tracing.end_leg(self.span)  # type: ignore[union-attr]
+            obs.o.tracing.end_leg(self.span)  # type: ignore[union-attr]  # a span implies tracing
 
     def _failed(self, err: BaseException | str) -> None:
         if self._done:
@@ -392,7 +393,7 @@ class ObservedLeg:
         if self.role == "generation" and self.obs.gen_state == "open":
             self.obs.gen_state = "failed"
         if self.span is not None:
-            self.obs.o.tracing.end_leg(self.span, err if isinstance(err, str) else f"{type(err).__name__}: {err}")  # type: ignore[union-attr]
+            self.obs.o.tracing.end_leg(self.span, err if isinstance(err, str) else f"{type(err).__name__}: {err}")  # type: ignore[union-attr]  # a span implies tracing
 
     async def read(self) -> bytes:
         try:

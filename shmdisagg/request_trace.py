@@ -43,6 +43,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -347,7 +348,7 @@ class RequestTrace:
         "done",
     )
 
-    def __init__(self, writer: RequestTraceWriter, scope: dict[str, Any], arrival: float) -> None:
+    def __init__(self, writer: RequestTraceWriter, scope: Mapping[str, Any], arrival: float) -> None:
         self.writer = writer
         self.headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
         self.route: str = scope.get("path", "")

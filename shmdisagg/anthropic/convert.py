@@ -49,11 +49,15 @@ import orjson
 
 from shmdisagg.anthropic.protocol import (
     AnthropicRequestError,
+    ContentBlock,
     CountTokensRequest,
-    Message,
+    ImageBlock,
     MessagesRequest,
     TextBlock,
+    ThinkingBlock,
     ToolChoice,
+    ToolResultBlock,
+    ToolUseBlock,
 )
 
 log = logging.getLogger("shmdisagg.anthropic")
@@ -183,21 +187,21 @@ def _messages(req: MessagesRequest) -> list[dict[str, Any]]:
             if isinstance(message.content, str):
                 system.append(message.content)
             else:
-                system.extend(b.text for b in message.content if b.type == "text")  # type: ignore[union-attr]
+                system.extend(b.text for b in message.content if isinstance(b, TextBlock))
             continue
         leading = False
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
         else:
-            out.extend(_turn(message))
+            out.extend(_turn(message.role, message.content))
     if system:
         out.insert(0, {"role": "system", "content": "\n\n".join(system)})
     return out
 
 
-def _turn(message: Message) -> list[dict[str, Any]]:
-    """One message of content blocks as chat messages (a tool_result splits it)."""
-    role = message.role
+def _turn(role: str, blocks: list[ContentBlock]) -> list[dict[str, Any]]:
+    """One message of content blocks as chat messages (a tool_result splits it). A block's class
+    is its `type`: the request model picks the class by it (protocol.ContentBlock)."""
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
@@ -212,30 +216,30 @@ def _turn(message: Message) -> list[dict[str, Any]]:
             out.append(msg)
             parts.clear()
 
-    for block in message.content:
-        kind = block.type  # type: ignore[union-attr]
-        if kind == "text":
-            parts.append({"type": "text", "text": block.text})  # type: ignore[union-attr]
-        elif kind == "image":
+    for block in blocks:
+        kind = block.type
+        if isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
             parts.append(_image_part(block))
-        elif kind == "tool_use":
+        elif isinstance(block, ToolUseBlock):
             calls.append(
                 {
                     "id": block.id,
                     "type": "function",
                     "function": {"name": block.name, "arguments": json.dumps(block.input)},
                 }
-            )  # type: ignore[union-attr]
-        elif kind == "tool_result":
+            )
+        elif isinstance(block, ToolResultBlock):
             flush()
-            text = _tool_result_text(block.content)  # type: ignore[union-attr]
-            if block.is_error:  # type: ignore[union-attr]
+            text = _tool_result_text(block.content)
+            if block.is_error:
                 text = f"Tool execution failed: {text}"
-            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})  # type: ignore[union-attr]
-        elif kind == "thinking":
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
+        elif isinstance(block, ThinkingBlock):
             if role != "assistant":
                 raise AnthropicRequestError("thinking content blocks are only valid in assistant messages")
-            reasoning.append(block.thinking)  # type: ignore[union-attr]
+            reasoning.append(block.thinking)
         elif kind == "redacted_thinking":
             raise AnthropicRequestError("redacted_thinking history is not supported by this server")
         else:  # refused, not dropped: a dropped block changes the prompt without the client knowing
@@ -391,7 +395,9 @@ def anthropic_message(answer: Any) -> dict[str, Any]:
     choices = answer.get("choices")
     if isinstance(choices, list) and choices:
         choice = choices[0] if isinstance(choices[0], dict) else {}
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            message = {}
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         if reasoning:
             content.append({"type": "thinking", "thinking": reasoning})
@@ -424,7 +430,7 @@ def _tool_use_block(call: Any) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     try:
-        args = orjson.loads(function.get("arguments") or "")  # type: ignore[union-attr]
+        args = orjson.loads(function.get("arguments") or "")  # type: ignore[union-attr]  # None: AttributeError, caught
     except (orjson.JSONDecodeError, AttributeError, TypeError):
         args = None
     if not isinstance(args, dict):

@@ -135,7 +135,7 @@ class Tool(_Open):
     strict: bool | None = None
 
     def _typed(self, prefixes: tuple[str, ...]) -> bool:
-        return self.type not in (None, "custom") and self.type.startswith(prefixes)  # type: ignore[union-attr]
+        return self.type not in (None, "custom") and self.type.startswith(prefixes)
 
     def is_server_tool(self) -> bool:
         return self._typed(SERVER_TOOL_TYPE_PREFIXES)
@@ -218,4 +218,5 @@ def error_envelope(status: int, message: str) -> bytes:
 def sse(event: dict[str, Any]) -> bytes:
     """One Anthropic SSE frame: `event: <type>` then the event as JSON (anthropic_protocol.py's
     `anthropic_sse`)."""
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -193,8 +193,8 @@ class _AnyHealthyContext:
     """A `Policy` for `LegRunner` that picks a healthy context server round-robin and adds no
     load (a token count is not routed work)."""
 
-    name = "count_tokens"
-    needs_tokens = False
+    name: ClassVar[str] = "count_tokens"
+    needs_tokens: ClassVar[bool] = False
 
     def __init__(self, directory: ServerDirectory) -> None:
         self.directory = directory

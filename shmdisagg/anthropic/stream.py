@@ -156,7 +156,9 @@ class StreamReframer:
         return frames
 
     def _choice(self, choice: dict[str, Any], frames: list[bytes]) -> None:
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            delta = {}
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if reasoning:
             frames.extend(self._ensure("thinking"))

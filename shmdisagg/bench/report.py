@@ -9,7 +9,7 @@ Formats only; computes no metric.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +146,10 @@ def _latency_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) rows: a header, then one row per metric, its columns aligned."""
     cells = [[_ms(summary[key][k]) for k in _LATENCY_STATS] for _, key in _LATENCY]
     width = max(len(c) for row in [list(_LATENCY_STATS), *cells] for c in row)
-    line = lambda row: "  ".join(c.rjust(width) for c in row)  # noqa: E731
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.rjust(width) for c in row)
+
     return [("[cyan]Latency (ms)", line(_LATENCY_STATS))] + [
         (label, line(row)) for (label, _), row in zip(_LATENCY, cells)
     ]

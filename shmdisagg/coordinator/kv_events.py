@@ -143,7 +143,7 @@ class KvEventIngestor:
         executors: list[Executor],
         keys: RoutingKeys | None = None,
         settings: KvEventsSection | None = None,
-        row: memoryview | None = None,
+        row: memoryview[float] | None = None,
         on_key_change: Callable[[int], object] = lambda slot: None,
         on_restart: Callable[[int], object] = lambda slot: None,
     ) -> None:

@@ -228,9 +228,9 @@ def describe_plan(plan: LaunchPlan, config: DisaggConfig, config_path: str) -> s
         out.append(f"logs and option files: {run_dir}{note}")
     for inst in plan.instances:
         out.append("")
-        gpus = f"GPUs {','.join(inst.gpus)}" if inst.gpus else "no GPU"
+        placed = f"GPUs {','.join(inst.gpus)}" if inst.gpus else "no GPU"
         out.append(
-            f"[{inst.name}] {inst.role} on {inst.addr}, {gpus}, log "
+            f"[{inst.name}] {inst.role} on {inst.addr}, {placed}, log "
             f"{(plan.run_dir or UNSET_RUN_DIR) / (inst.name + '.log')}"
         )
         out.append(f"  $ {inst.shell_line()}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -44,7 +44,7 @@ class FleetCollector(Collector):
     """Collects from `segment` (may be None: no per-request metrics) and `table`.
     `routers`: role name -> router type, the `router` label of routing decisions."""
 
-    def __init__(self, table: ControlTable, segment: MetricsSegment | None, routers: dict[str, str]) -> None:
+    def __init__(self, table: ControlTable, segment: MetricsSegment | None, routers: Mapping[str, str]) -> None:
         self.table = table
         self.segment = segment
         self.routers = routers
@@ -77,9 +77,9 @@ class FleetCollector(Collector):
             for bound, n in zip([*map(_fmt, h.buckets), "+Inf"], counts):
                 running += n
                 buckets.append((bound, running))
-            fam = HistogramMetricFamily(h.name, h.help)
-            fam.add_metric([], buckets, total[base + len(h.buckets) + 1])
-            yield fam
+            hist = HistogramMetricFamily(h.name, h.help)
+            hist.add_metric([], buckets, total[base + len(h.buckets) + 1])
+            yield hist
         addrs = self._addresses()
         for c in PER_SERVER:
             fam = CounterMetricFamily(c.name, c.help, labels=["server"])

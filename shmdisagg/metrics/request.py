@@ -119,7 +119,7 @@ class RequestMetrics:
 
     `records`: where per-request records go (None: none are kept)."""
 
-    def __init__(self, row: memoryview, records: RecordSink | None = None) -> None:
+    def __init__(self, row: memoryview[float], records: RecordSink | None = None) -> None:
         self.row = row
         self.records = records
         row[LAYOUT.pid] = os.getpid()  # lets `shmdisagg stats` match the row to the table's
@@ -320,7 +320,7 @@ def _hist(name: str) -> tuple[int, tuple[float, ...], int]:
 )
 
 
-def _observe(row: memoryview, hist: tuple[int, tuple[float, ...], int], value: float) -> None:
+def _observe(row: memoryview[float], hist: tuple[int, tuple[float, ...], int], value: float) -> None:
     base, bounds, total = hist
     row[base + bisect_left(bounds, value)] += 1.0
     row[total] += value
@@ -346,6 +346,6 @@ RECORD_FIELDS = (
 )
 
 
-def observe_into(row: memoryview, name: str, value: float) -> None:
+def observe_into(row: memoryview[float], name: str, value: float) -> None:
     """One histogram observation into `row` (the coordinator's per-token latency)."""
     _observe(row, _hist(name), value)

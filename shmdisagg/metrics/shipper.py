@@ -36,7 +36,7 @@ class RecordShipper:
     """State: `_pending` (records not yet sent, oldest first); `sent`, `dropped` (totals)."""
 
     def __init__(
-        self, socket_path: str, worker_index: int, row: memoryview | None = None, max_pending: int = MAX_PENDING
+        self, socket_path: str, worker_index: int, row: memoryview[float] | None = None, max_pending: int = MAX_PENDING
     ) -> None:
         self.socket_path = socket_path
         self.worker_index = worker_index

@@ -128,5 +128,9 @@ class TablePolicy:
         self.role = role
         self.args = args
 
+    def pick(self, key: RoutingKey, exclude_slot: int) -> int:
+        """Each policy's own (`Policy.pick`); declared here so every subclass is a `Policy`."""
+        raise NotImplementedError
+
     def release(self, slot: int, key: RoutingKey) -> None:
         self.table.release(self.row, slot, key.num_tokens)

@@ -311,7 +311,7 @@ class BlockIndex:
             raise ShmError(f"{self.name}: only the coordinator sweeps the index")
         s = self.settings
         now = time.monotonic_ns() if now_ns is None else now_ns
-        return self._ix.sweep(now, int(s.routed_ttl_s * 1e9), s.max_sessions, s.max_implicit)  # type: ignore[no-any-return]
+        return self._ix.sweep(now, int(s.routed_ttl_s * 1e9), s.max_sessions, s.max_implicit)
 
     def resize_target(self, census: dict[str, int]) -> int | None:
         """The capacity `maintain()` would rebuild at given a sweep's census, or None."""
@@ -471,7 +471,7 @@ class BlockIndex:
         the same prefix re-scores once, so racing workers converge on one server. The pick's load
         is added to `row`; release it with `ControlTable.release(row, slot, num_tokens)`.
         """
-        return self._pick(
+        return self._pick(  # type: ignore[no-any-return]  # _pick calls Index.pick_kv by name
             "pick_kv",
             row,
             role,
@@ -483,7 +483,7 @@ class BlockIndex:
             use_tokens,
             track_routed,
             max_batch_size,
-        )  # type: ignore[no-any-return]
+        )
 
     def match(self, hashes: bytes, role: int = -1, jump: bool = False) -> list[tuple[int, int]]:
         """[(slot, depth)] of present, healthy servers (of `role`, if >= 0); read-only. Depths by
@@ -500,7 +500,7 @@ class BlockIndex:
         server from every worker: the first decision wins (CAS); a session whose server is no
         longer a candidate moves to the candidate with the fewest active tokens; new sessions go
         there too. Refreshes the session's LRU stamp. -1 if no candidate."""
-        return self._pick("conv_pick_explicit", row, role, exclude_slot, conv_key, num_tokens)  # type: ignore[no-any-return]
+        return self._pick("conv_pick_explicit", row, role, exclude_slot, conv_key, num_tokens)  # type: ignore[no-any-return]  # _pick calls Index.conv_pick_explicit by name
 
     def conv_pick_implicit(
         self, row: int, role: int, exclude_slot: int, hashes: bytes, num_tokens: int, match_threshold: float = 0.75
@@ -508,11 +508,11 @@ class BlockIndex:
         """Conversation pick by prefix when there is no id: (slot, depth). The candidate routed
         the deepest prefix of `hashes` before wins if depth / len(hashes) >= match_threshold,
         else the one with the fewest active tokens; the hashes are then recorded for it."""
-        return self._pick("conv_pick_implicit", row, role, exclude_slot, hashes, num_tokens, match_threshold)  # type: ignore[no-any-return]
+        return self._pick("conv_pick_implicit", row, role, exclude_slot, hashes, num_tokens, match_threshold)  # type: ignore[no-any-return]  # _pick calls Index.conv_pick_implicit by name
 
     def lookup(self, block_hash: int) -> tuple[int, int, int] | None:
         """(event_mask, routed_mask, routed_ts_ns) of one block hash, or None (diagnostics)."""
-        return self._ix.lookup(block_hash)  # type: ignore[no-any-return]
+        return self._ix.lookup(block_hash)
 
 
 def _build(table: ControlTable, generation: int, capacity: int, max_load: float) -> tuple[Segment, Index]:

@@ -362,7 +362,7 @@ class ControlTable:
 
     def load(self, slot: int) -> tuple[int, int]:
         """(active requests, active tokens) of server `slot`, summed over claimed rows."""
-        return self._region.load(slot)  # type: ignore[no-any-return]
+        return self._region.load(slot)
 
     def routed(self, slot: int) -> int:
         """Total picks of server `slot`: all rows plus retired totals of reclaimed rows.
@@ -373,12 +373,12 @@ class ControlTable:
 
     def retired(self) -> tuple[int, int]:
         """(dispatched, completed) totals retired from reclaimed rows."""
-        return self._region.retired()  # type: ignore[no-any-return]
+        return self._region.retired()
 
     @property
     def stats(self) -> dict[str, int]:
         """Process-local counters: seqlock retries, picks served from the last good config copy."""
-        return self._region.stats  # type: ignore[no-any-return]
+        return self._region.stats
 
     def index_publication(self) -> tuple[int, int, int, str]:
         """(generation, capacity, segment_bytes, name) of the published block index; generation 0
@@ -390,7 +390,7 @@ class ControlTable:
         """The block index metrics kept in the control segment (counters are monotonic; derive
         rates by differencing). "lag_hist" counts event-to-visibility lags in log-linear ns buckets
         (edges: `shmdisagg.shm.index.lag_bucket_edges`)."""
-        return self._region.index_metrics()  # type: ignore[no-any-return]
+        return self._region.index_metrics()
 
     # -- worker only (own row) ----------------------------------------------------------------
 
@@ -411,7 +411,7 @@ class ControlTable:
         (+1 request, +tokens, +1 routed, +1 dispatched) to the own row in the same call. Raises
         RowLost if the row is not ours, RetryExhausted if no config copy was ever readable.
         """
-        return self._region.pick_round_robin(row, role, exclude_slot, tokens)  # type: ignore[no-any-return]
+        return self._region.pick_round_robin(row, role, exclude_slot, tokens)
 
     def pick_least_loaded(self, row: int, role: int, exclude_slot: int, tokens: int, use_tokens: bool) -> int:
         """Candidate with the fewest active requests (or tokens) over all rows; -1 if none.
@@ -419,7 +419,7 @@ class ControlTable:
         Ties rotate with the role's round-robin ticket. Adds the pick to the own row as
         `pick_round_robin` does and raises the same errors.
         """
-        return self._region.pick_least_loaded(row, role, exclude_slot, tokens, use_tokens)  # type: ignore[no-any-return]
+        return self._region.pick_least_loaded(row, role, exclude_slot, tokens, use_tokens)
 
     def release(self, row: int, slot: int, tokens: int) -> bool:
         """Undo one pick (-1 request, -tokens, +1 completed) when its request ends, exactly once.

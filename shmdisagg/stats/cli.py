@@ -41,7 +41,7 @@ _CONFIG_PREFIX = re.compile(
     next(m.pattern for m in ShmSection.model_fields["prefix"].metadata if getattr(m, "pattern", None))
 )
 _DEFAULT_PREFIX = re.compile(r"^shmdisagg-[0-9]{1,10}-[0-9]{1,5}$")
-MAX_PREFIX_CHARS = int(re.search(r"\{1,(\d+)\}", _CONFIG_PREFIX.pattern).group(1))  # type: ignore[union-attr]
+MAX_PREFIX_CHARS = int(re.search(r"\{1,(\d+)\}", _CONFIG_PREFIX.pattern).group(1))  # type: ignore[union-attr]  # the pattern has {1,N}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -244,10 +244,11 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
     servers = []
     for s in cur.servers:
         reqs, toks = cur.loads.get(s.slot, (0, 0))
-        prompt = cached = None
+        prompt = cached = hit_rate = None
         if totals is not None and s.slot < MAX_SERVERS:
             prompt = totals[LAYOUT.per_server["shmdisagg_server_prompt_tokens"] + s.slot]
             cached = totals[LAYOUT.per_server["shmdisagg_server_cached_tokens"] + s.slot]
+            hit_rate = cached / prompt if prompt else None
         routed = cur.routed.get(s.slot, 0)
         servers.append(
             {
@@ -263,7 +264,7 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
                 "kv_blocks": None if cur.kv_blocks is None else cur.kv_blocks.get(s.slot, 0),
                 "prompt_tokens": prompt,
                 "cached_tokens": cached,
-                "hit_rate": cached / prompt if prompt else None,
+                "hit_rate": hit_rate,
             }
         )
     out["servers"] = servers
@@ -305,7 +306,7 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
     }
     out["requests"] = None
     if totals is not None:
-        req = {
+        counts = {
             name: totals[_C[name]]
             for name in (
                 "total_requests",
@@ -320,15 +321,18 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
                 "gen_retry_requests",
             )
         }
-        req["in_flight"] = _in_flight(totals)
         # total = in flight + ok + cancelled (client went away) + failed + 4xx + 429 + lost (on a
         # worker that died)
-        req["cancelled"] = req["shmdisagg_client_disconnects"]
-        req["failed"] = req["http_exceptions"] + req["internal_errors"]
-        req["lost"] = req["shmdisagg_worker_lost_requests"]
-        req["requests_per_s"] = _rate(
-            totals[_C["total_requests"]], prev_totals[_C["total_requests"]] if prev_totals else None, dt
-        )
+        req: dict[str, float | None] = {
+            **counts,
+            "in_flight": _in_flight(totals),
+            "cancelled": counts["shmdisagg_client_disconnects"],
+            "failed": counts["http_exceptions"] + counts["internal_errors"],
+            "lost": counts["shmdisagg_worker_lost_requests"],
+            "requests_per_s": _rate(
+                totals[_C["total_requests"]], prev_totals[_C["total_requests"]] if prev_totals else None, dt
+            ),
+        }
         prompt = sum(totals[LAYOUT.per_server["shmdisagg_server_prompt_tokens"] + i] for i in range(MAX_SERVERS))
         cached = sum(totals[LAYOUT.per_server["shmdisagg_server_cached_tokens"] + i] for i in range(MAX_SERVERS))
         req["hit_rate"] = cached / prompt if prompt else None

@@ -72,7 +72,7 @@ def render(snap: dict[str, Any]) -> RenderableType:
         ("KV blocks", "right"),
         ("hit", "right"),
     ):
-        servers.add_column(col, justify=just)  # type: ignore[arg-type]
+        servers.add_column(col, justify=just)  # type: ignore[arg-type]  # str, not rich's Literal
     for s in snap["servers"]:
         servers.add_row(
             str(s["slot"]),

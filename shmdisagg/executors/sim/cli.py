@@ -51,7 +51,8 @@ def _base_type(hint: Any) -> type:
     """int | None -> int; tuple[str, ...] -> tuple."""
     if isinstance(hint, types.UnionType):
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    return typing.get_origin(hint) or hint
+    base: type = typing.get_origin(hint) or hint  # hints are Any to mypy; SimConfig's are classes
+    return base
 
 
 def parse_args(argv: list[str], prog: str = PROG) -> SimConfig:

@@ -303,8 +303,7 @@ def _validation_message(raw: bytes, exc: Exception) -> str:
 
 def _model_validators(body: CompletionRequest | ChatCompletionRequest) -> None:
     """The protocol models' validators and field constraints (400 `{"error"}`)."""
-    chat = isinstance(body, ChatCompletionRequest)
-    if chat:
+    if isinstance(body, ChatCompletionRequest):
         if body.stream_options is not None and not body.stream:
             raise ValidationFailed("Value error, stream_options can only be set if stream is true")
         if body.max_tokens is not None and body.max_completion_tokens is not None:

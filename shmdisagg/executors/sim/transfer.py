@@ -188,7 +188,7 @@ class KvPuller:
                 if resp.status != 200:
                     message = data.get("message") if isinstance(data, dict) else None
                     raise TransferError(f"KV pull from {endpoint} failed ({resp.status}): {message or data}")
-                return data  # type: ignore[no-any-return]
+                return data  # type: ignore[no-any-return]  # the peer's JSON answer, a dict by the protocol
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise TransferError(f"KV pull from {endpoint} failed: {exc!r}") from None
 
