@@ -1,4 +1,5 @@
 """Builds the native shared-memory extension from native/ (see native/README.md)."""
+
 import glob
 
 from setuptools import Extension, find_packages, setup
@@ -15,7 +16,15 @@ setup(
     ext_modules=[
         Extension(
             "shmdisagg._native",
-            sources=["native/_native.c", "native/hash.c", "native/sha256.c", "native/hashcache.c", "native/index.c", "native/picks.c", "native/sse.c"],
+            sources=[
+                "native/_native.c",
+                "native/hash.c",
+                "native/sha256.c",
+                "native/hashcache.c",
+                "native/index.c",
+                "native/picks.c",
+                "native/sse.c",
+            ],
             depends=sorted(glob.glob("native/*.h")),  # rebuild when a header changes
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )

@@ -58,8 +58,9 @@ import time
 import traceback
 import uuid
 from collections import deque
+from collections.abc import AsyncGenerator, Callable
 from enum import IntEnum
-from typing import Any, AsyncGenerator, Callable, Dict, List, Literal, Optional, Tuple, Type, Union
+from typing import Annotated, Any, Literal
 
 import aiohttp
 import uvicorn
@@ -68,7 +69,6 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from typing_extensions import Annotated
 
 logger = logging.getLogger("baseline_trtllm")
 
@@ -88,8 +88,8 @@ class OpenAIBaseModel(BaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: Optional[bool] = True
-    continuous_usage_stats: Optional[bool] = False
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
 
 
 class PromptTokensDetails(OpenAIBaseModel):
@@ -99,37 +99,37 @@ class PromptTokensDetails(OpenAIBaseModel):
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     total_tokens: int = 0
-    completion_tokens: Optional[int] = 0
-    prompt_tokens_details: Optional[PromptTokensDetails] = None
+    completion_tokens: int | None = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class ResponseFormat(OpenAIBaseModel):
     type: Literal["text", "json", "json_schema", "json_object", "regex", "ebnf", "structural_tag"]
-    schema_: Optional[dict] = Field(default=None, alias="schema")
-    json_schema: Optional[dict] = None
-    regex: Optional[str] = None
-    ebnf: Optional[str] = None
-    format: Optional[dict] = None  # an xgrammar structural-tag Format in TensorRT-LLM
+    schema_: dict | None = Field(default=None, alias="schema")
+    json_schema: dict | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    format: dict | None = None  # an xgrammar structural-tag Format in TensorRT-LLM
 
 
 class DisaggregatedParams(OpenAIBaseModel):
     request_type: str
-    first_gen_tokens: Optional[List[int]] = None
-    first_gen_log_probs: Optional[List] = None
-    first_gen_logits: Optional[List] = None
-    ctx_request_id: Optional[int] = None
-    encoded_opaque_state: Optional[str] = None
-    draft_tokens: Optional[List[int]] = None
-    disagg_request_id: Optional[int] = None
-    ctx_dp_rank: Optional[int] = None
-    ctx_info_endpoint: Optional[str] = None
-    schedule_style: Optional[DisaggScheduleStyle] = None
-    ctx_usage: Optional[UsageInfo] = None
+    first_gen_tokens: list[int] | None = None
+    first_gen_log_probs: list | None = None
+    first_gen_logits: list | None = None
+    ctx_request_id: int | None = None
+    encoded_opaque_state: str | None = None
+    draft_tokens: list[int] | None = None
+    disagg_request_id: int | None = None
+    ctx_dp_rank: int | None = None
+    ctx_info_endpoint: str | None = None
+    schedule_style: DisaggScheduleStyle | None = None
+    ctx_usage: UsageInfo | None = None
     return_prompt_token_ids_b64: bool = False
-    resolved_thinking: Optional[bool] = None
+    resolved_thinking: bool | None = None
     # set by the service (_get_ctx_request): conversation routing and the v1 control endpoint
-    conversation_id: Optional[str] = None
-    context_control_endpoint: Optional[str] = None
+    conversation_id: str | None = None
+    context_control_endpoint: str | None = None
 
 
 class ConversationParams(OpenAIBaseModel):
@@ -148,7 +148,7 @@ class ConversationParams(OpenAIBaseModel):
         return conversation_id
 
 
-EarlyStopping = Union[bool, Literal["never"]]
+EarlyStopping = bool | Literal["never"]
 
 
 def _check_logprobs_limit(name: str, value: Any) -> None:
@@ -158,47 +158,47 @@ def _check_logprobs_limit(name: str, value: Any) -> None:
 
 class CompletionRequest(OpenAIBaseModel):
     model: str
-    prompt: Union[List[int], List[List[int]], str, List[str]]
-    best_of: Optional[int] = None
-    echo: Optional[bool] = False
-    frequency_penalty: Optional[float] = 0.0
-    logit_bias: Optional[Dict[str, float]] = None
-    logprobs: Optional[int] = None
-    max_tokens: Optional[int] = None
+    prompt: list[int] | list[list[int]] | str | list[str]
+    best_of: int | None = None
+    echo: bool | None = False
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    logprobs: int | None = None
+    max_tokens: int | None = None
     n: int = 1
-    presence_penalty: Optional[float] = 0.0
-    seed: Optional[int] = Field(default=None)
-    stop: Optional[Union[str, List[str]]] = Field(default_factory=list)
-    stream: Optional[bool] = False
-    stream_options: Optional[StreamOptions] = None
-    suffix: Optional[str] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    user: Optional[str] = None
-    lora_request: Optional[Dict[str, Any]] = None  # a LoRARequest dataclass in TensorRT-LLM
-    prompt_ignore_length: Optional[int] = 0
+    presence_penalty: float | None = 0.0
+    seed: int | None = Field(default=None)
+    stop: str | list[str] | None = Field(default_factory=list)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    suffix: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    lora_request: dict[str, Any] | None = None  # a LoRARequest dataclass in TensorRT-LLM
+    prompt_ignore_length: int | None = 0
     use_beam_search: bool = False
     top_k: int = 0
     top_p_min: float = 0.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
-    length_penalty: Optional[float] = None
-    early_stopping: Optional[EarlyStopping] = None
-    stop_token_ids: Optional[List[int]] = Field(default_factory=list)
+    length_penalty: float | None = None
+    early_stopping: EarlyStopping | None = None
+    stop_token_ids: list[int] | None = Field(default_factory=list)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: Optional[Annotated[int, Field(ge=1)]] = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
     return_context_logits: bool = False
     detokenize: bool = True
-    thinking_token_budget: Optional[int] = None
+    thinking_token_budget: int | None = None
     add_special_tokens: bool = Field(default=True)
-    response_format: Optional[ResponseFormat] = Field(default=None)
-    disaggregated_params: Optional[DisaggregatedParams] = Field(default=None)
-    priority: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    conversation_params: Optional[ConversationParams] = Field(default=None)
+    response_format: ResponseFormat | None = Field(default=None)
+    disaggregated_params: DisaggregatedParams | None = Field(default=None)
+    priority: float | None = Field(default=None, ge=0.0, le=1.0)
+    conversation_params: ConversationParams | None = Field(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -229,60 +229,60 @@ class CompletionRequest(OpenAIBaseModel):
 
 
 class ChatCompletionRequest(OpenAIBaseModel):
-    messages: List[Dict[str, Any]]  # the OpenAI message TypedDict union in TensorRT-LLM
-    prompt_token_ids: Optional[List[int]] = None
-    prompt_token_ids_b64: Optional[str] = None
+    messages: list[dict[str, Any]]  # the OpenAI message TypedDict union in TensorRT-LLM
+    prompt_token_ids: list[int] | None = None
+    prompt_token_ids_b64: str | None = None
     model: str
-    frequency_penalty: Optional[float] = 0.0
-    logit_bias: Optional[Dict[str, float]] = None
-    logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = 0
-    max_completion_tokens: Optional[int] = Field(default=None, validation_alias="max_tokens")
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    max_completion_tokens: int | None = Field(default=None, validation_alias="max_tokens")
     n: int = 1
-    presence_penalty: Optional[float] = 0.0
-    response_format: Optional[ResponseFormat] = None
-    seed: Optional[int] = Field(None)
-    stop: Optional[Union[str, List[str]]] = Field(default_factory=list)
-    stream: Optional[bool] = False
-    stream_options: Optional[StreamOptions] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    tools: Optional[List[Dict[str, Any]]] = None
-    tool_choice: Optional[Union[Literal["none", "auto", "required"], Dict[str, Any]]] = "none"
-    user: Optional[str] = None
-    reasoning_effort: Optional[Literal["low", "medium", "high", "max", "none"]] = "low"
-    thinking: Optional[Dict[str, Any]] = None
-    thinking_token_budget: Optional[int] = None
-    prompt_ignore_length: Optional[int] = 0
-    best_of: Optional[int] = None
+    presence_penalty: float | None = 0.0
+    response_format: ResponseFormat | None = None
+    seed: int | None = Field(None)
+    stop: str | list[str] | None = Field(default_factory=list)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = "none"
+    user: str | None = None
+    reasoning_effort: Literal["low", "medium", "high", "max", "none"] | None = "low"
+    thinking: dict[str, Any] | None = None
+    thinking_token_budget: int | None = None
+    prompt_ignore_length: int | None = 0
+    best_of: int | None = None
     use_beam_search: bool = False
     top_k: int = 0
     top_p_min: float = 0.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
-    length_penalty: Optional[float] = None
-    early_stopping: Optional[EarlyStopping] = None
-    stop_token_ids: Optional[List[int]] = Field(default_factory=list)
+    length_penalty: float | None = None
+    early_stopping: EarlyStopping | None = None
+    stop_token_ids: list[int] | None = Field(default_factory=list)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: Optional[Annotated[int, Field(ge=1)]] = None
-    lora_request: Optional[Dict[str, Any]] = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
+    lora_request: dict[str, Any] | None = None
     echo: bool = False
     add_generation_prompt: bool = True
     add_special_tokens: bool = False
-    documents: Optional[List[Dict[str, str]]] = None
-    chat_template: Optional[str] = None
-    chat_template_kwargs: Optional[Dict[str, Any]] = None
-    media_io_kwargs: Optional[Dict[str, Dict[str, Any]]] = None
-    disaggregated_params: Optional[DisaggregatedParams] = None
-    conversation_params: Optional[ConversationParams] = None
-    cache_salt: Optional[str] = None
-    priority: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    agent_hierarchy: Optional[Dict[str, Any]] = None
-    mm_processor_kwargs: Optional[Dict[str, Any]] = None
+    documents: list[dict[str, str]] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    disaggregated_params: DisaggregatedParams | None = None
+    conversation_params: ConversationParams | None = None
+    cache_salt: str | None = None
+    priority: float | None = Field(default=None, ge=0.0, le=1.0)
+    agent_hierarchy: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -293,22 +293,22 @@ class ChatCompletionRequest(OpenAIBaseModel):
 
 
 class CompletionLogProbs(OpenAIBaseModel):
-    text_offset: List[int] = Field(default_factory=list)
-    token_logprobs: List[Optional[float]] = Field(default_factory=list)
-    tokens: List[str] = Field(default_factory=list)
-    top_logprobs: List[Optional[Dict[str, float]]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
 class CompletionResponseChoice(OpenAIBaseModel):
     index: int
     text: str
-    token_ids: Optional[List[int]] = None
-    logprobs: Optional[CompletionLogProbs] = None
-    context_logits: Optional[Union[List[float], List[List[float]]]] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = Field(default=None)
-    disaggregated_params: Optional[DisaggregatedParams] = Field(default=None)
-    avg_decoded_tokens_per_iter: Optional[float] = Field(default=None)
+    token_ids: list[int] | None = None
+    logprobs: CompletionLogProbs | None = None
+    context_logits: list[float] | list[list[float]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = Field(default=None)
+    disaggregated_params: DisaggregatedParams | None = Field(default=None)
+    avg_decoded_tokens_per_iter: float | None = Field(default=None)
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -316,28 +316,28 @@ class CompletionResponse(OpenAIBaseModel):
     object: str = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
-    choices: List[CompletionResponseChoice]
+    choices: list[CompletionResponseChoice]
     usage: UsageInfo
-    prompt_token_ids: Optional[Union[List[List[int]], List[int]]] = None
+    prompt_token_ids: list[list[int]] | list[int] | None = None
 
 
 class ChatMessage(OpenAIBaseModel):
     role: str
-    content: Optional[str] = None
-    reasoning_content: Optional[str] = None
-    reasoning: Optional[str] = None
-    tool_calls: List[Dict[str, Any]] = Field(default_factory=list)
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
     index: int
     message: ChatMessage
-    logprobs: Optional[Dict[str, Any]] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = None
-    mm_embedding_handle: Optional[Dict[str, Any]] = None
-    disaggregated_params: Optional[DisaggregatedParams] = Field(default=None)
-    avg_decoded_tokens_per_iter: Optional[float] = Field(default=None)
+    logprobs: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    mm_embedding_handle: dict[str, Any] | None = None
+    disaggregated_params: DisaggregatedParams | None = Field(default=None)
+    avg_decoded_tokens_per_iter: float | None = Field(default=None)
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -345,29 +345,77 @@ class ChatCompletionResponse(OpenAIBaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
-    choices: List[ChatCompletionResponseChoice]
+    choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
-    prompt_token_ids: Optional[List[int]] = None
-    prompt_token_ids_b64: Optional[str] = None
+    prompt_token_ids: list[int] | None = None
+    prompt_token_ids_b64: str | None = None
 
 
-UCompletionRequest = Union[CompletionRequest, ChatCompletionRequest]
-UCompletionResponse = Union[CompletionResponse, ChatCompletionResponse]
+UCompletionRequest = CompletionRequest | ChatCompletionRequest
+UCompletionResponse = CompletionResponse | ChatCompletionResponse
 
 _GEN_PENDING_FINISH_REASONS = ("length", "not_finished")
 
 
 def ensure_request_chat_template_allowed(request: Any, allow_request_chat_template: bool) -> None:
     if getattr(request, "chat_template", None) is not None and not allow_request_chat_template:
-        raise ValueError("chat_template cannot be supplied per request unless request-level chat templates are enabled at server startup.")
+        raise ValueError(
+            "chat_template cannot be supplied per request unless request-level chat templates are enabled at "
+            "server startup."
+        )
 
 
 # ------------------------------------------------------------------------------------------
 # Metrics (perf_metrics.py): stand-ins for prometheus_client Counter / Histogram
 # ------------------------------------------------------------------------------------------
 
-SHORT_TIME_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-LONG_TIME_BUCKETS = [0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0]
+SHORT_TIME_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
+LONG_TIME_BUCKETS = [
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+]
 
 
 class _Counter:
@@ -383,7 +431,7 @@ class _Counter:
 class _Histogram:
     __slots__ = ("buckets", "counts", "sum")
 
-    def __init__(self, buckets: List[float]) -> None:
+    def __init__(self, buckets: list[float]) -> None:
         self.buckets = buckets
         self.counts = [0] * (len(buckets) + 1)
         self.sum = 0.0
@@ -423,9 +471,26 @@ class DisaggPerfMetricsCollector:
     def add_client(self, client: Any) -> None:
         self._clients.append(client)
 
-    async def add_per_request_metrics(self, ctx_server: str, gen_server: str, ctx_request_id: Optional[int], server_arrival_time: float, server_first_token_time: float, ctx_dispatch_time: float) -> None:
+    async def add_per_request_metrics(
+        self,
+        ctx_server: str,
+        gen_server: str,
+        ctx_request_id: int | None,
+        server_arrival_time: float,
+        server_first_token_time: float,
+        ctx_dispatch_time: float,
+    ) -> None:
         async with self._lock:
-            self._request_metrics.append((ctx_server, gen_server, ctx_request_id, server_arrival_time, server_first_token_time, ctx_dispatch_time))
+            self._request_metrics.append(
+                (
+                    ctx_server,
+                    gen_server,
+                    ctx_request_id,
+                    server_arrival_time,
+                    server_first_token_time,
+                    ctx_dispatch_time,
+                )
+            )
 
 
 def get_steady_clock_now_in_seconds() -> float:
@@ -458,16 +523,16 @@ def get_global_disagg_request_id(node_id: int, process_id: int = 0) -> int:
 
 
 class RoundRobinRouter:
-    def __init__(self, role: str, servers: List[str]) -> None:
+    def __init__(self, role: str, servers: list[str]) -> None:
         self._servers = servers
         self._server_role = role
-        self._server_info: Dict[str, dict] = {}
+        self._server_info: dict[str, dict] = {}
         self._prepared_ready_servers: set = set()
         self._lock = asyncio.Lock()
         self._server_idx = 0
 
     @property
-    def servers(self) -> List[str]:
+    def servers(self) -> list[str]:
         return self._servers
 
     @property
@@ -490,7 +555,9 @@ class RoundRobinRouter:
         self._server_idx += 1
         return server
 
-    async def get_next_server(self, request: Any, exclude_server: Optional[str] = None, req_id: Optional[int] = None) -> Tuple[str, dict]:
+    async def get_next_server(
+        self, request: Any, exclude_server: str | None = None, req_id: int | None = None
+    ) -> tuple[str, dict]:
         del req_id
         if not self._servers:
             raise ValueError(f"No {self._server_role} servers available")
@@ -502,7 +569,13 @@ class RoundRobinRouter:
                     raise ValueError(f"No available servers after excluding {exclude_server}")
         return server, {"server_info": self._server_info.get(server, {})}
 
-    async def finish_request(self, request: Any, session: Optional[aiohttp.ClientSession] = None, success: bool = True, req_id: Optional[int] = None) -> None:
+    async def finish_request(
+        self,
+        request: Any,
+        session: aiohttp.ClientSession | None = None,
+        success: bool = True,
+        req_id: int | None = None,
+    ) -> None:
         del request, session, success, req_id
 
 
@@ -512,7 +585,7 @@ class RoundRobinRouter:
 
 
 class UpstreamRequestTimeoutError(TimeoutError):
-    def __init__(self, role: str, timeout_secs: int, detail: Optional[str] = None) -> None:
+    def __init__(self, role: str, timeout_secs: int, detail: str | None = None) -> None:
         message = f"{role} worker request exceeded the configured {timeout_secs}-second timeout"
         if detail:
             message = f"{message}: {detail}"
@@ -522,7 +595,7 @@ class UpstreamRequestTimeoutError(TimeoutError):
 class _ManagedResponseStream:
     """Own router cleanup even when a response stream is never started."""
 
-    def __init__(self, client: "OpenAIHttpClient", request: Any, resp_generator: Any, req_id: Optional[int] = None) -> None:
+    def __init__(self, client: OpenAIHttpClient, request: Any, resp_generator: Any, req_id: int | None = None) -> None:
         self._client = client
         self._request = request
         self._resp_generator = resp_generator
@@ -530,7 +603,7 @@ class _ManagedResponseStream:
         self._cleanup_lock = asyncio.Lock()
         self._closed = False
 
-    def __aiter__(self) -> "_ManagedResponseStream":
+    def __aiter__(self) -> _ManagedResponseStream:
         return self
 
     async def __anext__(self) -> Any:
@@ -576,13 +649,23 @@ class _ManagedResponseStream:
             if not success:
                 self._client._metrics_collector.error_requests.inc()
             try:
-                await self._client._cleanup_request_safely(self._request, self._resp_generator, success=success, req_id=self._req_id)
+                await self._client._cleanup_request_safely(
+                    self._request, self._resp_generator, success=success, req_id=self._req_id
+                )
             finally:
                 self._closed = True
 
 
 class OpenAIHttpClient:
-    def __init__(self, router: RoundRobinRouter, role: str, timeout_secs: int = 180, max_retries: int = 1, retry_interval_sec: int = 1, disagg_id_generator: Optional[Callable[[], Any]] = None) -> None:
+    def __init__(
+        self,
+        router: RoundRobinRouter,
+        role: str,
+        timeout_secs: int = 180,
+        max_retries: int = 1,
+        retry_interval_sec: int = 1,
+        disagg_id_generator: Callable[[], Any] | None = None,
+    ) -> None:
         self._router = router
         self._role = role
         self._metrics_collector = ClientMetricsCollector(role)
@@ -601,14 +684,26 @@ class OpenAIHttpClient:
         self._disagg_id_generator = disagg_id_generator
         self._timeout_secs = timeout_secs
 
-    async def send_request(self, request: UCompletionRequest, server: Optional[str] = None, hooks: Any = None, req_id: Optional[int] = None) -> Any:
+    async def send_request(
+        self, request: UCompletionRequest, server: str | None = None, hooks: Any = None, req_id: int | None = None
+    ) -> Any:
         if isinstance(request, CompletionRequest):
             return await self._send_request("v1/completions", request, CompletionResponse, server, hooks, req_id)
         elif isinstance(request, ChatCompletionRequest):
-            return await self._send_request("v1/chat/completions", request, ChatCompletionResponse, server, hooks, req_id)
+            return await self._send_request(
+                "v1/chat/completions", request, ChatCompletionResponse, server, hooks, req_id
+            )
         raise ValueError(f"Invalid request type: {type(request)}")
 
-    async def _send_request(self, endpoint: str, request: UCompletionRequest, response_type: Type[Any], server: Optional[str] = None, hooks: Any = None, req_id: Optional[int] = None) -> Any:
+    async def _send_request(
+        self,
+        endpoint: str,
+        request: UCompletionRequest,
+        response_type: type[Any],
+        server: str | None = None,
+        hooks: Any = None,
+        req_id: int | None = None,
+    ) -> Any:
         self._metrics_collector.total_requests.inc()
         resp_generator = None
         cleanup_deferred = False
@@ -650,7 +745,13 @@ class OpenAIHttpClient:
             if not cleanup_deferred:
                 await self._cleanup_request_safely(request, resp_generator, success=success, req_id=req_id)
 
-    async def _cleanup_request_safely(self, request: Any, resp_generator: Optional[AsyncGenerator[Any, None]], success: bool, req_id: Optional[int] = None) -> None:
+    async def _cleanup_request_safely(
+        self,
+        request: Any,
+        resp_generator: AsyncGenerator[Any, None] | None,
+        success: bool,
+        req_id: int | None = None,
+    ) -> None:
         async def cleanup() -> None:
             try:
                 if resp_generator is not None:
@@ -665,7 +766,9 @@ class OpenAIHttpClient:
             await cleanup_task
             raise
 
-    async def _post_with_retry(self, server: str, url: str, request: UCompletionRequest, hooks: Any = None, req_id: Optional[int] = None) -> AsyncGenerator[Any, None]:
+    async def _post_with_retry(
+        self, server: str, url: str, request: UCompletionRequest, hooks: Any = None, req_id: int | None = None
+    ) -> AsyncGenerator[Any, None]:
         is_stream = request.stream
         for attempt in range(self._max_retries + 1):
             if attempt > 0 and self._disagg_id_generator is not None:
@@ -681,7 +784,9 @@ class OpenAIHttpClient:
                     content_type = http_response.headers.get("Content-Type", "")
                     if http_response.status >= 400:
                         if http_response.status == 504:
-                            raise UpstreamRequestTimeoutError(self._role, self._timeout_secs, detail=(await http_response.text())[:2048])
+                            raise UpstreamRequestTimeoutError(
+                                self._role, self._timeout_secs, detail=(await http_response.text())[:2048]
+                            )
                         error_body = await http_response.text()
                         raise aiohttp.ClientResponseError(
                             http_response.request_info,
@@ -693,17 +798,21 @@ class OpenAIHttpClient:
                     if not is_stream and "text/event-stream" in content_type:
                         raise ValueError("Received an event-stream although request stream was False")
                     if is_stream:
-                        async for line in self._response_generator(request, http_response, start_time, server, hooks, req_id):
+                        async for line in self._response_generator(
+                            request, http_response, start_time, server, hooks, req_id
+                        ):
                             lines_yielded += 1
                             yield line
                     else:
                         response_dict = await http_response.json()
                         yield response_dict
-                        self._metrics_collector.complete_latency_seconds.observe(get_steady_clock_now_in_seconds() - start_time)
+                        self._metrics_collector.complete_latency_seconds.observe(
+                            get_steady_clock_now_in_seconds() - start_time
+                        )
                 break
             except UpstreamRequestTimeoutError:
                 raise
-            except asyncio.TimeoutError as e:
+            except TimeoutError as e:
                 logger.error(f"{self._role} request to {url} timed out after {self._timeout_secs} seconds")
                 raise UpstreamRequestTimeoutError(self._role, self._timeout_secs) from e
             except (aiohttp.ClientError, OSError) as e:
@@ -720,7 +829,15 @@ class OpenAIHttpClient:
                 logger.error(f"Unexpected error while processing {self._role} request to {url}: {e}")
                 raise
 
-    async def _response_generator(self, request: Any, http_response: aiohttp.ClientResponse, start_time: float, server: str, hooks: Any = None, req_id: Optional[int] = None) -> AsyncGenerator[Any, None]:
+    async def _response_generator(
+        self,
+        request: Any,
+        http_response: aiohttp.ClientResponse,
+        start_time: float,
+        server: str,
+        hooks: Any = None,
+        req_id: int | None = None,
+    ) -> AsyncGenerator[Any, None]:
         assert request.stream, "Request is not streaming"
         assert "text/event-stream" in http_response.headers.get("Content-Type", ""), "Response is not streaming"
         try:
@@ -746,14 +863,14 @@ class OpenAIHttpClient:
             logger.error(f"{self._role} client {server} error: {e}")
             raise
 
-    async def _finish_request(self, request: Any, success: bool = True, req_id: Optional[int] = None) -> None:
+    async def _finish_request(self, request: Any, success: bool = True, req_id: int | None = None) -> None:
         self._metrics_collector.completed_requests.inc()
         if req_id is None:
             await self._router.finish_request(request, self._session, success=success)
         else:
             await self._router.finish_request(request, self._session, success=success, req_id=req_id)
 
-    async def check_ready(self) -> Tuple[List[str], List[str]]:
+    async def check_ready(self) -> tuple[list[str], list[str]]:
         async def check_server_ready(server: str) -> bool:
             try:
                 async with self._session.get(f"http://{server}/health") as response:
@@ -777,13 +894,13 @@ class OpenAIHttpClient:
 
 
 async def done_generator() -> AsyncGenerator[bytes, None]:
-    yield "data: [DONE]\n\n".encode("utf-8")
+    yield b"data: [DONE]\n\n"
 
 
 class DisaggCoordinatorService:
     """The in-process coordinator of the single-process path: routers, readiness, ids."""
 
-    def __init__(self, ctx_servers: List[str], gen_servers: List[str], node_id: int) -> None:
+    def __init__(self, ctx_servers: list[str], gen_servers: list[str], node_id: int) -> None:
         self.ctx_router = RoundRobinRouter("context", ctx_servers)
         self.gen_router = RoundRobinRouter("generation", gen_servers)
         self._node_id = node_id
@@ -794,12 +911,20 @@ class DisaggCoordinatorService:
     async def is_ready(self) -> bool:
         return True
 
-    async def cluster_info(self) -> Dict[str, Any]:
-        return {"is_ready": await self.is_ready(), "server_lists": {"context": list(self.ctx_router.servers), "generation": list(self.gen_router.servers)}}
+    async def cluster_info(self) -> dict[str, Any]:
+        return {
+            "is_ready": await self.is_ready(),
+            "server_lists": {"context": list(self.ctx_router.servers), "generation": list(self.gen_router.servers)},
+        }
 
 
 class OpenAIDisaggregatedService:
-    def __init__(self, coordinator: DisaggCoordinatorService, client_factory: Callable[[RoundRobinRouter, str], OpenAIHttpClient], server_start_timeout_secs: int = 180) -> None:
+    def __init__(
+        self,
+        coordinator: DisaggCoordinatorService,
+        client_factory: Callable[[RoundRobinRouter, str], OpenAIHttpClient],
+        server_start_timeout_secs: int = 180,
+    ) -> None:
         self._coordinator = coordinator
         self._ctx_router = coordinator.ctx_router
         self._gen_router = coordinator.gen_router
@@ -808,8 +933,8 @@ class OpenAIDisaggregatedService:
         self._tokids_ctxbytes = False
         self._strip_gen_message_history = False
         self._schedule_style = DisaggScheduleStyle.CONTEXT_FIRST
-        self._ctx_client: Optional[OpenAIHttpClient] = None
-        self._gen_client: Optional[OpenAIHttpClient] = None
+        self._ctx_client: OpenAIHttpClient | None = None
+        self._gen_client: OpenAIHttpClient | None = None
 
     async def openai_completion(self, request: CompletionRequest, hooks: Any = None) -> Any:
         if not await self.is_ready():
@@ -820,7 +945,9 @@ class OpenAIDisaggregatedService:
             if type(request.prompt) is list and len(request.prompt) == 1:
                 request.prompt = request.prompt[0]
             elif not isinstance(request.prompt, list) or not all(isinstance(x, int) for x in request.prompt):
-                raise ValueError("Disaggregated server currently only supports single string prompt or list of integers in request")
+                raise ValueError(
+                    "Disaggregated server currently only supports single string prompt or list of integers in request"
+                )
         return await self._send_disagg_request_ctx_first(request, hooks)
 
     async def openai_chat_completion(self, request: ChatCompletionRequest, hooks: Any = None) -> Any:
@@ -866,8 +993,12 @@ class OpenAIDisaggregatedService:
                 if hooks:
                     hooks.on_ctx_dispatch(request)
                 ctx_req = self._get_ctx_request(request, disagg_request_id)
-                ctx_server, _ = await self._ctx_router.get_next_server(ctx_req, exclude_server=gen_server, req_id=disagg_request_id)
-                ctx_response = await self._ctx_client.send_request(ctx_req, server=ctx_server, hooks=hooks, req_id=disagg_request_id)
+                ctx_server, _ = await self._ctx_router.get_next_server(
+                    ctx_req, exclude_server=gen_server, req_id=disagg_request_id
+                )
+                ctx_response = await self._ctx_client.send_request(
+                    ctx_req, server=ctx_server, hooks=hooks, req_id=disagg_request_id
+                )
                 await self._verify_ctx_response(ctx_response)
                 ctx_response_disagg_params = ctx_response.choices[0].disaggregated_params
                 if ctx_response_disagg_params.disagg_request_id is not None:
@@ -881,9 +1012,13 @@ class OpenAIDisaggregatedService:
                 raise
         if ctx_response is None or self._need_gen(ctx_response):
             if not gen_server:
-                gen_server, _ = await self._gen_router.get_next_server(gen_req, exclude_server=ctx_server, req_id=disagg_request_id)
+                gen_server, _ = await self._gen_router.get_next_server(
+                    gen_req, exclude_server=ctx_server, req_id=disagg_request_id
+                )
                 gen_reservation_id = disagg_request_id
-            return await self._gen_client.send_request(gen_req, server=gen_server, hooks=hooks, req_id=gen_reservation_id)
+            return await self._gen_client.send_request(
+                gen_req, server=gen_server, hooks=hooks, req_id=gen_reservation_id
+            )
         if gen_server:
             await self._gen_router.finish_request(request, req_id=gen_reservation_id)
         if hooks:
@@ -899,14 +1034,19 @@ class OpenAIDisaggregatedService:
         return True
 
     @staticmethod
-    def _get_conversation_id(request: UCompletionRequest) -> Optional[str]:
+    def _get_conversation_id(request: UCompletionRequest) -> str | None:
         if request.conversation_params is not None:
             return request.conversation_params.conversation_id
         if request.disaggregated_params is not None:
             return request.disaggregated_params.conversation_id
         return None
 
-    def _get_ctx_request(self, request: UCompletionRequest, disagg_request_id: Optional[int], context_control_endpoint: Optional[str] = None) -> UCompletionRequest:
+    def _get_ctx_request(
+        self,
+        request: UCompletionRequest,
+        disagg_request_id: int | None,
+        context_control_endpoint: str | None = None,
+    ) -> UCompletionRequest:
         conversation_id = self._get_conversation_id(request)
         return request.model_copy(
             update={
@@ -923,7 +1063,9 @@ class OpenAIDisaggregatedService:
             }
         )
 
-    def _get_gen_request(self, request: UCompletionRequest, ctx_response: Any, disagg_request_id: Optional[int]) -> UCompletionRequest:
+    def _get_gen_request(
+        self, request: UCompletionRequest, ctx_response: Any, disagg_request_id: int | None
+    ) -> UCompletionRequest:
         conversation_id = self._get_conversation_id(request)
         request.disaggregated_params = ctx_response.choices[0].disaggregated_params
         request.disaggregated_params.request_type = "generation_only"
@@ -946,7 +1088,10 @@ class OpenAIDisaggregatedService:
         if ctx_response:
             for idx, choice in enumerate(ctx_response.choices):
                 if choice.disaggregated_params is None:
-                    raise ValueError(f"Context server choice {idx} did not return disaggregated params. finish_reason={choice.finish_reason!r}")
+                    raise ValueError(
+                        f"Context server choice {idx} did not return disaggregated params. "
+                        f"finish_reason={choice.finish_reason!r}"
+                    )
                 if choice.finish_reason in _GEN_PENDING_FINISH_REASONS:
                     if choice.disaggregated_params.ctx_request_id is None:
                         raise ValueError(f"Invalid disaggregated params: ctx_request_id is None for choice {idx}.")
@@ -984,9 +1129,11 @@ class RawRequestResponseHooks:
         self.perf_metrics_collector = perf_metrics_collector
 
     def on_req_begin(self, request: Any) -> None:
-        self.perf_metrics_collector.queue_latency_seconds.observe(get_steady_clock_now_in_seconds() - self.request_arrival_time)
+        self.perf_metrics_collector.queue_latency_seconds.observe(
+            get_steady_clock_now_in_seconds() - self.request_arrival_time
+        )
 
-    def on_disagg_request_id(self, disagg_request_id: Optional[int]) -> None:
+    def on_disagg_request_id(self, disagg_request_id: int | None) -> None:
         pass
 
     def on_ctx_dispatch(self, request: Any) -> None:
@@ -1004,7 +1151,12 @@ class RawRequestResponseHooks:
             ctx_req_id = request.disaggregated_params.ctx_request_id
             task = asyncio.create_task(
                 self.perf_metrics_collector.add_per_request_metrics(
-                    self.ctx_server, gen_server, ctx_req_id, self.raw_req.state.server_arrival_time, self.server_first_token_time, self.ctx_dispatch_time
+                    self.ctx_server,
+                    gen_server,
+                    ctx_req_id,
+                    self.raw_req.state.server_arrival_time,
+                    self.server_first_token_time,
+                    self.ctx_dispatch_time,
                 )
             )
             background_tasks = self.perf_metrics_collector._background_tasks
@@ -1022,7 +1174,15 @@ def resolve_request_conversation_id(req: Any, headers: Any) -> None:
 
 
 class OpenAIDisaggServer:
-    def __init__(self, ctx_servers: List[str], gen_servers: List[str], req_timeout_secs: int = 180, server_start_timeout_secs: int = 180, max_retries: int = 1, node_id: int = 0) -> None:
+    def __init__(
+        self,
+        ctx_servers: list[str],
+        gen_servers: list[str],
+        req_timeout_secs: int = 180,
+        server_start_timeout_secs: int = 180,
+        max_retries: int = 1,
+        node_id: int = 0,
+    ) -> None:
         self._req_timeout_secs = req_timeout_secs
         self._max_retries = max_retries
         self._allow_request_chat_template = False
@@ -1049,7 +1209,9 @@ class OpenAIDisaggServer:
             self._perf_metrics_collector.validation_exceptions.inc()
             self._val_err_n += 1
             if self._val_err_n == 1 or self._val_err_n % 1000 == 0:
-                logger.warning(f"[validation] {request.method} {request.url.path} 400 (n={self._val_err_n}): {str(exc)[:500]}")
+                logger.warning(
+                    f"[validation] {request.method} {request.url.path} 400 (n={self._val_err_n}): {str(exc)[:500]}"
+                )
             return JSONResponse(status_code=400, content={"error": str(exc)})
 
         self.register_routes()
@@ -1058,13 +1220,23 @@ class OpenAIDisaggServer:
         async def disagg_id_generator() -> int:
             return await self._coordinator.get_disagg_request_id()
 
-        client = OpenAIHttpClient(router, role, self._req_timeout_secs, self._max_retries, disagg_id_generator=disagg_id_generator)
+        client = OpenAIHttpClient(
+            router, role, self._req_timeout_secs, self._max_retries, disagg_id_generator=disagg_id_generator
+        )
         self._perf_metrics_collector.add_client(client)
         return client
 
     def register_routes(self) -> None:
-        self.app.add_api_route("/v1/completions", self._wrap_entry_point(self._service.openai_completion, CompletionRequest), methods=["POST"])
-        self.app.add_api_route("/v1/chat/completions", self._wrap_entry_point(self._service.openai_chat_completion, ChatCompletionRequest), methods=["POST"])
+        self.app.add_api_route(
+            "/v1/completions",
+            self._wrap_entry_point(self._service.openai_completion, CompletionRequest),
+            methods=["POST"],
+        )
+        self.app.add_api_route(
+            "/v1/chat/completions",
+            self._wrap_entry_point(self._service.openai_chat_completion, ChatCompletionRequest),
+            methods=["POST"],
+        )
         self.app.add_api_route("/health", self.health, methods=["GET"])
         self.app.add_api_route("/cluster_info", self.cluster_info, methods=["GET"])
         self.app.add_api_route("/version", self.version, methods=["GET"])
@@ -1117,7 +1289,9 @@ class OpenAIDisaggServer:
         return JSONResponse(content={"version": "baseline-trtllm-style"})
 
     async def __call__(self, host: str, port: int, log_level: str = "warning") -> None:
-        config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, timeout_keep_alive=10, loop="uvloop", http="httptools")
+        config = uvicorn.Config(
+            self.app, host=host, port=port, log_level=log_level, timeout_keep_alive=10, loop="uvloop", http="httptools"
+        )
         await uvicorn.Server(config).serve()
 
 
@@ -1134,7 +1308,11 @@ def main() -> None:
     parser.add_argument("--request-timeout", type=int, default=180)
     parser.add_argument("--server-start-timeout", type=int, default=180)
     parser.add_argument("--max-retries", type=int, default=1)
-    parser.add_argument("--log-level", default="warning", help="uvicorn log level; 'info' turns on its per-request access log, as TensorRT-LLM's default does")
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        help="uvicorn log level; 'info' turns on its per-request access log, as TensorRT-LLM's default does",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     server = OpenAIDisaggServer(

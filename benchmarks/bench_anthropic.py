@@ -27,29 +27,73 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shmdisagg.orchestrator.answers import StreamGuard  # noqa: E402
 from shmdisagg.anthropic.convert import chat_request  # noqa: E402
 from shmdisagg.anthropic.protocol import MessagesRequest, parse  # noqa: E402
 from shmdisagg.anthropic.stream import StreamReframer  # noqa: E402
+from shmdisagg.orchestrator.answers import StreamGuard  # noqa: E402
 from shmdisagg.orchestrator.validation import validate  # noqa: E402
 
 
 def claude_code_request() -> bytes:
-    tools = [{"name": f"Tool{i}", "description": "does a thing " * 20, "input_schema": {"type": "object", "properties": {"path": {"type": "string"}, "n": {"type": "integer"}}, "required": ["path"]}} for i in range(8)]
+    tools = [
+        {
+            "name": f"Tool{i}",
+            "description": "does a thing " * 20,
+            "input_schema": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "n": {"type": "integer"}},
+                "required": ["path"],
+            },
+        }
+        for i in range(8)
+    ]
     turns: list[dict[str, object]] = []
     for i in range(6):
-        turns.append({"role": "user", "content": [{"type": "text", "text": f"step {i}: " + "please look at the code " * 10}]})
-        turns.append({"role": "assistant", "content": [{"type": "text", "text": "looking"}, {"type": "tool_use", "id": f"toolu_{i}", "name": "Tool1", "input": {"path": f"/src/f{i}.py"}}]})
-        turns[-2]["content"].insert(0, {"type": "tool_result", "tool_use_id": f"toolu_{i - 1}", "content": "print('x')\n" * 40}) if i else None  # type: ignore[union-attr]
+        turns.append(
+            {"role": "user", "content": [{"type": "text", "text": f"step {i}: " + "please look at the code " * 10}]}
+        )
+        turns.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "looking"},
+                    {"type": "tool_use", "id": f"toolu_{i}", "name": "Tool1", "input": {"path": f"/src/f{i}.py"}},
+                ],
+            }
+        )
+        turns[-2]["content"].insert(
+            0, {"type": "tool_result", "tool_use_id": f"toolu_{i - 1}", "content": "print('x')\n" * 40}
+        ) if i else None  # type: ignore[union-attr]
     turns.append({"role": "user", "content": "now summarise"})
-    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.223.520; cc_entrypoint=cli;"}, {"type": "text", "text": "You are Claude Code. " * 100}]
-    return orjson.dumps({"model": "m", "max_tokens": 4096, "system": system, "messages": turns, "tools": tools, "stream": True})
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.223.520; cc_entrypoint=cli;"},
+        {"type": "text", "text": "You are Claude Code. " * 100},
+    ]
+    return orjson.dumps(
+        {"model": "m", "max_tokens": 4096, "system": system, "messages": turns, "tools": tools, "stream": True}
+    )
 
 
 def chat_chunk(i: int, last: bool) -> bytes:
-    obj = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1796169614, "model": "m",
-           "choices": [{"index": 0, "delta": {"content": f" word{i}", "reasoning_content": ""}, **({"finish_reason": "length"} if last else {})}],
-           "usage": {"prompt_tokens": 2000, "total_tokens": 2000 + i, "completion_tokens": i, "prompt_tokens_details": {"cached_tokens": 0}}}
+    obj = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1796169614,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": f" word{i}", "reasoning_content": ""},
+                **({"finish_reason": "length"} if last else {}),
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 2000,
+            "total_tokens": 2000 + i,
+            "completion_tokens": i,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        },
+    }
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -60,7 +104,14 @@ def per_call(fn: Callable[[], object], n: int) -> float:
     return (time.perf_counter_ns() - t0) / n
 
 
-def compare(label: str, unit: str, scale: float, a: tuple[str, Callable[[], float]], b: tuple[str, Callable[[], float]], rounds: int) -> None:
+def compare(
+    label: str,
+    unit: str,
+    scale: float,
+    a: tuple[str, Callable[[], float]],
+    b: tuple[str, Callable[[], float]],
+    rounds: int,
+) -> None:
     times: dict[str, list[float]] = {a[0]: [], b[0]: []}
     for r in range(rounds):
         for name, fn in (a, b) if r % 2 == 0 else (b, a):
@@ -81,7 +132,14 @@ def main(rounds: int) -> None:
     def anthropic_route() -> None:
         validate(orjson.loads(orjson.dumps(chat_request(parse(MessagesRequest, body)))), True, frozenset())
 
-    compare("per request", "us", 1000.0, ("chat", lambda: per_call(chat_route, 200)), ("anthropic", lambda: per_call(anthropic_route, 200)), rounds)
+    compare(
+        "per request",
+        "us",
+        1000.0,
+        ("chat", lambda: per_call(chat_route, 200)),
+        ("anthropic", lambda: per_call(anthropic_route, 200)),
+        rounds,
+    )
 
     n = 2000
     chunks = [chat_chunk(i, i == n - 1) for i in range(n)] + [b"data: [DONE]\n\n"]

@@ -52,11 +52,21 @@ def write_config(tmp: Path) -> Path:
         "hostname": "127.0.0.1",
         "port": free_port(),
         "num_workers": 2,
-        "context_servers": {"num_instances": 2, "urls": [f"127.0.0.1:{free_port()}" for _ in range(2)],
-                            "router": {"type": "kv_cache_aware", "track_routed_blocks": False}},
-        "generation_servers": {"num_instances": 1, "urls": [f"127.0.0.1:{free_port()}"], "router": {"type": "round_robin"}},
-        "shmdisagg": {"shm": {"prefix": f"shmdisagg-bench-{os.getpid()}"}, "coordinator_socket": str(tmp / "coord.sock"),
-                      "executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}}},
+        "context_servers": {
+            "num_instances": 2,
+            "urls": [f"127.0.0.1:{free_port()}" for _ in range(2)],
+            "router": {"type": "kv_cache_aware", "track_routed_blocks": False},
+        },
+        "generation_servers": {
+            "num_instances": 1,
+            "urls": [f"127.0.0.1:{free_port()}"],
+            "router": {"type": "round_robin"},
+        },
+        "shmdisagg": {
+            "shm": {"prefix": f"shmdisagg-bench-{os.getpid()}"},
+            "coordinator_socket": str(tmp / "coord.sock"),
+            "executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}},
+        },
     }
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -82,12 +92,13 @@ class Load:
             async with session.post(f"{self.url}/v1/completions", json=body) as r:
                 raw = await r.read()
             ok = r.status == 200 and b'"error"' not in raw and (not stream or raw.rstrip().endswith(b"[DONE]"))
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             ok = False
         self.done.append((start, time.monotonic() - start, ok))
 
     async def run(self) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+
             async def loop(i: int) -> None:
                 n = i
                 while not self.stop:
@@ -127,8 +138,16 @@ async def measure(dep: Deployment, kills: int, gap: float, concurrency: int) -> 
             await asyncio.sleep(max(0.0, gap - (time.monotonic() - t0)))
             before = [lat for s, lat, ok in load.done if t0 - gap <= s < t0]
             after = [(lat, ok) for s, lat, ok in load.done if t0 <= s < t0 + gap]
-            rows.append({"restart_s": restart, "events_s": events, "requests": len(after), "failed": sum(not ok for _, ok in after),
-                         "before_ms": _ms(before), "after_ms": _ms([lat for lat, _ in after])})
+            rows.append(
+                {
+                    "restart_s": restart,
+                    "events_s": events,
+                    "requests": len(after),
+                    "failed": sum(not ok for _, ok in after),
+                    "before_ms": _ms(before),
+                    "after_ms": _ms([lat for lat, _ in after]),
+                }
+            )
     load.stop = True
     await task
     return rows
@@ -148,12 +167,21 @@ def main() -> int:
             rows = asyncio.run(measure(dep, args.kills, args.gap, args.concurrency))
         finally:
             dep.stop()
-    print(f"coordinator SIGKILL under load: {args.concurrency} clients, {args.kills} kills {args.gap:g} s apart, 2 fleet workers")
-    print(f"{'kill':>4} {'restart s':>9} {'events s':>9} {'requests':>8} {'failed':>6} {'p50/p99 ms before':>18} {'p50/p99 ms after':>17}")
+    print(
+        f"coordinator SIGKILL under load: {args.concurrency} clients, {args.kills} kills {args.gap:g} s apart, 2 "
+        "fleet workers"
+    )
+    print(
+        f"{'kill':>4} {'restart s':>9} {'events s':>9} {'requests':>8} {'failed':>6} {'p50/p99 ms before':>18} "
+        f"{'p50/p99 ms after':>17}"
+    )
     for i, r in enumerate(rows, 1):
         restart = f"{r['restart_s']:.2f}" if r["restart_s"] is not None else "never"
         events = f"{r['events_s']:.2f}" if r["events_s"] is not None else "never"
-        print(f"{i:>4} {restart:>9} {events:>9} {r['requests']:>8} {r['failed']:>6} {r['before_ms']:>18} {r['after_ms']:>17}")
+        print(
+            f"{i:>4} {restart:>9} {events:>9} {r['requests']:>8} {r['failed']:>6} {r['before_ms']:>18} "
+            f"{r['after_ms']:>17}"
+        )
     failed = sum(int(r["failed"]) for r in rows)  # type: ignore[call-overload]
     print(f"failed requests: {failed} of {sum(int(r['requests']) for r in rows)}")  # type: ignore[call-overload]
     return 1 if failed else 0

@@ -27,8 +27,8 @@ import asyncio
 import gc
 import os
 import re
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,22 +42,48 @@ from uvicorn.server import ServerState
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shmdisagg.fleet.edge import EdgeLimits, edge_protocol  # noqa: E402
 
-BODY = (b'{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful assistant."},'
-        b'{"role":"user","content":"Write one sentence about the sea."}],"max_tokens":64,"temperature":0.7,"stream":false,"n":1}')
+BODY = (
+    b'{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful '
+    b'assistant."},'
+    b'{"role":"user","content":"Write one sentence about the '
+    b'sea."}],"max_tokens":64,"temperature":0.7,"stream":false,"n":1}'
+)
 SDK_HEADERS = [
-    b"host: 127.0.0.1:8000", b"accept-encoding: gzip, deflate", b"connection: keep-alive", b"accept: application/json",
-    b"content-type: application/json", b"user-agent: OpenAI/Python 1.54.4", b"x-stainless-lang: python",
-    b"x-stainless-package-version: 1.54.4", b"x-stainless-os: Linux", b"x-stainless-arch: x64", b"x-stainless-runtime: CPython",
-    b"x-stainless-runtime-version: 3.11.9", b"authorization: Bearer sk-no-key-required", b"x-stainless-async: false",
-    b"x-stainless-retry-count: 0", b"x-stainless-read-timeout: 600", b"content-length: %d" % len(BODY),
+    b"host: 127.0.0.1:8000",
+    b"accept-encoding: gzip, deflate",
+    b"connection: keep-alive",
+    b"accept: application/json",
+    b"content-type: application/json",
+    b"user-agent: OpenAI/Python 1.54.4",
+    b"x-stainless-lang: python",
+    b"x-stainless-package-version: 1.54.4",
+    b"x-stainless-os: Linux",
+    b"x-stainless-arch: x64",
+    b"x-stainless-runtime: CPython",
+    b"x-stainless-runtime-version: 3.11.9",
+    b"authorization: Bearer sk-no-key-required",
+    b"x-stainless-async: false",
+    b"x-stainless-retry-count: 0",
+    b"x-stainless-read-timeout: 600",
+    b"content-length: %d" % len(BODY),
 ]
-CURL_HEADERS = [b"host: 127.0.0.1:8000", b"user-agent: curl/8.5.0", b"accept: */*", b"content-type: application/json", b"content-length: %d" % len(BODY)]
+CURL_HEADERS = [
+    b"host: 127.0.0.1:8000",
+    b"user-agent: curl/8.5.0",
+    b"accept: */*",
+    b"content-type: application/json",
+    b"content-length: %d" % len(BODY),
+]
 SHAPES = {
     "openai-sdk": b"POST /v1/chat/completions HTTP/1.1\r\n" + b"\r\n".join(SDK_HEADERS) + b"\r\n\r\n" + BODY,
     "curl": b"POST /v1/chat/completions HTTP/1.1\r\n" + b"\r\n".join(CURL_HEADERS) + b"\r\n\r\n" + BODY,
 }
 ANSWER = b'{"id":"chatcmpl-1","object":"chat.completion","choices":[]}'
-START = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]}
+START = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())],
+}
 END = {"type": "http.response.body", "body": ANSWER}
 
 
@@ -101,7 +127,9 @@ class Transport(asyncio.Transport):
 
 def worker_config() -> uvicorn.Config:
     """What fleet/worker.py passes to uvicorn, but the protocol class."""
-    config = uvicorn.Config(app, loop="none", lifespan="off", access_log=False, log_level="warning", workers=1, timeout_keep_alive=10)
+    config = uvicorn.Config(
+        app, loop="none", lifespan="off", access_log=False, log_level="warning", workers=1, timeout_keep_alive=10
+    )
     config.load()
     return config
 
@@ -127,7 +155,12 @@ async def run_round(cls: type[HttpToolsProtocol], config: uvicorn.Config, reques
 
 async def main(args: argparse.Namespace) -> None:
     config = worker_config()
-    limits = EdgeLimits(client_header_timeout_s=30.0, client_body_timeout_s=60.0, max_request_body_bytes=32 << 20, worker_connections=4096)
+    limits = EdgeLimits(
+        client_header_timeout_s=30.0,
+        client_body_timeout_s=60.0,
+        max_request_body_bytes=32 << 20,
+        worker_connections=4096,
+    )
     classes = {"uvicorn HttpToolsProtocol": HttpToolsProtocol, "EdgeProtocol": edge_protocol(limits)}
     if args.only:  # one class, one shape, no output: for counting instructions under valgrind
         await run_round(classes[args.only], config, SHAPES[args.shape], args.requests)
@@ -136,7 +169,7 @@ async def main(args: argparse.Namespace) -> None:
     gc.disable()
     for shape, request in SHAPES.items():
         times: dict[str, list[float]] = {name: [] for name in classes}
-        for name, cls in classes.items():  # warm-up
+        for cls in classes.values():  # warm-up
             await run_round(cls, config, request, args.requests)
         for r in range(args.rounds):
             order = list(classes.items()) if r % 2 == 0 else list(reversed(classes.items()))
@@ -147,15 +180,34 @@ async def main(args: argparse.Namespace) -> None:
         base, edge = times.values()
         diffs = sorted(e - b for b, e in zip(base, edge))
         q1, q3 = diffs[len(diffs) // 4], diffs[3 * len(diffs) // 4]
-        print(f"  {shape:10s} {'EdgeProtocol - uvicorn':26s} min {min(edge) - min(base):+7.0f}  median of paired differences {statistics.median(diffs):+.0f} "
-              f"(quartiles {q1:+.0f} .. {q3:+.0f})")
+        print(
+            f"  {shape:10s} {'EdgeProtocol - uvicorn':26s} min {min(edge) - min(base):+7.0f}  median of paired "
+            f"differences {statistics.median(diffs):+.0f} "
+            f"(quartiles {q1:+.0f} .. {q3:+.0f})"
+        )
 
 
 def instructions(cls_name: str, shape: str, requests: int) -> int:
     """Instructions a run of `requests` requests executes, counted by valgrind (callgrind)."""
-    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
-                          "--only", cls_name, "--shape", shape, "--requests", str(requests)],
-                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+    out = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            __file__,
+            "--only",
+            cls_name,
+            "--shape",
+            shape,
+            "--requests",
+            str(requests),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
     return int(re.search(r"Collected : (\d+)", out.stderr).group(1))  # type: ignore[union-attr]
 
 
@@ -176,9 +228,15 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=101)
-    parser.add_argument("--only", choices=["uvicorn HttpToolsProtocol", "EdgeProtocol"], help="run one round of this class only, print nothing")
+    parser.add_argument(
+        "--only",
+        choices=["uvicorn HttpToolsProtocol", "EdgeProtocol"],
+        help="run one round of this class only, print nothing",
+    )
     parser.add_argument("--shape", choices=list(SHAPES), default="openai-sdk")
-    parser.add_argument("--instructions", action="store_true", help="count instructions per request with valgrind instead of timing")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions per request with valgrind instead of timing"
+    )
     cli = parser.parse_args()
     if cli.instructions:
         count_instructions(1000, 4000)

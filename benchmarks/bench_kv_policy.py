@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Cost of one `kv_cache_aware` routing decision through the policy, as a fleet worker makes it.
 
-Usage: PYTHONPATH=TREE .venv/bin/python TREE/benchmarks/bench_kv_policy.py [--reps 3000] [--sizes 1024,8192] [--algos v1_block_key]
+Usage: PYTHONPATH=TREE .venv/bin/python TREE/benchmarks/bench_kv_policy.py [--reps 3000] [--sizes 1024,8192]
+       [--algos v1_block_key]
 
 Times `RoutingKey(...)` from a request's int32 ids, `KvCacheAwarePolicy.pick` (hashing through
 the role's algorithm and the native `pick_kv`) and the release, per decision, over next turns
@@ -74,7 +75,9 @@ def main() -> None:
                 times = []
                 clock = time.perf_counter_ns
                 for i in range(args.reps + WARMUP):
-                    prompt = families[i % len(families)] + [rng.randrange(100, 150_000) for _ in range(size - size * 3 // 4)]
+                    prompt = families[i % len(families)] + [
+                        rng.randrange(100, 150_000) for _ in range(size - size * 3 // 4)
+                    ]
                     ids32 = _native.token_ids_int32(prompt)
                     t0 = clock()
                     key = RoutingKey(len(prompt), prompt, ids32=ids32)
@@ -83,7 +86,10 @@ def main() -> None:
                     t1 = clock()
                     if i >= WARMUP:
                         times.append(t1 - t0)
-                print(f"{size:>6} tokens {algo:<13} pick+release us p50 {pct(times, 0.5):7.1f}  p99 {pct(times, 0.99):7.1f}  min {min(times) / 1000:7.1f}")
+                print(
+                    f"{size:>6} tokens {algo:<13} pick+release us p50 {pct(times, 0.5):7.1f}  p99 "
+                    f"{pct(times, 0.99):7.1f}  min {min(times) / 1000:7.1f}"
+                )
         finally:
             dep.close()
 
@@ -109,8 +115,17 @@ def ab(dep: Deployment, families: list[list[int]], size: int, args: argparse.Nam
                 slot = policy.pick(key, -1)
                 policy.release(slot, key)
             else:
-                slot, _ = dep.wix.pick_kv(dep.row, ROLE_CONTEXT, -1, key.block_hashes(a.tokens_per_block), key.num_tokens,
-                                          a.load_weight, a.load_cap, a.use_tokens, a.track_routed_blocks)
+                slot, _ = dep.wix.pick_kv(
+                    dep.row,
+                    ROLE_CONTEXT,
+                    -1,
+                    key.block_hashes(a.tokens_per_block),
+                    key.num_tokens,
+                    a.load_weight,
+                    a.load_cap,
+                    a.use_tokens,
+                    a.track_routed_blocks,
+                )
                 dep.worker.release(dep.row, slot, key.num_tokens)
             t[which] = clock() - t0
         if i >= WARMUP:
@@ -119,7 +134,10 @@ def ab(dep: Deployment, families: list[list[int]], size: int, args: argparse.Nam
             diffs[new_first].append(t["new"] - t["old"])
     for name, which in (("before (direct)", "old"), ("after (policy)", "new")):
         xs = times[which]
-        print(f"{size:>6} tokens {name:<16} us p50 {pct(xs, 0.5):7.1f}  p99 {pct(xs, 0.99):7.1f}  min {min(xs) / 1000:7.1f}")
+        print(
+            f"{size:>6} tokens {name:<16} us p50 {pct(xs, 0.5):7.1f}  p99 {pct(xs, 0.99):7.1f}  min "
+            f"{min(xs) / 1000:7.1f}"
+        )
     # the second call of a pair runs warmer; averaging both orders' medians cancels that
     d = (pct(diffs[True], 0.5) + pct(diffs[False], 0.5)) / 2
     print(f"{size:>6} tokens after - before: {d:+.2f} us (mean of the two orders' median differences)")

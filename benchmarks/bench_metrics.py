@@ -19,7 +19,6 @@ the request path runs, and the coordinator, which joins perf records off it) and
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import subprocess
@@ -97,9 +96,9 @@ def micro(args: argparse.Namespace) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir  # before prometheus_client is imported
         import uvloop
 
-        from shmdisagg.orchestrator.exchange import Exchange
         from shmdisagg.metrics.request import NOTE, CountingPolicy, RequestMetrics
         from shmdisagg.metrics.rows import MetricsSegment, worker_row
+        from shmdisagg.orchestrator.exchange import Exchange
 
         class Records:
             def __init__(self) -> None:
@@ -176,9 +175,24 @@ def e2e(args: argparse.Namespace) -> None:
         for mode in ("off", "on"):
             path = out_dir / f"{mode}-{rnd}.json"
             env = {**os.environ, "SHMDISAGG_METRICS": mode}
-            cmd = [str(REPO / ".venv/bin/shmdisagg"), "bench", "--launch", "-c", args.config, "--no-progress",
-                   "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-                   "--concurrency", str(args.concurrency), "--num-requests", str(args.num_requests), "--json", str(path)]
+            cmd = [
+                str(REPO / ".venv/bin/shmdisagg"),
+                "bench",
+                "--launch",
+                "-c",
+                args.config,
+                "--no-progress",
+                "--input-len",
+                str(args.input_len),
+                "--output-len",
+                str(args.output_len),
+                "--concurrency",
+                str(args.concurrency),
+                "--num-requests",
+                str(args.num_requests),
+                "--json",
+                str(path),
+            ]
             path.unlink(missing_ok=True)  # exit 1 is also a failed launch: never read an old run
             rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO).returncode
             if rc not in (0, 1) or not path.exists():  # 1: some requests failed; they are counted in the JSON
@@ -189,15 +203,22 @@ def e2e(args: argparse.Namespace) -> None:
             per_pid = {int(k): v for k, v in s["cpu"]["per_pid_ms"].items()}
             coordinator = min(per_pid)  # started before its fleet workers
             done = s["requests"]["completed"]
-            rows[mode].append({
-                "cpu_ms": s["orchestrator_cpu_ms_per_request"],
-                "workers_cpu_ms": sum(v for p, v in per_pid.items() if p != coordinator) / done,
-                "coordinator_cpu_ms": per_pid[coordinator] / done,
-                "rps": s["throughput"]["request_throughput"],
-                "ttft_p50": s["ttft_ms"]["p50"], "e2e_p50": s["e2e_ms"]["p50"], "e2e_p99": s["e2e_ms"]["p99"],
-                "completed": s["requests"]["completed"],
-            })
-            print(f"round {rnd + 1} metrics {mode:>3}: " + ", ".join(f"{k} {v:.3f}" for k, v in rows[mode][-1].items()), flush=True)
+            rows[mode].append(
+                {
+                    "cpu_ms": s["orchestrator_cpu_ms_per_request"],
+                    "workers_cpu_ms": sum(v for p, v in per_pid.items() if p != coordinator) / done,
+                    "coordinator_cpu_ms": per_pid[coordinator] / done,
+                    "rps": s["throughput"]["request_throughput"],
+                    "ttft_p50": s["ttft_ms"]["p50"],
+                    "e2e_p50": s["e2e_ms"]["p50"],
+                    "e2e_p99": s["e2e_ms"]["p99"],
+                    "completed": s["requests"]["completed"],
+                }
+            )
+            print(
+                f"round {rnd + 1} metrics {mode:>3}: " + ", ".join(f"{k} {v:.3f}" for k, v in rows[mode][-1].items()),
+                flush=True,
+            )
     print("median over rounds:")
     for mode in ("off", "on"):
         med = {k: statistics.median(r[k] for r in rows[mode]) for k in rows[mode][0]}

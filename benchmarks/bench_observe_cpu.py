@@ -21,7 +21,8 @@ Variants:
 - `otlp`: `otlp_config` (a batch span processor around an exporter that drops the spans);
 - `trace_dir`: `TRTLLM_REQUEST_TRACE_DIR` (two trace lines per request, fsync()ed per batch).
 
-    .venv/bin/python benchmarks/bench_observe_cpu.py [--n 1500] [--rounds 3] [--concurrency 16] [--modes nonstream,stream16]
+    .venv/bin/python benchmarks/bench_observe_cpu.py [--n 1500] [--rounds 3] [--concurrency 16]
+        [--modes nonstream,stream16]
 
 `--micro`: instead, the exact code the `off` and `expose_unasked` paths add, timed alone (ns per
 call, median of 5 runs of 200,000): `send_leg` against a direct call of the pool (per leg), and
@@ -86,7 +87,12 @@ async def _cell(stack: Any, pool: Any, variant: str, mode: str, n: int, concurre
     obs = _observability(variant, tmp)
     obs.start()
     handler = obs.wrap(stack.service(pool).handle)
-    body = {"model": "fake-model", "prompt": "request: " + "lorem ipsum " * 20, "max_tokens": 16, "stream": mode != "nonstream"}
+    body = {
+        "model": "fake-model",
+        "prompt": "request: " + "lorem ipsum " * 20,
+        "max_tokens": 16,
+        "stream": mode != "nonstream",
+    }
     headers = ASK if variant == "expose_asked" else []
     todo = iter(range(n))
 
@@ -111,8 +117,9 @@ def micro() -> None:
             return None
 
     pool, n = Pool(), 200_000
-    scope = {"headers": [(b"host", b"x"), (b"user-agent", b"bench"), (b"accept", b"*/*"), (b"content-type", b"application/json"),
-                         (b"content-length", b"120"), (b"x-request-id", b"abc")]}  # fmt: skip
+    scope = {"headers": [(b"host", b"x"), (b"user-agent", b"bench"), (b"accept", b"*/*"),
+                         (b"content-type", b"application/json"), (b"content-length", b"120"),
+                         (b"x-request-id", b"abc")]}  # fmt: skip
 
     async def direct() -> None:
         for _ in range(n):
@@ -141,9 +148,15 @@ def micro() -> None:
             fn()
             timings.setdefault(name, []).append((time.perf_counter() - t0) / n * 1e9)
     med = {k: statistics.median(v) for k, v in timings.items()}
-    print(f"pool.request called directly: {med['direct']:.0f} ns per leg; through send_leg (off): {med['send_leg']:.0f} ns "
-          f"(+{med['send_leg'] - med['direct']:.0f} ns per leg)")
-    print(f"X-TRTLLM-return-metrics scan of 6 headers (return_perf_metrics, client not asking): {med['scan'] - med['empty']:.0f} ns per request")
+    print(
+        f"pool.request called directly: {med['direct']:.0f} ns per leg; through send_leg (off): "
+        f"{med['send_leg']:.0f} ns "
+        f"(+{med['send_leg'] - med['direct']:.0f} ns per leg)"
+    )
+    print(
+        "X-TRTLLM-return-metrics scan of 6 headers (return_perf_metrics, client not asking): "
+        f"{med['scan'] - med['empty']:.0f} ns per request"
+    )
 
 
 def main() -> None:
@@ -160,9 +173,9 @@ def main() -> None:
         return
     import uvloop
 
+    from shmdisagg.upstream import UpstreamPool
     from tests.integration.harness import fake_executors
     from tests.integration.inprocess import Stack
-    from shmdisagg.upstream import UpstreamPool
 
     modes = args.modes.split(",")
     variants = args.variants.split(",")
@@ -172,6 +185,7 @@ def main() -> None:
             f.script(chunks=16)
         stack = Stack(f"shmdisagg-b{uuid.uuid4().hex[:8]}", ctx.addr, gen.addr, tmp)
         try:
+
             async def run_all() -> None:
                 pool = UpstreamPool()
                 try:
@@ -187,7 +201,10 @@ def main() -> None:
             uvloop.run(run_all())
         finally:
             stack.close()
-    print(f"\norchestrator CPU per request (median of {args.rounds} rounds, min-max), n={args.n}, concurrency {args.concurrency}\n")
+    print(
+        f"\norchestrator CPU per request (median of {args.rounds} rounds, min-max), n={args.n}, concurrency "
+        f"{args.concurrency}\n"
+    )
     print("| variant | " + " | ".join(f"{m} us/request | {m} vs before" for m in modes) + " |")
     print("|---|" + "---|---|" * len(modes))
     for variant in variants:

@@ -101,7 +101,9 @@ async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
     mode = MODES[cmd["mode"]]
     stream, chunks, ptoks = mode["stream"], mode["chunks"], cmd["prompt_tokens"]
     headers = {"content-type": "application/json"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)) as session:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
 
         async def phase(count: int, base: int) -> tuple[list[float], list[str], float, float]:
             lat: list[float] = []
@@ -143,7 +145,22 @@ async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
     def pct(p: float) -> float:
         return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else float("nan")
 
-    out.write(json.dumps({"event": "done", "n": n, "ok": n - len(bad), "bad": len(bad), "bad_samples": bad[:5], "wall_s": wall, "client_cpu_s": cpu, "p50_ms": pct(0.50), "p99_ms": pct(0.99)}) + "\n")
+    out.write(
+        json.dumps(
+            {
+                "event": "done",
+                "n": n,
+                "ok": n - len(bad),
+                "bad": len(bad),
+                "bad_samples": bad[:5],
+                "wall_s": wall,
+                "client_cpu_s": cpu,
+                "p50_ms": pct(0.50),
+                "p99_ms": pct(0.99),
+            }
+        )
+        + "\n"
+    )
     out.flush()
 
 
@@ -197,7 +214,9 @@ def http_json(method: str, url: str, body: Any = None, timeout: float = 5.0) -> 
     import urllib.request
 
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"} if data else {})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"content-type": "application/json"} if data else {}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read()
@@ -247,7 +266,12 @@ def main() -> int:
     ap.add_argument("--systems", default="shmdisagg,baseline")
     ap.add_argument("--ctx-servers", type=int, default=1)
     ap.add_argument("--gen-servers", type=int, default=1)
-    ap.add_argument("--prompt-tokens", type=int, default=0, help="send a list of this many token ids as the prompt instead of the text prompt")
+    ap.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=0,
+        help="send a list of this many token ids as the prompt instead of the text prompt",
+    )
     ap.add_argument("--baseline-log-level", default="warning")
     ap.add_argument("--json", default=None, help="write every cell's numbers here")
     ap.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
@@ -275,14 +299,25 @@ def main() -> int:
         for role, count in (("ctx", args.ctx_servers), ("gen", args.gen_servers)):
             for k in range(count):
                 port = free_port()
-                proc = subprocess.Popen([py, "-m", "tests.fakes.executor", "--port", str(port), "--name", f"{role}{k}"], cwd=REPO, stdin=subprocess.DEVNULL)
+                proc = subprocess.Popen(
+                    [py, "-m", "tests.fakes.executor", "--port", str(port), "--name", f"{role}{k}"],
+                    cwd=REPO,
+                    stdin=subprocess.DEVNULL,
+                )
                 fakes.append((role, port, proc))
         for role, port, proc in fakes:
             wait_health(f"http://127.0.0.1:{port}/health", proc, f"fake {role} :{port}")
         ctx_urls = [f"127.0.0.1:{p}" for r, p, _ in fakes if r == "ctx"]
         gen_urls = [f"127.0.0.1:{p}" for r, p, _ in fakes if r == "gen"]
 
-        cfg = write_config(tmp, shm_prefix, ctx_urls, gen_urls, num_workers=1, shmdisagg={"health_check_interval_s": 0.5, "request_timeout_s": 180})
+        cfg = write_config(
+            tmp,
+            shm_prefix,
+            ctx_urls,
+            gen_urls,
+            num_workers=1,
+            shmdisagg={"health_check_interval_s": 0.5, "request_timeout_s": 180},
+        )
         with deployment(cfg) as dep:
             shm_url = dep.url
             status, info = http_json("GET", f"{shm_url}/cluster_info")
@@ -291,7 +326,14 @@ def main() -> int:
             fleet_pid, coord_pid = info["fleet_pids"][0], info["coordinator_pid"]
 
             base_port = free_port()
-            argv = [py, str(REPO / "scripts" / "baseline_trtllm_orchestrator.py"), "--port", str(base_port), "--log-level", args.baseline_log_level]
+            argv = [
+                py,
+                str(REPO / "scripts" / "baseline_trtllm_orchestrator.py"),
+                "--port",
+                str(base_port),
+                "--log-level",
+                args.baseline_log_level,
+            ]
             for u in ctx_urls:
                 argv += ["--ctx", u]
             for u in gen_urls:
@@ -300,7 +342,13 @@ def main() -> int:
             base_url = f"http://127.0.0.1:{base_port}"
             wait_health(f"{base_url}/health", baseline, "baseline")
 
-            loadgen = subprocess.Popen([py, str(Path(__file__).resolve()), "--loadgen"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            loadgen = subprocess.Popen(
+                [py, str(Path(__file__).resolve()), "--loadgen"],
+                cwd=REPO,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert loadgen.stdin is not None and loadgen.stdout is not None
 
             targets = {
@@ -308,19 +356,39 @@ def main() -> int:
                 "baseline": {"url": f"{base_url}/v1/completions", "pids": {"proxy": [baseline.pid]}},
             }
             backend_pids = [p.pid for _, _, p in fakes]
-            print(f"# fakes ctx={ctx_urls} gen={gen_urls}; shmdisagg fleet pid {fleet_pid}, coordinator pid {coord_pid}; baseline pid {baseline.pid}; loadgen pid {loadgen.pid}", flush=True)
+            print(
+                f"# fakes ctx={ctx_urls} gen={gen_urls}; shmdisagg fleet pid {fleet_pid}, coordinator pid "
+                f"{coord_pid}; baseline pid {baseline.pid}; loadgen pid {loadgen.pid}",
+                flush=True,
+            )
 
             for rnd in range(args.rounds):
                 for mode in modes:
                     for fk in fakes:
-                        s, _ = http_json("POST", f"http://127.0.0.1:{fk[1]}/_script", {k: v for k, v in MODES[mode].items() if k != "stream"})
+                        s, _ = http_json(
+                            "POST",
+                            f"http://127.0.0.1:{fk[1]}/_script",
+                            {k: v for k, v in MODES[mode].items() if k != "stream"},
+                        )
                         if s != 200:
                             raise RuntimeError(f"fake :{fk[1]} refused /_script ({s})")
                     order = systems if rnd % 2 == 0 else list(reversed(systems))
                     for system in order:
                         t = targets[system]
                         pids = {**t["pids"], "backends": backend_pids, "client": [loadgen.pid]}
-                        loadgen.stdin.write(json.dumps({"url": t["url"], "mode": mode, "n": args.n, "warmup": args.warmup, "concurrency": args.concurrency, "prompt_tokens": args.prompt_tokens}) + "\n")
+                        loadgen.stdin.write(
+                            json.dumps(
+                                {
+                                    "url": t["url"],
+                                    "mode": mode,
+                                    "n": args.n,
+                                    "warmup": args.warmup,
+                                    "concurrency": args.concurrency,
+                                    "prompt_tokens": args.prompt_tokens,
+                                }
+                            )
+                            + "\n"
+                        )
                         loadgen.stdin.flush()
                         warm = json.loads(loadgen.stdout.readline())
                         before = sample(pids)
@@ -347,10 +415,11 @@ def main() -> int:
                             row[f"{k}_sys_ms"] = (after[k][2] - before[k][2]) * 1000 / CLK_TCK / n
                         results.setdefault((system, mode), []).append(row)
                         print(
-                            f"round {rnd} {mode:<18} {system:<9}  proxy {row['proxy_ms']:.3f} ms/req (ns {row['proxy_ns_ms']:.3f}, kernel {row['proxy_sys_ms']:.3f})"
+                            f"round {rnd} {mode:<18} {system:<9}  proxy {row['proxy_ms']:.3f} ms/req (ns "
+                            f"{row['proxy_ns_ms']:.3f}, kernel {row['proxy_sys_ms']:.3f})"
                             + (f"  coord {row['coord_ms']:.3f}" if "coord_ms" in row else "")
-                            + f"  {row['req_s']:.0f} req/s  p50 {row['p50_ms']:.1f}  p99 {row['p99_ms']:.1f} ms  bad {row['bad']}"
-                            + (f"  e.g. {row['bad_samples'][0]}" if row["bad_samples"] else ""),
+                            + f"  {row['req_s']:.0f} req/s  p50 {row['p50_ms']:.1f}  p99 {row['p99_ms']:.1f} ms  "
+                            f"bad {row['bad']}" + (f"  e.g. {row['bad_samples'][0]}" if row["bad_samples"] else ""),
                             flush=True,
                         )
             loadgen.stdin.write("\n")
@@ -373,12 +442,21 @@ def main() -> int:
     return 1 if bad else 0
 
 
-def report(results: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str], systems: list[str], args: argparse.Namespace) -> None:
+def report(
+    results: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str], systems: list[str], args: argparse.Namespace
+) -> None:
     print()
-    print(f"N={args.n} per cell after {args.warmup} warm-up, c={args.concurrency}, {args.rounds} rounds (median, min-max); "
-          f"prompt={'%d token ids' % args.prompt_tokens if args.prompt_tokens else 'text'}; {args.ctx_servers} ctx + {args.gen_servers} gen fakes")
+    print(
+        f"N={args.n} per cell after {args.warmup} warm-up, c={args.concurrency}, {args.rounds} rounds (median, "
+        "min-max); "
+        f"prompt={f'{args.prompt_tokens} token ids' if args.prompt_tokens else 'text'}; {args.ctx_servers} ctx + "
+        f"{args.gen_servers} gen fakes"
+    )
     print()
-    print("| system | mode | proxy CPU ms/req (/proc ticks) | of which kernel | proxy CPU ms/req (ns) | coordinator ms/req | req/s | p50 ms | p99 ms | backends CPU ms/req | client CPU ms/req | bad |")
+    print(
+        "| system | mode | proxy CPU ms/req (/proc ticks) | of which kernel | proxy CPU ms/req (ns) | "
+        "coordinator ms/req | req/s | p50 ms | p99 ms | backends CPU ms/req | client CPU ms/req | bad |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mode in modes:
         for system in systems:
@@ -389,13 +467,19 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str
             ns, nlo, nhi = median_row(rows, "proxy_ns_ms")
             coord = f"{median_row(rows, 'coord_ms')[0]:.3f}" if "coord_ms" in rows[0] else "–"
             print(
-                f"| {system} | {mode} | {cpu:.3f} ({lo:.3f}–{hi:.3f}) | {median_row(rows, 'proxy_sys_ms')[0]:.3f} | {ns:.3f} ({nlo:.3f}–{nhi:.3f}) | {coord} | "
-                f"{median_row(rows, 'req_s')[0]:.0f} | {median_row(rows, 'p50_ms')[0]:.1f} | {median_row(rows, 'p99_ms')[0]:.1f} | "
-                f"{median_row(rows, 'backends_ms')[0]:.3f} | {median_row(rows, 'client_cpu_ms')[0]:.3f} | {sum(r['bad'] for r in rows)} |"
+                f"| {system} | {mode} | {cpu:.3f} ({lo:.3f}–{hi:.3f}) | "
+                f"{median_row(rows, 'proxy_sys_ms')[0]:.3f} | {ns:.3f} ({nlo:.3f}–{nhi:.3f}) | {coord} | "
+                f"{median_row(rows, 'req_s')[0]:.0f} | {median_row(rows, 'p50_ms')[0]:.1f} | "
+                f"{median_row(rows, 'p99_ms')[0]:.1f} | "
+                f"{median_row(rows, 'backends_ms')[0]:.3f} | {median_row(rows, 'client_cpu_ms')[0]:.3f} | "
+                f"{sum(r['bad'] for r in rows)} |"
             )
     if set(systems) >= {"shmdisagg", "baseline"}:
         print()
-        print("| mode | baseline / shmdisagg, proxy CPU (ns) | same, shmdisagg worker + coordinator | baseline / shmdisagg, req/s |")
+        print(
+            "| mode | baseline / shmdisagg, proxy CPU (ns) | same, shmdisagg worker + coordinator | baseline / "
+            "shmdisagg, req/s |"
+        )
         print("|---|---|---|---|")
         for mode in modes:
             b, s = results.get(("baseline", mode)), results.get(("shmdisagg", mode))
@@ -404,7 +488,10 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str
             bc = median_row(b, "proxy_ns_ms")[0]
             sc = median_row(s, "proxy_ns_ms")[0]
             sct = statistics.median(r["proxy_ns_ms"] + r["coord_ns_ms"] for r in s)
-            print(f"| {mode} | {bc / sc:.2f}× ({bc:.3f} / {sc:.3f}) | {bc / sct:.2f}× ({bc:.3f} / {sct:.3f}) | {median_row(b, 'req_s')[0] / median_row(s, 'req_s')[0]:.2f} |")
+            print(
+                f"| {mode} | {bc / sc:.2f}× ({bc:.3f} / {sc:.3f}) | {bc / sct:.2f}× ({bc:.3f} / {sct:.3f}) | "
+                f"{median_row(b, 'req_s')[0] / median_row(s, 'req_s')[0]:.2f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ only the relay's own Python work is timed (on uvloop, as the fleet runs).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import sys
 import time
@@ -35,23 +34,60 @@ from shmdisagg.orchestrator.answers import StreamGuard  # noqa: E402
 
 
 def chat_chunk(i: int, last: bool) -> bytes:
-    obj = {"id": "chatcmpl-1099511627999", "object": "chat.completion.chunk", "created": 1796166423, "model": "tiny-llama3-tokenizer",
-           "choices": [{"index": 0, "delta": {"content": f" word{i}", "reasoning_content": ""}, **({"finish_reason": "length"} if last else {})}]}
+    obj = {
+        "id": "chatcmpl-1099511627999",
+        "object": "chat.completion.chunk",
+        "created": 1796166423,
+        "model": "tiny-llama3-tokenizer",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": f" word{i}", "reasoning_content": ""},
+                **({"finish_reason": "length"} if last else {}),
+            }
+        ],
+    }
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 def completion_chunk(i: int, last: bool) -> bytes:  # completions chunks carry every field (exclude_unset=False)
-    obj = {"id": "cmpl-1", "object": "text_completion", "created": 1796166423, "model": "m",
-           "choices": [{"index": 0, "text": f" word{i}", "token_ids": None, "logprobs": None, "finish_reason": "length" if last else None,
-                        "stop_reason": None, "avg_decoded_tokens_per_iter": None}], "usage": None}
+    obj = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1796166423,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "text": f" word{i}",
+                "token_ids": None,
+                "logprobs": None,
+                "finish_reason": "length" if last else None,
+                "stop_reason": None,
+                "avg_decoded_tokens_per_iter": None,
+            }
+        ],
+        "usage": None,
+    }
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 def logprobs_chunk(i: int, last: bool) -> bytes:
     top = [{f"tok{j}": -0.1 * j for j in range(5)}]
-    obj = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
-           "choices": [{"index": 0, "text": f" w{i}", "logprobs": {"tokens": [f" w{i}"], "token_logprobs": [-0.5], "top_logprobs": top, "text_offset": [i]},
-                        "finish_reason": "length" if last else None}]}
+    obj = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "text": f" w{i}",
+                "logprobs": {"tokens": [f" w{i}"], "token_logprobs": [-0.5], "top_logprobs": top, "text_offset": [i]},
+                "finish_reason": "length" if last else None,
+            }
+        ],
+    }
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -62,7 +98,7 @@ class _Response:
     def __init__(self, chunks: list[bytes]) -> None:
         self._it = iter(chunks)
 
-    def __aiter__(self) -> "_Response":
+    def __aiter__(self) -> _Response:
         return self
 
     async def __anext__(self) -> bytes:
@@ -108,7 +144,9 @@ async def main(n: int, rounds: int) -> None:
                 times[fn.__name__].append(await _time(fn, chunks))
         med = {k: statistics.median(v) for k, v in times.items()}
         cells = [f"{med[k]:7.0f} [{min(v):.0f}-{max(v):.0f}]" for k, v in times.items()]
-        print(f"{name:<11} {len(chunks[0]):>6} {cells[0]:>20} {cells[1]:>20} {med['guarded'] - med['passthrough']:>7.0f}")
+        print(
+            f"{name:<11} {len(chunks[0]):>6} {cells[0]:>20} {cells[1]:>20} {med['guarded'] - med['passthrough']:>7.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -49,10 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import orjson  # noqa: E402
 
 from shmdisagg import _native, hashing  # noqa: E402
+from shmdisagg.orchestrator.validation import validate  # noqa: E402
 from shmdisagg.routing.policy import RoutingKey  # noqa: E402
 from shmdisagg.shm import ROLE_CONTEXT, ControlTable  # noqa: E402
 from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes  # noqa: E402
-from shmdisagg.orchestrator.validation import validate  # noqa: E402
 
 WARMUP = 100
 MODELS = frozenset({"m"})
@@ -71,8 +71,9 @@ class Deployment:
         rng = random.Random(7)
         self.table = ControlTable.create(f"shmdisagg-bench-{uuid.uuid4().hex[:8]}", max_workers=32)
         for s in range(8):
-            self.table.publish_server(s, f"127.0.0.1:{9000 + s}", ROLE_CONTEXT, True, max_batch_size=64,
-                                      tokens_per_block=args.tpb)
+            self.table.publish_server(
+                s, f"127.0.0.1:{9000 + s}", ROLE_CONTEXT, True, max_batch_size=64, tokens_per_block=args.tpb
+            )
         self.index = BlockIndex.create(self.table, IndexSettings(capacity=args.capacity, max_capacity=args.capacity))
         filler = [rng.getrandbits(64) for _ in range(400_000)]
         for s in range(8):
@@ -96,8 +97,9 @@ class Deployment:
         self.table.close()
 
 
-def requests(families: list[list[int]], size: int, n: int, rng: random.Random,
-             fresh: bool = False) -> Iterator[tuple[bool, bytes]]:
+def requests(
+    families: list[list[int]], size: int, n: int, rng: random.Random, fresh: bool = False
+) -> Iterator[tuple[bool, bytes]]:
     """n request bodies: a family prefix plus a new quarter (or all new tokens)."""
     for i in range(n):
         if fresh:
@@ -108,9 +110,17 @@ def requests(families: list[list[int]], size: int, n: int, rng: random.Random,
 
 
 def parts(families: list[list[int]], size: int, reps: int, tpb: int, rng: random.Random) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {k: [] for k in (
-        "token_ids_ok (list check, before)", "token_ids_int32 (check + int32)", "hash, list",
-        "hash, int32, no cache", "hash, int32, cache: next turn", "hash, int32, cache: repeat")}
+    out: dict[str, list[int]] = {
+        k: []
+        for k in (
+            "token_ids_ok (list check, before)",
+            "token_ids_int32 (check + int32)",
+            "hash, list",
+            "hash, int32, no cache",
+            "hash, int32, cache: next turn",
+            "hash, int32, cache: repeat",
+        )
+    }
     cache = hashing.PrefixHashCache(tpb, hashing.PROCESS_CACHE_BLOCKS)
     clock = time.perf_counter_ns
     for record, body in requests(families, size, reps + WARMUP, rng):
@@ -182,8 +192,9 @@ def path_after(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ...
     return t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0
 
 
-def decisions(args: argparse.Namespace, families: list[list[int]], size: int, rng: random.Random,
-              fresh: bool) -> tuple[dict[str, list[int]], dict[str, list[int]], int]:
+def decisions(
+    args: argparse.Namespace, families: list[list[int]], size: int, rng: random.Random, fresh: bool
+) -> tuple[dict[str, list[int]], dict[str, list[int]], int]:
     """Both paths on every request (parsed once for each), each on its own deployment, taking
     turns at going first: both see the same prompts and the same interference from other load.
     Returns their timings and the share (%) of blocks the after path took from its cache."""
@@ -220,7 +231,7 @@ def show(title: str, rows: dict[str, list[int]]) -> None:
     print(f"  {title}")
     for name, values in rows.items():
         if not name.startswith("_"):
-            print(f"    {name:38} {pct(values, .5):>7.1f}us {pct(values, .99):>7.1f}us {min(values) / 1000:>7.1f}us")
+            print(f"    {name:38} {pct(values, 0.5):>7.1f}us {pct(values, 0.99):>7.1f}us {min(values) / 1000:>7.1f}us")
 
 
 def event_rates(index: BlockIndex, blocks: int, per_event: int, rng: random.Random) -> dict[str, float]:
@@ -261,9 +272,11 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000, help="block events to apply (0: skip)")
     args = ap.parse_args()
     rng = random.Random(20261130)
-    print(f"host: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average "
-          f"{os.getloadavg()[0]:.2f}; index {args.capacity} slots with 400k cached blocks, 8 servers, "
-          f"16 claimed rows, tokens_per_block {args.tpb}, {args.reps} decisions per group\n")
+    print(
+        f"host: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average "
+        f"{os.getloadavg()[0]:.2f}; index {args.capacity} slots with 400k cached blocks, 8 servers, "
+        f"16 claimed rows, tokens_per_block {args.tpb}, {args.reps} decisions per group\n"
+    )
     for size in (int(x) for x in args.sizes.split(",")):
         families = [[rng.randrange(100, 150_000) for _ in range(size * 3 // 4)] for _ in range(16)]
         print(f"{size} tokens ({(size - 1 + args.tpb - 1) // args.tpb} blocks, 3/4 of them a cached family prefix):")
@@ -273,8 +286,11 @@ def main() -> None:
             b, a, reused = decisions(args, families, size, rng, fresh)
             what = "new prompts (no shared prefix, no match)" if fresh else "next turns (3/4 a cached prefix)"
             show(f"{what}, before: validate (token_ids_ok) -> block_hashes_bytes(list) -> pick_kv", b)
-            cached = (f"PrefixHashCache ({reused}% of blocks reused)" if size > hashing.CACHE_MIN_BLOCKS * args.tpb
-                      else "block_hashes_bytes(int32, under CACHE_MIN_BLOCKS)")
+            cached = (
+                f"PrefixHashCache ({reused}% of blocks reused)"
+                if size > hashing.CACHE_MIN_BLOCKS * args.tpb
+                else "block_hashes_bytes(int32, under CACHE_MIN_BLOCKS)"
+            )
             show(f"{what}, after: validate (token_ids_int32) -> {cached} -> pick_kv", a)
     if args.events:
         dep = Deployment(args, [])
@@ -283,8 +299,10 @@ def main() -> None:
             for name, rate in event_rates(dep.index, args.events, args.event_blocks, rng).items():
                 print(f"  {name:<22} {rate / 1e6:6.2f} M block events/s")
             st = dep.index.stats()
-            print(f"  event-to-visibility lag of 10,000 events stamped just before applying: p50 <= "
-                  f"{st.lag_quantile_ns(0.5) / 1000:.1f} us, p99 <= {st.lag_quantile_ns(0.99) / 1000:.1f} us")
+            print(
+                f"  event-to-visibility lag of 10,000 events stamped just before applying: p50 <= "
+                f"{st.lag_quantile_ns(0.5) / 1000:.1f} us, p99 <= {st.lag_quantile_ns(0.99) / 1000:.1f} us"
+            )
         finally:
             dep.close()
 

@@ -78,7 +78,13 @@ def config_for(router: str, fleet: int, sim_speedup: float, args: argparse.Names
         "hostname": "127.0.0.1",
         "port": port,
         "num_workers": fleet,
-        "context_servers": {"urls": ctx, "router": router_spec(router), "max_batch_size": 16, "max_num_tokens": 16384, "enable_chunked_prefill": True},
+        "context_servers": {
+            "urls": ctx,
+            "router": router_spec(router),
+            "max_batch_size": 16,
+            "max_num_tokens": 16384,
+            "enable_chunked_prefill": True,
+        },
         "generation_servers": {"urls": gen, "router": router_spec(router), "max_batch_size": 64},
         "shmdisagg": {
             "shm": {"prefix": f"shmdisagg-rq{uuid.uuid4().hex[:8]}"},
@@ -97,8 +103,22 @@ def run_one(router: str, fleet: int, sim_speedup: float, args: argparse.Namespac
     config = load_config(path)
     out = tmp / f"{router}-{fleet}-{sim_speedup}.json"
     with Deployment(config, str(path), str(tmp / f"logs-{router}-{fleet}-{sim_speedup}")) as dep:
-        cmd = [sys.executable, "-m", "shmdisagg.bench", "--url", dep.url, "--trace", str(args.trace),
-               "--num-requests", str(args.num_requests), "--speedup", str(args.speedup), "--json", str(out), "--no-progress"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "shmdisagg.bench",
+            "--url",
+            dep.url,
+            "--trace",
+            str(args.trace),
+            "--num-requests",
+            str(args.num_requests),
+            "--speedup",
+            str(args.speedup),
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
         if args.max_output_tokens:
             cmd += ["--max-output-tokens", str(args.max_output_tokens)]
         out.unlink(missing_ok=True)  # exit 1 is also a failed run: never read an old one
@@ -128,8 +148,13 @@ def main() -> int:
     p.add_argument("--trace", type=Path, default=REPO / "data" / "mooncake_conversation_300.jsonl")
     p.add_argument("--num-requests", type=int, default=300)
     p.add_argument("--speedup", type=float, default=10.0, help="trace arrival speed-up")
-    p.add_argument("--sim-speedup", type=float, nargs="+", default=[20.0],
-                   help="executor timing speed-up; several values sweep the offered load (lower = more loaded)")
+    p.add_argument(
+        "--sim-speedup",
+        type=float,
+        nargs="+",
+        default=[20.0],
+        help="executor timing speed-up; several values sweep the offered load (lower = more loaded)",
+    )
     p.add_argument("--num-blocks", type=int, default=524288, help="KV blocks per simulated executor")
     p.add_argument("--max-output-tokens", type=int, default=32)
     p.add_argument("--ctx", type=int, default=4)
@@ -148,24 +173,42 @@ def main() -> int:
                     row = run_one(router, fleet, sim_speedup, args, Path(d))
                     row["seconds"] = round(time.monotonic() - t0, 1)
                     rows.append(row)
-                    print(f"{router:15s} fleet {fleet} sim x{sim_speedup:g}: hit {row['hit_rate']:.4f} ({row['hit_rate'] / ideal:.2f}x ideal) "
-                          f"TTFT p50/p99 {row['ttft_p50_ms']:.0f}/{row['ttft_p99_ms']:.0f} ms  ctx load max/min {row['load_max_min']:.2f} "
-                          f"{row['ctx_routed']}  errors {row['errors']}", flush=True)
+                    print(
+                        f"{router:15s} fleet {fleet} sim x{sim_speedup:g}: hit {row['hit_rate']:.4f} "
+                        f"({row['hit_rate'] / ideal:.2f}x ideal) "
+                        f"TTFT p50/p99 {row['ttft_p50_ms']:.0f}/{row['ttft_p99_ms']:.0f} ms  ctx load max/min "
+                        f"{row['load_max_min']:.2f} "
+                        f"{row['ctx_routed']}  errors {row['errors']}",
+                        flush=True,
+                    )
     print(f"\ntrace {args.trace.name}, first {args.num_requests} requests, ideal (infinite cache) hit rate {ideal:.4f}")
-    print("| router | fleet | sim speed-up | KV hit rate | x ideal | TTFT p50 ms | TTFT p99 ms | ctx load max/min | errors |")
+    print(
+        "| router | fleet | sim speed-up | KV hit rate | x ideal | TTFT p50 ms | TTFT p99 ms | ctx load max/min "
+        "| errors |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['router']} | {r['fleet']} | {r['sim_speedup']:g} | {r['hit_rate']:.4f} | {r['hit_rate'] / ideal:.2f} | {r['ttft_p50_ms']:.0f} "
-              f"| {r['ttft_p99_ms']:.0f} | {r['load_max_min']:.2f} | {r['errors']} |")
+        print(
+            f"| {r['router']} | {r['fleet']} | {r['sim_speedup']:g} | {r['hit_rate']:.4f} | "
+            f"{r['hit_rate'] / ideal:.2f} | {r['ttft_p50_ms']:.0f} "
+            f"| {r['ttft_p99_ms']:.0f} | {r['load_max_min']:.2f} | {r['errors']} |"
+        )
     rr = {(r["fleet"], r["sim_speedup"]): r for r in rows if r["router"] == "round_robin"}
     for r in rows:
         base = rr.get((r["fleet"], r["sim_speedup"]))
         if r["router"] != "round_robin" and base is not None:
-            print(f"TTFT ratio round_robin / {r['router']} at fleet {r['fleet']}, sim x{r['sim_speedup']:g}: "
-                  f"p50 {base['ttft_p50_ms'] / max(r['ttft_p50_ms'], 1e-9):.2f}, p99 {base['ttft_p99_ms'] / max(r['ttft_p99_ms'], 1e-9):.2f}")
+            print(
+                f"TTFT ratio round_robin / {r['router']} at fleet {r['fleet']}, sim x{r['sim_speedup']:g}: "
+                f"p50 {base['ttft_p50_ms'] / max(r['ttft_p50_ms'], 1e-9):.2f}, p99 "
+                f"{base['ttft_p99_ms'] / max(r['ttft_p99_ms'], 1e-9):.2f}"
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"ideal_hit_rate": ideal, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {"ideal_hit_rate": ideal, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1
+            )
+        )
     return 0
 
 

@@ -73,8 +73,9 @@ async def one(session: Any, base: str, body: dict[str, Any]) -> None:
             raise RuntimeError(f"wrong completion length: {raw[:300]!r}")
 
 
-async def load(session: Any, base: str, n: int, concurrency: int, prompt_tokens: int, out: int, stream: bool,
-               rng: random.Random) -> None:
+async def load(
+    session: Any, base: str, n: int, concurrency: int, prompt_tokens: int, out: int, stream: bool, rng: random.Random
+) -> None:
     queue = list(range(n))
 
     async def worker() -> None:
@@ -139,13 +140,26 @@ def main() -> int:
             lo, hi = outputs[0], outputs[-1]
             per_token_us = 1000 * (med[hi] - med[lo]) / (hi - lo)
             per_request_ms = med[lo] - per_token_us * lo / 1000
-            rows.append({"tree": str(tree), "stream": stream, "ms_per_request": med,
-                         "us_per_token": round(per_token_us, 2), "ms_per_request_intercept": round(per_request_ms, 3)})
-            print(f"{tree} stream={stream}: " + ", ".join(f"{o} tokens {m:.3f} ms" for o, m in med.items())
-                  + f"; {per_token_us:.1f} us/token, {per_request_ms:.3f} ms/request")
+            rows.append(
+                {
+                    "tree": str(tree),
+                    "stream": stream,
+                    "ms_per_request": med,
+                    "us_per_token": round(per_token_us, 2),
+                    "ms_per_request_intercept": round(per_request_ms, 3),
+                }
+            )
+            print(
+                f"{tree} stream={stream}: "
+                + ", ".join(f"{o} tokens {m:.3f} ms" for o, m in med.items())
+                + f"; {per_token_us:.1f} us/token, {per_request_ms:.3f} ms/request"
+            )
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"tree": [str(t) for t in trees], "json": str(args.json)},
-                                         "rows": rows}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {"args": vars(args) | {"tree": [str(t) for t in trees], "json": str(args.json)}, "rows": rows}, indent=2
+            )
+        )
     return 0
 
 

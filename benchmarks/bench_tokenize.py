@@ -43,10 +43,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_routing import Deployment, pct  # noqa: E402
 
-from shmdisagg.routing.policy import RoutingKey  # noqa: E402
 from shmdisagg.orchestrator.service import KeyBuilder  # noqa: E402
-from shmdisagg.shm import ROLE_CONTEXT  # noqa: E402
 from shmdisagg.orchestrator.tokenization import HFTokenizer  # noqa: E402
+from shmdisagg.routing.policy import RoutingKey  # noqa: E402
+from shmdisagg.shm import ROLE_CONTEXT  # noqa: E402
 from tests import hf_tokenizer  # noqa: E402
 
 WARMUP = 5
@@ -113,9 +113,12 @@ def main() -> None:
         chars_per_token = len(sample) / len(tok.encode(sample, add_special_tokens=False))
         import transformers
 
-        print(f"host: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, transformers {transformers.__version__}, load average "
-              f"{os.getloadavg()[0]:.2f}; BPE of {len(tok)} entries built offline in {built:.1f} s, "
-              f"{chars_per_token:.2f} characters per token; {args.reps} rounds per size\n")
+        print(
+            f"host: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, transformers "
+            f"{transformers.__version__}, load average "
+            f"{os.getloadavg()[0]:.2f}; BPE of {len(tok)} entries built offline in {built:.1f} s, "
+            f"{chars_per_token:.2f} characters per token; {args.reps} rounds per size\n"
+        )
         dep = Deployment(args, [])
         keys = KeyBuilder(hf, conversations=False)
         loop = asyncio.new_event_loop()
@@ -127,13 +130,32 @@ def main() -> None:
             dep.close()
 
 
-def run_size(args: argparse.Namespace, tok: Any, hf: HFTokenizer, keys: KeyBuilder, loop: asyncio.AbstractEventLoop,
-             dep: Deployment, vocab: list[str], size: int, rng: random.Random) -> None:
+def run_size(
+    args: argparse.Namespace,
+    tok: Any,
+    hf: HFTokenizer,
+    keys: KeyBuilder,
+    loop: asyncio.AbstractEventLoop,
+    dep: Deployment,
+    vocab: list[str],
+    size: int,
+    rng: random.Random,
+) -> None:
     clock = time.process_time_ns
-    rows: dict[str, list[int]] = {k: [] for k in (
-        "token ids: hash + pick", "text: tokenize", "text: hash + pick", "text: tokenize + hash + pick",
-        "text: KeyBuilder.build + pick", "chat: render + tokenize", "chat: hash + pick", "chat: render + tokenize + hash + pick",
-        "chat: KeyBuilder.build + pick")}
+    rows: dict[str, list[int]] = {
+        k: []
+        for k in (
+            "token ids: hash + pick",
+            "text: tokenize",
+            "text: hash + pick",
+            "text: tokenize + hash + pick",
+            "text: KeyBuilder.build + pick",
+            "chat: render + tokenize",
+            "chat: hash + pick",
+            "chat: render + tokenize + hash + pick",
+            "chat: KeyBuilder.build + pick",
+        )
+    }
     bases = [sized_text(tok, vocab, size, rng) for _ in range(8)]
     chat_tokens = 0
     scope: dict[str, Any] = {"headers": []}
@@ -147,8 +169,16 @@ def run_size(args: argparse.Namespace, tok: Any, hf: HFTokenizer, keys: KeyBuild
 
     def chat_of(prompt: str) -> dict[str, Any]:
         half = len(prompt) // 2
-        return {"model": "m", "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                                           {"role": "user", "content": [{"type": "text", "text": prompt[:half]}, {"type": "text", "text": prompt[half:]}]}]}
+        return {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": prompt[:half]}, {"type": "text", "text": prompt[half:]}],
+                },
+            ],
+        }
 
     for n in range(args.reps + WARMUP):
         base = bases[n % len(bases)]  # each path its own new tail: a next turn of one of 8 conversations
@@ -172,19 +202,26 @@ def run_size(args: argparse.Namespace, tok: Any, hf: HFTokenizer, keys: KeyBuild
         t6 = clock()
         if n >= WARMUP:
             for name, value in (
-                ("token ids: hash + pick", id_cost), ("text: tokenize", t1 - t0), ("text: hash + pick", text_cost),
-                ("text: tokenize + hash + pick", t1 - t0 + text_cost), ("text: KeyBuilder.build + pick", t5 - t4),
-                ("chat: render + tokenize", t3 - t2), ("chat: hash + pick", chat_cost),
-                ("chat: render + tokenize + hash + pick", t3 - t2 + chat_cost), ("chat: KeyBuilder.build + pick", t6 - t5),
+                ("token ids: hash + pick", id_cost),
+                ("text: tokenize", t1 - t0),
+                ("text: hash + pick", text_cost),
+                ("text: tokenize + hash + pick", t1 - t0 + text_cost),
+                ("text: KeyBuilder.build + pick", t5 - t4),
+                ("chat: render + tokenize", t3 - t2),
+                ("chat: hash + pick", chat_cost),
+                ("chat: render + tokenize + hash + pick", t3 - t2 + chat_cost),
+                ("chat: KeyBuilder.build + pick", t6 - t5),
             ):
                 rows[name].append(value)
     print(f"{size} tokens (text {len(bases[0])} characters; the chat renders to {chat_tokens} tokens), CPU time:")
     print(f"    {'':40} {'p50':>10} {'p99':>10} {'min':>10}")
     for name, values in rows.items():
-        print(f"    {name:40} {pct(values, .5):>8.1f}us {pct(values, .99):>8.1f}us {min(values) / 1000:>8.1f}us")
-    base_p50 = pct(rows["token ids: hash + pick"], .5)
-    print(f"    p50 ratios to token ids: text {pct(rows['text: tokenize + hash + pick'], .5) / base_p50:.1f}x, "
-          f"chat {pct(rows['chat: render + tokenize + hash + pick'], .5) / base_p50:.1f}x\n")
+        print(f"    {name:40} {pct(values, 0.5):>8.1f}us {pct(values, 0.99):>8.1f}us {min(values) / 1000:>8.1f}us")
+    base_p50 = pct(rows["token ids: hash + pick"], 0.5)
+    print(
+        f"    p50 ratios to token ids: text {pct(rows['text: tokenize + hash + pick'], 0.5) / base_p50:.1f}x, "
+        f"chat {pct(rows['chat: render + tokenize + hash + pick'], 0.5) / base_p50:.1f}x\n"
+    )
 
 
 if __name__ == "__main__":

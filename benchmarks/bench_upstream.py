@@ -51,12 +51,14 @@ JSON_BODY = json.dumps(
     },
     separators=(",", ":"),
 ).encode()
-JSON_RESPONSE = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(JSON_BODY), JSON_BODY)
+JSON_RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+    len(JSON_BODY),
+    JSON_BODY,
 )
 SSE_EVENTS = [
-    b'data: {"id":"chatcmpl-0123456789","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" t%02d"}}]}\n\n'
-    % i
+    b"data: "
+    b'{"id":"chatcmpl-0123456789","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" '
+    b't%02d"}}]}\n\n' % i
     for i in range(15)
 ] + [b"data: [DONE]\n\n"]
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -235,7 +237,9 @@ def main() -> None:
     if args.serve:
         uvloop.run(_serve())
         return
-    backend = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], stdout=subprocess.PIPE, text=True)
+    backend = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--serve"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert backend.stdout is not None
         port = int(backend.stdout.readline())

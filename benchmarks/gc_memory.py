@@ -56,19 +56,32 @@ def call(conn: http.client.HTTPConnection, method: str, path: str, body: Any = N
 def run(value: str, n: int) -> str:
     tmp = tempfile.mkdtemp(prefix=f"gc-memory-{value}-")
     ports = free_port(), free_port()
-    sims = [SimProcess(["--port", str(p), "--role", role, "--speedup", "1000", "--model", "m"], p) for p, role in zip(ports, ("context", "generation"))]
+    sims = [
+        SimProcess(["--port", str(p), "--role", role, "--speedup", "1000", "--model", "m"], p)
+        for p, role in zip(ports, ("context", "generation"))
+    ]
     for s in sims:
         s.start()
     port = free_port()
-    cfg = {"hostname": "127.0.0.1", "port": port, "num_workers": 1,
-           "context_servers": {"urls": [f"127.0.0.1:{ports[0]}"]}, "generation_servers": {"urls": [f"127.0.0.1:{ports[1]}"]},
-           "shmdisagg": {"shm": {"prefix": f"gcm{os.getpid()}-{value}"}, "coordinator_socket": f"{tmp}/c.sock"}}
+    cfg = {
+        "hostname": "127.0.0.1",
+        "port": port,
+        "num_workers": 1,
+        "context_servers": {"urls": [f"127.0.0.1:{ports[0]}"]},
+        "generation_servers": {"urls": [f"127.0.0.1:{ports[1]}"]},
+        "shmdisagg": {"shm": {"prefix": f"gcm{os.getpid()}-{value}"}, "coordinator_socket": f"{tmp}/c.sock"},
+    }
     with open(f"{tmp}/cfg.yaml", "w") as f:
         yaml.safe_dump(cfg, f)
     env = dict(os.environ, TRTLLM_DISAGG_SERVER_DISABLE_GC=value)
     with open(f"{tmp}/serve.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", "serve", "-c", f"{tmp}/cfg.yaml", "-l", "warning"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shmdisagg.cli", "serve", "-c", f"{tmp}/cfg.yaml", "-l", "warning"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            cwd=REPO,
+        )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -90,8 +103,11 @@ def run(value: str, n: int) -> str:
             call(conn, "POST", "/v1/completions", BODIES[i % len(BODIES)])
         took = time.monotonic() - started
         after = rss_kb(worker), rss_kb(proc.pid)
-        return (f"TRTLLM_DISAGG_SERVER_DISABLE_GC={value}: {n} requests in {took:.0f} s; fleet worker VmRSS {before[0]} -> {after[0]} kB "
-                f"(+{after[0] - before[0]}), coordinator {before[1]} -> {after[1]} kB (+{after[1] - before[1]})")
+        return (
+            f"TRTLLM_DISAGG_SERVER_DISABLE_GC={value}: {n} requests in {took:.0f} s; fleet worker VmRSS "
+            f"{before[0]} -> {after[0]} kB "
+            f"(+{after[0] - before[0]}), coordinator {before[1]} -> {after[1]} kB (+{after[1] - before[1]})"
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)

@@ -35,14 +35,25 @@ def llm_args_names(tree: ast.Module) -> set[str]:
                     name = item.target.id
                     if not name.startswith("_") and name != "model_config":
                         names.add(name)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "_TORCH_LLMARGS_REMOVED_ARG_CHECKS":
+        elif (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "_TORCH_LLMARGS_REMOVED_ARG_CHECKS"
+        ):
             if isinstance(node.value, ast.Dict):
-                names.update(k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+                names.update(
+                    k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
+                )
         elif isinstance(node, ast.FunctionDef) and node.name == "update_llm_args_with_extra_dict":
             for cmp in ast.walk(node):
-                if (isinstance(cmp, ast.Compare) and isinstance(cmp.left, ast.Constant) and isinstance(cmp.left.value, str)
-                        and isinstance(cmp.ops[0], ast.In) and isinstance(cmp.comparators[0], ast.Name)
-                        and cmp.comparators[0].id == "llm_args_dict"):
+                if (
+                    isinstance(cmp, ast.Compare)
+                    and isinstance(cmp.left, ast.Constant)
+                    and isinstance(cmp.left.value, str)
+                    and isinstance(cmp.ops[0], ast.In)
+                    and isinstance(cmp.comparators[0], ast.Name)
+                    and cmp.comparators[0].id == "llm_args_dict"
+                ):
                     names.add(cmp.left.value)
     return names
 
@@ -60,7 +71,13 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     root = Path(argv[0])
-    commit = argv[1] if len(argv) == 2 else subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    commit = (
+        argv[1]
+        if len(argv) == 2
+        else subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     names = llm_args_names(ast.parse((root / LLM_ARGS).read_text()))
     serve = root / SERVE
     if serve.exists():

@@ -102,8 +102,11 @@ def _refuse_port_zero(config: DisaggConfig, path: str) -> None:
     """`launch` and `bench --launch` cannot run `port: 0`: only `serve --report_addr` reports
     the port the kernel picks."""
     if config.port == 0:
-        print(f"shmdisagg: config error: {path}: port: 0 (a port the kernel picks) runs only under "
-              "shmdisagg serve --report_addr PATH, which writes the bound host:port to PATH; set a port", file=sys.stderr)
+        print(
+            f"shmdisagg: config error: {path}: port: 0 (a port the kernel picks) runs only under "
+            "shmdisagg serve --report_addr PATH, which writes the bound host:port to PATH; set a port",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
 
 
@@ -162,7 +165,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     try:
         ctx = ", ".join(config.context_servers.urls)
         gen = ", ".join(config.generation_servers.urls)
-        print(f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; context: {ctx}; generation: {gen}; executor logs: {dep.log_dir})", flush=True)
+        print(
+            f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; context: {ctx}; "
+            f"generation: {gen}; executor logs: {dep.log_dir})",
+            flush=True,
+        )
         code = dep.wait(reap=True)
     except KeyboardInterrupt:  # SIGINT/SIGTERM that came before wait() took over the handlers
         code = 0
@@ -177,7 +184,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
         how = f"exit code {status}"
         if status is not None and status > 128 and status - 128 in signal.valid_signals():
             how = f"killed by {signal.Signals(status - 128).name}"
-        print(f"shmdisagg: the coordinator ended ({how}) and could not be restarted; the deployment is stopped", file=sys.stderr)
+        print(
+            f"shmdisagg: the coordinator ended ({how}) and could not be restarted; the deployment is stopped",
+            file=sys.stderr,
+        )
     return code
 
 
@@ -187,19 +197,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from shmdisagg.coordinator.keeper import run_supervised
 
     if args.metadata_server_config_file is not None:
-        print("shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is not supported; "
-              "list the executors under context_servers.urls and generation_servers.urls", file=sys.stderr)
+        print(
+            "shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is "
+            "not supported; "
+            "list the executors under context_servers.urls and generation_servers.urls",
+            file=sys.stderr,
+        )
         return 2
     config = _load(args.config)
     _check_env()  # refuses a bad variable, shows the warnings (the coordinator does not repeat them)
     if args.report_addr is not None and config.num_workers > 1:
         # the same refusal as TensorRT-LLM's (test_disaggregated_rejects_a_worker_fleet, test id 57374853910)
-        print(f"shmdisagg: --report_addr: TensorRT-LLM reports the address of a single self-contained disaggregated server only; "
-              f"{args.config} has num_workers: {config.num_workers}: set num_workers: 1", file=sys.stderr)
+        print(
+            "shmdisagg: --report_addr: TensorRT-LLM reports the address of a single self-contained "
+            "disaggregated server only; "
+            f"{args.config} has num_workers: {config.num_workers}: set num_workers: 1",
+            file=sys.stderr,
+        )
         return 2
     if config.port == 0 and args.report_addr is None:
-        print(f"shmdisagg: config error: {args.config}: port: 0 (a port the kernel picks) needs --report_addr PATH, "
-              "where the bound host:port is written; nothing else would learn the port", file=sys.stderr)
+        print(
+            f"shmdisagg: config error: {args.config}: port: 0 (a port the kernel picks) needs --report_addr PATH, "
+            "where the bound host:port is written; nothing else would learn the port",
+            file=sys.stderr,
+        )
         return 2
     _check_machine(config, args.config, executors_here=False)
     argv = ["-c", args.config, "-r", str(args.request_timeout)]
@@ -276,33 +297,86 @@ def _non_negative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shmdisagg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="shmdisagg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("launch", help="start a single-node deployment")
     p.add_argument("-c", "--config", required=True)
-    p.add_argument("--log-dir", help="where executor logs (appended to) and option files go (default: the config's "
-                   "shmdisagg.executors.log_dir, else the fixed <tmp>/<shm prefix>-logs, e.g. "
-                   "/tmp/shmdisagg-<uid>-<port>-logs, reused by every launch of that deployment)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan (commands, environment, option files, ports, GPUs) and start nothing")
+    p.add_argument(
+        "--log-dir",
+        help="where executor logs (appended to) and option files go (default: the config's "
+        "shmdisagg.executors.log_dir, else the fixed <tmp>/<shm prefix>-logs, e.g. "
+        "/tmp/shmdisagg-<uid>-<port>-logs, reused by every launch of that deployment)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (commands, environment, option files, ports, GPUs) and start nothing",
+    )
     p.set_defaults(func=cmd_launch)
 
-    p = sub.add_parser("serve", aliases=["disaggregated"], help="coordinator and fleet for executors already running (trtllm-serve disaggregated)",
-                       description="The coordinator and fleet for executors already running: TensorRT-LLM's `trtllm-serve disaggregated` "
-                       "with its flags. A flag wins over the config's own setting.")
-    p.add_argument("-c", "--config", "--config_file", dest="config", required=True, help="the disaggregated config YAML")
-    p.add_argument("-t", "--server_start_timeout", type=_positive_int, metavar="SECONDS",
-                   help="wait up to this long for every executor's GET /health = 200, else fail (default: shmdisagg.server_start_timeout_s, 180)")
-    p.add_argument("-r", "--request_timeout", type=_non_negative_int, default=180, metavar="SECONDS",
-                   help="timeout of each leg, a call to one executor, as in TensorRT-LLM; 0: none (default 180). "
-                   "The whole request's deadline is shmdisagg.request_timeout_s")
-    p.add_argument("-l", "--log_level", choices=list(LOG_LEVELS), help="TensorRT-LLM's level names (default: shmdisagg.log_level, info; "
-                   "TLLM_LOG_LEVEL wins over both, as in TensorRT-LLM)")
-    p.add_argument("-s", "--schedule_style", choices=["context_first", "generation_first"], help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE")
-    p.add_argument("--metrics-log-interval", type=int, default=0, metavar="SECONDS", help="accepted and ignored (deprecated no-op in TensorRT-LLM)")
-    p.add_argument("--report_addr", metavar="PATH", help="write the bound public host:port to PATH once the fleet starts "
-                   "(with port: 0 the kernel picks the port; num_workers: 1 only, as in TensorRT-LLM)")
-    p.add_argument("-m", "--metadata_server_config_file", metavar="FILE", help="refused: dynamic membership (etcd) is not supported")
+    p = sub.add_parser(
+        "serve",
+        aliases=["disaggregated"],
+        help="coordinator and fleet for executors already running (trtllm-serve disaggregated)",
+        description="The coordinator and fleet for executors already running: TensorRT-LLM's `trtllm-serve "
+        "disaggregated` "
+        "with its flags. A flag wins over the config's own setting.",
+    )
+    p.add_argument(
+        "-c", "--config", "--config_file", dest="config", required=True, help="the disaggregated config YAML"
+    )
+    p.add_argument(
+        "-t",
+        "--server_start_timeout",
+        type=_positive_int,
+        metavar="SECONDS",
+        help="wait up to this long for every executor's GET /health = 200, else fail (default: "
+        "shmdisagg.server_start_timeout_s, 180)",
+    )
+    p.add_argument(
+        "-r",
+        "--request_timeout",
+        type=_non_negative_int,
+        default=180,
+        metavar="SECONDS",
+        help="timeout of each leg, a call to one executor, as in TensorRT-LLM; 0: none (default 180). "
+        "The whole request's deadline is shmdisagg.request_timeout_s",
+    )
+    p.add_argument(
+        "-l",
+        "--log_level",
+        choices=list(LOG_LEVELS),
+        help="TensorRT-LLM's level names (default: shmdisagg.log_level, info; "
+        "TLLM_LOG_LEVEL wins over both, as in TensorRT-LLM)",
+    )
+    p.add_argument(
+        "-s",
+        "--schedule_style",
+        choices=["context_first", "generation_first"],
+        help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE",
+    )
+    p.add_argument(
+        "--metrics-log-interval",
+        type=int,
+        default=0,
+        metavar="SECONDS",
+        help="accepted and ignored (deprecated no-op in TensorRT-LLM)",
+    )
+    p.add_argument(
+        "--report_addr",
+        metavar="PATH",
+        help="write the bound public host:port to PATH once the fleet starts "
+        "(with port: 0 the kernel picks the port; num_workers: 1 only, as in TensorRT-LLM)",
+    )
+    p.add_argument(
+        "-m",
+        "--metadata_server_config_file",
+        metavar="FILE",
+        help="refused: dynamic membership (etcd) is not supported",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check-config", help="validate a config file here (keys, plan, addresses, public port)")

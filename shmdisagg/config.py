@@ -170,7 +170,7 @@ class ServerSection(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _check_count(self) -> "ServerSection":
+    def _check_count(self) -> ServerSection:
         if self.urls and len(self.urls) != self.num_instances:
             raise ValueError(f"{len(self.urls)} urls but num_instances is {self.num_instances}")
         return self
@@ -229,7 +229,9 @@ def env_tokens_per_block(environ: Mapping[str, str] = os.environ) -> int | None:
     except ValueError:
         value = 0
     if value < 1:
-        raise ConfigError(f"{HASH_TOKENS_PER_BLOCK_ENV}: {raw!r} is not a positive integer (the router's tokens_per_block)")
+        raise ConfigError(
+            f"{HASH_TOKENS_PER_BLOCK_ENV}: {raw!r} is not a positive integer (the router's tokens_per_block)"
+        )
     return value
 
 
@@ -250,6 +252,7 @@ class SimSettings(_Strict):
         if name not in PROFILES:
             raise ValueError(f"unknown simulator profile {name!r}; known: {', '.join(sorted(PROFILES))}")
         return name
+
     num_blocks: int = Field(8192, ge=1)
     tokens_per_block: int = Field(32, ge=1)
     max_batch_size: int = Field(64, ge=1)
@@ -257,7 +260,9 @@ class SimSettings(_Strict):
     speedup: float = Field(1.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
 
-    _numbers = field_validator("num_blocks", "tokens_per_block", "max_batch_size", "max_num_tokens", "speedup", mode="before")(_no_bool)
+    _numbers = field_validator(
+        "num_blocks", "tokens_per_block", "max_batch_size", "max_num_tokens", "speedup", mode="before"
+    )(_no_bool)
 
 
 class TrtllmSettings(_Strict):
@@ -269,7 +274,9 @@ class TrtllmSettings(_Strict):
     """
 
     command: list[str] = Field(default_factory=lambda: ["trtllm-serve"], min_length=1)
-    backend: Literal["pytorch", "tensorrt", "_autodeploy"] | None = None  # --backend; default: top-level `backend`, else pytorch
+    backend: Literal["pytorch", "tensorrt", "_autodeploy"] | None = (
+        None  # --backend; default: top-level `backend`, else pytorch
+    )
     log_level: Literal["internal_error", "error", "warning", "info", "verbose", "debug", "trace"] = "info"
     extra_llm_api_options: dict[str, Any] = Field(default_factory=dict)  # merged into every instance's YAML
     env: dict[str, str] = Field(default_factory=dict)  # extra environment for every instance
@@ -285,7 +292,9 @@ class ExecutorsSection(_Strict):
     """
 
     backend: Literal["sim", "trtllm"] = "sim"
-    model: str = "sim-llama-3.1-8b"  # what the executors serve; never empty (the simulator would serve its profile's name)
+    model: str = (
+        "sim-llama-3.1-8b"  # what the executors serve; never empty (the simulator would serve its profile's name)
+    )
     startup_timeout_s: float = Field(180.0, gt=0)
     stop_timeout_s: float = Field(15.0, gt=0)
     log_dir: str | None = None
@@ -297,7 +306,9 @@ class ExecutorsSection(_Strict):
     @classmethod
     def _check_model(cls, model: str) -> str:
         if not model.strip():
-            raise ValueError("must not be empty: the model the executors serve (a Hugging Face name or a checkpoint path)")
+            raise ValueError(
+                "must not be empty: the model the executors serve (a Hugging Face name or a checkpoint path)"
+            )
         return model
 
     @field_validator("gpus")
@@ -331,7 +342,7 @@ class IndexSection(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _capacity_within_max(self) -> "IndexSection":
+    def _capacity_within_max(self) -> IndexSection:
         if self.capacity > self.max_capacity:
             raise KeyedError("capacity", f"{self.capacity} exceeds max_capacity ({self.max_capacity})")
         return self
@@ -404,9 +415,17 @@ class ShmdisaggSection(_Strict):
     # TensorRT-LLM's level names (`tensorrt_llm/logger.py`); -l/--log_level and TLLM_LOG_LEVEL win
     log_level: Literal["trace", "debug", "verbose", "info", "warning", "error", "internal_error"] = "info"
 
-    _numbers = field_validator("timeout_graceful_shutdown_s", "worker_timeout_s", "health_check_timeout_s", "health_check_failures",
-                               "client_header_timeout_s", "client_body_timeout_s", "worker_connections", "max_request_body_bytes",
-                               mode="before")(_no_bool)
+    _numbers = field_validator(
+        "timeout_graceful_shutdown_s",
+        "worker_timeout_s",
+        "health_check_timeout_s",
+        "health_check_failures",
+        "client_header_timeout_s",
+        "client_body_timeout_s",
+        "worker_connections",
+        "max_request_body_bytes",
+        mode="before",
+    )(_no_bool)
 
 
 class OtlpConfig(_Strict):
@@ -465,16 +484,18 @@ class DisaggConfig(BaseModel):
         return host
 
     @model_validator(mode="after")
-    def _check_supported(self) -> "DisaggConfig":
+    def _check_supported(self) -> DisaggConfig:
         # disagg_cluster and disagg_coordinator_url are refused before validation (_refusals)
         model = (self.model_extra or {}).get("model")
         # TensorRT-LLM's top-level `model` (inherited by both roles): a name or a path, never empty
         if model is not None and (not isinstance(model, str) or not model.strip()):
-            raise KeyedError("model", f"must be a non-empty string (a Hugging Face name or a checkpoint path), got {model!r}")
+            raise KeyedError(
+                "model", f"must be a non-empty string (a Hugging Face name or a checkpoint path), got {model!r}"
+            )
         return self
 
     @model_validator(mode="after")
-    def _check_executors(self) -> "DisaggConfig":
+    def _check_executors(self) -> DisaggConfig:
         """Each role lists at least one executor (the coordinator waits for a healthy one of
         each); no url is the public address or listed in both roles."""
         for key in ("context_servers", "generation_servers"):
@@ -484,22 +505,36 @@ class DisaggConfig(BaseModel):
             if key not in self.model_fields_set:
                 near = difflib.get_close_matches(key, list(self.model_extra or {}), n=1, cutoff=0.8)
                 hint = f" (is {near[0]!r} a misspelling of it?)" if near else ""
-                raise KeyedError(key, f"missing{hint}; a deployment needs at least one {role} executor: list it under {key}.urls as host:port")
+                raise KeyedError(
+                    key,
+                    f"missing{hint}; a deployment needs at least one {role} executor: list it under {key}.urls "
+                    "as host:port",
+                )
             raise KeyedError(f"{key}.urls", f"none listed; a deployment needs at least one {role} executor (host:port)")
         public = _endpoint(self.hostname, self.port)
         context = dict((ep, url) for url, ep in self.context_servers.endpoints())
-        for key, section in (("context_servers", self.context_servers), ("generation_servers", self.generation_servers)):
+        for key, section in (
+            ("context_servers", self.context_servers),
+            ("generation_servers", self.generation_servers),
+        ):
             for url, ep in section.endpoints():
                 if _same_listener(ep, public):
-                    raise KeyedError(f"{key}.urls", f"{url!r} is the public address (hostname:port {self.hostname}:{self.port}) the fleet listens on")
+                    raise KeyedError(
+                        f"{key}.urls",
+                        f"{url!r} is the public address (hostname:port {self.hostname}:{self.port}) the fleet "
+                        "listens on",
+                    )
                 if key == "generation_servers":
                     clash = next((c for c_ep, c in context.items() if _same_listener(ep, c_ep)), None)
                     if clash is not None:
-                        raise KeyedError(f"{key}.urls", f"{url!r} is also a context_servers url ({clash!r}): an executor serves one role")
+                        raise KeyedError(
+                            f"{key}.urls",
+                            f"{url!r} is also a context_servers url ({clash!r}): an executor serves one role",
+                        )
         return self
 
     @model_validator(mode="after")
-    def _check_conditional_disagg(self) -> "DisaggConfig":
+    def _check_conditional_disagg(self) -> DisaggConfig:
         """`conditional_disagg_config` decides on the generation router's KV match, so TensorRT-LLM
         asserts that router is `kv_cache_aware` (`_check_conditional_disagg` in
         `tensorrt_llm/serve/openai_disagg_service.py`); here the same config is refused by name
@@ -507,34 +542,46 @@ class DisaggConfig(BaseModel):
         router = self.generation_servers.router
         kind = router.type if router is not None else None
         if self.conditional_disagg_config is not None and kind != "kv_cache_aware":
-            raise KeyedError("conditional_disagg_config", f"needs a kv_cache_aware generation router (generation_servers.router.type is "
-                                                          f"{kind or 'round_robin'}): set it, or remove conditional_disagg_config")
+            raise KeyedError(
+                "conditional_disagg_config",
+                f"needs a kv_cache_aware generation router (generation_servers.router.type is "
+                f"{kind or 'round_robin'}): set it, or remove conditional_disagg_config",
+            )
         return self
 
     @model_validator(mode="after")
-    def _check_port(self) -> "DisaggConfig":
+    def _check_port(self) -> DisaggConfig:
         """Port 0 only for one fleet worker: TensorRT-LLM publishes the bound address of a single
         self-contained server only (`test_disaggregated_rejects_a_worker_fleet`, test id
         57374853910)."""
         if self.port == 0 and self.num_workers > 1:
-            raise KeyedError("port", f"0 (a port the kernel picks) needs num_workers: 1, not {self.num_workers}: "
-                                     "TensorRT-LLM reports the address of a single self-contained disaggregated server only")
+            raise KeyedError(
+                "port",
+                f"0 (a port the kernel picks) needs num_workers: 1, not {self.num_workers}: "
+                "TensorRT-LLM reports the address of a single self-contained disaggregated server only",
+            )
         return self
 
     @model_validator(mode="after")
-    def _check_fleet_room(self) -> "DisaggConfig":
+    def _check_fleet_room(self) -> DisaggConfig:
         """Every fleet worker needs a row in the table, and both coordinator sockets a path the
         kernel accepts (an existing directory, at most 107 bytes with the `.kvhint` suffix)."""
         rows = self.shmdisagg.shm.max_workers
         if rows < self.num_workers:
-            raise KeyedError("shmdisagg.shm.max_workers", f"{rows} is fewer than num_workers ({self.num_workers}): each fleet worker needs a row")
+            raise KeyedError(
+                "shmdisagg.shm.max_workers",
+                f"{rows} is fewer than num_workers ({self.num_workers}): each fleet worker needs a row",
+            )
         path = self.shmdisagg.coordinator_socket
         if path is not None:
             parent = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(parent):
                 raise KeyedError("shmdisagg.coordinator_socket", f"directory {parent} does not exist")
             if len(os.fsencode(path + ".kvhint")) > 107:
-                raise KeyedError("shmdisagg.coordinator_socket", f"{path!r} is too long for a Unix socket path (at most {107 - len('.kvhint')} bytes)")
+                raise KeyedError(
+                    "shmdisagg.coordinator_socket",
+                    f"{path!r} is too long for a Unix socket path (at most {107 - len('.kvhint')} bytes)",
+                )
         return self
 
     @property
@@ -565,14 +612,18 @@ MAX_EXECUTORS = 64  # the shared table's and the KV index's server bitmasks are 
 
 # TensorRT-LLM config keys shmdisagg refuses before anything else is checked: key -> what to do.
 _REFUSED_KEYS = {
-    "disagg_cluster": "dynamic service discovery is not supported; list the executors under context_servers.urls and generation_servers.urls",
-    "disagg_coordinator_url": "an external coordinator is not supported: shmdisagg runs its own on this host; remove the key",
+    "disagg_cluster": "dynamic service discovery is not supported; list the executors under context_servers.urls "
+    "and generation_servers.urls",
+    "disagg_coordinator_url": "an external coordinator is not supported: shmdisagg runs its own on this host; "
+    "remove the key",
     "multimodal_servers": "multimodal encoder servers (EPD) are not supported: shmdisagg has no encoder leg; "
-                          "remove the section and serve through context_servers and generation_servers",
-    "conversation_affinity_header_for_subagents": "sub-agent parent-session affinity is not supported (requests route by their own "
-                                                  "conversation id under router type conversation); remove the key",
+    "remove the section and serve through context_servers and generation_servers",
+    "conversation_affinity_header_for_subagents": "sub-agent parent-session affinity is not supported (requests "
+    "route by their own "
+    "conversation id under router type conversation); remove the key",
     "subagent_affinity_scope": "sub-agent parent-session affinity is not supported; remove the key",
-    "bind_host": "a bind address apart from the advertised hostname is not supported; set hostname to the address to listen on and remove bind_host",
+    "bind_host": "a bind address apart from the advertised hostname is not supported; set hostname to the "
+    "address to listen on and remove bind_host",
 }
 
 
@@ -587,9 +638,11 @@ def _refusals(data: dict[str, Any]) -> list[str]:
         counts[key] = len(urls) if isinstance(urls, list) else 0
     total = sum(counts.values())
     if total > MAX_EXECUTORS:
-        out.append(f"context_servers.urls/generation_servers.urls: {total} executors ({counts['context_servers']} context + "
-                   f"{counts['generation_servers']} generation), more than the {MAX_EXECUTORS} one deployment can route to "
-                   "(the width of the shared table's server sets); split them over deployments")
+        out.append(
+            f"context_servers.urls/generation_servers.urls: {total} executors ({counts['context_servers']} context + "
+            f"{counts['generation_servers']} generation), more than the {MAX_EXECUTORS} one deployment can route to "
+            "(the width of the shared table's server sets); split them over deployments"
+        )
     return out
 
 
@@ -650,8 +703,10 @@ def config_warnings(config: DisaggConfig) -> list[str]:
     def unknown(dotted: str, key: str, known: list[str]) -> str:
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
         hint = f", did you mean {close[0]}?" if close else ""
-        return (f"{dotted}: unknown key{hint} (no TensorRT-LLM disaggregated-config key or LLM argument: "
-                "trtllm-serve executors would refuse it, shmdisagg serve ignores it)")
+        return (
+            f"{dotted}: unknown key{hint} (no TensorRT-LLM disaggregated-config key or LLM argument: "
+            "trtllm-serve executors would refuse it, shmdisagg serve ignores it)"
+        )
 
     out = []
     top = [*DisaggConfig.model_fields, *TRTLLM_TOP_LEVEL_EXTRAS]
@@ -664,7 +719,10 @@ def config_warnings(config: DisaggConfig) -> list[str]:
             if key not in LLM_ARG_NAMES:
                 out.append(unknown(f"{name}.{key}", key, [*_SECTION_FIELDS, *LLM_ARG_NAMES]))
     if config.port == 0:
-        out.append("port: 0 lets the kernel pick the port; only shmdisagg serve --report_addr PATH can run it (it writes host:port to PATH)")
+        out.append(
+            "port: 0 lets the kernel pick the port; only shmdisagg serve --report_addr PATH can run it (it "
+            "writes host:port to PATH)"
+        )
     return out
 
 
@@ -685,7 +743,9 @@ def load_config(path: str | os.PathLike[str]) -> DisaggConfig:
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
         column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
-        raise ConfigError(f"{p}: line {line} not UTF-8 text (byte 0x{raw[err.start]:02x} at column {column}); save the file as UTF-8") from None
+        raise ConfigError(
+            f"{p}: line {line} not UTF-8 text (byte 0x{raw[err.start]:02x} at column {column}); save the file as UTF-8"
+        ) from None
     try:
         data = _safe_load_unique(text)
     except yaml.YAMLError as err:
@@ -731,8 +791,11 @@ def _check_unique_keys(node: yaml.Node, path: tuple[str, ...], seen: set[int] | 
                 ident = (key.tag, key.value)
                 if ident in first:
                     dotted = ".".join((*path, key.value))
-                    raise _DuplicateKey(dotted, f"listed twice (lines {first[ident].start_mark.line + 1} and {key.start_mark.line + 1}); "
-                                                "keys must be unique (a plain YAML load would silently keep only the last)")
+                    raise _DuplicateKey(
+                        dotted,
+                        f"listed twice (lines {first[ident].start_mark.line + 1} and {key.start_mark.line + 1}); "
+                        "keys must be unique (a plain YAML load would silently keep only the last)",
+                    )
                 first[ident] = key
             _check_unique_keys(value, (*path, str(key.value) if isinstance(key, yaml.ScalarNode) else "?"), seen)
     elif isinstance(node, yaml.SequenceNode):
@@ -790,8 +853,10 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
             if problem and problem.startswith("cannot resolve"):
                 problems.append(f"{key}.urls: {url!r}: {problem}")
             elif problem:
-                problems.append(f"{key}.urls: {url!r}: {problem}; shmdisagg launch starts its executors on this machine "
-                                "(for executors elsewhere, start them there and run shmdisagg serve)")
+                problems.append(
+                    f"{key}.urls: {url!r}: {problem}; shmdisagg launch starts its executors on this machine "
+                    "(for executors elsewhere, start them there and run shmdisagg serve)"
+                )
     spec = config.shmdisagg.executors
     if executors_here and spec is not None and spec.log_dir is not None:
         problem = log_dir_problem(spec.log_dir)
@@ -816,7 +881,10 @@ def _observability_problems(config: DisaggConfig) -> list[str]:
     from shmdisagg.tracing import otlp_problem
 
     problems = []
-    for key, path in (("perf_metrics_output_dir", config.perf_metrics_output_dir), (REQUEST_TRACE_DIR_ENV, trace_dir_from_env())):
+    for key, path in (
+        ("perf_metrics_output_dir", config.perf_metrics_output_dir),
+        (REQUEST_TRACE_DIR_ENV, trace_dir_from_env()),
+    ):
         problem = log_dir_problem(path) if path else None
         if problem:
             problems.append(f"{key}: {problem}")

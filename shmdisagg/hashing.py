@@ -104,7 +104,7 @@ def block_hashes(tokens: Sequence[int], tokens_per_block: int, salt_id: int | No
 
 def block_hashes_bytes(tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None) -> bytes:
     """The v1 block hashes packed as little-endian u64, for the native index calls (hot path)."""
-    return _native.block_hashes_v1(tokens, tokens_per_block, salt_id)  # type: ignore[no-any-return]
+    return _native.block_hashes_v1(tokens, tokens_per_block, salt_id)
 
 
 def _reuse_scope_bytes(salt_id: int | None, lora_id: int | None) -> bytes:
@@ -116,8 +116,11 @@ def _reuse_scope_bytes(salt_id: int | None, lora_id: int | None) -> bytes:
 
 
 def block_keys_v2_py(
-    tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None,
-    lora_id: int | None = None, token_bytes: int = 4,
+    tokens: Sequence[int],
+    tokens_per_block: int,
+    salt_id: int | None = None,
+    lora_id: int | None = None,
+    token_bytes: int = 4,
 ) -> list[bytes]:
     """Reference v2_sha256 keys (32 bytes each) of a prompt's blocks, last token excluded."""
     if tokens_per_block <= 0:
@@ -133,17 +136,24 @@ def block_keys_v2_py(
 
 
 def block_hashes_v2_64_py(
-    tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None,
-    lora_id: int | None = None, token_bytes: int = 4,
+    tokens: Sequence[int],
+    tokens_per_block: int,
+    salt_id: int | None = None,
+    lora_id: int | None = None,
+    token_bytes: int = 4,
 ) -> list[int]:
     """Reference v2_sha256_64 hashes: each v2 key's first 8 bytes as a big-endian integer."""
-    return [int.from_bytes(k[:8], "big") for k in
-            block_keys_v2_py(tokens, tokens_per_block, salt_id, lora_id, token_bytes)]
+    return [
+        int.from_bytes(k[:8], "big") for k in block_keys_v2_py(tokens, tokens_per_block, salt_id, lora_id, token_bytes)
+    ]
 
 
 def block_keys_v2(
-    tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None,
-    lora_id: int | None = None, token_bytes: int = 4,
+    tokens: Sequence[int],
+    tokens_per_block: int,
+    salt_id: int | None = None,
+    lora_id: int | None = None,
+    token_bytes: int = 4,
 ) -> list[bytes]:
     """v2_sha256 keys (32 bytes each; TensorRT-LLM reports them as `key.hex()`), computed natively."""
     raw = _native.block_hashes_v2(tokens, tokens_per_block, salt_id, lora_id, token_bytes)
@@ -151,16 +161,22 @@ def block_keys_v2(
 
 
 def block_hashes_v2_64_bytes(
-    tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None,
-    lora_id: int | None = None, token_bytes: int = 4,
+    tokens: Sequence[int],
+    tokens_per_block: int,
+    salt_id: int | None = None,
+    lora_id: int | None = None,
+    token_bytes: int = 4,
 ) -> bytes:
     """v2_sha256_64 hashes packed as little-endian u64 (the index format), computed natively."""
-    return _native.block_hashes_v2_64(tokens, tokens_per_block, salt_id, lora_id, token_bytes)  # type: ignore[no-any-return]
+    return _native.block_hashes_v2_64(tokens, tokens_per_block, salt_id, lora_id, token_bytes)
 
 
 def block_hashes_v2_64(
-    tokens: Sequence[int], tokens_per_block: int, salt_id: int | None = None,
-    lora_id: int | None = None, token_bytes: int = 4,
+    tokens: Sequence[int],
+    tokens_per_block: int,
+    salt_id: int | None = None,
+    lora_id: int | None = None,
+    token_bytes: int = 4,
 ) -> list[int]:
     """v2_sha256_64 hashes as ints, computed natively."""
     raw = block_hashes_v2_64_bytes(tokens, tokens_per_block, salt_id, lora_id, token_bytes)
@@ -212,15 +228,17 @@ def event_block_hash(value: object) -> int:
     raise TypeError(f"block hash of type {type(value).__name__}")
 
 
-def block_hashes_for(algo: str, tokens: Sequence[int] | memoryview, tokens_per_block: int, salt_id: int | None = None) -> bytes:
+def block_hashes_for(
+    algo: str, tokens: Sequence[int] | memoryview, tokens_per_block: int, salt_id: int | None = None
+) -> bytes:
     """A prompt's block keys under `algo` (one of KV_CACHE_HASH_ALGOS), packed little-endian u64
     as the index takes them: v1_block_key's chain, or for both V2 algorithms the v2_sha256_64
     keys (`event_block_hash` reduces v2_sha256 events to the same). `tokens`: ints or an
     int32/int64 buffer. Raises ValueError for another algorithm."""
     if algo == KV_CACHE_HASH_ALGO_V1:
-        return _native.block_hashes_v1(tokens, tokens_per_block, salt_id)  # type: ignore[no-any-return]
+        return _native.block_hashes_v1(tokens, tokens_per_block, salt_id)
     if algo == KV_CACHE_HASH_ALGO_V2 or algo == KV_CACHE_HASH_ALGO_V2_SHA256_64:
-        return _native.block_hashes_v2_64(tokens, tokens_per_block, salt_id, None, 4)  # type: ignore[no-any-return]
+        return _native.block_hashes_v2_64(tokens, tokens_per_block, salt_id, None, 4)
     raise ValueError(f"kv_cache_hash_algo {algo!r} is not one of {', '.join(KV_CACHE_HASH_ALGOS)}")
 
 
@@ -250,13 +268,13 @@ def cached_block_hashes_bytes(tokens: memoryview, tokens_per_block: int, salt_id
     at most CACHE_MIN_BLOCKS blocks are hashed directly. The fleet workers' hot path
     (`RoutingKey.block_hashes`)."""
     if len(tokens) <= CACHE_MIN_BLOCKS * tokens_per_block:
-        return _native.block_hashes_v1(tokens, tokens_per_block, salt_id)  # type: ignore[no-any-return]
+        return _native.block_hashes_v1(tokens, tokens_per_block, salt_id)
     cache = _process_caches.get(tokens_per_block)
     if cache is None:
         if len(_process_caches) >= _PROCESS_CACHES_MAX:
             _process_caches.clear()
         cache = _process_caches[tokens_per_block] = PrefixHashCache(tokens_per_block, PROCESS_CACHE_BLOCKS)
-    return cache.block_hashes(tokens, salt_id)  # type: ignore[no-any-return]
+    return cache.block_hashes(tokens, salt_id)
 
 
 def conversation_key(conversation_id: str) -> int:

@@ -144,7 +144,9 @@ def _waiting(child: Child, last: Probe) -> str:
 class Deployment:
     """A running single-node deployment. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, config: DisaggConfig, config_path: str, log_dir: str | None = None, *, background: bool = False) -> None:
+    def __init__(
+        self, config: DisaggConfig, config_path: str, log_dir: str | None = None, *, background: bool = False
+    ) -> None:
         self.config = config
         # `background`: run under another command that stops it itself (`bench --launch`): the
         # coordinator and its fleet log to <log dir>/coordinator.log instead of the terminal. (They
@@ -176,7 +178,7 @@ class Deployment:
     def url(self) -> str:
         return public_url(self.config)
 
-    def __enter__(self) -> "Deployment":
+    def __enter__(self) -> Deployment:
         self.start()
         return self
 
@@ -210,12 +212,22 @@ class Deployment:
             claim.bind(f"\0shmdisagg-launch-{self.config.shm_prefix}")
         except OSError:
             claim.close()
-            raise LaunchError(f"another launch of this deployment (shared-memory prefix {self.config.shm_prefix}) is starting or running") from None
+            raise LaunchError(
+                f"another launch of this deployment (shared-memory prefix {self.config.shm_prefix}) is starting "
+                "or running"
+            ) from None
         self._claim_sock = claim
 
     def _spawn(
-        self, name: str, argv: list[str], log_to_file: bool, env: dict[str, str] | None = None, own_group: bool = False,
-        new_session: bool = False, pass_fds: Sequence[int] = (), standby: bool = False,
+        self,
+        name: str,
+        argv: list[str],
+        log_to_file: bool,
+        env: dict[str, str] | None = None,
+        own_group: bool = False,
+        new_session: bool = False,
+        pass_fds: Sequence[int] = (),
+        standby: bool = False,
     ) -> Child:
         """`own_group`: the child leads its own process group and is signalled with it;
         `new_session`: its own session too, but signals go to the child alone. The child is
@@ -228,7 +240,9 @@ class Deployment:
             raise self._log_dir_error(f"cannot write {name}.log: ", err) from None
         try:
             if out is not None:
-                out.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} shmdisagg launch: {_shell_line(argv, env)}\n".encode())
+                out.write(
+                    f"# {time.strftime('%Y-%m-%d %H:%M:%S')} shmdisagg launch: {_shell_line(argv, env)}\n".encode()
+                )
                 out.flush()
             with _stop_signals_held():
                 proc = subprocess.Popen(
@@ -280,9 +294,13 @@ class Deployment:
         spec = self.config.shmdisagg.executors
         if spec is None:
             urls = [*self.config.context_servers.urls, *self.config.generation_servers.urls]
-            log.info("no shmdisagg.executors section: starting no executors; the coordinator waits up to %g s for the "
-                     "listed ones (%s) to serve (shmdisagg serve does the same; add a shmdisagg.executors section "
-                     "to have launch start them)", self.config.shmdisagg.server_start_timeout_s, ", ".join(urls))
+            log.info(
+                "no shmdisagg.executors section: starting no executors; the coordinator waits up to %g s for the "
+                "listed ones (%s) to serve (shmdisagg serve does the same; add a shmdisagg.executors section "
+                "to have launch start them)",
+                self.config.shmdisagg.server_start_timeout_s,
+                ", ".join(urls),
+            )
             return
         try:
             self.plan = build_plan(self.config, self.log_dir.absolute())
@@ -294,8 +312,10 @@ class Deployment:
         bind_errors = {inst.addr: _bind_error(inst.addr) for inst in self.plan.instances}
         foreign = [addr for addr, e in bind_errors.items() if e == errno.EADDRNOTAVAIL]
         if foreign:
-            raise LaunchError(f"executor address not on this machine: {', '.join(foreign)} (launch starts the executors here; "
-                              "executors elsewhere: start them yourself and use shmdisagg serve)")
+            raise LaunchError(
+                f"executor address not on this machine: {', '.join(foreign)} (launch starts the executors here; "
+                "executors elsewhere: start them yourself and use shmdisagg serve)"
+            )
         busy = [addr for addr, e in bind_errors.items() if e is not None]
         if busy:
             # Otherwise another deployment's executor would answer our readiness checks.
@@ -308,7 +328,13 @@ class Deployment:
                 raise self._log_dir_error(f"cannot write {inst.name}'s option file: ", err) from None
             child = self._spawn(inst.name, inst.argv, log_to_file=True, env=inst.env, own_group=True)
             child.health_url, child.addr = f"http://{inst.addr}/health", inst.addr
-            log.info("started %s (pid %d) on %s%s", inst.name, child.proc.pid, inst.addr, f", GPUs {','.join(inst.gpus)}" if inst.gpus else "")
+            log.info(
+                "started %s (pid %d) on %s%s",
+                inst.name,
+                child.proc.pid,
+                inst.addr,
+                f", GPUs {','.join(inst.gpus)}" if inst.gpus else "",
+            )
         self._wait_ready(self.executors, spec.startup_timeout_s)
 
     def _start_coordinator(self) -> None:
@@ -334,8 +360,15 @@ class Deployment:
         # Always its own session: a terminal's Ctrl-C reaches the launcher alone, which stops
         # the coordinator (and so its fleet) in order, never one caught in the middle of its imports.
         # SHMDISAGG_LAUNCHED: an interrupted start-up is reported by the launcher, not twice
-        child = self._spawn("coordinator", argv, log_to_file=self.background, env={"SHMDISAGG_LAUNCHED": "1", **env}, new_session=True,
-                            pass_fds=fds, standby="SHMDISAGG_STANDBY_FD" in env)
+        child = self._spawn(
+            "coordinator",
+            argv,
+            log_to_file=self.background,
+            env={"SHMDISAGG_LAUNCHED": "1", **env},
+            new_session=True,
+            pass_fds=fds,
+            standby="SHMDISAGG_STANDBY_FD" in env,
+        )
         child.health_url = f"{self.url}/health"
         return child.proc
 
@@ -369,7 +402,9 @@ class Deployment:
             for child in list(pending):
                 code = child.proc.poll()
                 if code is not None:
-                    raise LaunchError(f"{child.name} ended during start-up ({describe_exit(code)}){self._log_hint(child)}")
+                    raise LaunchError(
+                        f"{child.name} ended during start-up ({describe_exit(code)}){self._log_hint(child)}"
+                    )
                 p = probe(child.health_url)
                 if p.ready:
                     pending.remove(child)
@@ -383,8 +418,11 @@ class Deployment:
             now = time.monotonic()
             if now >= report_at:
                 report_at = now + WAIT_REPORT_S
-                log.info("still waiting (%.0f s left) for /health to answer 200: %s", max(0.0, deadline - now),
-                         "; ".join(f"{c.label}: {_waiting(c, last[c.name])}" for c in pending if c.name in last))
+                log.info(
+                    "still waiting (%.0f s left) for /health to answer 200: %s",
+                    max(0.0, deadline - now),
+                    "; ".join(f"{c.label}: {_waiting(c, last[c.name])}" for c in pending if c.name in last),
+                )
             if now > deadline:
                 child = pending[0]
                 others = f"; {len(pending) - 1} more not ready" if len(pending) > 1 else ""
@@ -420,11 +458,19 @@ class Deployment:
                 if reap:
                     reap_orphans(self._owns)
                 if self._coordinator_gone.is_set():
-                    log.error("the coordinator is gone for good (exit status %s): stopping the deployment", self.coordinator_exit)
+                    log.error(
+                        "the coordinator is gone for good (exit status %s): stopping the deployment",
+                        self.coordinator_exit,
+                    )
                     return 1
                 for child in self.executors:
                     if child.proc.poll() is not None and not child.reported:
-                        log.error("executor %s ended (%s)%s", child.label, describe_exit(child.proc.returncode), self._log_hint(child))
+                        log.error(
+                            "executor %s ended (%s)%s",
+                            child.label,
+                            describe_exit(child.proc.returncode),
+                            self._log_hint(child),
+                        )
                         child.reported = True
                 time.sleep(0.2)
             return 0

@@ -159,7 +159,9 @@ def inherited_claim(environ: Mapping[str, str] = os.environ) -> NodeIdClaim | No
     return NodeIdClaim(node_id, fd, path)
 
 
-def claim_or_inherit(preferred: int | None, directory: str = LOCK_DIR, environ: Mapping[str, str] = os.environ) -> NodeIdClaim:
+def claim_or_inherit(
+    preferred: int | None, directory: str = LOCK_DIR, environ: Mapping[str, str] = os.environ
+) -> NodeIdClaim:
     """The claim handed down by the parent if there is one, else a new `claim_node_id`."""
     inherited = inherited_claim(environ)
     return inherited if inherited is not None else claim_node_id(preferred, directory)

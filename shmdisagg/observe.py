@@ -32,12 +32,12 @@ Per-request metrics (upstream: `perf_metrics.py` id 56757725682, `openai_client.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from shmdisagg.orchestrator.asgi import Message, Receive, Scope, Send
 from shmdisagg.metrics import perf_record as pr
+from shmdisagg.orchestrator.asgi import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from shmdisagg.metrics.jsonl import PerfMetricsJsonlWriter
@@ -132,7 +132,8 @@ class Observability:
 
 
 def _asked(scope: Scope) -> bool:
-    for name, value in scope.get("headers", ()):
+    headers: Iterable[tuple[bytes, bytes]] = scope.get("headers", ())  # ASGI: (name, value) byte pairs
+    for name, value in headers:
         if name == RETURN_METRICS:
             return value.strip() == b"1"
     return False
@@ -177,7 +178,15 @@ class RequestObservation:
     # -- legs ---------------------------------------------------------------------------------
 
     async def send_leg(
-        self, upstream: UpstreamPool, role: str, host: str, port: int, path: str, body: bytes, headers: Sequence[tuple[bytes, bytes]] = (), timeout_s: float | None = None
+        self,
+        upstream: UpstreamPool,
+        role: str,
+        host: str,
+        port: int,
+        path: str,
+        body: bytes,
+        headers: Sequence[tuple[bytes, bytes]] = (),
+        timeout_s: float | None = None,
     ) -> Any:
         now = time.monotonic()
         if role == "context" and not self.ctx_dispatch:
@@ -187,10 +196,12 @@ class RequestObservation:
         tracing = self.o.tracing
         span = tracing.start_leg(role, host, port) if tracing is not None else None
         try:
-            resp = await upstream.request(host, port, "POST", path, body, headers=[*headers, *self.leg_headers], timeout_s=timeout_s)
+            resp = await upstream.request(
+                host, port, "POST", path, body, headers=[*headers, *self.leg_headers], timeout_s=timeout_s
+            )
         except BaseException as err:
             if span is not None:
-                tracing.end_leg(span, f"{type(err).__name__}: {err}")  # type: ignore[union-attr]
+                tracing.end_leg(span, f"{type(err).__name__}: {err}")  # type: ignore[union-attr]  # a span implies tracing
             raise
         return ObservedLeg(self, role, f"{host}:{port}", resp, span)
 
@@ -247,7 +258,10 @@ class RequestObservation:
             if self.stream and self._complete():
                 self.record = self._build_record()
                 if self.asked:
-                    message = {**message, "body": message.get("body", b"") + pr.sse_event(pr.metrics_headers([self.record]))}
+                    message = {
+                        **message,
+                        "body": message.get("body", b"") + pr.sse_event(pr.metrics_headers([self.record])),
+                    }
             if self.record is not None and self.o.writer is not None:
                 self.o.writer.submit(self.record)
         return message
@@ -269,7 +283,11 @@ class RequestObservation:
             "server_first_token_time": first or None,
         }
         gen_done = self.gen_state == "complete"
-        disagg = {"ctx_server": self.ctx_server, "gen_server": self.gen_server if gen_done else "", "timing_metrics": timing}
+        disagg = {
+            "ctx_server": self.ctx_server,
+            "gen_server": self.gen_server if gen_done else "",
+            "timing_metrics": timing,
+        }
         request_id = str(rid) if rid is not None else ""
         ctx, gen = self.ctx_metrics, self.gen_metrics if gen_done else None
         for phase in (ctx, gen):
@@ -289,7 +307,7 @@ class RequestObservation:
         else:
             error = "stream ended early"
         if self.span is not None:
-            self.o.tracing.end_request(self.span, self.span_token, self.status, self.rid, error)  # type: ignore[union-attr]
+            self.o.tracing.end_request(self.span, self.span_token, self.status, self.rid, error)  # type: ignore[union-attr]  # a span implies tracing
         trace = self.trace
         if trace is not None and not trace.done:
             if not trace.request_written and self.status >= 400:
@@ -299,9 +317,17 @@ class RequestObservation:
             elif not self.ended:
                 trace.finish("client_disconnected", self.status or 499, self.stream, self.rid)
             elif self.status != 200:
-                trace.finish(f"rejected_{self.status}" if self.status < 500 else "error", self.status, self.stream, self.rid)
+                trace.finish(
+                    f"rejected_{self.status}" if self.status < 500 else "error", self.status, self.stream, self.rid
+                )
             else:
-                trace.finish("error", 200, self.stream, self.rid, {"cause": "stream_error", "detail": "the stream ended with an error event"})
+                trace.finish(
+                    "error",
+                    200,
+                    self.stream,
+                    self.rid,
+                    {"cause": "stream_error", "detail": "the stream ended with an error event"},
+                )
 
 
 class ObservedLeg:
@@ -323,7 +349,7 @@ class ObservedLeg:
         self._seen = False
         self._filter = MetricsEventFilter() if obs.measured and resp.is_event_stream else None
         if span is not None:
-            obs.o.tracing.leg_status(span, resp.status)  # type: ignore[union-attr]
+            obs.o.tracing.leg_status(span, resp.status)  # type: ignore[union-attr]  # a span implies tracing
         if role == "generation" and resp.status == 200:
             obs.gen_state = "open"
         if obs.measured and resp.status == 200 and not resp.is_event_stream:
@@ -358,7 +384,7 @@ class ObservedLeg:
                 obs.gen_state = "complete"
                 obs.gen_server = self.addr
         if self.span is not None:
-            obs.o.tracing.end_leg(self.span)  # type: ignore[union-attr]
+            obs.o.tracing.end_leg(self.span)  # type: ignore[union-attr]  # a span implies tracing
 
     def _failed(self, err: BaseException | str) -> None:
         if self._done:
@@ -367,7 +393,7 @@ class ObservedLeg:
         if self.role == "generation" and self.obs.gen_state == "open":
             self.obs.gen_state = "failed"
         if self.span is not None:
-            self.obs.o.tracing.end_leg(self.span, err if isinstance(err, str) else f"{type(err).__name__}: {err}")  # type: ignore[union-attr]
+            self.obs.o.tracing.end_leg(self.span, err if isinstance(err, str) else f"{type(err).__name__}: {err}")  # type: ignore[union-attr]  # a span implies tracing
 
     async def read(self) -> bytes:
         try:
@@ -453,7 +479,14 @@ CURRENT: ContextVar[RequestObservation | None] = ContextVar("shmdisagg_observati
 
 
 def send_leg(
-    upstream: UpstreamPool, role: str, host: str, port: int, path: str, body: bytes, headers: Sequence[tuple[bytes, bytes]] = (), timeout_s: float | None = None
+    upstream: UpstreamPool,
+    role: str,
+    host: str,
+    port: int,
+    path: str,
+    body: bytes,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+    timeout_s: float | None = None,
 ) -> Awaitable[UpstreamResponse]:
     """POST one leg with `headers` (await the result): `upstream.request`'s own coroutine for a
     request nobody observes (a plain call, so no coroutine frame is added to the hot path), else

@@ -116,4 +116,3 @@ def _ppid(pid: int | None) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
-

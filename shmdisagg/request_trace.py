@@ -43,7 +43,8 @@ import re
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,10 @@ SHUTDOWN_TIMEOUT_S = 5.0
 SIDECAR_DIR = "_writer"
 SIDECAR_SCHEMA = "trtllm-request-trace-writer/1"
 SIDECAR_INTERVAL_S = 10.0
-DURABILITY = "a record is persisted once the append holding it, its terminating newline included, has been written, flushed and fsync()ed without an error"
+DURABILITY = (
+    "a record is persisted once the append holding it, its terminating newline included, has been "
+    "written, flushed and fsync()ed without an error"
+)
 _DROP_REASONS = ("queue_full", "unserializable", "write_error", "shutdown")
 _NO_SESSION = "_no_session"
 _SESSION_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -75,7 +79,7 @@ def trace_dir_from_env(environ: dict[str, str] | None = None) -> str | None:
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 def hour_bucket(stamp: str) -> str:
@@ -98,7 +102,11 @@ def session_key(body: Any, headers: list[tuple[bytes, bytes]]) -> str:
     if found is None and "conversation_params" not in body:
         key = body.get("prompt_cache_key")
         meta = body.get("client_metadata")
-        found = key if isinstance(key, str) and key.strip() else (meta.get("session_id") if isinstance(meta, dict) else None)
+        found = (
+            key
+            if isinstance(key, str) and key.strip()
+            else (meta.get("session_id") if isinstance(meta, dict) else None)
+        )
     return sanitize_session_key(found if isinstance(found, str) else None)
 
 
@@ -290,7 +298,13 @@ class RequestTraceWriter:
                 "sequence": self._publications,
                 "closed": closed,
                 "durability": DURABILITY,
-                "counts": {"submitted": self.submitted, "persisted": self.persisted, "dropped": dropped, "unknown": 0, "pending": pending},
+                "counts": {
+                    "submitted": self.submitted,
+                    "persisted": self.persisted,
+                    "dropped": dropped,
+                    "unknown": 0,
+                    "pending": pending,
+                },
                 "attributes": {"sanitized": self.sanitized},
                 "shards": [dict(s) for s in self._shards.values()],
                 "errors": {"write_errors": self.write_errors, "last_error": self.last_error, "sidecar_errors": 0},
@@ -321,9 +335,20 @@ class RequestTrace:
     """One client request's trace: its headers and body as they arrive, its answer as it leaves.
     `accepted()` writes the request line (once), `finish()` the response line (once)."""
 
-    __slots__ = ("writer", "headers", "route", "arrival", "body", "response", "trace_id", "session", "request_written", "done")
+    __slots__ = (
+        "writer",
+        "headers",
+        "route",
+        "arrival",
+        "body",
+        "response",
+        "trace_id",
+        "session",
+        "request_written",
+        "done",
+    )
 
-    def __init__(self, writer: RequestTraceWriter, scope: dict[str, Any], arrival: float) -> None:
+    def __init__(self, writer: RequestTraceWriter, scope: Mapping[str, Any], arrival: float) -> None:
         self.writer = writer
         self.headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
         self.route: str = scope.get("path", "")
@@ -365,10 +390,23 @@ class RequestTrace:
             err = {}
         if isinstance(err, dict):
             param = err.get("param")
-            record["validation_errors"] = [{"loc": [str(param)] if param else [], "type": str(err.get("type", "")), "msg": str(err.get("message", ""))}]
+            record["validation_errors"] = [
+                {
+                    "loc": [str(param)] if param else [],
+                    "type": str(err.get("type", "")),
+                    "msg": str(err.get("message", "")),
+                }
+            ]
         self.writer.submit("requests", record, record["recorded_at"])
 
-    def finish(self, status: str, http_status: int, stream: bool, disagg_request_id: int | None, termination: dict[str, str] | None = None) -> None:
+    def finish(
+        self,
+        status: str,
+        http_status: int,
+        stream: bool,
+        disagg_request_id: int | None,
+        termination: dict[str, str] | None = None,
+    ) -> None:
         if self.done:
             return
         self.done = True

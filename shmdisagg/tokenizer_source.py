@@ -69,16 +69,21 @@ class Source:
 def _role_source(config: DisaggConfig, role: str, args: RouterConfig) -> Source | None:
     router = f"{role}.router"
     if args.custom_tokenizer:
-        raise ConfigError(f"{router}.custom_tokenizer: TensorRT-LLM's custom tokenizers (tensorrt_llm.tokenizer.load_custom_tokenizer) "
-                          "are TensorRT-LLM code this router does not carry; remove it, or use a router that does not tokenize "
-                          "(load_balancing, round_robin, conversation without use_token_ids)")
+        raise ConfigError(
+            f"{router}.custom_tokenizer: TensorRT-LLM's custom tokenizers "
+            "(tensorrt_llm.tokenizer.load_custom_tokenizer) "
+            "are TensorRT-LLM code this router does not carry; remove it, or use a router that does not tokenize "
+            "(load_balancing, round_robin, conversation without use_token_ids)"
+        )
     if args.use_harmony:
         raise _harmony(router, "use_harmony: true")
     if executors_are_simulators(config):
         for name in ("tokenizer_dir", "model_path"):
             if getattr(args, name):
-                raise ConfigError(f"{router}.{name}: the executors are simulators (shmdisagg.executors.backend: sim), which "
-                                  "tokenize with their built-in tokenizer, and so does the router; remove it")
+                raise ConfigError(
+                    f"{router}.{name}: the executors are simulators (shmdisagg.executors.backend: sim), which "
+                    "tokenize with their built-in tokenizer, and so does the router; remove it"
+                )
         return None
     section = getattr(config, role)
     spec = config.shmdisagg.executors
@@ -93,15 +98,19 @@ def _role_source(config: DisaggConfig, role: str, args: RouterConfig) -> Source 
         if isinstance(value, str) and value.strip():
             trust = key == f"{router}.tokenizer_dir"  # only an operator-configured directory runs remote code
             return Source(role, key, value, trust, args.model_path or args.tokenizer_dir or value)
-    raise ConfigError(f"{router}.tokenizer_dir: the {args.type} router tokenizes prompts and the executors are not simulators; "
-                      "set it (or router.model_path, or the top-level model) to the executors' Hugging Face tokenizer: a local "
-                      "directory, or a hub id in the local Hugging Face cache")
+    raise ConfigError(
+        f"{router}.tokenizer_dir: the {args.type} router tokenizes prompts and the executors are not simulators; "
+        "set it (or router.model_path, or the top-level model) to the executors' Hugging Face tokenizer: a local "
+        "directory, or a hub id in the local Hugging Face cache"
+    )
 
 
 def _harmony(router: str, why: str) -> ConfigError:
-    return ConfigError(f"{router}.use_harmony: {why}: TensorRT-LLM renders such chats with the openai-harmony encoding "
-                       "(its harmony_adapter), which this router does not re-implement; set use_harmony: false to route on "
-                       "the chat template's ids (estimates, never written back), or use a router that does not tokenize")
+    return ConfigError(
+        f"{router}.use_harmony: {why}: TensorRT-LLM renders such chats with the openai-harmony encoding "
+        "(its harmony_adapter), which this router does not re-implement; set use_harmony: false to route on "
+        "the chat template's ids (estimates, never written back), or use a router that does not tokenize"
+    )
 
 
 def routing_source(config: DisaggConfig) -> Source | None:
@@ -119,8 +128,10 @@ def routing_source(config: DisaggConfig) -> Source | None:
         if chosen is None:
             chosen = source
         elif source.path != chosen.path:
-            raise ConfigError(f"{source.key}: {source.path!r} differs from {chosen.key} ({chosen.path!r}); both roles' "
-                              "executors serve one model: route both on one tokenizer")
+            raise ConfigError(
+                f"{source.key}: {source.path!r} differs from {chosen.key} ({chosen.path!r}); both roles' "
+                "executors serve one model: route both on one tokenizer"
+            )
         elif source.trust_remote_code and not chosen.trust_remote_code:
             chosen = source  # the same files, named by a tokenizer_dir: trusted as upstream trusts it
     return chosen
@@ -171,13 +182,19 @@ def _load_hf(source: Source) -> Any:
     try:
         transformers = _transformers()
     except ImportError:
-        raise ConfigError(f"{source.key}: routing on token ids needs the 'hf' extra: pip install 'shmdisagg[hf]'") from None
+        raise ConfigError(
+            f"{source.key}: routing on token ids needs the 'hf' extra: pip install 'shmdisagg[hf]'"
+        ) from None
     try:
-        return transformers.AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code, local_files_only=True)
+        return transformers.AutoTokenizer.from_pretrained(
+            source.path, trust_remote_code=source.trust_remote_code, local_files_only=True
+        )
     except Exception as err:  # OSError, ValueError, ImportError (a missing tokenizer library), ...
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ConfigError(f"{source.key}: cannot load a Hugging Face tokenizer from {source.path!r} (a local directory, or a hub id "
-                          f"in the local Hugging Face cache; nothing is downloaded): {reason}") from None
+        raise ConfigError(
+            f"{source.key}: cannot load a Hugging Face tokenizer from {source.path!r} (a local directory, or a hub id "
+            f"in the local Hugging Face cache; nothing is downloaded): {reason}"
+        ) from None
 
 
 def _model_type(path: str) -> str | None:

@@ -61,7 +61,10 @@ def otlp_problem(environ: dict[str, str] | None = None) -> str | None:
         except ModuleNotFoundError:
             found = False
         if not found:
-            return f"needs the OpenTelemetry SDK and its OTLP {protocol} exporter ({needed} is not installed): {INSTALL_HINT}"
+            return (
+                f"needs the OpenTelemetry SDK and its OTLP {protocol} exporter ({needed} is not installed): "
+                f"{INSTALL_HINT}"
+            )
     return None
 
 
@@ -112,7 +115,11 @@ class Tracing:
         """Open `disaggregated_request` under the client's trace context and make it current
         (legs started in this task, or in tasks it creates, become its children). Returns
         (span, token for `end_request`)."""
-        carrier = {name.decode("latin-1"): value.decode("latin-1") for name, value in headers if name in (b"traceparent", b"tracestate")}
+        carrier = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in headers
+            if name in (b"traceparent", b"tracestate")
+        }
         parent = self._propagator.extract(carrier) if carrier else None
         span = self.tracer.start_span(REQUEST_SPAN, context=parent, kind=self._server)
         token = self._context.attach(self._trace.set_span_in_context(span))

@@ -20,7 +20,7 @@ NVIDIA/TensorRT-LLM files, cited per variable:
 | `TRTLLM_DISAGG_BENCHMARK_GEN_ONLY` | `== "1"`: no context leg; the generation leg gets a fixed stub handoff (`first_gen_tokens [7]`, `ctx_request_id 1`) and `ignore_eos`, and readiness skips the context servers (`_check_gen_only_disagg`, `_wait_for_all_servers_ready`, `serve/openai_disagg_service.py`) | the same (`flows.Flows.generation_only`, the coordinator's start-up wait) |
 | `TRTLLM_SERVE_ENABLE_MSGSPEC` | `== "1"`: the orchestrator sends msgpack bodies with `X-TRTLLM-Msgpack: 1`, the worker decodes them (`serve/openai_client.py`, `serve/openai_server.py`) | the same for every leg (`wire.py`); the executors need the variable too |
 | `TLLM_LOG_LEVEL` | the TRT-LLM logger's level; it wins over `-l` (`tensorrt_llm/logger.py`: `set_level` is discarded when it is set; an unknown name means `warning`) | the same for the coordinator and fleet workers |
-"""
+"""  # noqa: E501 (a markdown table above: its rows cannot wrap)
 
 from __future__ import annotations
 
@@ -83,7 +83,9 @@ def read_env(environ: Mapping[str, str] | None = None) -> TrtllmEnv:
     no_retry_value = env.get("TRTLLM_DISAGG_NO_RETRY")
     no_retry = no_retry_value == "1"
     if no_retry_value not in (None, "", "0", "1"):
-        warnings.append(f"TRTLLM_DISAGG_NO_RETRY={no_retry_value!r} is not 1, so legs are still retried (TensorRT-LLM reads only 1)")
+        warnings.append(
+            f"TRTLLM_DISAGG_NO_RETRY={no_retry_value!r} is not 1, so legs are still retried (TensorRT-LLM reads only 1)"
+        )
 
     disable_gc = True
     gc_value = env.get("TRTLLM_DISAGG_SERVER_DISABLE_GC")
@@ -91,7 +93,10 @@ def read_env(environ: Mapping[str, str] | None = None) -> TrtllmEnv:
         try:
             disable_gc = int(gc_value) != 0
         except ValueError:
-            problems.append(f"TRTLLM_DISAGG_SERVER_DISABLE_GC: {gc_value!r} is not an integer; 0 keeps the garbage collector on, 1 (the default) turns it off")
+            problems.append(
+                f"TRTLLM_DISAGG_SERVER_DISABLE_GC: {gc_value!r} is not an integer; 0 keeps the garbage collector "
+                "on, 1 (the default) turns it off"
+            )
 
     process_id = None
     pid_value = env.get("TRTLLM_DISAGG_WORKER_PROCESS_ID")
@@ -101,42 +106,65 @@ def read_env(environ: Mapping[str, str] | None = None) -> TrtllmEnv:
         except ValueError:
             process_id = -1
         if not 0 <= process_id < PROCESS_ID_SPACE:
-            problems.append(f"TRTLLM_DISAGG_WORKER_PROCESS_ID: {pid_value!r} is not an integer in [0, {PROCESS_ID_SPACE}) (the request id's process_id field)")
+            problems.append(
+                f"TRTLLM_DISAGG_WORKER_PROCESS_ID: {pid_value!r} is not an integer in [0, {PROCESS_ID_SPACE}) "
+                "(the request id's process_id field)"
+            )
             process_id = None
 
     version = env.get("TRTLLM_DISAGG_LIFECYCLE_PROTOCOL_VERSION")
     if version not in (None, "", "0"):
-        what = "the v1 generation-grant lifecycle protocol is not supported" if version == "1" else f"{version!r} is not a protocol version (0 or 1)"
-        problems.append(f"TRTLLM_DISAGG_LIFECYCLE_PROTOCOL_VERSION: {what}; unset it or set 0 (v0, TensorRT-LLM's default handoff)")
+        what = (
+            "the v1 generation-grant lifecycle protocol is not supported"
+            if version == "1"
+            else f"{version!r} is not a protocol version (0 or 1)"
+        )
+        problems.append(
+            f"TRTLLM_DISAGG_LIFECYCLE_PROTOCOL_VERSION: {what}; unset it or set 0 (v0, TensorRT-LLM's default handoff)"
+        )
         for name in LIFECYCLE_COMPANIONS:
             if name in env:
                 problems.append(f"{name}: a setting of the v1 lifecycle protocol, which is not supported; unset it")
 
     if env.get("TRTLLM_DISAGG_COORDINATOR_PORT") is not None:
-        problems.append("TRTLLM_DISAGG_COORDINATOR_PORT: shmdisagg runs no TCP coordinator (its API is a private Unix socket, "
-                        "shmdisagg.coordinator_socket, and routing state lives in shared memory); unset it")
+        problems.append(
+            "TRTLLM_DISAGG_COORDINATOR_PORT: shmdisagg runs no TCP coordinator (its API is a private Unix socket, "
+            "shmdisagg.coordinator_socket, and routing state lives in shared memory); unset it"
+        )
     if env.get("TRTLLM_DISAGG_COORDINATOR_UDS") == "0":
-        problems.append("TRTLLM_DISAGG_COORDINATOR_UDS: 0 asks for a TCP coordinator, which shmdisagg does not run "
-                        "(its API is a private Unix socket, shmdisagg.coordinator_socket); unset it")
+        problems.append(
+            "TRTLLM_DISAGG_COORDINATOR_UDS: 0 asks for a TCP coordinator, which shmdisagg does not run "
+            "(its API is a private Unix socket, shmdisagg.coordinator_socket); unset it"
+        )
     if env.get("TRTLLM_DISAGG_COORDINATOR_RESERVATION_TIMEOUT") is not None:
-        warnings.append("TRTLLM_DISAGG_COORDINATOR_RESERVATION_TIMEOUT has no effect: there are no reservations to expire "
-                        "(a pick is released when its leg ends, a dead fleet worker's picks when it dies)")
+        warnings.append(
+            "TRTLLM_DISAGG_COORDINATOR_RESERVATION_TIMEOUT has no effect: there are no reservations to expire "
+            "(a pick is released when its leg ends, a dead fleet worker's picks when it dies)"
+        )
     if env.get("WEB_CONCURRENCY") is not None:
-        warnings.append("WEB_CONCURRENCY is ignored, as by TensorRT-LLM's trtllm-serve disaggregated; num_workers sets the fleet size")
+        warnings.append(
+            "WEB_CONCURRENCY is ignored, as by TensorRT-LLM's trtllm-serve disaggregated; num_workers sets the "
+            "fleet size"
+        )
 
     log_level = None
     level_value = env.get("TLLM_LOG_LEVEL")
     if level_value is not None:
         log_level = level_value.lower()
         if log_level not in LOG_LEVELS:
-            warnings.append(f"TLLM_LOG_LEVEL={level_value!r} is not a log level ({', '.join(LOG_LEVELS)}); using warning, as TensorRT-LLM does")
+            warnings.append(
+                f"TLLM_LOG_LEVEL={level_value!r} is not a log level ({', '.join(LOG_LEVELS)}); using warning, as "
+                "TensorRT-LLM does"
+            )
             log_level = "warning"
 
     gen_only = env.get("TRTLLM_DISAGG_BENCHMARK_GEN_ONLY") == "1"
     msgspec = env.get("TRTLLM_SERVE_ENABLE_MSGSPEC") == "1"
 
     if problems:
-        raise ConfigError(problems[0] if len(problems) == 1 else f"{problems[0]} (and {len(problems) - 1} more)", problems)
+        raise ConfigError(
+            problems[0] if len(problems) == 1 else f"{problems[0]} (and {len(problems) - 1} more)", problems
+        )
     return TrtllmEnv(style, no_retry, disable_gc, process_id, log_level, tuple(warnings), gen_only, msgspec)
 
 

@@ -16,8 +16,14 @@ import random
 from pathlib import Path
 
 SPECIAL_TOKENS = [
-    "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-    "<|eom_id|>", "<|python_tag|>", "<|reserved_special_token_0|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+    "<|reserved_special_token_0|>",
 ]
 
 CHAT_TEMPLATE = (
@@ -41,7 +47,8 @@ CHAT_TEMPLATE = (
     "{%- elif m.get('tool_calls') %}"
     "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
     "{%- for c in m['tool_calls'] %}"
-    "{{- '{\"name\": \"' + c['function']['name'] + '\", \"parameters\": ' + c['function']['arguments'] | tojson + '}' }}"
+    "{{- '{\"name\": \"' + c['function']['name'] + '\", \"parameters\": ' + c['function']['arguments'] | tojson "
+    "+ '}' }}"
     "{%- endfor %}{{- '<|eom_id|>' }}"
     "{%- else %}"
     "{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}"
@@ -56,9 +63,14 @@ _WORDS = (
     "hello how are you today tomorrow system user assistant document title text summary report data value name"
 ).split()
 _EXTRA = [
-    "Grüße aus München, café déjà vu, naïve façade", "日本語のテキストと中文字符", "emoji 🙂🚀 and symbols ±×÷→",
-    '{"location": "Paris", "unit": "celsius"}', "def main():\n    return 42\n", "numbers 0 1 2 3 10 42 100 2025 3.14",
-    "Today Date: 1 Jan 2025\nYou may call these functions:\n", "Document 1: Reasoning: high low medium",
+    "Grüße aus München, café déjà vu, naïve façade",
+    "日本語のテキストと中文字符",
+    "emoji 🙂🚀 and symbols ±×÷→",
+    '{"location": "Paris", "unit": "celsius"}',
+    "def main():\n    return 42\n",
+    "numbers 0 1 2 3 10 42 100 2025 3.14",
+    "Today Date: 1 Jan 2025\nYou may call these functions:\n",
+    "Document 1: Reasoning: high low medium",
 ]
 
 
@@ -74,8 +86,13 @@ def corpus(lines: int = 2000, seed: int = 11) -> list[str]:
     return out + _EXTRA * 20
 
 
-def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, lines: int = 2000, model_type: str | None = "llama",
-                    training_text: list[str] | None = None) -> Path:
+def build_tokenizer(
+    out_dir: str | Path,
+    vocab_size: int = 2048,
+    lines: int = 2000,
+    model_type: str | None = "llama",
+    training_text: list[str] | None = None,
+) -> Path:
     """Write the tokenizer to `out_dir` (created) and return it; `vocab_size` includes the
     256 byte symbols and the special tokens. `training_text`: the corpus (default: `corpus(lines)`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -85,22 +102,31 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, lines: int = 20
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(training_text if training_text is not None else corpus(lines), trainer=trainer)
     bos = tok.token_to_id("<|begin_of_text|>")
-    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
-                                                       special_tokens=[("<|begin_of_text|>", bos)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B", special_tokens=[("<|begin_of_text|>", bos)]
+    )
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|eot_id|>",
-        "pad_token": "<|end_of_text|>",
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 131072,
-        "chat_template": CHAT_TEMPLATE,
-    }))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|begin_of_text|>",
+                "eos_token": "<|eot_id|>",
+                "pad_token": "<|end_of_text|>",
+                "clean_up_tokenization_spaces": False,
+                "model_max_length": 131072,
+                "chat_template": CHAT_TEMPLATE,
+            }
+        )
+    )
     if model_type is not None:
         (out / "config.json").write_text(json.dumps({"model_type": model_type, "vocab_size": tok.get_vocab_size()}))
     return out

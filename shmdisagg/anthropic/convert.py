@@ -47,7 +47,18 @@ from typing import Any
 
 import orjson
 
-from shmdisagg.anthropic.protocol import AnthropicRequestError, CountTokensRequest, Message, MessagesRequest, TextBlock, ToolChoice
+from shmdisagg.anthropic.protocol import (
+    AnthropicRequestError,
+    ContentBlock,
+    CountTokensRequest,
+    ImageBlock,
+    MessagesRequest,
+    TextBlock,
+    ThinkingBlock,
+    ToolChoice,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 
 log = logging.getLogger("shmdisagg.anthropic")
 
@@ -74,7 +85,12 @@ def chat_request(req: MessagesRequest) -> dict[str, Any]:
     if not messages:
         raise AnthropicRequestError("messages must not be empty")
     tools = _tools(req)
-    chat: dict[str, Any] = {"model": req.model, "messages": messages, "max_completion_tokens": req.max_tokens, "stream": bool(req.stream)}
+    chat: dict[str, Any] = {
+        "model": req.model,
+        "messages": messages,
+        "max_completion_tokens": req.max_tokens,
+        "stream": bool(req.stream),
+    }
     choice = _tool_choice(req.tool_choice, tools)
     if tools is not None:
         chat["tools"] = tools
@@ -141,7 +157,11 @@ def _retention_kwargs(context_management: Any) -> dict[str, Any]:
             continue
         if edit.get("keep") == "all":
             return dict(_KEEP_ALL_THINKING)
-        log.warning("unsupported %r retention policy %r: the chat template's default applies (earlier reasoning is pruned)", kind, edit.get("keep"))
+        log.warning(
+            "unsupported %r retention policy %r: the chat template's default applies (earlier reasoning is pruned)",
+            kind,
+            edit.get("keep"),
+        )
     return {}
 
 
@@ -167,21 +187,21 @@ def _messages(req: MessagesRequest) -> list[dict[str, Any]]:
             if isinstance(message.content, str):
                 system.append(message.content)
             else:
-                system.extend(b.text for b in message.content if b.type == "text")  # type: ignore[union-attr]
+                system.extend(b.text for b in message.content if isinstance(b, TextBlock))
             continue
         leading = False
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
         else:
-            out.extend(_turn(message))
+            out.extend(_turn(message.role, message.content))
     if system:
         out.insert(0, {"role": "system", "content": "\n\n".join(system)})
     return out
 
 
-def _turn(message: Message) -> list[dict[str, Any]]:
-    """One message of content blocks as chat messages (a tool_result splits it)."""
-    role = message.role
+def _turn(role: str, blocks: list[ContentBlock]) -> list[dict[str, Any]]:
+    """One message of content blocks as chat messages (a tool_result splits it). A block's class
+    is its `type`: the request model picks the class by it (protocol.ContentBlock)."""
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
@@ -196,24 +216,30 @@ def _turn(message: Message) -> list[dict[str, Any]]:
             out.append(msg)
             parts.clear()
 
-    for block in message.content:
-        kind = block.type  # type: ignore[union-attr]
-        if kind == "text":
-            parts.append({"type": "text", "text": block.text})  # type: ignore[union-attr]
-        elif kind == "image":
+    for block in blocks:
+        kind = block.type
+        if isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
             parts.append(_image_part(block))
-        elif kind == "tool_use":
-            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": json.dumps(block.input)}})  # type: ignore[union-attr]
-        elif kind == "tool_result":
+        elif isinstance(block, ToolUseBlock):
+            calls.append(
+                {
+                    "id": block.id,
+                    "type": "function",
+                    "function": {"name": block.name, "arguments": json.dumps(block.input)},
+                }
+            )
+        elif isinstance(block, ToolResultBlock):
             flush()
-            text = _tool_result_text(block.content)  # type: ignore[union-attr]
-            if block.is_error:  # type: ignore[union-attr]
+            text = _tool_result_text(block.content)
+            if block.is_error:
                 text = f"Tool execution failed: {text}"
-            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})  # type: ignore[union-attr]
-        elif kind == "thinking":
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
+        elif isinstance(block, ThinkingBlock):
             if role != "assistant":
                 raise AnthropicRequestError("thinking content blocks are only valid in assistant messages")
-            reasoning.append(block.thinking)  # type: ignore[union-attr]
+            reasoning.append(block.thinking)
         elif kind == "redacted_thinking":
             raise AnthropicRequestError("redacted_thinking history is not supported by this server")
         else:  # refused, not dropped: a dropped block changes the prompt without the client knowing
@@ -221,7 +247,9 @@ def _turn(message: Message) -> list[dict[str, Any]]:
     if calls and role == "assistant":
         others = sorted({p["type"] for p in parts if p["type"] != "text"})
         if others:
-            raise AnthropicRequestError(f"assistant messages combining tool_use with {others} content are not supported by this server")
+            raise AnthropicRequestError(
+                f"assistant messages combining tool_use with {others} content are not supported by this server"
+            )
         msg = {"role": "assistant", "content": "".join(p["text"] for p in parts) or None, "tool_calls": calls}
         if reasoning:
             msg["reasoning"] = "".join(reasoning)
@@ -240,7 +268,10 @@ def _image_part(block: Any) -> dict[str, Any]:
     if source.type == "url" and source.url:
         return {"type": "image_url", "image_url": {"url": source.url}}
     if source.type == "base64" and source.data:
-        return {"type": "image_url", "image_url": {"url": f"data:{source.media_type or 'image/png'};base64,{source.data}"}}
+        return {
+            "type": "image_url",
+            "image_url": {"url": f"data:{source.media_type or 'image/png'};base64,{source.data}"},
+        }
     raise AnthropicRequestError(f"image block with source type {source.type!r} has no url or data")
 
 
@@ -268,14 +299,22 @@ def _tools(req: MessagesRequest) -> list[dict[str, Any]] | None:
         if tool.is_server_tool():
             if forbids_calls:
                 continue
-            raise AnthropicRequestError(f"Anthropic server tool {tool.name!r} (type={tool.type!r}) is not supported by this server")
+            raise AnthropicRequestError(
+                f"Anthropic server tool {tool.name!r} (type={tool.type!r}) is not supported by this server"
+            )
         if tool.input_schema is None:
             if tool.is_schema_client_tool():
                 raise AnthropicRequestError(
-                    f"Anthropic schema client tool {tool.name!r} (type={tool.type!r}) is recognized, but its built-in input schema is not implemented by this server"
+                    f"Anthropic schema client tool {tool.name!r} (type={tool.type!r}) is recognized, but its "
+                    "built-in input schema is not implemented by this server"
                 )
             raise AnthropicRequestError(f"Client tool {tool.name!r} requires input_schema")
-        function = {"name": tool.name, "description": tool.description, "parameters": tool.input_schema, "strict": tool.strict}
+        function = {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.input_schema,
+            "strict": tool.strict,
+        }
         tools.append({"type": "function", "function": function})
     return tools or None
 
@@ -289,19 +328,24 @@ def _tool_choice(choice: ToolChoice | None, tools: list[dict[str, Any]] | None) 
         return "none"
     if tools is None:
         raise AnthropicRequestError(
-            f"tool_choice type {choice.type!r} requires at least one client-executable tool; all provided tools were server tools or the tools list was empty"
+            f"tool_choice type {choice.type!r} requires at least one client-executable tool; all provided tools "
+            "were server tools or the tools list was empty"
         )
     if choice.type == "auto":
         return "auto"
     if choice.type == "any":
-        raise AnthropicRequestError("Anthropic tool_choice type 'any' is not supported because the chat pipeline cannot require an arbitrary tool call")
+        raise AnthropicRequestError(
+            "Anthropic tool_choice type 'any' is not supported because the chat pipeline cannot require an "
+            "arbitrary tool call"
+        )
     if not choice.name:
         raise AnthropicRequestError("tool_choice type 'tool' requires a 'name'")
     if choice.name not in {t["function"]["name"] for t in tools}:
         raise AnthropicRequestError(f"tool_choice names unknown tool {choice.name!r}")
     # a forced call comes without parsed arguments: refused here rather than a 500 later
     raise AnthropicRequestError(
-        "Anthropic tool_choice type 'tool' is not supported because the chat pipeline emits a forced call without parsed arguments; "
+        "Anthropic tool_choice type 'tool' is not supported because the chat pipeline emits a forced call "
+        "without parsed arguments; "
         "use tool_choice 'auto' and describe the required tool in the prompt"
     )
 
@@ -351,7 +395,9 @@ def anthropic_message(answer: Any) -> dict[str, Any]:
     choices = answer.get("choices")
     if isinstance(choices, list) and choices:
         choice = choices[0] if isinstance(choices[0], dict) else {}
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            message = {}
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         if reasoning:
             content.append({"type": "thinking", "thinking": reasoning})
@@ -366,7 +412,14 @@ def anthropic_message(answer: Any) -> dict[str, Any]:
         stop, sequence = "tool_use", None
     if not content:  # an Anthropic message has at least one block
         content.append({"type": "text", "text": ""})
-    out: dict[str, Any] = {"id": new_message_id(), "type": "message", "role": "assistant", "model": answer.get("model"), "content": content, "stop_reason": stop}
+    out: dict[str, Any] = {
+        "id": new_message_id(),
+        "type": "message",
+        "role": "assistant",
+        "model": answer.get("model"),
+        "content": content,
+        "stop_reason": stop,
+    }
     if sequence is not None:
         out["stop_sequence"] = sequence
     out["usage"] = usage(answer.get("usage"))
@@ -377,7 +430,7 @@ def _tool_use_block(call: Any) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     try:
-        args = orjson.loads(function.get("arguments") or "")  # type: ignore[union-attr]
+        args = orjson.loads(function.get("arguments") or "")  # type: ignore[union-attr]  # None: AttributeError, caught
     except (orjson.JSONDecodeError, AttributeError, TypeError):
         args = None
     if not isinstance(args, dict):

@@ -23,14 +23,21 @@ Errors reach the client in Anthropic's envelope, `{"type": "error", "error": {"t
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 # Anthropic-provided tools with a versioned `type`: server tools run on Anthropic's side, schema
 # client tools have a built-in input schema (anthropic_protocol.py's two prefix lists).
-SERVER_TOOL_TYPE_PREFIXES = ("web_search", "web_fetch", "code_execution", "tool_search_tool_", "advisor_", "mcp_toolset")
+SERVER_TOOL_TYPE_PREFIXES = (
+    "web_search",
+    "web_fetch",
+    "code_execution",
+    "tool_search_tool_",
+    "advisor_",
+    "mcp_toolset",
+)
 SCHEMA_CLIENT_TOOL_TYPE_PREFIXES = ("bash_", "text_editor_", "computer_", "memory_")
 
 
@@ -73,7 +80,7 @@ class ToolUseBlock(_Open):
 class ToolResultBlock(_Open):
     type: Literal["tool_result"] = "tool_result"
     tool_use_id: str
-    content: Union[str, list["ContentBlock"], None] = None
+    content: str | list[ContentBlock] | None = None
     is_error: bool | None = None
 
 
@@ -103,15 +110,13 @@ def _block_tag(value: Any) -> str:
 
 
 ContentBlock = Annotated[
-    Union[
-        Annotated[TextBlock, Tag("text")],
-        Annotated[ImageBlock, Tag("image")],
-        Annotated[ToolUseBlock, Tag("tool_use")],
-        Annotated[ToolResultBlock, Tag("tool_result")],
-        Annotated[ThinkingBlock, Tag("thinking")],
-        Annotated[RedactedThinkingBlock, Tag("redacted_thinking")],
-        Annotated[UnknownBlock, Tag("unknown")],
-    ],
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ImageBlock, Tag("image")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[ThinkingBlock, Tag("thinking")]
+    | Annotated[RedactedThinkingBlock, Tag("redacted_thinking")]
+    | Annotated[UnknownBlock, Tag("unknown")],
     Discriminator(_block_tag),
 ]
 ToolResultBlock.model_rebuild()
@@ -119,7 +124,7 @@ ToolResultBlock.model_rebuild()
 
 class Message(_Open):
     role: Literal["user", "assistant", "system"]
-    content: Union[str, list[ContentBlock]]
+    content: str | list[ContentBlock]
 
 
 class Tool(_Open):
@@ -130,7 +135,7 @@ class Tool(_Open):
     strict: bool | None = None
 
     def _typed(self, prefixes: tuple[str, ...]) -> bool:
-        return self.type not in (None, "custom") and self.type.startswith(prefixes)  # type: ignore[union-attr]
+        return self.type not in (None, "custom") and self.type.startswith(prefixes)
 
     def is_server_tool(self) -> bool:
         return self._typed(SERVER_TOOL_TYPE_PREFIXES)
@@ -158,7 +163,7 @@ class ThinkingDisabled(_Closed):
     type: Literal["disabled"] = "disabled"
 
 
-Thinking = Annotated[Union[ThinkingEnabled, ThinkingAdaptive, ThinkingDisabled], Field(discriminator="type")]
+Thinking = Annotated[ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled, Field(discriminator="type")]
 
 
 class CountTokensRequest(_Open):
@@ -166,7 +171,7 @@ class CountTokensRequest(_Open):
 
     model: str
     messages: list[Message] = Field(min_length=1)
-    system: Union[str, list[TextBlock], None] = None
+    system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
@@ -213,4 +218,5 @@ def error_envelope(status: int, message: str) -> bytes:
 def sse(event: dict[str, Any]) -> bytes:
     """One Anthropic SSE frame: `event: <type>` then the event as JSON (anthropic_protocol.py's
     `anthropic_sse`)."""
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"

@@ -33,19 +33,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
-from shmdisagg.orchestrator.answers import executor_error_message
 from shmdisagg.anthropic.convert import AnthropicResponseError, anthropic_message, chat_request
-from shmdisagg.anthropic.protocol import AnthropicRequestError, CountTokensRequest, MessagesRequest, error_envelope, parse
+from shmdisagg.anthropic.protocol import (
+    AnthropicRequestError,
+    CountTokensRequest,
+    MessagesRequest,
+    error_envelope,
+    parse,
+)
 from shmdisagg.anthropic.stream import StreamReframer
-from shmdisagg.orchestrator.asgi import JSON_HEADERS, ClientDisconnected, Message, Receive, Scope, Send, read_body, send_bytes
+from shmdisagg.orchestrator.answers import executor_error_message
+from shmdisagg.orchestrator.asgi import (
+    JSON_HEADERS,
+    ClientDisconnected,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_bytes,
+)
 from shmdisagg.orchestrator.directory import ServerDirectory
 from shmdisagg.orchestrator.errors import RequestError
-from shmdisagg.routing import RoutingKey
 from shmdisagg.orchestrator.service import DisaggService
+from shmdisagg.routing import RoutingKey
 from shmdisagg.shm.table import ROLE_CONTEXT
 from shmdisagg.upstream import UpstreamError
 
@@ -90,7 +105,14 @@ class AnthropicRoutes:
             parse(CountTokensRequest, body)
             async with asyncio.timeout(self.service.timeout_s):
                 status, raw, _ = await self.service.flows.legs.call(
-                    self._counting, RoutingKey(0), COUNT_TOKENS_PATH, lambda _: body, "context", retry_5xx=True, retry_sent=True, headers=JSON_HEADERS
+                    self._counting,
+                    RoutingKey(0),
+                    COUNT_TOKENS_PATH,
+                    lambda _: body,
+                    "context",
+                    retry_5xx=True,
+                    retry_sent=True,
+                    headers=JSON_HEADERS,
                 )
         except AnthropicRequestError as err:
             await _reject(send, 400, str(err))
@@ -180,15 +202,17 @@ class _AnyHealthyContext:
     """A `Policy` for `LegRunner` that picks a healthy context server round-robin and adds no
     load (a token count is not routed work)."""
 
-    name = "count_tokens"
-    needs_tokens = False
+    name: ClassVar[str] = "count_tokens"
+    needs_tokens: ClassVar[bool] = False
 
     def __init__(self, directory: ServerDirectory) -> None:
         self.directory = directory
         self._turn = 0
 
     def pick(self, key: RoutingKey, exclude_slot: int) -> int:
-        slots = [s.slot for s in self.directory.servers() if s.role == ROLE_CONTEXT and s.healthy and s.slot != exclude_slot]
+        slots = [
+            s.slot for s in self.directory.servers() if s.role == ROLE_CONTEXT and s.healthy and s.slot != exclude_slot
+        ]
         if not slots:
             return -1
         self._turn += 1
@@ -228,6 +252,13 @@ def _check_json(scope: Scope) -> None:
     read as JSON, as FastAPI does)."""
     declared = _content_type(list(scope.get("headers", ())))
     media = declared.split(b";", 1)[0].strip()
-    if declared and not (media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))):
+    if declared and not (
+        media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+    ):
         shown = declared[:64].decode("latin-1")
-        raise RequestError(415, f"unsupported content-type {shown!r}: send the body as application/json", "unsupported_media_type", "content-type")
+        raise RequestError(
+            415,
+            f"unsupported content-type {shown!r}: send the body as application/json",
+            "unsupported_media_type",
+            "content-type",
+        )

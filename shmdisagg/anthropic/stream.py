@@ -131,7 +131,10 @@ class StreamReframer:
         """The chat route's SSE error event (`data: {"error": <ErrorResponse>}`)."""
         message = inner.get("message") if isinstance(inner, dict) else inner
         status = inner.get("code") if isinstance(inner, dict) else None
-        return self.error(message if isinstance(message, str) and message else "generation failed mid-stream", status if type(status) is int else 500)
+        return self.error(
+            message if isinstance(message, str) and message else "generation failed mid-stream",
+            status if type(status) is int else 500,
+        )
 
     # -- events --------------------------------------------------------------------------
 
@@ -153,7 +156,9 @@ class StreamReframer:
         return frames
 
     def _choice(self, choice: dict[str, Any], frames: list[bytes]) -> None:
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            delta = {}
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if reasoning:
             frames.extend(self._ensure("thinking"))
@@ -178,7 +183,15 @@ class StreamReframer:
         delta: dict[str, Any] = {"stop_reason": stop}
         if sequence is not None:
             delta["stop_sequence"] = sequence
-        frames.append(sse({"type": "message_delta", "delta": delta, "usage": self._usage or {"input_tokens": 0, "output_tokens": 0}}))
+        frames.append(
+            sse(
+                {
+                    "type": "message_delta",
+                    "delta": delta,
+                    "usage": self._usage or {"input_tokens": 0, "output_tokens": 0},
+                }
+            )
+        )
         frames.append(sse({"type": "message_stop"}))
         self.over = True
         return frames
@@ -194,7 +207,14 @@ class StreamReframer:
         if self._started:
             return []
         self._started = True
-        message = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model, "content": [], "usage": start_usage or {"input_tokens": 0, "output_tokens": 0}}
+        message = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "usage": start_usage or {"input_tokens": 0, "output_tokens": 0},
+        }
         return [sse({"type": "message_start", "message": message})]
 
     # -- blocks --------------------------------------------------------------------------
@@ -220,7 +240,9 @@ class StreamReframer:
         if self._open == kind:
             return []
         frames = self._flush_pending()  # a buffered call cannot get deltas once text opens
-        frames.extend(self._open_block({"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": ""}))
+        frames.extend(
+            self._open_block({"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": ""})
+        )
         return frames
 
     # -- tool calls ----------------------------------------------------------------------
@@ -288,6 +310,11 @@ class StreamReframer:
                 state.pending.clear()
                 continue
             if state.started:  # resumed after its block closed: a second block keeps it whole
-                log.warning("tool call %r (index %r) continued after its block closed; its remaining arguments go in a second block", state.name, state.key)
+                log.warning(
+                    "tool call %r (index %r) continued after its block closed; its remaining arguments go in a "
+                    "second block",
+                    state.name,
+                    state.key,
+                )
             frames.extend(self._open_call(state))
         return frames

@@ -51,54 +51,96 @@ SCHEMA = "shmdisagg.bench/1"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The bench options, for `shmdisagg bench` or any parser that wants them."""
     target = parser.add_argument_group("target")
-    target.add_argument("--url", default="http://127.0.0.1:8000",
-                        help="server base URL (default: %(default)s)")
+    target.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (default: %(default)s)")
     target.add_argument("--model", help="model name to send (default: first id from GET /v1/models)")
-    target.add_argument("--timeout", type=float, default=600.0,
-                        help="per-request timeout in seconds (default: %(default)s)")
+    target.add_argument(
+        "--timeout", type=float, default=600.0, help="per-request timeout in seconds (default: %(default)s)"
+    )
 
     load = parser.add_argument_group("load")
-    load.add_argument("--trace", metavar="PATH",
-                      help="Mooncake JSONL trace (default: the shipped 300-request conversation "
-                           "slice, unless --input-len is given)")
-    load.add_argument("--num-requests", type=int, metavar="N",
-                      help="send the first N requests of the trace (synthetic: default 10 x concurrency)")
-    load.add_argument("--speedup", type=float, default=1.0,
-                      help="open loop: divide trace timestamps by this (default: %(default)s)")
-    load.add_argument("--concurrency", type=int, metavar="C",
-                      help="closed loop with C requests always in flight (ignores timestamps); "
-                           "without it the trace is replayed open-loop at its arrival times")
-    load.add_argument("--input-len", type=int, metavar="TOKENS",
-                      help="closed loop with synthetic prompts of this many tokens (needs --concurrency)")
-    load.add_argument("--output-len", type=int, default=128, metavar="TOKENS",
-                      help="output tokens per synthetic request (default: %(default)s)")
-    load.add_argument("--max-output-tokens", type=int, metavar="TOKENS",
-                      help="cap every request's max_tokens at this")
-    load.add_argument("--seed", type=int, help="prompt synthesis seed (default: a fresh one per run, so a run never finds "
-                      "an earlier run's prompts cached; the summary records it: give it again to send the same prompts)")
-    load.add_argument("--vocab-range", type=int, nargs=2, default=list(DEFAULT_VOCAB),
-                      metavar=("LOW", "HIGH"), help="token ids are drawn from [LOW, HIGH) "
-                      "(default: %(default)s)")
+    load.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="Mooncake JSONL trace (default: the shipped 300-request conversation slice, unless --input-len is given)",
+    )
+    load.add_argument(
+        "--num-requests",
+        type=int,
+        metavar="N",
+        help="send the first N requests of the trace (synthetic: default 10 x concurrency)",
+    )
+    load.add_argument(
+        "--speedup", type=float, default=1.0, help="open loop: divide trace timestamps by this (default: %(default)s)"
+    )
+    load.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="C",
+        help="closed loop with C requests always in flight (ignores timestamps); "
+        "without it the trace is replayed open-loop at its arrival times",
+    )
+    load.add_argument(
+        "--input-len",
+        type=int,
+        metavar="TOKENS",
+        help="closed loop with synthetic prompts of this many tokens (needs --concurrency)",
+    )
+    load.add_argument(
+        "--output-len",
+        type=int,
+        default=128,
+        metavar="TOKENS",
+        help="output tokens per synthetic request (default: %(default)s)",
+    )
+    load.add_argument("--max-output-tokens", type=int, metavar="TOKENS", help="cap every request's max_tokens at this")
+    load.add_argument(
+        "--seed",
+        type=int,
+        help="prompt synthesis seed (default: a fresh one per run, so a run never finds "
+        "an earlier run's prompts cached; the summary records it: give it again to send the same prompts)",
+    )
+    load.add_argument(
+        "--vocab-range",
+        type=int,
+        nargs=2,
+        default=list(DEFAULT_VOCAB),
+        metavar=("LOW", "HIGH"),
+        help="token ids are drawn from [LOW, HIGH) (default: %(default)s)",
+    )
 
     out = parser.add_argument_group("output")
-    out.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
-                     help="SLOs for goodput, e.g. --goodput ttft:2000 tpot:50 e2e:30000")
-    out.add_argument("--cpu-pids", nargs="+", metavar="PID",
-                     help="pids whose CPU time to charge to the orchestrator (comma or space "
-                          "separated; default: from GET <url>/cluster_info)")
+    out.add_argument(
+        "--goodput", nargs="+", metavar="METRIC:MS", help="SLOs for goodput, e.g. --goodput ttft:2000 tpot:50 e2e:30000"
+    )
+    out.add_argument(
+        "--cpu-pids",
+        nargs="+",
+        metavar="PID",
+        help="pids whose CPU time to charge to the orchestrator (comma or space "
+        "separated; default: from GET <url>/cluster_info)",
+    )
     out.add_argument("--json", metavar="PATH", help="write the summary JSON here")
     out.add_argument("--records", metavar="PATH", help="write one JSON line per request here")
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     plots = parser.add_argument_group("plots")
-    plots.add_argument("--plot", metavar="DIR",
-                       help="write PNG plots to DIR (TTFT/E2E CDFs, throughput, hit rate and per-server "
-                            "load over time); also samples the servers' load into the --json timeline")
-    plots.add_argument("--compare", nargs="+", metavar="RUN_JSON", default=[],
-                       help="earlier runs' --json summaries to draw beside this one (every --json summary "
-                            "records its timeline; the per-server load panel needs runs made with --plot)")
-    plots.add_argument("--plot-only", action="store_true",
-                       help="send no load: just draw the --compare runs into --plot DIR")
+    plots.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="write PNG plots to DIR (TTFT/E2E CDFs, throughput, hit rate and per-server "
+        "load over time); also samples the servers' load into the --json timeline",
+    )
+    plots.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="RUN_JSON",
+        default=[],
+        help="earlier runs' --json summaries to draw beside this one (every --json summary "
+        "records its timeline; the per-server load panel needs runs made with --plot)",
+    )
+    plots.add_argument(
+        "--plot-only", action="store_true", help="send no load: just draw the --compare runs into --plot DIR"
+    )
     plots.add_argument("--label", help="this run's name in the plots (default: the --json file name, else 'run')")
 
 
@@ -181,8 +223,11 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
             sampler.start()
         try:
             async with progress_for(counters, not args.no_progress):
-                load = (closed_loop(work, client.send, args.concurrency, counters) if closed
-                        else open_loop(work, client.send, counters))
+                load = (
+                    closed_loop(work, client.send, args.concurrency, counters)
+                    if closed
+                    else open_loop(work, client.send, counters)
+                )
                 records, interrupted = await _drive(load, stop)
         finally:
             if sampler is not None:
@@ -199,8 +244,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
     duration = max((r.end or r.send for r in records), default=origin) - origin
     summary: dict[str, Any] = {"schema": SCHEMA}
     summary.update(summarize(records, duration, slo, cancelled=counters.sent - len(records)))
-    summary["cpu"] = _cpu_summary(procstat.usage_between(before, after, pids), pid_source,
-                                  client_cpu_s, counters.sent)
+    summary["cpu"] = _cpu_summary(procstat.usage_between(before, after, pids), pid_source, client_cpu_s, counters.sent)
     completed = summary["requests"]["completed"]
     orchestrator_ms = summary["cpu"]["total_ms"] if summary["cpu"]["pids"] else None
     summary["orchestrator_cpu_ms_per_request"] = (
@@ -228,7 +272,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
     )
     # Every summary carries its timeline, so any --json run can be drawn later (--compare); the
     # per-server load in it is sampled only with --plot (it scrapes /metrics during the run).
-    summary["label"] = getattr(args, "label", None) or (os.path.splitext(os.path.basename(args.json))[0] if args.json else "run")
+    summary["label"] = getattr(args, "label", None) or (
+        os.path.splitext(os.path.basename(args.json))[0] if args.json else "run"
+    )
     summary["timeline"] = timeline(records, origin, sampler)
     if args.json:
         write_json(args.json, summary)
@@ -286,8 +332,7 @@ async def _drive(
                 await task
 
 
-def _cpu_summary(usage: procstat.CpuUsage, pid_source: str | None, client_cpu_s: float,
-                 sent: int) -> dict[str, Any]:
+def _cpu_summary(usage: procstat.CpuUsage, pid_source: str | None, client_cpu_s: float, sent: int) -> dict[str, Any]:
     return {
         "pid_source": pid_source,
         "pids": sorted(usage.per_pid_ms.keys() | set(usage.vanished)),
@@ -357,8 +402,11 @@ def run_cli(args: argparse.Namespace) -> int:
         return interrupted_status(signals[-1] if signals else None)
     req = summary["requests"]
     if summary.get("was_cancelled"):
-        print(f"shmdisagg bench: interrupted: {req['sent']:,} of {summary['config']['num_requests']:,} "
-              f"requests sent, {req['cancelled']:,} cancelled in flight", file=sys.stderr)
+        print(
+            f"shmdisagg bench: interrupted: {req['sent']:,} of {summary['config']['num_requests']:,} "
+            f"requests sent, {req['cancelled']:,} cancelled in flight",
+            file=sys.stderr,
+        )
     elif req["failed"]:
         print(f"shmdisagg bench: {req['failed']:,} of {req['sent']:,} requests failed", file=sys.stderr)
     return exit_status(summary, signals[0] if signals else None)
@@ -380,8 +428,7 @@ async def _main(args: argparse.Namespace, signals: list[int] | None = None) -> d
     def first_signal(signum: int) -> None:
         signals.append(signum)
         what = "interrupted" if signum == signal.SIGINT else f"{signal.Signals(signum).name} received"
-        print(f"shmdisagg bench: {what}; cancelling requests in flight (Ctrl-C again to "
-              "quit at once)", file=sys.stderr)
+        print(f"shmdisagg bench: {what}; cancelling requests in flight (Ctrl-C again to quit at once)", file=sys.stderr)
         stop.set()
         for s in STOP_SIGNALS:  # the next one quits at once, through the callers' clean-up
             loop.remove_signal_handler(s)

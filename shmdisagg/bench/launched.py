@@ -36,12 +36,20 @@ ROLES = ("context_servers", "generation_servers")
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """The options `shmdisagg bench` adds to `cli.add_arguments` to run its own deployment."""
     group = parser.add_argument_group("launch")
-    group.add_argument("--launch", action="store_true", help="bring up the deployment of -c/--config around the run "
-                       "(its coordinator and fleet log to <log dir>/coordinator.log; Ctrl-C or SIGTERM reports, then stops it)")
+    group.add_argument(
+        "--launch",
+        action="store_true",
+        help="bring up the deployment of -c/--config around the run "
+        "(its coordinator and fleet log to <log dir>/coordinator.log; Ctrl-C or SIGTERM reports, then stops it)",
+    )
     group.add_argument("-c", "--config", help="deployment config (with --launch)")
-    group.add_argument("--port", type=int, metavar="P",
-                       help="with --launch: public port P instead of the config's, every executor port moved by the "
-                            "same offset (e.g. examples/demo.yaml with --port 9400: executors on 9501, 9502, 9601, 9602)")
+    group.add_argument(
+        "--port",
+        type=int,
+        metavar="P",
+        help="with --launch: public port P instead of the config's, every executor port moved by the "
+        "same offset (e.g. examples/demo.yaml with --port 9400: executors on 9501, 9502, 9601, 9602)",
+    )
 
 
 def shift_ports(raw: dict[str, Any], port: int) -> dict[str, Any]:
@@ -100,8 +108,10 @@ def run_bench(args: argparse.Namespace, load_config: Callable[[str], Any]) -> in
     """`shmdisagg bench`: `run_cli` against --url, or with --launch around its own deployment."""
     if not args.launch:
         if args.port is not None:
-            print("shmdisagg bench: --port moves a deployment started with --launch; "
-                  "to bench a running one give --url", file=sys.stderr)
+            print(
+                "shmdisagg bench: --port moves a deployment started with --launch; to bench a running one give --url",
+                file=sys.stderr,
+            )
             return 2
         return run_cli(args)
     return run_launched(args, load_config)
@@ -127,8 +137,7 @@ def run_launched(args: argparse.Namespace, load_config: Callable[[str], Any]) ->
         config = load_config(args.config)  # the user's file: errors and warnings name it
         with _moved_config(args.config, args.port) as path:
             if path != args.config:
-                from shmdisagg.config import ConfigError
-                from shmdisagg.config import load_config as load_moved
+                from shmdisagg.config import ConfigError, load_config as load_moved
 
                 try:
                     config = load_moved(path)

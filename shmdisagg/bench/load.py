@@ -75,8 +75,12 @@ def jobs(
             max_tokens = min(max_tokens, max_output_tokens)
         prompt = synth.prompt(req.hash_ids, req.input_length)
         yield Job(
-            record=RequestRecord(index=index, input_length=req.input_length, max_tokens=max_tokens,
-                                 reusable_tokens=prefixes.reusable(req)),
+            record=RequestRecord(
+                index=index,
+                input_length=req.input_length,
+                max_tokens=max_tokens,
+                reusable_tokens=prefixes.reusable(req),
+            ),
             body=completion_body(model, prompt, max_tokens),
             arrival_s=(req.timestamp_ms - origin) / 1000.0 / speedup,
         )
@@ -140,9 +144,7 @@ async def open_loop(
         raise LoadInterrupted(done) from None
 
 
-async def closed_loop(
-    work: Iterator[Job], send: Send, concurrency: int, counters: LoadCounters
-) -> list[RequestRecord]:
+async def closed_loop(work: Iterator[Job], send: Send, concurrency: int, counters: LoadCounters) -> list[RequestRecord]:
     """Keep exactly `concurrency` requests in flight until the jobs run out; arrival times are
     ignored. Cancelled, it cancels what is in flight and raises `LoadInterrupted`."""
     if concurrency < 1:

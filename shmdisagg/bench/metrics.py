@@ -141,8 +141,7 @@ def distribution(values: Iterable[float]) -> dict[str, float | int | None]:
         return {"count": 0, **{k: None for k in keys}}
     mean = math.fsum(data) / len(data)
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in data) / len(data))
-    out: dict[str, float | int | None] = {"count": len(data), "mean": mean, "std": std,
-                                          "min": data[0], "max": data[-1]}
+    out: dict[str, float | int | None] = {"count": len(data), "mean": mean, "std": std, "min": data[0], "max": data[-1]}
     for q in PERCENTILES:
         out[f"p{q}"] = percentile(data, q)
     return out
@@ -198,7 +197,9 @@ def summarize(
             "total_input_tokens": prompt_tokens,
             "total_output_tokens": output_tokens,
         },
-        "goodput_slo": None if good is None else {
+        "goodput_slo": None
+        if good is None
+        else {
             "limits_ms": slo.as_dict(),
             "good_requests": good,
             "request_goodput": good * per_s,

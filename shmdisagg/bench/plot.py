@@ -37,8 +37,10 @@ def load_runs(paths: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
         except (OSError, orjson.JSONDecodeError) as err:
             raise BenchError(f"cannot read run {p}: {err}") from None
         if not isinstance(summary, dict) or not isinstance(summary.get("timeline"), dict):
-            raise BenchError(f"{p} has no timeline (written by an older shmdisagg bench): run the bench again with "
-                             f"--json FILE, which now records one in every summary (--plot DIR adds the per-server load)")
+            raise BenchError(
+                f"{p} has no timeline (written by an older shmdisagg bench): run the bench again with "
+                f"--json FILE, which now records one in every summary (--plot DIR adds the per-server load)"
+            )
         runs.append((str(summary.get("label") or Path(p).stem), summary))
     return runs
 
@@ -107,7 +109,10 @@ def draw(runs: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], list[s
     def skip(label: str, name: str, why: str) -> None:
         missing.setdefault((label, why), []).append(name)
 
-    for key, title, name in (("ttft_ms", "Time to first token", "ttft_cdf.png"), ("e2e_ms", "End-to-end latency", "e2e_cdf.png")):
+    for key, title, name in (
+        ("ttft_ms", "Time to first token", "ttft_cdf.png"),
+        ("e2e_ms", "End-to-end latency", "e2e_cdf.png"),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for label, summary in runs:
             values = [v for v in summary["timeline"]["requests"][key] if v is not None]
@@ -127,7 +132,13 @@ def draw(runs: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], list[s
     fig_h, ax_h = plt.subplots(figsize=(8, 3.8))
     for label, summary in runs:
         req = summary["timeline"]["requests"]
-        done = [(e, o or 0, p or 0, c) for e, ok, o, p, c in zip(req["end_s"], req["ok"], req["output_tokens"], req["prompt_tokens"], req["cached_tokens"]) if ok and e is not None]
+        done = [
+            (e, o or 0, p or 0, c)
+            for e, ok, o, p, c in zip(
+                req["end_s"], req["ok"], req["output_tokens"], req["prompt_tokens"], req["cached_tokens"]
+            )
+            if ok and e is not None
+        ]
         if not done:
             skip(label, "throughput.png", "no request completed")
             skip(label, "hit_rate.png", "no request completed")
@@ -169,15 +180,22 @@ def draw(runs: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], list[s
         if s["timeline"].get("server_load"):
             loaded.append((label, s["timeline"]["server_load"]))
         else:
-            skip(label, "server_load.png", "no per-server load recorded (a run without --plot, or a server "
-                 "without shmdisagg's /metrics)")
+            skip(
+                label,
+                "server_load.png",
+                "no per-server load recorded (a run without --plot, or a server without shmdisagg's /metrics)",
+            )
     if loaded:
         fig, axes = plt.subplots(len(loaded), 1, figsize=(8, 3.2 * len(loaded)), squeeze=False)
         for ax, (label, load) in zip(axes[:, 0], loaded):
             for server, series in load["servers"].items():
                 role = series.get("role", "")
-                ax.plot(load["t_s"], [v if v is not None else float("nan") for v in series["active_requests"]],
-                        label=f"{server} ({'ctx' if role == 'context' else 'gen'})", linestyle="-" if role == "context" else "--")
+                ax.plot(
+                    load["t_s"],
+                    [v if v is not None else float("nan") for v in series["active_requests"]],
+                    label=f"{server} ({'ctx' if role == 'context' else 'gen'})",
+                    linestyle="-" if role == "context" else "--",
+                )
             ax.set_title(f"{label}: active requests per server")
             ax.set_ylabel("active requests")
             ax.grid(alpha=0.3)

@@ -54,8 +54,7 @@ class LiveProgress(NullProgress):
 
     def _draw(self) -> None:
         c = self.counters
-        self._progress.update(self._task_id, completed=c.finished, total=c.total, sent=c.sent,
-                              errors=c.errors)
+        self._progress.update(self._task_id, completed=c.finished, total=c.total, sent=c.sent, errors=c.errors)
         self._progress.refresh()
 
     async def _tick(self) -> None:

@@ -9,7 +9,7 @@ Formats only; computes no metric.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,7 @@ def aiperf_view(summary: dict[str, Any]) -> dict[str, Any]:
         goodput=None if goodput is None else _scalar(goodput["request_goodput"], "requests/sec"),
         good_request_count=None if goodput is None else _scalar(goodput["good_requests"], "requests"),
         error_summary=[
-            {"error_details": {"code": _code(kind), "type": kind, "message": examples.get(kind, "")},
-             "count": count}
+            {"error_details": {"code": _code(kind), "type": kind, "message": examples.get(kind, "")}, "count": count}
             for kind, count in summary["errors"]["kinds"].items()
         ],
     )
@@ -81,13 +80,13 @@ def _code(kind: str) -> int | None:
 
 def write_json(path: str | Path, summary: dict[str, Any]) -> None:
     Path(path).write_bytes(
-        orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_SORT_KEYS)
-        + b"\n"
+        orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_SORT_KEYS) + b"\n"
     )
 
 
 def record_row(rec: RequestRecord, origin: float) -> dict[str, Any]:
     """One JSONL line: times in ms from `origin` (run start) or from the request's send."""
+
     def rel(t: float | None, base: float) -> float | None:
         return None if t is None else round((t - base) * 1000.0, 3)
 
@@ -147,8 +146,13 @@ def _latency_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) rows: a header, then one row per metric, its columns aligned."""
     cells = [[_ms(summary[key][k]) for k in _LATENCY_STATS] for _, key in _LATENCY]
     width = max(len(c) for row in [list(_LATENCY_STATS), *cells] for c in row)
-    line = lambda row: "  ".join(c.rjust(width) for c in row)  # noqa: E731
-    return [("[cyan]Latency (ms)", line(_LATENCY_STATS))] + [(label, line(row)) for (label, _), row in zip(_LATENCY, cells)]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.rjust(width) for c in row)
+
+    return [("[cyan]Latency (ms)", line(_LATENCY_STATS))] + [
+        (label, line(row)) for (label, _), row in zip(_LATENCY, cells)
+    ]
 
 
 def warm_note(summary: dict[str, Any]) -> str | None:
@@ -157,10 +161,16 @@ def warm_note(summary: dict[str, Any]) -> str | None:
     if not cache.get("warm_requests"):
         return None
     config = summary.get("config") or {}
-    earlier = f"an earlier run with --seed {config['seed']}" if config.get("seed_given") else "an earlier run with the same --seed"
-    return (f"the KV cache was warm: {cache['warm_requests']:,} of {req['completed']:,} requests found "
-            f"{cache['warm_cached_tokens']:,} prompt tokens cached that no earlier request of this run had sent "
-            f"({earlier}, or other traffic with these prompts); their latencies are a warm cache's")
+    earlier = (
+        f"an earlier run with --seed {config['seed']}"
+        if config.get("seed_given")
+        else "an earlier run with the same --seed"
+    )
+    return (
+        f"the KV cache was warm: {cache['warm_requests']:,} of {req['completed']:,} requests found "
+        f"{cache['warm_cached_tokens']:,} prompt tokens cached that no earlier request of this run had sent "
+        f"({earlier}, or other traffic with these prompts); their latencies are a warm cache's"
+    )
 
 
 def results_table(summary: dict[str, Any]) -> Table:
@@ -169,15 +179,20 @@ def results_table(summary: dict[str, Any]) -> Table:
     req, thr, cache, cpu = summary["requests"], summary["throughput"], summary["cache"], summary.get("cpu")
     config = summary.get("config") or {}
     interrupted = summary.get("was_cancelled")
-    table = Table(title="shmdisagg bench (interrupted)" if interrupted else "shmdisagg bench",
-                  show_header=False, title_justify="left")
+    table = Table(
+        title="shmdisagg bench (interrupted)" if interrupted else "shmdisagg bench",
+        show_header=False,
+        title_justify="left",
+    )
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
 
     table.add_row("[cyan]Requests", "")
     if req.get("cancelled") or interrupted:
-        table.add_row("sent / completed / failed / cancelled",
-                      f"{req['sent']:,} / {req['completed']:,} / {req['failed']:,} / {req.get('cancelled', 0):,}")
+        table.add_row(
+            "sent / completed / failed / cancelled",
+            f"{req['sent']:,} / {req['completed']:,} / {req['failed']:,} / {req.get('cancelled', 0):,}",
+        )
     else:
         table.add_row("sent / completed / failed", f"{req['sent']:,} / {req['completed']:,} / {req['failed']:,}")
     if summary["errors"]["kinds"]:
@@ -203,7 +218,9 @@ def results_table(summary: dict[str, Any]) -> Table:
     goodput = summary.get("goodput_slo")
     if goodput is not None:
         table.add_row("goodput req/s", f"{_fmt(goodput['request_goodput'], 3)} ({goodput['good_requests']:,} good)")
-        table.add_row("goodput SLO (ms)", " ".join(f"{k.removesuffix('_ms')}<={v:g}" for k, v in goodput["limits_ms"].items()))
+        table.add_row(
+            "goodput SLO (ms)", " ".join(f"{k.removesuffix('_ms')}<={v:g}" for k, v in goodput["limits_ms"].items())
+        )
 
     table.add_section()
     table.add_row("[cyan]Cache", "")
@@ -212,16 +229,19 @@ def results_table(summary: dict[str, Any]) -> Table:
     table.add_row("cached / prompt tokens", f"{cache['cached_tokens']:,} / {cache['prompt_tokens']:,}")
     if cache.get("warm_requests") is not None and cache["requests_reporting"]:
         warm = cache["warm_requests"]
-        table.add_row("warm from before the run",
-                      f"[bold yellow]yes: {warm:,} req, {cache['warm_cached_tokens']:,} tok" if warm else "no")
+        table.add_row(
+            "warm from before the run",
+            f"[bold yellow]yes: {warm:,} req, {cache['warm_cached_tokens']:,} tok" if warm else "no",
+        )
 
     table.add_section()
     table.add_row("[cyan]CPU", "")
     if cpu is None or not cpu.get("pids"):
         table.add_row("orchestrator CPU ms/request", "- (no pids)")
     else:
-        table.add_row(f"orchestrator CPU ms/request ({len(cpu['pids'])} pids)",
-                      _fmt(summary["orchestrator_cpu_ms_per_request"]))
+        table.add_row(
+            f"orchestrator CPU ms/request ({len(cpu['pids'])} pids)", _fmt(summary["orchestrator_cpu_ms_per_request"])
+        )
         table.add_row("orchestrator CPU total (ms)", _fmt(cpu["total_ms"], 0))
         if cpu["vanished_pids"]:
             table.add_row("vanished pids (not counted)", ", ".join(map(str, cpu["vanished_pids"])))

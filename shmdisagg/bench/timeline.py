@@ -23,7 +23,7 @@ from shmdisagg.bench.client import RequestRecord
 from shmdisagg.bench.metrics import e2e_ms, ttft_ms
 from shmdisagg.tasks import stop_task
 
-_SAMPLE = re.compile(r'^(shmdisagg_server_active_requests)\{([^}]*)\} ([0-9.eE+\-]+|NaN)$')
+_SAMPLE = re.compile(r"^(shmdisagg_server_active_requests)\{([^}]*)\} ([0-9.eE+\-]+|NaN)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -56,7 +56,7 @@ class LoadSampler:
         try:
             async with self.session.get(self.url, timeout=aiohttp.ClientTimeout(total=2.0)) as r:
                 text = await r.text() if r.status == 200 else ""
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return  # a missed sample; keep going
         loads = parse_server_load(text)
         if not loads:
@@ -103,6 +103,8 @@ def timeline(records: list[RequestRecord], origin: float, sampler: LoadSampler |
     if sampler is not None and sampler.times:
         out["server_load"] = {
             "t_s": [t - origin for t in sampler.times],
-            "servers": {s: {"role": sampler.roles.get(s, ""), "active_requests": v} for s, v in sorted(sampler.loads.items())},
+            "servers": {
+                s: {"role": sampler.roles.get(s, ""), "active_requests": v} for s, v in sorted(sampler.loads.items())
+            },
         }
     return out

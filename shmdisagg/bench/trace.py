@@ -85,8 +85,10 @@ def _parse_line(path: str | Path, line_no: int, line: bytes) -> TraceRequest:
     need = math.ceil(req.input_length / BLOCK_TOKENS)
     if len(req.hash_ids) != need:
         raise TraceError(
-            path, line_no, f"{len(req.hash_ids)} hash_ids for input_length {req.input_length} "
-            f"(expected ceil({req.input_length}/{BLOCK_TOKENS}) = {need})"
+            path,
+            line_no,
+            f"{len(req.hash_ids)} hash_ids for input_length {req.input_length} "
+            f"(expected ceil({req.input_length}/{BLOCK_TOKENS}) = {need})",
         )
     return req
 
@@ -173,9 +175,7 @@ class PromptSynthesizer:
     def prompt(self, hash_ids: Sequence[int], input_length: int) -> list[int]:
         """Token ids for a request: its blocks in order, cut to exactly `input_length` tokens."""
         if not 0 < input_length <= len(hash_ids) * BLOCK_TOKENS:
-            raise ValueError(
-                f"input_length {input_length} does not fit {len(hash_ids)} blocks of {BLOCK_TOKENS}"
-            )
+            raise ValueError(f"input_length {input_length} does not fit {len(hash_ids)} blocks of {BLOCK_TOKENS}")
         out = array("i")
         for hash_id in hash_ids:
             out.extend(self.block(hash_id))

@@ -27,9 +27,20 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(prog="shmdisagg-coordinator")
     parser.add_argument("-c", "--config", required=True)
-    parser.add_argument("-s", "--schedule_style", choices=["context_first", "generation_first"], help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE")
+    parser.add_argument(
+        "-s",
+        "--schedule_style",
+        choices=["context_first", "generation_first"],
+        help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE",
+    )
     parser.add_argument("-t", "--server_start_timeout", type=float, help="overrides shmdisagg.server_start_timeout_s")
-    parser.add_argument("-r", "--request_timeout", type=float, default=DEFAULT_LEG_TIMEOUT_S, help="each leg's timeout, seconds (0: none)")
+    parser.add_argument(
+        "-r",
+        "--request_timeout",
+        type=float,
+        default=DEFAULT_LEG_TIMEOUT_S,
+        help="each leg's timeout, seconds (0: none)",
+    )
     parser.add_argument("-l", "--log_level", choices=list(LOG_LEVELS))
     parser.add_argument("--report_addr")
     args = parser.parse_args(argv)
@@ -37,7 +48,9 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
         config = load_config(args.config)
         if env is None:
             env = read_env()
-            if not (os.environ.get("SHMDISAGG_LAUNCHED") or os.environ.get("SHMDISAGG_ENV_SHOWN")):  # else the launcher or serve showed them already
+            if not (
+                os.environ.get("SHMDISAGG_LAUNCHED") or os.environ.get("SHMDISAGG_ENV_SHOWN")
+            ):  # else the launcher or serve showed them already
                 for warning in env.warnings:
                     print(f"shmdisagg: warning: {warning}", file=sys.stderr)
         env_tokens_per_block()
@@ -48,12 +61,17 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
     config = with_start_timeout(config, args.server_start_timeout)
     level = resolve_log_level(env, args.log_level, config.shmdisagg.log_level)
     logging.basicConfig(level=LOG_LEVELS[level], format="%(asctime)s coordinator %(levelname)s %(message)s", force=True)
-    options = StartOptions(args.schedule_style, args.request_timeout or None, level, args.report_addr, env, **supervised(os.environ))
+    options = StartOptions(
+        args.schedule_style, args.request_timeout or None, level, args.report_addr, env, **supervised(os.environ)
+    )
     try:
         uvloop.run(run_coordinator(config, args.config, options))
     except StartupInterrupted as err:
         if not os.environ.get("SHMDISAGG_LAUNCHED"):  # else the launcher that stopped it says so
-            print(f"shmdisagg: interrupted during start-up ({signal.Signals(err.signum).name}); stopped what had started", file=sys.stderr)
+            print(
+                f"shmdisagg: interrupted during start-up ({signal.Signals(err.signum).name}); stopped what had started",
+                file=sys.stderr,
+            )
         return 128 + err.signum
     except (StartupError, ShmError, ConfigError, OSError) as err:
         print(f"shmdisagg: coordinator failed to start: {err}", file=sys.stderr)
@@ -97,7 +115,9 @@ def with_start_timeout(config: DisaggConfig, seconds: float | None) -> DisaggCon
     (the flag wins over the file, as a command line does)."""
     if seconds is None:
         return config
-    return config.model_copy(update={"shmdisagg": config.shmdisagg.model_copy(update={"server_start_timeout_s": float(seconds)})})
+    return config.model_copy(
+        update={"shmdisagg": config.shmdisagg.model_copy(update={"server_start_timeout_s": float(seconds)})}
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ afresh; the old fleet, still serving from segments about to be unlinked, is stop
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal

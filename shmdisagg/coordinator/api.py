@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from shmdisagg.coordinator.main import Coordinator
 
 
-def internal_app(coord: "Coordinator") -> FastAPI:
+def internal_app(coord: Coordinator) -> FastAPI:
     api = FastAPI(title="shmdisagg coordinator", docs_url=None, redoc_url=None, openapi_url=None)
 
     @api.get("/health")

@@ -224,7 +224,7 @@ class HealthMonitor:
         except (aiohttp.ClientConnectorError, ConnectionRefusedError):
             self._mark(ex, False, answered, refused=True)
             return
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if loop.time() < self._late_until:
                 return  # our loop was late, not necessarily the executor
             ok = False
@@ -269,7 +269,13 @@ class HealthMonitor:
             ex.breaker_cooldown = min(max(ex.breaker_cooldown * 2, self.breaker_cooldown_s), BREAKER_MAX_COOLDOWN_S)
             ex.breaker_until = now + ex.breaker_cooldown
             ex.request_failures = []
-            log.warning("%s server %s: %d failed requests, breaker open for %.1f s", ROLE_NAMES[ex.role], ex.addr, self.breaker_failures, ex.breaker_cooldown)
+            log.warning(
+                "%s server %s: %d failed requests, breaker open for %.1f s",
+                ROLE_NAMES[ex.role],
+                ex.addr,
+                self.breaker_failures,
+                ex.breaker_cooldown,
+            )
             self._set_unhealthy(ex)
 
     async def _get_json(self, url: str) -> dict[str, Any]:
@@ -327,8 +333,13 @@ class HealthMonitor:
                 return
             # it answered legs since the first failed probe: alive; count from here again
             if not ex.spared:
-                log.info("%s server %s: %d failed health checks, but it answered %d leg(s) meanwhile: kept",
-                         ROLE_NAMES[ex.role], ex.addr, ex.failures, now - ex.streak_answered)
+                log.info(
+                    "%s server %s: %d failed health checks, but it answered %d leg(s) meanwhile: kept",
+                    ROLE_NAMES[ex.role],
+                    ex.addr,
+                    ex.failures,
+                    now - ex.streak_answered,
+                )
             ex.failures, ex.spared = 0, True
 
     def cluster_info(self) -> dict[str, Any]:

@@ -71,7 +71,9 @@ class CoordinatorKeeper:
     many were started after the first; `final` the deployment's exit status once the keeper
     stopped restarting (None while it runs)."""
 
-    def __init__(self, spawn: Spawn, config: DisaggConfig, report_addr: str | None = None, node_claim: NodeIdClaim | None = None) -> None:
+    def __init__(
+        self, spawn: Spawn, config: DisaggConfig, report_addr: str | None = None, node_claim: NodeIdClaim | None = None
+    ) -> None:
         """`node_claim`: the deployment's node id (`node_ids.py`), held by the supervisor for the
         deployment's life and handed to every coordinator, so a replacement mints ids with the
         same node field and no other deployment on the host can take it meanwhile."""
@@ -205,13 +207,23 @@ class CoordinatorKeeper:
         else:
             self.failed_in_row += 1
         if self.failed_in_row >= MAX_FAILED_RESTARTS:
-            log.error("coordinator restarts keep failing: %s, then %d replacements in a row never became ready (the last: %s): "
-                      "stopping the deployment", self._crash, self.failed_in_row, why)
+            log.error(
+                "coordinator restarts keep failing: %s, then %d replacements in a row never became ready "
+                "(the last: %s): stopping the deployment",
+                self._crash,
+                self.failed_in_row,
+                why,
+            )
             self.final = 1
             self.stop_standby()
             return self.final
         delay = RESTART_BACKOFF_S[min(self.failed_in_row, len(RESTART_BACKOFF_S) - 1)]
-        log.warning("coordinator (pid %d) died (%s); the fleet keeps serving; starting a new one in %.1f s", self.proc.pid, why, delay)
+        log.warning(
+            "coordinator (pid %d) died (%s); the fleet keeps serving; starting a new one in %.1f s",
+            self.proc.pid,
+            why,
+            delay,
+        )
         self._restart_at = time.monotonic() + delay
         return None
 
@@ -258,7 +270,9 @@ class CoordinatorKeeper:
             if self.config.port == 0 and self.adopt_port is None:
                 self.adopt_port = _reported_port(self.report_addr)
             if self.restarts:
-                log.info("coordinator (pid %d) took over (restart %d)", self.proc.pid if self.proc else -1, self.restarts)
+                log.info(
+                    "coordinator (pid %d) took over (restart %d)", self.proc.pid if self.proc else -1, self.restarts
+                )
 
     def _close_ready(self) -> None:
         if self._ready is not None:
@@ -295,7 +309,12 @@ def run_supervised(config: DisaggConfig, argv: list[str], report_addr: str | Non
 
     def spawn(env: dict[str, str], fds: Sequence[int]) -> subprocess.Popen[bytes]:
         full = {**os.environ, **env, "SHMDISAGG_ENV_SHOWN": "1"}
-        return subprocess.Popen([sys.executable, "-m", "shmdisagg.coordinator", *argv], env=full, pass_fds=tuple(fds), preexec_fn=_serve_preexec)
+        return subprocess.Popen(
+            [sys.executable, "-m", "shmdisagg.coordinator", *argv],
+            env=full,
+            pass_fds=tuple(fds),
+            preexec_fn=_serve_preexec,
+        )
 
     try:
         claim = claim_or_inherit(config.node_id)

@@ -62,8 +62,8 @@ from shmdisagg.coordinator.health import Executor
 from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1, KV_CACHE_HASH_ALGOS, event_block_hash
 from shmdisagg.metrics.schema import LAYOUT
-from shmdisagg.procutil import private_unix_socket
 from shmdisagg.orchestrator.reporting import HINT_MAGIC
+from shmdisagg.procutil import private_unix_socket
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.upstream import UpstreamError, UpstreamPool
 
@@ -138,9 +138,14 @@ class KvEventIngestor:
     `window_skipped_events` (also per server: `server_state`)."""
 
     def __init__(
-        self, index: BlockIndex, executors: list[Executor], keys: RoutingKeys | None = None,
-        settings: KvEventsSection | None = None, row: memoryview | None = None,
-        on_key_change: Callable[[int], object] = lambda slot: None, on_restart: Callable[[int], object] = lambda slot: None,
+        self,
+        index: BlockIndex,
+        executors: list[Executor],
+        keys: RoutingKeys | None = None,
+        settings: KvEventsSection | None = None,
+        row: memoryview[float] | None = None,
+        on_key_change: Callable[[int], object] = lambda slot: None,
+        on_restart: Callable[[int], object] = lambda slot: None,
     ) -> None:
         self.index = index
         self.executors = executors
@@ -166,10 +171,14 @@ class KvEventIngestor:
 
     def counters(self) -> dict[str, int]:
         return {
-            "applied_events": self.applied_events, "dropped_events": self.dropped_events,
-            "hints": self.hints, "bad_hints": self.bad_hints,
-            "hinted_drains": self.hinted_drains, "polled_drains": self.polled_drains,
-            "event_gaps": self.event_gaps, "restarts": self.restarts,
+            "applied_events": self.applied_events,
+            "dropped_events": self.dropped_events,
+            "hints": self.hints,
+            "bad_hints": self.bad_hints,
+            "hinted_drains": self.hinted_drains,
+            "polled_drains": self.polled_drains,
+            "event_gaps": self.event_gaps,
+            "restarts": self.restarts,
             "window_skipped_events": self.window_skipped_events,
         }
 
@@ -183,8 +192,11 @@ class KvEventIngestor:
             "drained": self.keys.aligned(slot) if self.keys is not None else True,
             "kv_cache_hash_algo": self.keys.algo_of(slot) if self.keys is not None else None,
             "last_event_id": max(st.last_id.values()) if st.last_id else None,
-            "event_gaps": st.gaps, "event_id_skips": st.skips, "restarts": st.restarts,
-            "window_skipped_events": st.window_skipped, "stream_complete": st.complete,
+            "event_gaps": st.gaps,
+            "event_id_skips": st.skips,
+            "restarts": st.restarts,
+            "window_skipped_events": st.window_skipped,
+            "stream_complete": st.complete,
             "max_window_size": st.max_window,
         }
 
@@ -204,7 +216,7 @@ class KvEventIngestor:
         """One datagram from a fleet worker (`reporting.hint_message`); anything else is counted
         in `bad_hints` and ignored."""
         if len(data) == _HINT_LEN and data.startswith(HINT_MAGIC):
-            self.hint(int.from_bytes(data[len(HINT_MAGIC):], "little"))
+            self.hint(int.from_bytes(data[len(HINT_MAGIC) :], "little"))
         else:
             self.bad_hints += 1
 
@@ -273,8 +285,18 @@ class KvEventIngestor:
             d = event.data
             raw_hashes = [b.block_hash for b in d.blocks] if d.blocks is not None else d.block_hashes
             try:
-                self._one(slot, st, event.event_id, event.attention_dp_rank or 0, d.type, event.window_size,
-                          event.hash_algo or d.hash_algo, raw_hashes, event.timestamp or d.timestamp or received, fast=True)
+                self._one(
+                    slot,
+                    st,
+                    event.event_id,
+                    event.attention_dp_rank or 0,
+                    d.type,
+                    event.window_size,
+                    event.hash_algo or d.hash_algo,
+                    raw_hashes,
+                    event.timestamp or d.timestamp or received,
+                    fast=True,
+                )
             except (ValueError, OverflowError, TypeError):
                 self._drop(1)
         return len(typed)
@@ -311,11 +333,32 @@ class KvEventIngestor:
         else:
             raw_hashes = None
         ts = event.get("timestamp") or data.get("timestamp") or received
-        self._one(slot, st, _opt_int(event.get("event_id")), _opt_int(event.get("attention_dp_rank")) or 0, kind,
-                  _opt_int(event.get("window_size")), event.get("hash_algo", data.get("hash_algo")), raw_hashes, float(ts), fast=False)
+        self._one(
+            slot,
+            st,
+            _opt_int(event.get("event_id")),
+            _opt_int(event.get("attention_dp_rank")) or 0,
+            kind,
+            _opt_int(event.get("window_size")),
+            event.get("hash_algo", data.get("hash_algo")),
+            raw_hashes,
+            float(ts),
+            fast=False,
+        )
 
-    def _one(self, slot: int, st: _Stream, event_id: int | None, rank: int, kind: str, window: int | None,
-             algo: str | None, raw_hashes: list[Any] | None, ts: float, fast: bool) -> None:
+    def _one(
+        self,
+        slot: int,
+        st: _Stream,
+        event_id: int | None,
+        rank: int,
+        kind: str,
+        window: int | None,
+        algo: str | None,
+        raw_hashes: list[Any] | None,
+        ts: float,
+        fast: bool,
+    ) -> None:
         """Apply one event of `slot`. Raises ValueError / TypeError / OverflowError when it is
         malformed (the caller drops and counts it); its `event_id` still counts for the stream."""
         restarted = self._check_stream(slot, st, event_id, rank, kind)
@@ -387,8 +430,15 @@ class KvEventIngestor:
         self.event_gaps += 1
         self._count(_GAPS, slot)
         level = logging.WARNING if st.gaps == 1 else logging.DEBUG
-        log.log(level, "%s: KV event gap (expected event_id %d, got %d; its event buffer dropped events): its index entries are "
-                "cleared (%d gap(s) so far)", self._addr(slot), expected, got, st.gaps)
+        log.log(
+            level,
+            "%s: KV event gap (expected event_id %d, got %d; its event buffer dropped events): its index entries are "
+            "cleared (%d gap(s) so far)",
+            self._addr(slot),
+            expected,
+            got,
+            st.gaps,
+        )
 
     def _restart(self, slot: int, st: _Stream, why: str) -> None:
         self.index.apply_all_cleared(slot)
@@ -397,7 +447,9 @@ class KvEventIngestor:
         self._count(_RESTARTS, slot)
         st.last_id.clear()
         st.prev_kind, st.max_window, st.window_known, st.algo, st.complete = None, None, False, None, False
-        log.warning("%s restarted (%s): its index entries are cleared and its /server_info is read again", self._addr(slot), why)
+        log.warning(
+            "%s restarted (%s): its index entries are cleared and its /server_info is read again", self._addr(slot), why
+        )
         if self.keys is not None and self.keys.restarted(slot):
             self.on_key_change(slot)
         self.on_restart(slot)
@@ -416,7 +468,11 @@ class KvEventIngestor:
         if algo not in KV_CACHE_HASH_ALGOS:
             if (slot, algo) not in self._warned:
                 self._warned.add((slot, algo))
-                log.warning("%s: KV events with hash_algo %r, which the router cannot compute, are dropped", self._addr(slot), algo)
+                log.warning(
+                    "%s: KV events with hash_algo %r, which the router cannot compute, are dropped",
+                    self._addr(slot),
+                    algo,
+                )
             raise ValueError(f"hash_algo {algo!r}")
         st.algo = algo
         if self.keys is not None and self.keys.saw_algo(slot, algo):
@@ -473,7 +529,9 @@ async def listen_for_hints(path: str, ingestor: KvEventIngestor) -> asyncio.Base
         os.unlink(path)
     sock = private_unix_socket(path, socket.SOCK_DGRAM)
     try:
-        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: KvHintProtocol(ingestor), sock=sock)
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: KvHintProtocol(ingestor), sock=sock
+        )
     except BaseException:
         sock.close()
         with contextlib.suppress(FileNotFoundError):

@@ -1,17 +1,17 @@
 """The coordinator process: the only writer of the shared table.
 
 Start-up, in order: with `port: 0`, reserve a port the kernel picks (`procutil.reserve_port`);
-create the table (cleaning a dead deployment's stale segments; a live one
-holds the segment's flock and makes this fail), register the executors of the config, wait until
-every configured executor answers `GET /health` with 200 (up to `server_start_timeout_s` or
-`-t`, as TensorRT-LLM waits for all its servers before it serves), serve the internal API on a
-Unix socket only this user can connect to (mode 0600) and, with a `kv_cache_aware` router, listen for the fleet's KV poll hints on a Unix
-datagram socket (`kv_events.py`), start the fleet, wait until every fleet worker's socket on the
-public port listens (each says so on the internal API) and, with `--report_addr PATH`, write the
-public host:port to PATH. Then it heart-beats the table, polls executor
-health, drains KV events and supervises the fleet until SIGTERM/SIGINT, and shuts down in a
-fixed, bounded order: stop the fleet (each worker gets `timeout_graceful_shutdown_s` for its
-requests in flight, then STOP_MARGIN_S to end the rest and exit before a SIGKILL), stop the
+create the table (cleaning a dead deployment's stale segments; a live one holds the segment's
+flock and makes this fail), register the executors of the config, wait until every configured
+executor answers `GET /health` with 200 (up to `server_start_timeout_s` or `-t`, as TensorRT-LLM
+waits for all its servers before it serves), serve the internal API on a Unix socket only this
+user can connect to (mode 0600) and, with a `kv_cache_aware` router, listen for the fleet's KV
+poll hints on a Unix datagram socket (`kv_events.py`), start the fleet, wait until every fleet
+worker's socket on the public port listens (each says so on the internal API) and, with
+`--report_addr PATH`, write the public host:port to PATH. Then it heart-beats the table, polls
+executor health, drains KV events and supervises the fleet until SIGTERM/SIGINT, and shuts down
+in a fixed, bounded order: stop the fleet (each worker gets `timeout_graceful_shutdown_s` for
+its requests in flight, then STOP_MARGIN_S to end the rest and exit before a SIGKILL), stop the
 API, unlink every segment and both sockets.
 
 `python -m shmdisagg.coordinator -c CONFIG` (or `shmdisagg serve -c CONFIG`).
@@ -30,23 +30,23 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from shmdisagg.config import DisaggConfig
-from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S, FleetOverrides
-from shmdisagg.trtllm_env import NOT_FOR_WORKERS, TrtllmEnv, apply_gc
 from shmdisagg.coordinator.adoption import stop_stale_fleet, take_over
 from shmdisagg.coordinator.api import internal_app
 from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor, executors_from_config
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
 from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
+from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S, FleetOverrides
 from shmdisagg.metrics.answered import answered_reader
 from shmdisagg.metrics.perf import PerfStore
-from shmdisagg.node_ids import NodeIdError, claim_or_inherit
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
+from shmdisagg.node_ids import NodeIdError, claim_or_inherit
 from shmdisagg.processes import ProcessId
 from shmdisagg.procutil import listening, private_unix_socket, public_port_problem, publish_address, reserve_port
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.index import BlockIndex, IndexSettings
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
+from shmdisagg.trtllm_env import NOT_FOR_WORKERS, TrtllmEnv, apply_gc
 
 log = logging.getLogger("shmdisagg.coordinator")
 
@@ -102,7 +102,13 @@ class StartOptions:
 class Coordinator:
     """State: the table it owns, the executor health monitor, the fleet supervisor."""
 
-    def __init__(self, config: DisaggConfig, config_path: str, options: StartOptions | None = None, public_port: int | None = None) -> None:
+    def __init__(
+        self,
+        config: DisaggConfig,
+        config_path: str,
+        options: StartOptions | None = None,
+        public_port: int | None = None,
+    ) -> None:
         """`public_port`: the port reserved for `port: 0` (`config` carries it already)."""
         options = options or StartOptions()
         self.config = config
@@ -117,43 +123,87 @@ class Coordinator:
             if options.adopt and takeover is None:
                 stop_stale_fleet(config.shm_prefix)
             self.adopted = takeover is not None  # the dead coordinator's segments and fleet go on
-            self.table = takeover.table if takeover is not None else ControlTable.create(config.shm_prefix, sd.shm.max_workers)
+            self.table = (
+                takeover.table if takeover is not None else ControlTable.create(config.shm_prefix, sd.shm.max_workers)
+            )
         except BaseException:
             self.node_claim.close()
             raise
         try:
             self.table.set_coordinator(os.getpid(), process_starttime(os.getpid()), secrets.randbits(63))
             settings = index_settings(config)
-            self.index = (BlockIndex.adopt(self.table, settings) if self.adopted else None) or BlockIndex.create(self.table, settings)
-            self.health = HealthMonitor(self.table, executors_from_config(config), sd.health_check_interval_s, sd.breaker_failures, sd.breaker_cooldown_s,
-                                        timeout_s=sd.health_check_timeout_s, failures=sd.health_check_failures, adopt=self.adopted)
+            self.index = (BlockIndex.adopt(self.table, settings) if self.adopted else None) or BlockIndex.create(
+                self.table, settings
+            )
+            self.health = HealthMonitor(
+                self.table,
+                executors_from_config(config),
+                sd.health_check_interval_s,
+                sd.breaker_failures,
+                sd.breaker_cooldown_s,
+                timeout_s=sd.health_check_timeout_s,
+                failures=sd.health_check_failures,
+                adopt=self.adopted,
+            )
             self.health.on_unhealthy = self.index.clear_server  # its cache may be gone: stop attracting traffic
             for slot in self.health.removed:
                 self.index.clear_server(slot)
             ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
             # Only a kv_cache_aware role routes on its executors' KV events (and only its legs
             # send poll hints): draining the others would cost CPU and fill the index for nothing.
-            kv_roles = {role: (ROLE_NAMES[role], args.tokens_per_block)
-                        for role, args in ((ROLE_CONTEXT, ctx_args), (ROLE_GENERATION, gen_args)) if args.type == "kv_cache_aware"}
+            kv_roles = {
+                role: (ROLE_NAMES[role], args.tokens_per_block)
+                for role, args in ((ROLE_CONTEXT, ctx_args), (ROLE_GENERATION, gen_args))
+                if args.type == "kv_cache_aware"
+            }
             self.keys = RoutingKeys(kv_roles)
             self.health.keys = self.keys if kv_roles else None
             kv_executors = [ex for ex in self.health.executors if ex.role in kv_roles]
             # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
             # are folded into the retired row before its replacement starts
-            self.metrics = takeover.metrics if takeover is not None else MetricsSegment.create(config.shm_prefix, config.num_workers)
+            self.metrics = (
+                takeover.metrics
+                if takeover is not None
+                else MetricsSegment.create(config.shm_prefix, config.num_workers)
+            )
             self.health.answered = answered_reader(self.metrics)  # the fleet's answered legs count as liveness
-            self.kv_events = KvEventIngestor(
-                self.index, kv_executors, self.keys, sd.kv_events, self.metrics.row(ROW_COORDINATOR),
-                on_key_change=self.health.republish, on_restart=self.health.reprepare,
-            ) if kv_executors else None
+            self.kv_events = (
+                KvEventIngestor(
+                    self.index,
+                    kv_executors,
+                    self.keys,
+                    sd.kv_events,
+                    self.metrics.row(ROW_COORDINATOR),
+                    on_key_change=self.health.republish,
+                    on_restart=self.health.reprepare,
+                )
+                if kv_executors
+                else None
+            )
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
             self.schedule_style = options.schedule_style or options.env.schedule_style or config.schedule_style
             overrides = FleetOverrides(public_port, options.leg_timeout_s, options.log_level)
-            env = {"TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style, **overrides.to_environ(), **self.node_claim.env()}
-            self.supervisor = FleetSupervisor(self.table, config_path, config.num_workers, env, sd.worker_timeout_s, drop_env=NOT_FOR_WORKERS + SUPERVISOR_ONLY,
-                                              supervisor=options.supervisor, pass_fds=(self.node_claim.fd,))
+            env = {
+                "TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style,
+                **overrides.to_environ(),
+                **self.node_claim.env(),
+            }
+            self.supervisor = FleetSupervisor(
+                self.table,
+                config_path,
+                config.num_workers,
+                env,
+                sd.worker_timeout_s,
+                drop_env=NOT_FOR_WORKERS + SUPERVISOR_ONLY,
+                supervisor=options.supervisor,
+                pass_fds=(self.node_claim.fd,),
+            )
             self.supervisor.on_exit = lambda index: self.metrics.fold(worker_row(index))
-            self.perf = PerfStore({e.slot: e.addr for e in self.health.executors}, config.perf_metrics_max_requests, self.metrics.row(ROW_COORDINATOR))
+            self.perf = PerfStore(
+                {e.slot: e.addr for e in self.health.executors},
+                config.perf_metrics_max_requests,
+                self.metrics.row(ROW_COORDINATOR),
+            )
         except BaseException:
             if not self.adopted:  # an adopted table still serves a fleet: the next coordinator tries again
                 self.table.unlink()
@@ -197,8 +247,11 @@ class Coordinator:
                     raise StartupInterrupted(self.stop_signal)
                 raise StartupError("stopped before the fleet listened")
             if loop.time() > deadline:
-                log.warning("fleet worker(s) %s not listening after %g s (server_start_timeout_s): ready with the others",
-                            ", ".join(map(str, missing)), self.config.shmdisagg.server_start_timeout_s)
+                log.warning(
+                    "fleet worker(s) %s not listening after %g s (server_start_timeout_s): ready with the others",
+                    ", ".join(map(str, missing)),
+                    self.config.shmdisagg.server_start_timeout_s,
+                )
                 return self.config.num_workers - len(missing)
             await asyncio.sleep(0.02)  # polled, as _wait_ready polls the executors
         return self.config.num_workers
@@ -206,15 +259,18 @@ class Coordinator:
     async def _wait_ready(self) -> None:
         """Until every configured executor is healthy (TensorRT-LLM's orchestrator waits until
         all its servers' /health is 200, up to `--server_start_timeout`, else it fails:
-        `_wait_for_all_servers_ready` in `tensorrt_llm/serve/openai_disagg_service.py`); after WAIT_NOTICE_S it logs what it waits for, then
-        every WAIT_REPORT_S which servers are still not ready."""
+        `_wait_for_all_servers_ready` in `tensorrt_llm/serve/openai_disagg_service.py`); after
+        WAIT_NOTICE_S it logs what it waits for, then every WAIT_REPORT_S which servers are still
+        not ready."""
         loop = asyncio.get_running_loop()
         timeout = self.config.shmdisagg.server_start_timeout_s
         start = loop.time()
         deadline, report_at, reported = start + timeout, start + WAIT_NOTICE_S, False
         # TRTLLM_DISAGG_BENCHMARK_GEN_ONLY: no context leg is ever sent, so upstream's wait skips
         # the context servers (`_wait_for_all_servers_ready`, serve/openai_disagg_service.py)
-        awaited = [e for e in self.health.executors if not (self.options.env.benchmark_gen_only and e.role == ROLE_CONTEXT)]
+        awaited = [
+            e for e in self.health.executors if not (self.options.env.benchmark_gen_only and e.role == ROLE_CONTEXT)
+        ]
         # a refused executor answered /health but the router will not route to it (routing_keys):
         # waiting for it could only time out, so it is logged and the fleet starts without it
         while not all(e.healthy or e.refused is not None for e in awaited):
@@ -228,8 +284,12 @@ class Coordinator:
             if now >= report_at:
                 left = f"{deadline - now:.0f} s left"
                 if not reported:
-                    log.info("waiting for every executor to be healthy (GET /health = 200) before starting "
-                             "the fleet, up to server_start_timeout_s or -t (%s); not ready: %s", left, not_ready(awaited))
+                    log.info(
+                        "waiting for every executor to be healthy (GET /health = 200) before starting "
+                        "the fleet, up to server_start_timeout_s or -t (%s); not ready: %s",
+                        left,
+                        not_ready(awaited),
+                    )
                 else:
                     log.info("still waiting for the executors (%s); not ready: %s", left, not_ready(awaited))
                 report_at, reported = now + WAIT_REPORT_S, True
@@ -237,7 +297,9 @@ class Coordinator:
 
     async def run(self) -> None:
         # adopted: the fleet serves on the port already
-        problem = None if self.port_reserved or self.adopted else public_port_problem(self.config.hostname, self.config.port)
+        problem = (
+            None if self.port_reserved or self.adopted else public_port_problem(self.config.hostname, self.config.port)
+        )
         if problem:  # the fleet could only crash-loop on it
             raise StartupError(problem)
         on_stop_signals(self.request_stop, with_signal=True)
@@ -254,15 +316,22 @@ class Coordinator:
                     hints = await listen_for_hints(self.config.kv_hint_socket, self.kv_events)
                 except OSError as err:
                     log.warning("no KV poll hints (%s: %s): KV events are only polled", self.config.kv_hint_socket, err)
-            api = EmbeddedServer(uvicorn.Config(internal_app(self), lifespan="off", access_log=False, log_level="warning", loop="none",
-                                                workers=1))  # else uvicorn reads WEB_CONCURRENCY
+            api = EmbeddedServer(
+                uvicorn.Config(
+                    internal_app(self), lifespan="off", access_log=False, log_level="warning", loop="none", workers=1
+                )
+            )  # else uvicorn reads WEB_CONCURRENCY
         except BaseException:  # cancelled or failed before the finally below owns the sockets
             api_sock.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock_path)
             raise
-        tasks = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.health.run()), asyncio.ensure_future(self._maintain_index()),
-                 asyncio.ensure_future(self.supervisor.watch())]
+        tasks = [
+            asyncio.ensure_future(self._heartbeat()),
+            asyncio.ensure_future(self.health.run()),
+            asyncio.ensure_future(self._maintain_index()),
+            asyncio.ensure_future(self.supervisor.watch()),
+        ]
         if self.kv_events is not None:
             tasks.append(asyncio.ensure_future(self.kv_events.run()))
         api_task = asyncio.ensure_future(api.serve(sockets=[api_sock]))
@@ -279,11 +348,22 @@ class Coordinator:
                 publish_address(self.options.report_addr, self.config.hostname, self.config.port)
             n = self.config.num_workers
             if self.adopted:
-                log.info("coordinator restarted: adopted the table, the KV index and %d of %d fleet worker(s) on %s:%d",
-                         self.supervisor.adopted, n, self.config.hostname, self.config.port)
+                log.info(
+                    "coordinator restarted: adopted the table, the KV index and %d of %d fleet worker(s) on %s:%d",
+                    self.supervisor.adopted,
+                    n,
+                    self.config.hostname,
+                    self.config.port,
+                )
             else:
-                log.info("coordinator ready: %d of %d fleet worker%s listening on %s:%d", listening, n, "" if n == 1 else "s",
-                         self.config.hostname, self.config.port)
+                log.info(
+                    "coordinator ready: %d of %d fleet worker%s listening on %s:%d",
+                    listening,
+                    n,
+                    "" if n == 1 else "s",
+                    self.config.hostname,
+                    self.config.port,
+                )
             notify_ready(self.options.ready_fd)
             await self._stop.wait()
         finally:
@@ -330,7 +410,11 @@ def not_ready(executors: list[Executor]) -> str:
     refused one with its reason."""
     parts = []
     for role, name in ROLE_NAMES.items():
-        addrs = [e.addr + (f" (refused: {e.refused})" if e.refused else "") for e in executors if e.role == role and not e.healthy]
+        addrs = [
+            e.addr + (f" (refused: {e.refused})" if e.refused else "")
+            for e in executors
+            if e.role == role and not e.healthy
+        ]
         if addrs:
             parts.append(f"{name} {', '.join(addrs)}")
     return "; ".join(parts) or "none"
@@ -344,7 +428,11 @@ def bind_private_unix_socket(path: str, backlog: int = 2048) -> socket.socket:
 
 def index_settings(config: DisaggConfig) -> IndexSettings:
     """Index sizing: `shmdisagg.index` plus the conversation router's `max_sessions`."""
-    sessions = [a.max_sessions for a in (config.context_servers.router, config.generation_servers.router) if a.type == "conversation"]
+    sessions = [
+        a.max_sessions
+        for a in (config.context_servers.router, config.generation_servers.router)
+        if a.type == "conversation"
+    ]
     ix = config.shmdisagg.index
     return IndexSettings(
         capacity=ix.capacity,

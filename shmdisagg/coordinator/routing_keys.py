@@ -84,7 +84,11 @@ class RoleKeys:
             self.algo, self.error = algos.pop(), None
         elif len(algos) > 1:
             who = ", ".join(f"slot {s}: {self.effective(s)}" for s in sorted(self.claimed))
-            self.algo, self.error = None, f"one hash algorithm per role; the {self.name} executors' KV events use several ({who}): routing by load only"
+            self.algo, self.error = (
+                None,
+                f"one hash algorithm per role; the {self.name} executors' KV events use several ({who}): routing "
+                "by load only",
+            )
             if before[1] != self.error:
                 log.error("%s role: %s", self.name, self.error)
         return (self.algo, self.error) != before
@@ -126,16 +130,22 @@ class RoutingKeys:
         mine = rk.effective(slot, claim)
         others = rk.algos(skip=slot)
         if len(others) == 1 and mine not in others:
-            return (f"kv_cache_hash_algo {mine} differs from {others.pop()} of the role's other executors: "
-                    "one hash algorithm per role")
+            return (
+                f"kv_cache_hash_algo {mine} differs from {others.pop()} of the role's other executors: "
+                "one hash algorithm per role"
+            )
         worker_tpb = info.get("tokens_per_block")
-        if worker_tpb is not None and (isinstance(worker_tpb, bool) or not isinstance(worker_tpb, int) or worker_tpb < 1):
+        if worker_tpb is not None and (
+            isinstance(worker_tpb, bool) or not isinstance(worker_tpb, int) or worker_tpb < 1
+        ):
             return f"tokens_per_block {worker_tpb!r} in /server_info is not a positive integer"
         if worker_tpb is not None and not rk.auto and worker_tpb != rk.tokens_per_block:
             big, small = max(worker_tpb, rk.tokens_per_block), min(worker_tpb, rk.tokens_per_block)
             if big % small:
-                return (f"tokens_per_block {worker_tpb} and the router's {rk.tokens_per_block} do not divide each other; "
-                        "align kv_cache_config.tokens_per_block so that one evenly divides the other")
+                return (
+                    f"tokens_per_block {worker_tpb} and the router's {rk.tokens_per_block} do not divide each other; "
+                    "align kv_cache_config.tokens_per_block so that one evenly divides the other"
+                )
         # admitted: record it
         if worker_tpb is not None and rk.auto:
             if worker_tpb != rk.tokens_per_block:
@@ -143,8 +153,13 @@ class RoutingKeys:
             rk.tokens_per_block, rk.auto = worker_tpb, False
         if worker_tpb is not None and worker_tpb != rk.tokens_per_block:
             if slot not in rk.misaligned:
-                log.warning("%s reports tokens_per_block %d, the router uses %d: its KV events cannot align with the router's "
-                            "block hashes and are not drained; routed-block tracking alone finds its prefixes", addr, worker_tpb, rk.tokens_per_block)
+                log.warning(
+                    "%s reports tokens_per_block %d, the router uses %d: its KV events cannot align with the router's "
+                    "block hashes and are not drained; routed-block tracking alone finds its prefixes",
+                    addr,
+                    worker_tpb,
+                    rk.tokens_per_block,
+                )
             rk.misaligned.add(slot)
         else:
             rk.misaligned.discard(slot)
@@ -175,8 +190,13 @@ class RoutingKeys:
                 if rk.seen.get(slot) == algo:
                     return False
                 if rk.effective(slot) != algo:
-                    log.warning("slot %d: its KV events carry hash_algo %s, its /server_info said %s; following the events "
-                                "(as TensorRT-LLM's router does)", slot, algo, rk.claimed[slot])
+                    log.warning(
+                        "slot %d: its KV events carry hash_algo %s, its /server_info said %s; following the events "
+                        "(as TensorRT-LLM's router does)",
+                        slot,
+                        algo,
+                        rk.claimed[slot],
+                    )
                 rk.seen[slot] = algo
                 return rk.decide()
         return False

@@ -105,8 +105,17 @@ def _worker_preexec_dying() -> None:
 class FleetSupervisor:
     """Owns the fleet worker processes. Signal handlers only call `stop()` via the loop."""
 
-    def __init__(self, table: ControlTable, config_path: str, num_workers: int, env: dict[str, str] | None = None, worker_timeout_s: float = 0.0,
-                 drop_env: tuple[str, ...] = (), supervisor: ProcessId | None = None, pass_fds: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        table: ControlTable,
+        config_path: str,
+        num_workers: int,
+        env: dict[str, str] | None = None,
+        worker_timeout_s: float = 0.0,
+        drop_env: tuple[str, ...] = (),
+        supervisor: ProcessId | None = None,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
         """`env` is added to this process's environment for every worker, `drop_env` removed
         from it (WEB_CONCURRENCY, as TensorRT-LLM's fleet launcher strips it); `pass_fds` stay
         open in every worker (the node-id lock, `node_ids.py`). `supervisor`: the process whose
@@ -126,7 +135,9 @@ class FleetSupervisor:
         self._stopping = False
         self._exited: dict[int, asyncio.Event] = {}
         self._standby: subprocess.Popen[bytes] | None = None
-        self.on_exit: Callable[[int], None] | None = None  # called with the index of a worker that exited, before any replacement
+        self.on_exit: Callable[[int], None] | None = (
+            None  # called with the index of a worker that exited, before any replacement
+        )
 
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers.values()]
@@ -142,8 +153,12 @@ class FleetSupervisor:
 
     def not_listening(self) -> list[int]:
         """The fleet indexes without a worker that listens (adopted workers listen already)."""
-        return [i for i in range(self.num_workers)
-                if i not in self.workers or not (self.workers[i].listening or isinstance(self.workers[i].proc, AdoptedProcess))]
+        return [
+            i
+            for i in range(self.num_workers)
+            if i not in self.workers
+            or not (self.workers[i].listening or isinstance(self.workers[i].proc, AdoptedProcess))
+        ]
 
     def start(self) -> None:
         """Start a worker for every fleet index not held by an adopted one, and the standby."""
@@ -170,8 +185,12 @@ class FleetSupervisor:
                 self.table.reclaim_row(row.row)
                 if 0 <= row.fleet_index < self.num_workers and self.on_exit is not None:
                     self.on_exit(row.fleet_index)
-                log.warning("fleet worker %d (pid %d) died while no coordinator ran; reclaimed its row (%d unreleased pick(s))",
-                            row.fleet_index, row.pid, held)
+                log.warning(
+                    "fleet worker %d (pid %d) died while no coordinator ran; reclaimed its row (%d unreleased pick(s))",
+                    row.fleet_index,
+                    row.pid,
+                    held,
+                )
                 continue
             w = WorkerProc(row.fleet_index, AdoptedProcess(row.pid, pidfd), pidfd, loop.time())
             self.workers[w.index] = w
@@ -182,7 +201,11 @@ class FleetSupervisor:
                     w.proc.send_signal(signal.SIGTERM)
         self.adopted = sum(isinstance(w.proc, AdoptedProcess) for w in self.workers.values())
         if self.workers:
-            log.info("adopted %d live fleet worker(s): %s", self.adopted, ", ".join(f"{w.index} (pid {w.proc.pid})" for w in self.workers.values()))
+            log.info(
+                "adopted %d live fleet worker(s): %s",
+                self.adopted,
+                ", ".join(f"{w.index} (pid {w.proc.pid})" for w in self.workers.values()),
+            )
         return sorted(self.workers)
 
     def _popen(self, index: str, stdin: int | None = None) -> subprocess.Popen[bytes]:
@@ -192,8 +215,12 @@ class FleetSupervisor:
         # die with the coordinator only when nothing would restart it (it is its own supervisor)
         alone = self.supervisor.pid == os.getpid()
         return subprocess.Popen(
-            [sys.executable, "-m", "shmdisagg.fleet.worker"], env=env, stdin=stdin, preexec_fn=_worker_preexec_dying if alone else _worker_preexec,
-            close_fds=True, pass_fds=self.pass_fds,
+            [sys.executable, "-m", "shmdisagg.fleet.worker"],
+            env=env,
+            stdin=stdin,
+            preexec_fn=_worker_preexec_dying if alone else _worker_preexec,
+            close_fds=True,
+            pass_fds=self.pass_fds,
         )
 
     def _start_standby(self) -> None:
@@ -234,7 +261,12 @@ class FleetSupervisor:
         held = sum(r.dispatched - r.completed for r in self.table.rows() if r.pid == w.proc.pid)
         rows = self.table.reclaim_rows_of_pid(w.proc.pid)
         if held:  # a clean stop releases every pick first (worker.GracefulStop): a crash or a SIGKILL
-            log.warning("fleet worker %d (pid %d) exited holding %d unreleased pick(s); its row is zeroed", index, w.proc.pid, held)
+            log.warning(
+                "fleet worker %d (pid %d) exited holding %d unreleased pick(s); its row is zeroed",
+                index,
+                w.proc.pid,
+                held,
+            )
         if self.on_exit is not None:
             try:
                 self.on_exit(index)
@@ -248,7 +280,14 @@ class FleetSupervisor:
         quick = w.quick_deaths + 1 if loop.time() - w.started < QUICK_DEATH_S else 0
         delay = RESPAWN_BACKOFF_S[min(max(quick - 1, 0), len(RESPAWN_BACKOFF_S) - 1)]
         how = f"with {code}" if code is not None else "(adopted: its status is not ours to read)"
-        log.warning("fleet worker %d (pid %d) exited %s; reclaimed %d row(s); restarting in %.1f s", index, w.proc.pid, how, rows, delay)
+        log.warning(
+            "fleet worker %d (pid %d) exited %s; reclaimed %d row(s); restarting in %.1f s",
+            index,
+            w.proc.pid,
+            how,
+            rows,
+            delay,
+        )
         loop.call_later(delay, self._respawn, index, quick)
 
     async def watch(self) -> None:
@@ -280,8 +319,14 @@ class FleetSupervisor:
                 continue
             w.killed = True
             what = "has not heart-beaten" if beat is not None else "has not claimed its row"
-            log.warning("fleet worker %d (pid %d) %s for %.1f s (worker_timeout_s %g): killing it",
-                        w.index, w.proc.pid, what, silent_s, self.worker_timeout_s)
+            log.warning(
+                "fleet worker %d (pid %d) %s for %.1f s (worker_timeout_s %g): killing it",
+                w.index,
+                w.proc.pid,
+                what,
+                silent_s,
+                self.worker_timeout_s,
+            )
             with contextlib.suppress(ProcessLookupError):
                 w.proc.kill()
             self.stuck_kills += 1

@@ -95,7 +95,9 @@ class LaunchPlan:
     gpu_note: str = ""  # where the GPU ids came from
 
 
-def build_plan(config: DisaggConfig, run_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+def build_plan(
+    config: DisaggConfig, run_dir: Path | None = None, environ: Mapping[str, str] | None = None
+) -> LaunchPlan:
     """The plan for `config`'s executors. `run_dir` holds logs and option files (None in a dry
     run without --log-dir); `environ` is the launcher's environment (default `os.environ`).
     Raises `PlanError`."""
@@ -122,7 +124,9 @@ def executor_command(
     """(argv, extra environment) for one simulated executor of `role` listening on host:port;
     `llm_flags` are its role's `sim_llm_flags`."""
     if spec.backend != "sim":
-        raise ValueError(f"executor_command builds simulator commands; backend {spec.backend!r} goes through build_plan")
+        raise ValueError(
+            f"executor_command builds simulator commands; backend {spec.backend!r} goes through build_plan"
+        )
     sim = spec.sim
     tpb = section.kv_cache_config.get("tokens_per_block")  # validated: a positive integer if set
     if tpb is None:
@@ -167,7 +171,11 @@ def sim_llm_flags(config: DisaggConfig, key: str, section: ServerSection) -> lis
     top = config.model_extra or {}
     flags: list[str] = []
     for name, (flag, kind, default) in SIM_LLM_OPTIONS.items():
-        value = _option(section.kv_cache_config, top.get("kv_cache_config"), name.split(".", 1)[1]) if "." in name else _option(section.model_extra, top, name)
+        value = (
+            _option(section.kv_cache_config, top.get("kv_cache_config"), name.split(".", 1)[1])
+            if "." in name
+            else _option(section.model_extra, top, name)
+        )
         value = default if value is None else value
         if value is None:
             continue
@@ -203,25 +211,39 @@ def describe_plan(plan: LaunchPlan, config: DisaggConfig, config_path: str) -> s
     else:
         what = {"sim": "executor simulator", "trtllm": "trtllm-serve"}[plan.backend]
         n_ctx = sum(1 for i in plan.instances if i.role == "context")
-        out.append(f"executors: {len(plan.instances)} x {what} ({n_ctx} context, {len(plan.instances) - n_ctx} generation), model {plan.model}")
+        out.append(
+            f"executors: {len(plan.instances)} x {what} ({n_ctx} context, {len(plan.instances) - n_ctx} "
+            f"generation), model {plan.model}"
+        )
         gpus = [g for inst in plan.instances for g in inst.gpus]
         if gpus:
             out.append(f"GPUs: {', '.join(gpus)} ({plan.gpu_note})")
         run_dir = plan.run_dir or UNSET_RUN_DIR
-        note = "" if plan.run_dir else f" (at launch: --log-dir, else {tempfile.gettempdir()}/{config.shm_prefix}-logs, reused by each launch)"
+        note = (
+            ""
+            if plan.run_dir
+            else f" (at launch: --log-dir, else {tempfile.gettempdir()}/{config.shm_prefix}-logs, reused by each "
+            "launch)"
+        )
         out.append(f"logs and option files: {run_dir}{note}")
     for inst in plan.instances:
         out.append("")
-        gpus = f"GPUs {','.join(inst.gpus)}" if inst.gpus else "no GPU"
-        out.append(f"[{inst.name}] {inst.role} on {inst.addr}, {gpus}, log {(plan.run_dir or UNSET_RUN_DIR) / (inst.name + '.log')}")
+        placed = f"GPUs {','.join(inst.gpus)}" if inst.gpus else "no GPU"
+        out.append(
+            f"[{inst.name}] {inst.role} on {inst.addr}, {placed}, log "
+            f"{(plan.run_dir or UNSET_RUN_DIR) / (inst.name + '.log')}"
+        )
         out.append(f"  $ {inst.shell_line()}")
         if inst.options is not None:
             out.append(f"  {inst.options_path}:")
             out.extend(f"    {line}" for line in inst.options_yaml(redact=True).rstrip("\n").split("\n"))
     out.append("")
-    out.append(f"then: {shlex.join([sys.executable, '-m', 'shmdisagg.coordinator', '-c', os.path.abspath(config_path)])}")
     out.append(
-        f"      coordinator + {config.num_workers} fleet worker{'s' if config.num_workers != 1 else ''} on {config.hostname}:{config.port} "
+        f"then: {shlex.join([sys.executable, '-m', 'shmdisagg.coordinator', '-c', os.path.abspath(config_path)])}"
+    )
+    out.append(
+        f"      coordinator + {config.num_workers} fleet worker{'s' if config.num_workers != 1 else ''} on "
+        f"{config.hostname}:{config.port} "
         f"(routers {config.context_servers.router.type}/{config.generation_servers.router.type}, "
         f"schedule {config.schedule_style}, shared memory /dev/shm/{config.shm_prefix}-*)"
     )

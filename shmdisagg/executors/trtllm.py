@@ -49,22 +49,29 @@ _NOT_INHERITED = frozenset({"model", "backend", "otlp_config", "perf_metrics_out
 _PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size")
 
 
-def trtllm_plan(config: DisaggConfig, spec: ExecutorsSection, run_dir: Path | None, environ: Mapping[str, str]) -> LaunchPlan:
+def trtllm_plan(
+    config: DisaggConfig, spec: ExecutorsSection, run_dir: Path | None, environ: Mapping[str, str]
+) -> LaunchPlan:
     settings = spec.trtllm
     model = _model(config, spec)
     backend = settings.backend or _top_level_backend(config)
     if "CUDA_VISIBLE_DEVICES" in settings.env:
-        raise PlanError("shmdisagg.executors.trtllm.env.CUDA_VISIBLE_DEVICES: the launcher sets it per instance from shmdisagg.executors.gpus")
+        raise PlanError(
+            "shmdisagg.executors.trtllm.env.CUDA_VISIBLE_DEVICES: the launcher sets it per instance from "
+            "shmdisagg.executors.gpus"
+        )
     roles = []
     for role, key in ROLE_SECTIONS:
         section: ServerSection = getattr(config, key)
         if section.num_instances:
             options = role_options(config, spec, role)
             roles.append((role, key, section, options, _ranks(options, key)))
-    gpu_lists, note = assign_gpus([(role, len(section.urls), ranks) for role, _, section, _, ranks in roles], spec.gpus, environ)
+    gpu_lists, note = assign_gpus(
+        [(role, len(section.urls), ranks) for role, _, section, _, ranks in roles], spec.gpus, environ
+    )
     gpu_iter = iter(gpu_lists)
     instances = []
-    for role, key, section, options, ranks in roles:
+    for role, _, section, options, _ in roles:
         for i, (host, port) in enumerate(section.addresses()):
             name = f"{role}-{i}"
             gpus = next(gpu_iter)
@@ -96,7 +103,9 @@ def role_options(config: DisaggConfig, spec: ExecutorsSection, role: str) -> dic
     own = _section_llm_args(section)
     for k in inherited.keys() & own.keys():
         if inherited[k] != own[k]:
-            raise PlanError(f"{key}.{k}: differs from the top-level {k} (TensorRT-LLM refuses this too; set it in one place)")
+            raise PlanError(
+                f"{key}.{k}: differs from the top-level {k} (TensorRT-LLM refuses this too; set it in one place)"
+            )
 
     options: dict[str, Any] = {
         "cache_transceiver_config": {},
@@ -133,7 +142,9 @@ def assign_gpus(
     if gpus is not None:
         pool = [str(g).strip() for g in gpus]
         if len(pool) != total:
-            raise PlanError(f"shmdisagg.executors.gpus: lists {len(pool)} GPUs but the instances need {total} ({breakdown})")
+            raise PlanError(
+                f"shmdisagg.executors.gpus: lists {len(pool)} GPUs but the instances need {total} ({breakdown})"
+            )
         note = "shmdisagg.executors.gpus"
     elif environ.get("CUDA_VISIBLE_DEVICES", "").strip():
         pool = [g.strip() for g in environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
@@ -144,7 +155,9 @@ def assign_gpus(
                 f"shmdisagg.executors.gpus: unset, and the launcher's CUDA_VISIBLE_DEVICES offers {len(pool)} GPUs "
                 f"but the instances need {total} ({breakdown})"
             )
-        note = "the launcher's CUDA_VISIBLE_DEVICES" + (f"; {', '.join(pool[total:])} left unused" if len(pool) > total else "")
+        note = "the launcher's CUDA_VISIBLE_DEVICES" + (
+            f"; {', '.join(pool[total:])} left unused" if len(pool) > total else ""
+        )
     else:
         pool = [str(i) for i in range(total)]
         note = f"default: the first {total}; set shmdisagg.executors.gpus to choose"
@@ -166,7 +179,9 @@ def _model(config: DisaggConfig, spec: ExecutorsSection) -> str:
     top = (config.model_extra or {}).get("model")
     if isinstance(top, str) and top:
         return top
-    raise PlanError("shmdisagg.executors.model: backend trtllm needs the model to serve (a Hugging Face name or a checkpoint path)")
+    raise PlanError(
+        "shmdisagg.executors.model: backend trtllm needs the model to serve (a Hugging Face name or a checkpoint path)"
+    )
 
 
 def _top_level_backend(config: DisaggConfig) -> str:
@@ -227,7 +242,10 @@ def _check(options: dict[str, Any], key: str, section: ServerSection) -> None:
     if isinstance(events, bool) or not isinstance(events, int) or events < 0:
         raise PlanError(f"{key}.kv_cache_config.event_buffer_max_size: must be an integer >= 0, got {events!r}")
     if events == 0 and section.router.type == "kv_cache_aware":
-        raise PlanError(f"{key}.kv_cache_config.event_buffer_max_size: 0 turns KV events off, and the kv_cache_aware router needs them")
+        raise PlanError(
+            f"{key}.kv_cache_config.event_buffer_max_size: 0 turns KV events off, and the kv_cache_aware router "
+            "needs them"
+        )
     fraction = kv.get("free_gpu_memory_fraction")
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise PlanError(f"{key}.kv_cache_config.free_gpu_memory_fraction: must be within (0, 1], got {fraction!r}")

@@ -32,9 +32,9 @@ from shmdisagg.orchestrator.asgi import Receive, Scope, Send
 from shmdisagg.orchestrator.directory import ServerDirectory, split_addr
 from shmdisagg.orchestrator.errors import error_body
 from shmdisagg.orchestrator.responses_api import responses
-from shmdisagg.upstream import UpstreamError
 from shmdisagg.orchestrator.service import DisaggService
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable
+from shmdisagg.upstream import UpstreamError
 
 if TYPE_CHECKING:
     from shmdisagg.metrics.fleet import FleetMetrics
@@ -45,17 +45,32 @@ _turns = itertools.count()  # which healthy context server /v1/models asks, in t
 log = logging.getLogger("shmdisagg.fleet")
 # TensorRT-LLM's newer public routes, served by FleetApp before FastAPI (shmdisagg/anthropic/,
 # responses_api.py)
-_NEWER = {"/v1/messages": "Anthropic Messages", "/v1/messages/count_tokens": "Anthropic token count", "/v1/responses": "OpenAI Responses (501)"}
+_NEWER = {
+    "/v1/messages": "Anthropic Messages",
+    "/v1/messages/count_tokens": "Anthropic token count",
+    "/v1/responses": "OpenAI Responses (501)",
+}
 
 
-def control_app(service: DisaggService, directory: ServerDirectory, table: ControlTable, worker_index: int, metrics: FleetMetrics | None = None) -> FastAPI:
+def control_app(
+    service: DisaggService,
+    directory: ServerDirectory,
+    table: ControlTable,
+    worker_index: int,
+    metrics: FleetMetrics | None = None,
+) -> FastAPI:
     """The FastAPI app for everything but the two hot routes."""
     api = FastAPI(title="shmdisagg", version="0.1.0", docs_url="/docs", redoc_url=None)
 
     @api.exception_handler(StarletteHTTPException)
     async def openai_error(_: Request, exc: StarletteHTTPException) -> Response:
         """404/405 and the like in the OpenAI error shape, like every other error we send."""
-        return Response(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, media_type="application/json", headers=getattr(exc, "headers", None))
+        return Response(
+            error_body(exc.status_code, str(exc.detail)),
+            status_code=exc.status_code,
+            media_type="application/json",
+            headers=getattr(exc, "headers", None),
+        )
 
     @api.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> Response:
@@ -63,7 +78,11 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
         default is a 422 `{"detail": [...]}`)."""
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return Response(error_body(400, f"{param or 'request'}: {first.get('msg', 'invalid')}", param), status_code=400, media_type="application/json")
+        return Response(
+            error_body(400, f"{param or 'request'}: {first.get('msg', 'invalid')}", param),
+            status_code=400,
+            media_type="application/json",
+        )
 
     if metrics is not None:
         _metrics_routes(api, metrics)
@@ -87,7 +106,11 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
         error is relayed with its status, its message unwrapped and without its address."""
         ready = [s for s in directory.servers() if s.healthy and s.role == ROLE_CONTEXT]
         if not ready:
-            return Response(error_body(503, "no healthy context server to ask for its models; retry shortly"), status_code=503, media_type="application/json")
+            return Response(
+                error_body(503, "no healthy context server to ask for its models; retry shortly"),
+                status_code=503,
+                media_type="application/json",
+            )
         server = ready[next(_turns) % len(ready)]
         host, port = split_addr(server.addr)
         try:
@@ -96,9 +119,17 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
                 raw = await resp.read()
         except (UpstreamError, TimeoutError) as err:
             log.warning("GET /v1/models from context server %s failed: %s", server.addr, err)
-            return Response(error_body(502, "the context executor did not answer /v1/models"), status_code=502, media_type="application/json")
+            return Response(
+                error_body(502, "the context executor did not answer /v1/models"),
+                status_code=502,
+                media_type="application/json",
+            )
         if resp.status != 200:
-            return Response(error_body(resp.status, executor_error_message(raw, resp.status)), status_code=resp.status, media_type="application/json")
+            return Response(
+                error_body(resp.status, executor_error_message(raw, resp.status)),
+                status_code=resp.status,
+                media_type="application/json",
+            )
         return Response(raw, media_type="application/json")
 
     @api.get("/version")
@@ -138,8 +169,14 @@ def control_app(service: DisaggService, directory: ServerDirectory, table: Contr
             "schedule_style": service.schedule_style,
             "num_workers": service.config.num_workers,
             "roles": {
-                "context": {"router": service.config.context_servers.router.type, "servers": [s.addr for s in servers if s.role == ROLE_CONTEXT]},
-                "generation": {"router": service.config.generation_servers.router.type, "servers": [s.addr for s in servers if s.role != ROLE_CONTEXT]},
+                "context": {
+                    "router": service.config.context_servers.router.type,
+                    "servers": [s.addr for s in servers if s.role == ROLE_CONTEXT],
+                },
+                "generation": {
+                    "router": service.config.generation_servers.router.type,
+                    "servers": [s.addr for s in servers if s.role != ROLE_CONTEXT],
+                },
             },
             "healthy": {s.addr: s.healthy for s in servers},
         }
@@ -178,7 +215,9 @@ async def _documented_only() -> None:  # pragma: no cover - FleetApp intercepts 
 class FleetApp:
     """ASGI entry: hot routes to the service, the rest to the control app."""
 
-    def __init__(self, service: DisaggService, control: FastAPI, metrics: RequestMetrics | None = None, handle: Any = None) -> None:
+    def __init__(
+        self, service: DisaggService, control: FastAPI, metrics: RequestMetrics | None = None, handle: Any = None
+    ) -> None:
         self.service = service
         self.control = control
         self.metrics = metrics  # request-path counting (None: off)

@@ -32,7 +32,7 @@ async def fetch_cluster_info(socket_path: str, timeout_s: float) -> dict[str, An
                         data = await r.json()
                         if isinstance(data, dict):
                             return data
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
             if loop.time() > deadline:
                 raise TimeoutError(f"coordinator at {socket_path} did not answer within {timeout_s:g} s")
@@ -45,9 +45,11 @@ async def announce_listening(socket_path: str, pid: int, timeout_s: float = 2.0)
     Never raises: a coordinator that does not answer (one being replaced) only loses the news."""
     try:
         async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path)) as session:
-            async with session.post("http://coordinator/listening", json={"pid": pid}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            async with session.post(
+                "http://coordinator/listening", json={"pid": pid}, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as r:
                 await r.read()
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+    except (TimeoutError, aiohttp.ClientError, OSError) as err:
         log.debug("listening not announced to the coordinator: %r", err)
 
 
@@ -70,7 +72,8 @@ class ClusterView:
         self.routing_key_configs = keys
         self.routing_keys = {
             role: RoutingKeyConfig(int(keys[name]["tokens_per_block"]), keys[name].get("kv_cache_hash_algo"))
-            for role, name in ((ROLE_CONTEXT, "context"), (ROLE_GENERATION, "generation")) if name in keys
+            for role, name in ((ROLE_CONTEXT, "context"), (ROLE_GENERATION, "generation"))
+            if name in keys
         }
         self.version = version
 

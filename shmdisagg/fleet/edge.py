@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from shmdisagg.orchestrator.errors import error_body
 
@@ -103,9 +103,16 @@ class EdgeLimits:
         log.info("RLIMIT_NOFILE: soft limit %s (was %s), hard limit %s", _show(soft), _show(before), _show(hard))
         cap = fit_connections(section.worker_connections, soft)
         if cap < section.worker_connections:
-            log.warning("shmdisagg.worker_connections %d does not fit under RLIMIT_NOFILE %d (%d descriptors per connection, "
-                        "%d kept for the rest): at most %d connections per worker; raise the hard limit (ulimit -Hn, "
-                        "LimitNOFILE=) or lower the setting", section.worker_connections, soft, FDS_PER_CONNECTION, FD_RESERVE, cap)
+            log.warning(
+                "shmdisagg.worker_connections %d does not fit under RLIMIT_NOFILE %d (%d descriptors per connection, "
+                "%d kept for the rest): at most %d connections per worker; raise the hard limit (ulimit -Hn, "
+                "LimitNOFILE=) or lower the setting",
+                section.worker_connections,
+                soft,
+                FDS_PER_CONNECTION,
+                FD_RESERVE,
+                cap,
+            )
         return cls(section.client_header_timeout_s, section.client_body_timeout_s, section.max_request_body_bytes, cap)
 
 
@@ -137,11 +144,18 @@ def fit_connections(wanted: int, nofile: int) -> int:
 
 def edge_protocol(limits: EdgeLimits) -> type[EdgeProtocol]:
     """The protocol class to pass as `uvicorn.Config(http=...)`, with `limits` bound."""
-    return type("EdgeProtocol", (EdgeProtocol,), {"limits": limits, "head_timeout_s": limits.client_header_timeout_s,
-                                                  "body_timeout_s": limits.client_body_timeout_s,
-                                                  "max_body": limits.max_request_body_bytes,
-                                                  "max_body_digits": len(str(limits.max_request_body_bytes)),
-                                                  "max_connections": limits.worker_connections})
+    return type(
+        "EdgeProtocol",
+        (EdgeProtocol,),
+        {
+            "limits": limits,
+            "head_timeout_s": limits.client_header_timeout_s,
+            "body_timeout_s": limits.client_body_timeout_s,
+            "max_body": limits.max_request_body_bytes,
+            "max_body_digits": len(str(limits.max_request_body_bytes)),
+            "max_connections": limits.worker_connections,
+        },
+    )
 
 
 class _Refusal(Exception):
@@ -222,8 +236,14 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._arm(self.loop.time() + self.head_timeout_s)
         if len(self.connections) > self.max_connections:
-            log.debug("connection refused: %d open connections, the limit is %d", len(self.connections) - 1, self.max_connections)
-            self.transport.write(self._error(503, "too many open connections to this server; retry shortly", b"retry-after: 1\r\n"))
+            log.debug(
+                "connection refused: %d open connections, the limit is %d",
+                len(self.connections) - 1,
+                self.max_connections,
+            )
+            self.transport.write(
+                self._error(503, "too many open connections to this server; retry shortly", b"retry-after: 1\r\n")
+            )
             self._linger()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -281,10 +301,19 @@ class EdgeProtocol(HttpToolsProtocol):
                 self._timer = None
             self.handle_websocket_upgrade()
             return
-        if any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in self.headers):
+        if any(
+            name == b"transfer-encoding" or (name == b"content-length" and value != b"0")
+            for name, value in self.headers
+        ):
             if self.cycle is not None:
-                self.cycle.more_body = True  # llhttp ended the message at the head; its body is unread: this request is the refused one
-            self._refuse(400, "invalid HTTP request: an upgrade is not served on this port; send the request without an Upgrade header")
+                self.cycle.more_body = (
+                    True  # llhttp ended the message at the head; its body is unread: this request is the refused one
+                )
+            self._refuse(
+                400,
+                "invalid HTTP request: an upgrade is not served on this port; "
+                "send the request without an Upgrade header",
+            )
             return
         log.debug("upgrade to %r ignored", self._get_upgrade())
         offset = upgrade.args[0] if upgrade.args else len(data)
@@ -416,7 +445,9 @@ class EdgeProtocol(HttpToolsProtocol):
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]
-        head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n%s\r\n" % (len(body), extra))
+        head.append(
+            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n%s\r\n" % (len(body), extra)
+        )
         return b"".join(head) + body
 
     def _refuse(self, status: int, message: str) -> None:
@@ -425,7 +456,8 @@ class EdgeProtocol(HttpToolsProtocol):
         refusal after them (`_after`, written by `on_response_complete`). A refused request whose
         own answer is on the wire already is not answered twice: its connection closes after it."""
         log.debug("request refused with %d: %s", status, message)
-        cycle = self.cycle  # the request parsed last: the refused one while its body is unread
+        # the request parsed last (None before the first): the refused one while its body is unread
+        cycle: RequestResponseCycle | None = self.cycle
         self._phase, self._deadline = _LINGER, 0.0  # what the client sends from now on is dropped
         if cycle is not None and cycle.more_body:  # the refusal is this request's (its body)
             if self.pipeline and self.pipeline[0][0] is cycle:

@@ -36,12 +36,14 @@ class FleetOverrides:
         return env
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "FleetOverrides":
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> FleetOverrides:
         env = os.environ if environ is None else environ
         port = env.get("SHMDISAGG_PUBLIC_PORT")
         timeout = float(env.get("SHMDISAGG_LEG_TIMEOUT_S", repr(DEFAULT_LEG_TIMEOUT_S)))
         level = env.get("SHMDISAGG_LOG_LEVEL")
-        return cls(int(port) if port else None, timeout if timeout > 0 else None, level if level in LOG_LEVELS else None)
+        return cls(
+            int(port) if port else None, timeout if timeout > 0 else None, level if level in LOG_LEVELS else None
+        )
 
     def apply(self, config: DisaggConfig) -> DisaggConfig:
         """The config with the picked public port (its shared-memory names and socket paths

@@ -2,8 +2,9 @@
 
 Owns this worker's counter row in the shared table (claimed at start, heart-beaten every
 250 ms), and row 2 + index of the metrics segment (`shmdisagg/metrics/`). Never writes another
-worker's row, the server records or the block index: the coordinator does. Started by the coordinator's supervisor with the environment variables below;
-`python -m shmdisagg.fleet.worker` is the entry point.
+worker's row, the server records or the block index: the coordinator does. Started by the
+coordinator's supervisor with the environment variables below; `python -m
+shmdisagg.fleet.worker` is the entry point.
 
 - `SHMDISAGG_CONFIG`: path of the deployment config file
 - `SHMDISAGG_WORKER_INDEX`: this worker's index in the fleet (0..num_workers-1), also the
@@ -40,30 +41,30 @@ import uvicorn
 import uvloop
 
 from shmdisagg.config import ConfigError, DisaggConfig, load_config
-from shmdisagg.fleet.overrides import FleetOverrides
-from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, apply_gc, read_env
-from shmdisagg.orchestrator.directory import ServerDirectory
 from shmdisagg.fleet.app import FleetApp, control_app
-from shmdisagg.fleet.edge import EdgeLimits, edge_protocol
-from shmdisagg.orchestrator.ids import DisaggIdGenerator
-from shmdisagg.processes import supervisor_of
-from shmdisagg.node_ids import LOCK_DIR, NodeIdClaim, claim_or_inherit
-from shmdisagg.procutil import bind_reuseport
-from shmdisagg.shm.segment import cleanup_stale
-from shmdisagg.routing import USES_INDEX, make_policy
-from shmdisagg.shm.index import BlockIndex
-from shmdisagg.tokenizer_source import load_routing_tokenizer
 from shmdisagg.fleet.cluster import ClusterView, announce_listening, fetch_cluster_info
-from shmdisagg.orchestrator.flows import FlowOptions, Flows
-from shmdisagg.orchestrator.legs import LegRunner
+from shmdisagg.fleet.edge import EdgeLimits, edge_protocol
+from shmdisagg.fleet.overrides import FleetOverrides
 from shmdisagg.metrics.fleet import FleetMetrics
+from shmdisagg.node_ids import LOCK_DIR, NodeIdClaim, claim_or_inherit
 from shmdisagg.observe import Observability
+from shmdisagg.orchestrator.directory import ServerDirectory
+from shmdisagg.orchestrator.flows import FlowOptions, Flows
+from shmdisagg.orchestrator.ids import DisaggIdGenerator
+from shmdisagg.orchestrator.legs import LegRunner
 from shmdisagg.orchestrator.reporting import FailureReporter, KvHints
 from shmdisagg.orchestrator.service import DisaggService, KeyBuilder
-from shmdisagg.serving import EmbeddedServer, on_stop_signals
-from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
-from shmdisagg.upstream import UpstreamPool
 from shmdisagg.orchestrator.wire import Wire
+from shmdisagg.processes import supervisor_of
+from shmdisagg.procutil import bind_reuseport
+from shmdisagg.routing import USES_INDEX, make_policy
+from shmdisagg.serving import EmbeddedServer, on_stop_signals
+from shmdisagg.shm.index import BlockIndex
+from shmdisagg.shm.segment import cleanup_stale
+from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
+from shmdisagg.tokenizer_source import load_routing_tokenizer
+from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, apply_gc, read_env
+from shmdisagg.upstream import UpstreamPool
 
 log = logging.getLogger("shmdisagg.fleet")
 
@@ -98,7 +99,9 @@ class GracefulStop:
             log.warning("grace period of %g s over: ending %d request(s) with 503", self.grace_s, running)
 
 
-async def _housekeeping(table: ControlTable, row: int, view: ClusterView, service: DisaggService, socket_path: str) -> None:
+async def _housekeeping(
+    table: ControlTable, row: int, view: ClusterView, service: DisaggService, socket_path: str
+) -> None:
     """Heartbeat this worker's row; refresh the cluster view when the server set changes."""
     next_info = 0.0
     loop = asyncio.get_running_loop()
@@ -156,8 +159,13 @@ def process_id(config: DisaggConfig, env: TrtllmEnv, worker_index: int) -> int:
     return worker_index % 64
 
 
-async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None = None, overrides: FleetOverrides | None = None,
-                supervisor_fd: int | None = None) -> None:
+async def serve(
+    config: DisaggConfig,
+    worker_index: int,
+    env: TrtllmEnv | None = None,
+    overrides: FleetOverrides | None = None,
+    supervisor_fd: int | None = None,
+) -> None:
     """Serve until a stop signal, or until the deployment's supervisor exits (`supervisor_fd`,
     its pidfd: readable then), which stops it the same graceful way."""
     env = env or TrtllmEnv()
@@ -176,23 +184,49 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         directory = ServerDirectory(table)
         view = ClusterView(directory)
         version = table.servers_version()
-        view.apply(await fetch_cluster_info(config.coordinator_socket, config.shmdisagg.server_start_timeout_s), version)
+        view.apply(
+            await fetch_cluster_info(config.coordinator_socket, config.shmdisagg.server_start_timeout_s), version
+        )
         ctx_args, gen_args = config.context_servers.router_args(), config.generation_servers.router_args()
         if config.shmdisagg.kv_events.hints and "kv_cache_aware" in (ctx_args.type, gen_args.type):
             hints = KvHints(config.kv_hint_socket)  # the coordinator drains KV events only then
         if {ctx_args.type, gen_args.type} & USES_INDEX:
             index = BlockIndex.attach(table, timeout=config.shmdisagg.server_start_timeout_s)
         ctx_policy = make_policy(table, row, ROLE_CONTEXT, ctx_args, index, lambda: view.routing_keys.get(ROLE_CONTEXT))
-        gen_policy = make_policy(table, row, ROLE_GENERATION, gen_args, index, lambda: view.routing_keys.get(ROLE_GENERATION))
+        gen_policy = make_policy(
+            table, row, ROLE_GENERATION, gen_args, index, lambda: view.routing_keys.get(ROLE_GENERATION)
+        )
         ctx_policy, gen_policy = metrics.wrap_policy(ctx_policy, False), metrics.wrap_policy(gen_policy, True)
         claim = node_claim(config)
         ids = DisaggIdGenerator(claim.node_id, process_id(config, env, worker_index))
         retries = 0 if env.no_retry else config.max_retries  # TRTLLM_DISAGG_NO_RETRY=1
-        legs = LegRunner(directory, upstream, reporter, retries, hints, leg_timeout_s=overrides.leg_timeout_s, answers=metrics.answered)
+        legs = LegRunner(
+            directory,
+            upstream,
+            reporter,
+            retries,
+            hints,
+            leg_timeout_s=overrides.leg_timeout_s,
+            answers=metrics.answered,
+        )
         style = env.schedule_style or config.schedule_style  # the coordinator resolved -s into the variable
-        local_prefill = config.conditional_disagg_config.max_local_prefill_length if config.conditional_disagg_config else 0
-        flows = Flows(legs, ctx_policy, gen_policy, ids.next_id, view.ctx_server_info, style, local_prefill, flow_options(config, env), wire_for(config, env))
-        admission = metrics.admission(config.shmdisagg.max_inflight_requests, lambda: sum(table.load(s.slot)[0] for s in directory.servers()))
+        local_prefill = (
+            config.conditional_disagg_config.max_local_prefill_length if config.conditional_disagg_config else 0
+        )
+        flows = Flows(
+            legs,
+            ctx_policy,
+            gen_policy,
+            ids.next_id,
+            view.ctx_server_info,
+            style,
+            local_prefill,
+            flow_options(config, env),
+            wire_for(config, env),
+        )
+        admission = metrics.admission(
+            config.shmdisagg.max_inflight_requests, lambda: sum(table.load(s.slot)[0] for s in directory.servers())
+        )
         service = DisaggService(config, flows, ids, admission, style)
         metrics.install(service)
         needs_tokens = ctx_policy.needs_tokens or gen_policy.needs_tokens
@@ -200,15 +234,24 @@ async def serve(config: DisaggConfig, worker_index: int, env: TrtllmEnv | None =
         if needs_tokens or conversations:
             # importing transformers and loading a tokenizer take seconds: beat meanwhile, so the
             # coordinator does not take the slow start for a stuck worker (worker_timeout_s)
-            tokenizer = await _beating(table, row, asyncio.to_thread(load_routing_tokenizer, config)) if needs_tokens else None
+            tokenizer = (
+                await _beating(table, row, asyncio.to_thread(load_routing_tokenizer, config)) if needs_tokens else None
+            )
             service.keys = KeyBuilder(tokenizer, conversations)
         service.models, service.routing_key_configs = view.models, view.routing_key_configs
         # return_perf_metrics, perf_metrics_output_dir, otlp_config, TRTLLM_REQUEST_TRACE_DIR
         observe = Observability.from_config(config)
         observe.start()
-        app = FleetApp(service, control_app(service, directory, table, worker_index, metrics), metrics.request, observe.wrap(service.handle))
+        app = FleetApp(
+            service,
+            control_app(service, directory, table, worker_index, metrics),
+            metrics.request,
+            observe.wrap(service.handle),
+        )
         sock = bind_reuseport(config.hostname, config.port)
-        await announce_listening(config.coordinator_socket, os.getpid())  # the kernel queues our connections from here on
+        await announce_listening(
+            config.coordinator_socket, os.getpid()
+        )  # the kernel queues our connections from here on
         uv = uvicorn.Config(
             app,
             loop="none",

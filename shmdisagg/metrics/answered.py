@@ -26,7 +26,7 @@ class AnsweredLegs:
 
     __slots__ = ("_row",)
 
-    def __init__(self, row: memoryview) -> None:
+    def __init__(self, row: memoryview[float]) -> None:
         self._row = row
 
     def add(self, slot: int) -> None:

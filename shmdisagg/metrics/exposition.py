@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from shmdisagg.metrics.rows import MetricsSegment
 from shmdisagg.metrics.schema import COUNTERS, HISTOGRAMS, LAYOUT, MAX_SERVERS, OUTCOMES, PER_SERVER, ROLES
@@ -44,7 +44,7 @@ class FleetCollector(Collector):
     """Collects from `segment` (may be None: no per-request metrics) and `table`.
     `routers`: role name -> router type, the `router` label of routing decisions."""
 
-    def __init__(self, table: ControlTable, segment: MetricsSegment | None, routers: dict[str, str]) -> None:
+    def __init__(self, table: ControlTable, segment: MetricsSegment | None, routers: Mapping[str, str]) -> None:
         self.table = table
         self.segment = segment
         self.routers = routers
@@ -59,7 +59,12 @@ class FleetCollector(Collector):
     def _rows(self, total: list[float]) -> Iterator[Metric]:
         for c in COUNTERS:
             yield CounterMetricFamily(c.name, c.help, value=total[LAYOUT.counter[c.name]])
-        fam = CounterMetricFamily("shmdisagg_routing_decisions", "Routing decisions per role, router and outcome (routed: first pick; retry: a pick for a retry; no_server: no eligible server)", labels=["role", "router", "outcome"])
+        fam = CounterMetricFamily(
+            "shmdisagg_routing_decisions",
+            "Routing decisions per role, router and outcome (routed: first pick; retry: a pick for a retry; "
+            "no_server: no eligible server)",
+            labels=["role", "router", "outcome"],
+        )
         for role in ROLES:
             for outcome in OUTCOMES:
                 fam.add_metric([role, self.routers.get(role, ""), outcome], total[LAYOUT.routing[(role, outcome)]])
@@ -72,9 +77,9 @@ class FleetCollector(Collector):
             for bound, n in zip([*map(_fmt, h.buckets), "+Inf"], counts):
                 running += n
                 buckets.append((bound, running))
-            fam = HistogramMetricFamily(h.name, h.help)
-            fam.add_metric([], buckets, total[base + len(h.buckets) + 1])
-            yield fam
+            hist = HistogramMetricFamily(h.name, h.help)
+            hist.add_metric([], buckets, total[base + len(h.buckets) + 1])
+            yield hist
         addrs = self._addresses()
         for c in PER_SERVER:
             fam = CounterMetricFamily(c.name, c.help, labels=["server"])
@@ -101,10 +106,20 @@ class FleetCollector(Collector):
             log.debug("server table unreadable: %r", err)
             servers = []
         labels = ["server", "role"]
-        active = GaugeMetricFamily("shmdisagg_server_active_requests", "Requests in flight on the server, summed over the fleet", labels=labels)
-        tokens = GaugeMetricFamily("shmdisagg_server_active_tokens", "Tokens in flight on the server (the routers' token load), summed over the fleet", labels=labels)
-        routed = CounterMetricFamily("shmdisagg_server_routed", "Picks of the server by any fleet worker", labels=labels)
-        healthy = GaugeMetricFamily("shmdisagg_server_healthy", "1 when the coordinator lets the server be picked", labels=labels)
+        active = GaugeMetricFamily(
+            "shmdisagg_server_active_requests", "Requests in flight on the server, summed over the fleet", labels=labels
+        )
+        tokens = GaugeMetricFamily(
+            "shmdisagg_server_active_tokens",
+            "Tokens in flight on the server (the routers' token load), summed over the fleet",
+            labels=labels,
+        )
+        routed = CounterMetricFamily(
+            "shmdisagg_server_routed", "Picks of the server by any fleet worker", labels=labels
+        )
+        healthy = GaugeMetricFamily(
+            "shmdisagg_server_healthy", "1 when the coordinator lets the server be picked", labels=labels
+        )
         for s in servers:
             lv = [s.addr, role_name(s.role)]
             reqs, toks = t.load(s.slot)
@@ -117,15 +132,33 @@ class FleetCollector(Collector):
         rows = t.rows()
         retired_dispatched, retired_completed = t.retired()
         yield GaugeMetricFamily("shmdisagg_fleet_workers", "Fleet workers holding a row in the table", value=len(rows))
-        yield GaugeMetricFamily("shmdisagg_fleet_in_flight", "Legs in flight over the fleet (dispatched - completed)", value=sum(r.dispatched - r.completed for r in rows))
-        yield CounterMetricFamily("shmdisagg_fleet_dispatched", "Legs dispatched by every worker, dead ones included", value=sum(r.dispatched for r in rows) + retired_dispatched)
-        hb = GaugeMetricFamily("shmdisagg_worker_heartbeat_age_seconds", "Seconds since the fleet worker's last heartbeat", labels=["row", "pid"])
+        yield GaugeMetricFamily(
+            "shmdisagg_fleet_in_flight",
+            "Legs in flight over the fleet (dispatched - completed)",
+            value=sum(r.dispatched - r.completed for r in rows),
+        )
+        yield CounterMetricFamily(
+            "shmdisagg_fleet_dispatched",
+            "Legs dispatched by every worker, dead ones included",
+            value=sum(r.dispatched for r in rows) + retired_dispatched,
+        )
+        hb = GaugeMetricFamily(
+            "shmdisagg_worker_heartbeat_age_seconds",
+            "Seconds since the fleet worker's last heartbeat",
+            labels=["row", "pid"],
+        )
         for r in rows:
             hb.add_metric([str(r.row), str(r.pid)], max(now_ns - r.heartbeat_ns, 0) / 1e9)
         yield hb
         coord = t.coordinator()
-        yield GaugeMetricFamily("shmdisagg_coordinator_heartbeat_age_seconds", "Seconds since the coordinator's last heartbeat", value=max(now_ns - coord["heartbeat_ns"], 0) / 1e9)
-        yield GaugeMetricFamily("shmdisagg_coordinator_state", "0 starting, 1 running, 2 stopping", value=coord["state"])
+        yield GaugeMetricFamily(
+            "shmdisagg_coordinator_heartbeat_age_seconds",
+            "Seconds since the coordinator's last heartbeat",
+            value=max(now_ns - coord["heartbeat_ns"], 0) / 1e9,
+        )
+        yield GaugeMetricFamily(
+            "shmdisagg_coordinator_state", "0 starting, 1 running, 2 stopping", value=coord["state"]
+        )
         yield from self._index()
 
     def _index(self) -> Iterator[Metric]:
@@ -137,15 +170,31 @@ class FleetCollector(Collector):
         except Exception as err:  # no index in this build or deployment
             log.debug("index metrics unreadable: %r", err)
             return
-        yield GaugeMetricFamily("shmdisagg_index_generation", "Generation of the published KV block index", value=generation)
+        yield GaugeMetricFamily(
+            "shmdisagg_index_generation", "Generation of the published KV block index", value=generation
+        )
         yield GaugeMetricFamily("shmdisagg_index_capacity", "Slots of the published index generation", value=capacity)
-        yield GaugeMetricFamily("shmdisagg_index_entries", "Live block entries at the last sweep", value=m.get("live", 0))
-        yield GaugeMetricFamily("shmdisagg_index_used_slots", "Used slots (live + dead) at the last sweep", value=m.get("used", 0))
-        yield GaugeMetricFamily("shmdisagg_index_load_factor", "Used slots / capacity at the last sweep", value=m.get("used", 0) / capacity if capacity else 0.0)
-        yield GaugeMetricFamily("shmdisagg_index_max_probe", "Longest probe sequence at the last sweep", value=m.get("max_probe", 0))
-        for key, help_ in (("events_applied", "KV cache events applied to the index"), ("events_dropped", "KV cache events dropped"),
-                           ("blocks_stored", "Blocks stored by events"), ("blocks_removed", "Blocks removed by events"),
-                           ("index_full_drops", "Inserts refused because the index generation was full")):
+        yield GaugeMetricFamily(
+            "shmdisagg_index_entries", "Live block entries at the last sweep", value=m.get("live", 0)
+        )
+        yield GaugeMetricFamily(
+            "shmdisagg_index_used_slots", "Used slots (live + dead) at the last sweep", value=m.get("used", 0)
+        )
+        yield GaugeMetricFamily(
+            "shmdisagg_index_load_factor",
+            "Used slots / capacity at the last sweep",
+            value=m.get("used", 0) / capacity if capacity else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "shmdisagg_index_max_probe", "Longest probe sequence at the last sweep", value=m.get("max_probe", 0)
+        )
+        for key, help_ in (
+            ("events_applied", "KV cache events applied to the index"),
+            ("events_dropped", "KV cache events dropped"),
+            ("blocks_stored", "Blocks stored by events"),
+            ("blocks_removed", "Blocks removed by events"),
+            ("index_full_drops", "Inserts refused because the index generation was full"),
+        ):
             if key in m:
                 yield CounterMetricFamily(f"shmdisagg_index_{key}", help_, value=m[key])
         hist = m.get("lag_hist")
@@ -156,7 +205,9 @@ class FleetCollector(Collector):
                 running += hist[b]
                 buckets.append((_fmt(lag_bucket_edges(b)[1] / 1e9), float(running)))
             buckets.append(("+Inf", float(sum(hist))))
-            fam = HistogramMetricFamily("shmdisagg_index_event_lag_seconds", "KV event creation on the executor to visibility in the index")
+            fam = HistogramMetricFamily(
+                "shmdisagg_index_event_lag_seconds", "KV event creation on the executor to visibility in the index"
+            )
             fam.add_metric([], buckets, m.get("lag_sum_ns", 0) / 1e9)
             yield fam
 

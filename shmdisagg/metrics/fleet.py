@@ -38,7 +38,9 @@ class FleetMetrics:
     `answered` (legs answered per server, for the coordinator's health checks; None only
     without a segment row)."""
 
-    def __init__(self, config: DisaggConfig, worker_index: int, table: ControlTable, enabled: bool | None = None) -> None:
+    def __init__(
+        self, config: DisaggConfig, worker_index: int, table: ControlTable, enabled: bool | None = None
+    ) -> None:
         self.config = config
         self.table = table
         self.segment: MetricsSegment | None = None
@@ -102,11 +104,16 @@ class FleetMetrics:
             await self.shipper.flush()
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=self.config.coordinator_socket), timeout=aiohttp.ClientTimeout(total=10.0)
+                connector=aiohttp.UnixConnector(path=self.config.coordinator_socket),
+                timeout=aiohttp.ClientTimeout(total=10.0),
             )
         try:
             async with self._session.get("http://coordinator/perf_metrics", params={"keep": "1" if keep else "0"}) as r:
                 return r.status, await r.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
             log.warning("coordinator did not answer /perf_metrics: %r", err)
-            return 503, b'{"object":"error","message":"the coordinator did not answer","type":"ServiceUnavailable","param":null,"code":503}'
+            return (
+                503,
+                b'{"object":"error","message":"the coordinator did not '
+                b'answer","type":"ServiceUnavailable","param":null,"code":503}',
+            )

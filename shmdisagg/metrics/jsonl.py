@@ -18,7 +18,7 @@ import os
 import queue
 import socket
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,7 +36,7 @@ _STOP = None
 
 def jsonl_filename(kind: str, now: datetime | None = None) -> str:
     """`perf_metrics-<kind>-<host>-<pid>-<ts>.jsonl`, as upstream names the file."""
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
     return f"perf_metrics-{kind}-{socket.gethostname()}-{os.getpid()}-{stamp}.jsonl"
 
 

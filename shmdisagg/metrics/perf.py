@@ -67,7 +67,13 @@ class PerfStore:
     - `_unsupported`: server -> loop time before which it is not polled again (404).
     """
 
-    def __init__(self, servers: dict[int, str], max_requests: int = 0, row: memoryview | None = None, grace_s: float = GRACE_S) -> None:
+    def __init__(
+        self,
+        servers: dict[int, str],
+        max_requests: int = 0,
+        row: memoryview[float] | None = None,
+        grace_s: float = GRACE_S,
+    ) -> None:
         self.servers = servers
         self.max_requests = max(max_requests, 0)
         self.grace_s = grace_s
@@ -152,7 +158,7 @@ class PerfStore:
                     return None
                 data = await r.json(content_type=None)
                 return data if isinstance(data, list) else None
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return None
 
     def _store(self, addr: str, records: list[Any]) -> None:
@@ -199,6 +205,8 @@ class PerfStore:
         timing = perf.get("timing_metrics") or {}
         first_iter, last_iter = perf.get("first_iter"), perf.get("last_iter")
         first, last = timing.get("first_token_time"), timing.get("last_token_time")
+        if first_iter is None or last_iter is None:
+            return
         with contextlib.suppress(TypeError, ValueError):
             steps = int(last_iter) - int(first_iter)
             if steps > 0 and last is not None and first is not None and last >= first:

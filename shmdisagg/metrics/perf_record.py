@@ -55,7 +55,10 @@ PAYLOAD_BUDGET_BYTES = 80 * 1024  # upstream's _METRICS_PAYLOAD_BUDGET_BYTES
 _BY_LOWER = {name.lower().encode(): name for name in METRICS_HEADERS}
 
 # (name, start field, end field) of the Server-Timing durations, per phase kind
-_DISAGG_RANGES = (("queue", "server_arrival_time", "ctx_dispatch_time"), ("ttft", "server_arrival_time", "server_first_token_time"))
+_DISAGG_RANGES = (
+    ("queue", "server_arrival_time", "ctx_dispatch_time"),
+    ("ttft", "server_arrival_time", "server_first_token_time"),
+)
 _WORKER_RANGES = (
     ("queue", "arrival_time", "first_scheduled_time"),
     ("ttft", "arrival_time", "first_token_time"),
@@ -102,12 +105,16 @@ def record_from_headers(headers: Mapping[str, Any], phase: str, request_id: str 
         name, sep, value = item.strip().partition(";dur=")
         if sep and name.startswith(prefix):
             try:
-                durations[name[len(prefix):]] = float(value) / 1000
+                durations[name[len(prefix) :]] = float(value) / 1000
             except ValueError:
                 log.warning("ignoring invalid %s duration: %s", name, value)
     arrival = timing.get("arrival_time")
     if arrival is not None:
-        for name, field in (("queue", "first_scheduled_time"), ("ttft", "first_token_time"), ("e2e", "last_token_time")):
+        for name, field in (
+            ("queue", "first_scheduled_time"),
+            ("ttft", "first_token_time"),
+            ("e2e", "last_token_time"),
+        ):
             if name in durations:
                 timing.setdefault(field, arrival + durations[name])
     phase_record: dict[str, Any] = {"metrics_headers": metrics_headers}
@@ -143,7 +150,12 @@ def combine(
         if record.get("metrics_headers"):
             phase_record["metrics_headers"] = record["metrics_headers"]
         phases[name] = phase_record
-    combined: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "request_id": request_id, "status": "complete", "phases": phases}
+    combined: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "request_id": request_id,
+        "status": "complete",
+        "phases": phases,
+    }
     if disagg_request_id is not None:
         combined["disagg_request_id"] = disagg_request_id
     return combined
@@ -184,7 +196,10 @@ def metrics_headers(records: Iterable[dict[str, Any]]) -> dict[str, str]:
                 if took is not None:
                     values[SERVER_TIMING_HEADER].append(f"{phase}_{name};dur={took:.6f}")
             breakdown = phase_record.get("time_breakdown_metrics") or {}
-            for header, key, label in ((STEP_METRICS_HEADER, "step_metrics", "step"), (CTX_CHUNK_METRICS_HEADER, "ctx_chunk_metrics", "ctx-chunk")):
+            for header, key, label in (
+                (STEP_METRICS_HEADER, "step_metrics", "step"),
+                (CTX_CHUNK_METRICS_HEADER, "ctx_chunk_metrics", "ctx-chunk"),
+            ):
                 for index, step in enumerate(breakdown.get(key, [])):
                     item = step.get("iter", index) if key == "step_metrics" else index
                     for name, took in (
@@ -203,7 +218,9 @@ def limit_headers(headers: dict[str, str]) -> dict[str, str]:
     (upstream: `_limit_metrics_headers`)."""
     if sum(len(n) + len(v.encode()) + 4 for n, v in headers.items()) <= PAYLOAD_BUDGET_BYTES:
         return headers
-    log.warning("performance metrics payload exceeds %d bytes; omitting step and context-chunk metrics", PAYLOAD_BUDGET_BYTES)
+    log.warning(
+        "performance metrics payload exceeds %d bytes; omitting step and context-chunk metrics", PAYLOAD_BUDGET_BYTES
+    )
     return {n: v for n, v in headers.items() if n in (SERVER_TIMING_HEADER, START_END_TIME_HEADER)}
 
 
@@ -226,7 +243,7 @@ def parse_sse_event(event: bytes) -> dict[str, Any] | None:
     start = event.find(b"data: ")
     if start < 0:
         return None
-    data = event[start + 6:].split(b"\n", 1)[0]
+    data = event[start + 6 :].split(b"\n", 1)[0]
     try:
         parsed = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -284,7 +301,9 @@ def jsonl_record(record: dict[str, Any]) -> dict[str, Any]:
     for phase, field in (("ctx", "ctx_perf_metrics"), ("gen", "gen_perf_metrics")):
         phase_record = phases.get(phase)
         if phase_record:
-            out[field] = _jsonl_worker_metrics(phase_record.get("request_id", record["request_id"]), phase_record.get("ctx_request_id"), phase_record)
+            out[field] = _jsonl_worker_metrics(
+                phase_record.get("request_id", record["request_id"]), phase_record.get("ctx_request_id"), phase_record
+            )
     if record.get("disagg_request_id") is not None:
         out["disagg_request_id"] = record["disagg_request_id"]
     return out

@@ -24,9 +24,9 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Protocol
 
+from shmdisagg.metrics.schema import LAYOUT, MAX_SERVERS
 from shmdisagg.orchestrator.asgi import Receive, Scope, Send
 from shmdisagg.orchestrator.exchange import Exchange
-from shmdisagg.metrics.schema import LAYOUT, MAX_SERVERS
 from shmdisagg.orchestrator.service import Admission
 
 log = logging.getLogger("shmdisagg.metrics")
@@ -119,7 +119,7 @@ class RequestMetrics:
 
     `records`: where per-request records go (None: none are kept)."""
 
-    def __init__(self, row: memoryview, records: RecordSink | None = None) -> None:
+    def __init__(self, row: memoryview[float], records: RecordSink | None = None) -> None:
         self.row = row
         self.records = records
         row[LAYOUT.pid] = os.getpid()  # lets `shmdisagg stats` match the row to the table's
@@ -233,11 +233,25 @@ class RequestMetrics:
             row[_CACHED0 + slot] += ex.cached_tokens
 
         if self.records is not None:
-            self.records.add((
-                ex.disagg_request_id, arrival, ctx_dispatch, ctx_done, gen_dispatch, first, last,
-                slot, ex.gen_slot, ex.prompt_tokens, ex.cached_tokens,
-                max(ex.retries, ctx_retries + gen_retries), ex.status, code, ex.stream,
-            ))
+            self.records.add(
+                (
+                    ex.disagg_request_id,
+                    arrival,
+                    ctx_dispatch,
+                    ctx_done,
+                    gen_dispatch,
+                    first,
+                    last,
+                    slot,
+                    ex.gen_slot,
+                    ex.prompt_tokens,
+                    ex.cached_tokens,
+                    max(ex.retries, ctx_retries + gen_retries),
+                    ex.status,
+                    code,
+                    ex.stream,
+                )
+            )
 
     def _observe(self, name: str, value: float) -> None:
         observe_into(self.row, name, value)
@@ -245,11 +259,40 @@ class RequestMetrics:
 
 # Word offsets, resolved once: the sink runs on every request.
 _C = LAYOUT.counter
-(_STREAM, _NONSTREAM, _RESPONSES, _DISCONNECTS, _INTERNAL, _HTTP_EXC, _CTX_TOTAL, _CTX_RETRY, _CTX_DONE,
- _CTX_ERR, _GEN_TOTAL, _GEN_RETRY, _GEN_DONE, _GEN_ERR) = (_C[n] for n in (
-    "stream_requests", "nonstream_requests", "total_responses", "shmdisagg_client_disconnects", "internal_errors",
-    "http_exceptions", "ctx_total_requests", "ctx_retry_requests", "ctx_completed_requests", "ctx_error_requests",
-    "gen_total_requests", "gen_retry_requests", "gen_completed_requests", "gen_error_requests"))
+(
+    _STREAM,
+    _NONSTREAM,
+    _RESPONSES,
+    _DISCONNECTS,
+    _INTERNAL,
+    _HTTP_EXC,
+    _CTX_TOTAL,
+    _CTX_RETRY,
+    _CTX_DONE,
+    _CTX_ERR,
+    _GEN_TOTAL,
+    _GEN_RETRY,
+    _GEN_DONE,
+    _GEN_ERR,
+) = (
+    _C[n]
+    for n in (
+        "stream_requests",
+        "nonstream_requests",
+        "total_responses",
+        "shmdisagg_client_disconnects",
+        "internal_errors",
+        "http_exceptions",
+        "ctx_total_requests",
+        "ctx_retry_requests",
+        "ctx_completed_requests",
+        "ctx_error_requests",
+        "gen_total_requests",
+        "gen_retry_requests",
+        "gen_completed_requests",
+        "gen_error_requests",
+    )
+)
 _R = LAYOUT.routing
 _CTX_ROUTED, _CTX_RETRY_D, _CTX_NONE = (_R[("context", o)] for o in ("routed", "retry", "no_server"))
 _GEN_ROUTED, _GEN_RETRY_D, _GEN_NONE = (_R[("generation", o)] for o in ("routed", "retry", "no_server"))
@@ -262,13 +305,22 @@ def _hist(name: str) -> tuple[int, tuple[float, ...], int]:
     return base, bounds, base + len(bounds) + 1
 
 
-(_H_QUEUE, _H_CTX_FIRST, _H_CTX_COMPLETE, _H_GEN_FIRST, _H_GEN_COMPLETE, _H_TTFT, _H_E2E, _H_OVERHEAD) = (_hist(n) for n in (
-    "queue_latency_seconds", "ctx_first_token_latency_seconds", "ctx_complete_latency_seconds",
-    "gen_first_token_latency_seconds", "gen_complete_latency_seconds", "shmdisagg_time_to_first_token_seconds",
-    "shmdisagg_e2e_request_latency_seconds", "shmdisagg_orchestrator_overhead_seconds"))
+(_H_QUEUE, _H_CTX_FIRST, _H_CTX_COMPLETE, _H_GEN_FIRST, _H_GEN_COMPLETE, _H_TTFT, _H_E2E, _H_OVERHEAD) = (
+    _hist(n)
+    for n in (
+        "queue_latency_seconds",
+        "ctx_first_token_latency_seconds",
+        "ctx_complete_latency_seconds",
+        "gen_first_token_latency_seconds",
+        "gen_complete_latency_seconds",
+        "shmdisagg_time_to_first_token_seconds",
+        "shmdisagg_e2e_request_latency_seconds",
+        "shmdisagg_orchestrator_overhead_seconds",
+    )
+)
 
 
-def _observe(row: memoryview, hist: tuple[int, tuple[float, ...], int], value: float) -> None:
+def _observe(row: memoryview[float], hist: tuple[int, tuple[float, ...], int], value: float) -> None:
     base, bounds, total = hist
     row[base + bisect_left(bounds, value)] += 1.0
     row[total] += value
@@ -276,12 +328,24 @@ def _observe(row: memoryview, hist: tuple[int, tuple[float, ...], int], value: f
 
 # field order of the record tuple above (the coordinator's `perf.py` names them)
 RECORD_FIELDS = (
-    "disagg_request_id", "arrival", "ctx_dispatch", "ctx_done", "gen_dispatch", "first_token",
-    "last_token", "ctx_slot", "gen_slot", "prompt_tokens", "cached_tokens", "retries", "status",
-    "error_code", "stream",
+    "disagg_request_id",
+    "arrival",
+    "ctx_dispatch",
+    "ctx_done",
+    "gen_dispatch",
+    "first_token",
+    "last_token",
+    "ctx_slot",
+    "gen_slot",
+    "prompt_tokens",
+    "cached_tokens",
+    "retries",
+    "status",
+    "error_code",
+    "stream",
 )
 
 
-def observe_into(row: memoryview, name: str, value: float) -> None:
+def observe_into(row: memoryview[float], name: str, value: float) -> None:
     """One histogram observation into `row` (the coordinator's per-token latency)."""
     _observe(row, _hist(name), value)

@@ -57,7 +57,7 @@ class MetricsSegment:
         self.words = LAYOUT.words
         self._segment = segment
         self._stride = stride
-        self._views: list[memoryview] = []
+        self._views: list[memoryview[float]] = []
 
     @classmethod
     def create(cls, prefix: str, num_workers: int) -> MetricsSegment:
@@ -67,7 +67,9 @@ class MetricsSegment:
         stride = _stride(LAYOUT.words)
         segment = Segment.create(segment_name(prefix), HEADER_BYTES + rows * stride)
         # magic last: an attacher that sees it sees the rest of the header
-        segment.mm[8:HEADER_BYTES] = _HEADER.pack(0, VERSION, LAYOUT_HASH, LAYOUT.words, rows, stride)[8:] + bytes(HEADER_BYTES - _HEADER.size)
+        segment.mm[8:HEADER_BYTES] = _HEADER.pack(0, VERSION, LAYOUT_HASH, LAYOUT.words, rows, stride)[8:] + bytes(
+            HEADER_BYTES - _HEADER.size
+        )
         segment.mm[0:8] = struct.pack("<Q", MAGIC)
         return cls(segment, rows, stride)
 
@@ -85,7 +87,9 @@ class MetricsSegment:
         metrics = cls._checked(Segment.adopt(segment_name(prefix)))
         if metrics.rows != FIRST_WORKER_ROW + num_workers:
             metrics.close()
-            raise SegmentNotReady(f"{metrics.name}: rows for {metrics.rows - FIRST_WORKER_ROW} workers, not {num_workers}")
+            raise SegmentNotReady(
+                f"{metrics.name}: rows for {metrics.rows - FIRST_WORKER_ROW} workers, not {num_workers}"
+            )
         return metrics
 
     @classmethod
@@ -102,7 +106,7 @@ class MetricsSegment:
             raise
         return cls(segment, rows, stride)
 
-    def row(self, index: int) -> memoryview:
+    def row(self, index: int) -> memoryview[float]:
         """Row `index` as float64 words; the caller must be its only writer."""
         if not 0 <= index < self.rows:
             raise IndexError(f"metrics row {index} out of range (0..{self.rows - 1})")
@@ -111,7 +115,7 @@ class MetricsSegment:
         self._views.append(view)
         return view
 
-    def _rows(self) -> Iterator[memoryview]:
+    def _rows(self) -> Iterator[memoryview[float]]:
         with memoryview(self._segment.mm) as mm:
             for r in range(self.rows):
                 start = HEADER_BYTES + r * self._stride
@@ -129,11 +133,12 @@ class MetricsSegment:
         """Word `word` summed over every row: one 8-byte read per row, for a reader that needs
         one counter often (the coordinator's health checks, `metrics/answered.py`)."""
         mm, base = self._segment.mm, HEADER_BYTES + 8 * word
-        return sum(_WORD.unpack_from(mm, base + r * self._stride)[0] for r in range(self.rows))
+        total: float = sum(_WORD.unpack_from(mm, base + r * self._stride)[0] for r in range(self.rows))
+        return total
 
     def snapshot(self) -> list[list[float]]:
         """Every row, as read now (row r at index r)."""
-        return [view.tolist() for view in self._rows()]
+        return [view.tolist() for view in self._rows()]  # type: ignore[misc]  # typeshed: tolist() -> list[int]; "d" gives floats
 
     def fold(self, index: int) -> None:
         """Coordinator, after worker row `index`'s process died: add it to the retired row and
@@ -156,7 +161,7 @@ class MetricsSegment:
             self._release(src)
             self._release(dst)
 
-    def _release(self, view: memoryview) -> None:
+    def _release(self, view: memoryview[float]) -> None:
         # by identity: `list.remove` compares memoryviews by content, and two zero rows are equal
         self._views = [v for v in self._views if v is not view]
         view.release()

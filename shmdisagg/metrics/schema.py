@@ -20,12 +20,71 @@ MAX_SERVERS = 64  # server slots in the control table
 
 # TensorRT-LLM's bucket sets (SHORT: 1 ms ... 2560 s, LONG: 0.1 s ... 1920 s), and one for the
 # orchestrator's own time per request, which is microseconds to milliseconds.
-SHORT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-LONG_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)
-OVERHEAD_BUCKETS = (25e-6, 50e-6, 100e-6, 200e-6, 300e-6, 500e-6, 750e-6, 0.001, 0.002, 0.005,
-                    0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+SHORT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+LONG_BUCKETS = (
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+)
+OVERHEAD_BUCKETS = (
+    25e-6,
+    50e-6,
+    100e-6,
+    200e-6,
+    300e-6,
+    500e-6,
+    750e-6,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
 
 ROLES = ("context", "generation")
 OUTCOMES = ("routed", "retry", "no_server")
@@ -63,11 +122,19 @@ COUNTERS = (
     Counter("shmdisagg_admission_rejections", "Requests refused with 429 at max_inflight_requests"),
     Counter("shmdisagg_client_disconnects", "Routed requests whose client went away before the end"),
     Counter("shmdisagg_perf_records_dropped", "Per-request records a fleet worker could not hand to the coordinator"),
-    Counter("shmdisagg_worker_lost_requests", "Requests in flight on a fleet worker that died (counted when it is reaped)"),
+    Counter(
+        "shmdisagg_worker_lost_requests", "Requests in flight on a fleet worker that died (counted when it is reaped)"
+    ),
 )
 
 # Counters that end a received request; total_requests minus their sum is what is in flight.
-FINISHED = ("stream_requests", "nonstream_requests", "validation_exceptions", "shmdisagg_admission_rejections", "shmdisagg_worker_lost_requests")
+FINISHED = (
+    "stream_requests",
+    "nonstream_requests",
+    "validation_exceptions",
+    "shmdisagg_admission_rejections",
+    "shmdisagg_worker_lost_requests",
+)
 
 HISTOGRAMS = (
     Histogram("queue_latency_seconds", "Arrival to context dispatch in the fleet worker", SHORT_BUCKETS),
@@ -75,10 +142,23 @@ HISTOGRAMS = (
     Histogram("ctx_complete_latency_seconds", "Context dispatch to the context answer (complete)", LONG_BUCKETS),
     Histogram("gen_first_token_latency_seconds", "Generation dispatch to its first token", SHORT_BUCKETS),
     Histogram("gen_complete_latency_seconds", "Generation dispatch to its last token", LONG_BUCKETS),
-    Histogram("gen_per_token_latency_seconds", "Time per output token after the first, from the generation executor's perf record", SHORT_BUCKETS),
+    Histogram(
+        "gen_per_token_latency_seconds",
+        "Time per output token after the first, from the generation executor's perf record",
+        SHORT_BUCKETS,
+    ),
     Histogram("shmdisagg_time_to_first_token_seconds", "Arrival to the first token sent to the client", SHORT_BUCKETS),
-    Histogram("shmdisagg_e2e_request_latency_seconds", "Arrival to the last byte sent to the client (completed requests)", LONG_BUCKETS),
-    Histogram("shmdisagg_orchestrator_overhead_seconds", "Time a request spent in the fleet worker outside executor waits: arrival to context dispatch plus context answer to generation dispatch", OVERHEAD_BUCKETS),
+    Histogram(
+        "shmdisagg_e2e_request_latency_seconds",
+        "Arrival to the last byte sent to the client (completed requests)",
+        LONG_BUCKETS,
+    ),
+    Histogram(
+        "shmdisagg_orchestrator_overhead_seconds",
+        "Time a request spent in the fleet worker outside executor waits: arrival to context dispatch plus "
+        "context answer to generation dispatch",
+        OVERHEAD_BUCKETS,
+    ),
 )
 
 # per server slot: the context executors' reported prompt and cached (reused) tokens (fleet
@@ -86,10 +166,24 @@ HISTOGRAMS = (
 # legs each server answered (fleet workers, metrics/answered.py)
 PER_SERVER = (
     Counter("shmdisagg_server_prompt_tokens", "Prompt tokens of requests prefilled on the server (its usage)"),
-    Counter("shmdisagg_server_cached_tokens", "Prompt tokens the server reported as cached (prompt_tokens_details.cached_tokens)"),
-    Counter("shmdisagg_server_kv_event_gaps", "KV event-id gaps (the executor's event buffer dropped events) that cleared the server's index entries"),
-    Counter("shmdisagg_server_kv_cache_restarts", "Executor restarts seen in its KV events (event_id went back, or a created event) that cleared its index entries"),
-    Counter("shmdisagg_server_answered_legs", "Legs the server answered (response head with a status below 500): the coordinator's liveness evidence besides /health"),
+    Counter(
+        "shmdisagg_server_cached_tokens",
+        "Prompt tokens the server reported as cached (prompt_tokens_details.cached_tokens)",
+    ),
+    Counter(
+        "shmdisagg_server_kv_event_gaps",
+        "KV event-id gaps (the executor's event buffer dropped events) that cleared the server's index entries",
+    ),
+    Counter(
+        "shmdisagg_server_kv_cache_restarts",
+        "Executor restarts seen in its KV events (event_id went back, or a created event) that cleared its index "
+        "entries",
+    ),
+    Counter(
+        "shmdisagg_server_answered_legs",
+        "Legs the server answered (response head with a status below 500): the coordinator's liveness evidence "
+        "besides /health",
+    ),
 )
 
 

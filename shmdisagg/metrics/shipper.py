@@ -35,7 +35,9 @@ MAX_PENDING = 20_000
 class RecordShipper:
     """State: `_pending` (records not yet sent, oldest first); `sent`, `dropped` (totals)."""
 
-    def __init__(self, socket_path: str, worker_index: int, row: memoryview | None = None, max_pending: int = MAX_PENDING) -> None:
+    def __init__(
+        self, socket_path: str, worker_index: int, row: memoryview[float] | None = None, max_pending: int = MAX_PENDING
+    ) -> None:
         self.socket_path = socket_path
         self.worker_index = worker_index
         self.max_pending = max_pending
@@ -82,18 +84,22 @@ class RecordShipper:
             if not self._pending or self._session is None:
                 return True
             batch, self._pending = self._pending, []
-            payload = orjson.dumps({
-                "worker": self.worker_index,
-                "pid": os.getpid(),
-                # the records' times are wall clock; this turns them into CLOCK_MONOTONIC
-                "monotonic_minus_wall": time.monotonic() - time.time(),
-                "records": batch,
-            })
+            payload = orjson.dumps(
+                {
+                    "worker": self.worker_index,
+                    "pid": os.getpid(),
+                    # the records' times are wall clock; this turns them into CLOCK_MONOTONIC
+                    "monotonic_minus_wall": time.monotonic() - time.time(),
+                    "records": batch,
+                }
+            )
             try:
-                async with self._session.post("http://coordinator/perf_records", data=payload, headers={"content-type": "application/json"}) as r:
+                async with self._session.post(
+                    "http://coordinator/perf_records", data=payload, headers={"content-type": "application/json"}
+                ) as r:
                     await r.read()
                     ok = r.status == 200
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+            except (TimeoutError, aiohttp.ClientError, OSError) as err:
                 log.debug("perf records not delivered: %r", err)
                 ok = False
             if ok:

@@ -109,7 +109,7 @@ def check_context_answer(ctx: Any) -> dict[str, Any]:
     """A context executor's answer as the flow needs it (TensorRT-LLM's `_verify_ctx_response`,
     plus exactly one choice: requests are `n: 1`). Raises `ContractError`."""
     choices = ctx.get("choices") if isinstance(ctx, dict) else None
-    if not isinstance(choices, list) or not choices:
+    if not isinstance(ctx, dict) or not isinstance(choices, list) or not choices:
         raise ContractError("context executor returned no choices")
     if len(choices) != 1 or not isinstance(choices[0], dict):
         raise ContractError(f"context executor returned {len(choices)} choices for a request with n=1")
@@ -117,7 +117,9 @@ def check_context_answer(ctx: Any) -> dict[str, Any]:
     params = choice.get("disaggregated_params")
     if not isinstance(params, dict):
         raise ContractError("context response is missing disaggregated_params")
-    if choice.get("finish_reason") in ("length", "not_finished") and (params.get("ctx_request_id") is None or params.get("disagg_request_id") is None):
+    if choice.get("finish_reason") in ("length", "not_finished") and (
+        params.get("ctx_request_id") is None or params.get("disagg_request_id") is None
+    ):
         raise ContractError("context response lacks ctx_request_id/disagg_request_id")
     return ctx
 
@@ -222,7 +224,9 @@ class StreamGuard:
         for m in _COMPLETION_TOKENS.finditer(chunk):
             used = int(m.group(1))
             if self.max_tokens is not None and used > self.max_tokens:
-                raise ContractError(f"generation executor streamed {used} completion tokens for max_tokens={self.max_tokens}")
+                raise ContractError(
+                    f"generation executor streamed {used} completion tokens for max_tokens={self.max_tokens}"
+                )
 
     def _rewrite(self, chunk: bytes) -> bytes:
         out = []

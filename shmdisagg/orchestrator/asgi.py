@@ -40,9 +40,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def send_bytes(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS
-) -> None:
+async def send_bytes(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
     """A complete response in two ASGI messages."""
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -64,13 +62,13 @@ class DisconnectWatch:
         self._task: asyncio.Task[Any] | None = None
         self.disconnected = False
 
-    def __enter__(self) -> "DisconnectWatch":
+    def __enter__(self) -> DisconnectWatch:
         self._task = asyncio.current_task()
         self._watch = asyncio.ensure_future(self._receive())
         self._watch.add_done_callback(self._on_message)
         return self
 
-    def _on_message(self, fut: "asyncio.Future[Message]") -> None:
+    def _on_message(self, fut: asyncio.Future[Message]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return
         if fut.result().get("type") == "http.disconnect" and self._task is not None:

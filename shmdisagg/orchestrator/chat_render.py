@@ -186,7 +186,11 @@ def render(tokenizer: Any, req: dict[str, Any]) -> str:
     kwargs = req.get("chat_template_kwargs") or {}
     documents = req.get("documents")
     template = req.get("chat_template")
-    if not isinstance(kwargs, dict) or not isinstance(documents, (list, type(None))) or not isinstance(template, (str, type(None))):
+    if (
+        not isinstance(kwargs, dict)
+        or not isinstance(documents, (list, type(None)))
+        or not isinstance(template, (str, type(None)))
+    ):
         raise Unrenderable("chat_template_kwargs, documents or chat_template of the wrong type")
     add_generation_prompt = _flag(req, "add_generation_prompt", True)
     try:

@@ -42,7 +42,9 @@ class Exchange:
         if status >= 400 and not self.error_code:
             self.error_code = f"http_{status}"
         rid = (b"x-disagg-request-id", str(self.disagg_request_id).encode())
-        await self.send({"type": "http.response.start", "status": status, "headers": headers + [rid] + self.extra_headers})
+        await self.send(
+            {"type": "http.response.start", "status": status, "headers": headers + [rid] + self.extra_headers}
+        )
 
     async def body(self, chunk: bytes, more: bool) -> None:
         await self.send({"type": "http.response.body", "body": chunk, "more_body": more})

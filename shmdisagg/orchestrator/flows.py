@@ -1,7 +1,8 @@
 """The two schedule styles of TensorRT-LLM's disaggregated service, over `LegRunner`.
 
-Context-first (`tensorrt_llm/serve/openai_disagg_service.py`, `_send_disagg_request_ctx_first`): the context leg runs non-streaming
-with `disaggregated_params = {request_type: "context_only", disagg_request_id}`; if its
+Context-first (`tensorrt_llm/serve/openai_disagg_service.py`, `_send_disagg_request_ctx_first`):
+the context leg runs non-streaming with
+`disaggregated_params = {request_type: "context_only", disagg_request_id}`; if its
 `finish_reason` is `length` or `not_finished`, the generation leg gets the context choice's
 `disaggregated_params` (now `generation_only`, same id, `ctx_usage`) and the prompt token ids
 the context executor returned; any other `finish_reason` makes the context answer final.
@@ -53,21 +54,35 @@ from typing import Any
 
 import orjson
 
-from shmdisagg.orchestrator.answers import ContractError, StreamGuard, check_context_answer, check_final_answer, executor_error_message, max_tokens_of, public_answer
+from shmdisagg.orchestrator.answers import (
+    ContractError,
+    StreamGuard,
+    check_context_answer,
+    check_final_answer,
+    executor_error_message,
+    max_tokens_of,
+    public_answer,
+)
 from shmdisagg.orchestrator.asgi import JSON_HEADERS, SSE_HEADERS
 from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.orchestrator.legs import LegRunner, Opened, leg_timeout_error
+from shmdisagg.orchestrator.wire import Wire
 from shmdisagg.routing import Policy, RoutingKey
 from shmdisagg.upstream import UpstreamError
-from shmdisagg.orchestrator.wire import Wire
 
 log = logging.getLogger("shmdisagg.service")
 
 CONTINUE_ON_GENERATION = ("length", "not_finished")
 SCHEDULE_STYLE = {"context_first": 0, "generation_first": 1}  # TensorRT-LLM DisaggScheduleStyle
 # TRTLLM_DISAGG_BENCHMARK_GEN_ONLY's stub handoff (`_check_gen_only_disagg`, openai_disagg_service.py)
-GEN_ONLY_PARAMS = {"request_type": "generation_only", "first_gen_tokens": [7], "ctx_request_id": 1, "encoded_opaque_state": None, "draft_tokens": None}
+GEN_ONLY_PARAMS = {
+    "request_type": "generation_only",
+    "first_gen_tokens": [7],
+    "ctx_request_id": 1,
+    "encoded_opaque_state": None,
+    "draft_tokens": None,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +138,7 @@ class Flows:
         self._style = self.generation_first if schedule_style == "generation_first" else self.context_first
         tpb = getattr(gen_policy, "tokens_per_block", None)
         self.max_local_prefill = max_local_prefill_length if tpb is not None else 0
-        self._gen_tpb = tpb
+        self._gen_tpb: Callable[[], int] | None = tpb  # KvCacheAwarePolicy.tokens_per_block
         self.local_prefills = 0
         self.disaggregated = 0
 
@@ -134,11 +149,11 @@ class Flows:
             if self.options.benchmark_gen_only:
                 await self.generation_only(ex, req, key, path, reserved)
                 return
-            if self.max_local_prefill:
+            if self.max_local_prefill and self._gen_tpb is not None:  # (max_local_prefill is 0 without it)
                 reserved.slot = self.gen_policy.pick(key, -1)
                 if reserved.slot < 0:
                     raise RequestError(503, "no healthy generation server", "no_generation_servers")
-                matched = key.matched_blocks * self._gen_tpb()  # type: ignore[misc]
+                matched = key.matched_blocks * self._gen_tpb()
                 total = len(key.token_ids or ())
                 if matched and total - matched <= self.max_local_prefill:
                     self.local_prefills += 1  # the request as it came, prefill and decode there
@@ -153,9 +168,13 @@ class Flows:
         # take() runs when this coroutine starts: a task cancelled before that leaves the
         # reservation to release_unused().
         body, headers = self.wire.encode(gen_req)
-        return await self.legs.open(self.gen_policy, key, path, lambda _: body, "generation", picked=reserved.take(), headers=headers)
+        return await self.legs.open(
+            self.gen_policy, key, path, lambda _: body, "generation", picked=reserved.take(), headers=headers
+        )
 
-    async def generation_only(self, ex: Exchange, req: dict[str, Any], key: RoutingKey, path: str, reserved: Reserved) -> None:
+    async def generation_only(
+        self, ex: Exchange, req: dict[str, Any], key: RoutingKey, path: str, reserved: Reserved
+    ) -> None:
         """`TRTLLM_DISAGG_BENCHMARK_GEN_ONLY=1`: the generation leg alone, with upstream's stub
         handoff (`first_gen_tokens [7]`, `ctx_request_id 1`) and `ignore_eos`."""
         gen_req = dict(req)
@@ -165,11 +184,20 @@ class Flows:
 
     # -- context-first ---------------------------------------------------------------------
 
-    async def context_first(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str, reserved: Reserved) -> None:
+    async def context_first(
+        self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str, reserved: Reserved
+    ) -> None:
         style = SCHEDULE_STYLE["context_first"]
         ex.ctx_dispatch = time.time()
         status, raw, ex.ctx_slot = await self.legs.call(
-            self.ctx_policy, key, path, self._ctx_body(ex, req, style), "context", retry_5xx=True, retry_sent=True, headers=self.wire.headers(req)
+            self.ctx_policy,
+            key,
+            path,
+            self._ctx_body(ex, req, style),
+            "context",
+            retry_5xx=True,
+            retry_sent=True,
+            headers=self.wire.headers(req),
         )
         if status != 200:
             await relay_error(ex, status, raw)
@@ -183,7 +211,9 @@ class Flows:
         params = ctx["choices"][0]["disaggregated_params"]
         if isinstance(params.get("disagg_request_id"), int):
             ex.disagg_request_id = params["disagg_request_id"]
-        gen_req = generation_request(req, chat, ctx, ex.disagg_request_id, style, self.options.gen_strip_message_history)
+        gen_req = generation_request(
+            req, chat, ctx, ex.disagg_request_id, style, self.options.gen_strip_message_history
+        )
         await relay(ex, await self._open_generation(reserved, key, path, gen_req), max_tokens_of(req))
 
     def _ctx_label(self, ex: Exchange) -> str:
@@ -194,7 +224,11 @@ class Flows:
             if attempt:  # never reuse an id a failed attempt may have registered on an executor
                 ex.disagg_request_id = self.new_id()
             ctx_req = dict(req)
-            params: dict[str, Any] = {"request_type": "context_only", "disagg_request_id": ex.disagg_request_id, "schedule_style": style}
+            params: dict[str, Any] = {
+                "request_type": "context_only",
+                "disagg_request_id": ex.disagg_request_id,
+                "schedule_style": style,
+            }
             if self.options.gen_tokids_ctxbytes:
                 params["return_prompt_token_ids_b64"] = True
             ctx_req["disaggregated_params"] = params
@@ -206,7 +240,9 @@ class Flows:
 
     # -- generation-first ------------------------------------------------------------------
 
-    async def generation_first(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str, reserved: Reserved) -> None:
+    async def generation_first(
+        self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, path: str, reserved: Reserved
+    ) -> None:
         style = SCHEDULE_STYLE["generation_first"]
         rid = ex.disagg_request_id
         ctx_slot = self.ctx_policy.pick(key, -1)
@@ -228,7 +264,16 @@ class Flows:
         async def ctx_leg() -> tuple[int, bytes, int]:
             nonlocal started
             started = True  # from here the leg owns the pick of ctx_slot
-            return await self.legs.call(self.ctx_policy, key, path, lambda _: ctx_body, "context", picked=ctx_slot, retries=0, headers=ctx_headers)
+            return await self.legs.call(
+                self.ctx_policy,
+                key,
+                path,
+                lambda _: ctx_body,
+                "context",
+                picked=ctx_slot,
+                retries=0,
+                headers=ctx_headers,
+            )
 
         ex.ctx_dispatch = time.time()
         ex.ctx_slot = ctx_slot
@@ -263,10 +308,16 @@ def gen_first_params(server_info: dict[str, Any], rid: int, style: int) -> dict[
     endpoint = advertised.get("ctx_info_endpoint")
     if isinstance(endpoint, list):
         advertised["ctx_info_endpoint"] = endpoint[0] if endpoint else None
-    return {**advertised, "request_type": "generation_only", "ctx_request_id": rid, "disagg_request_id": rid, "schedule_style": style}
+    return {
+        **advertised,
+        "request_type": "generation_only",
+        "ctx_request_id": rid,
+        "disagg_request_id": rid,
+        "schedule_style": style,
+    }
 
 
-async def _cancel(task: "asyncio.Future[Any]") -> None:
+async def _cancel(task: asyncio.Future[Any]) -> None:
     """Cancel a leg task and close what it opened (its pick is released by the leg itself)."""
     if not task.done():
         task.cancel()
@@ -315,8 +366,8 @@ async def relay(ex: Exchange, opened: Opened, max_tokens: int | None) -> None:
         await ex.fail(502, str(err), "executor_contract")
     except TimeoutError:
         opened.close(abort=True)
-        err = leg_timeout_error(opened.role, opened.timeout_s)
-        await ex.fail(err.status, err.message, err.code)
+        timeout = leg_timeout_error(opened.role, opened.timeout_s)
+        await ex.fail(timeout.status, timeout.message, timeout.code)
     except UpstreamError as err:
         opened.close(abort=True)
         if not ex.started:
@@ -378,7 +429,14 @@ def parse_ctx_response(raw: bytes, server: str = "") -> dict[str, Any]:
         raise RequestError(502, str(err), "executor_contract") from None
 
 
-def generation_request(req: dict[str, Any], chat: bool, ctx: dict[str, Any], disagg_request_id: int, style: int, strip_history: bool = False) -> dict[str, Any]:
+def generation_request(
+    req: dict[str, Any],
+    chat: bool,
+    ctx: dict[str, Any],
+    disagg_request_id: int,
+    style: int,
+    strip_history: bool = False,
+) -> dict[str, Any]:
     """The generation leg: the client's request with the context executor's handoff
     (`_get_gen_request`, openai_disagg_service.py); with `strip_history` a chat keeps only its
     last message (`gen_strip_message_history`: the ids carry the prompt; tools are kept)."""
@@ -433,8 +491,12 @@ def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
     TensorRT-LLM's orchestrator sends only `data: [DONE]` here (`done_generator()` in
     `openai_disagg_service.py`'s `_send_disagg_request_ctx_first`), so a streaming client whose
     first token ends the request would lose it; this keeps the answer, in the worker's shape."""
-    base = {"id": resp.get("id"), "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": resp.get("created") or int(time.time()), "model": resp.get("model")}
+    base = {
+        "id": resp.get("id"),
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": resp.get("created") or int(time.time()),
+        "model": resp.get("model"),
+    }
     out: list[dict[str, Any]] = []
     choices = resp["choices"]
     if chat:
@@ -443,7 +505,10 @@ def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
         c: dict[str, Any] = {"index": choice.get("index", 0)}
         if chat:
             message = choice.get("message") or {}
-            delta = {"content": message.get("content") or "", "reasoning_content": message.get("reasoning_content") or ""}
+            delta = {
+                "content": message.get("content") or "",
+                "reasoning_content": message.get("reasoning_content") or "",
+            }
             if message.get("tool_calls"):
                 delta["tool_calls"] = message["tool_calls"]
             c["delta"] = delta
@@ -452,9 +517,14 @@ def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
             c.update(finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"))
             out.append({**base, "choices": [c]})
         else:
-            c.update(text=choice.get("text", ""), token_ids=choice.get("token_ids"), logprobs=choice.get("logprobs"),
-                     finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"),
-                     avg_decoded_tokens_per_iter=choice.get("avg_decoded_tokens_per_iter"))
+            c.update(
+                text=choice.get("text", ""),
+                token_ids=choice.get("token_ids"),
+                logprobs=choice.get("logprobs"),
+                finish_reason=choice.get("finish_reason"),
+                stop_reason=choice.get("stop_reason"),
+                avg_decoded_tokens_per_iter=choice.get("avg_decoded_tokens_per_iter"),
+            )
             out.append({**base, "choices": [c], "usage": None})
     if include_usage and resp.get("usage"):
         out.append({**base, "choices": [], "usage": resp["usage"]})

@@ -33,14 +33,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shmdisagg.orchestrator.directory import ServerDirectory
-from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.metrics.answered import AnsweredLegs
 from shmdisagg.observe import send_leg
+from shmdisagg.orchestrator.directory import ServerDirectory
+from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.orchestrator.reporting import FailureReporter, KvHints
 from shmdisagg.routing import Policy, RoutingKey
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION
-from shmdisagg.upstream import UpstreamConnectError, UpstreamDisconnected, UpstreamPool, UpstreamResponse, UpstreamTimeout
+from shmdisagg.upstream import (
+    UpstreamConnectError,
+    UpstreamDisconnected,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeout,
+)
 
 log = logging.getLogger("shmdisagg.service")
 
@@ -58,7 +64,9 @@ def no_servers_error(role: str) -> RequestError:
 
 def leg_timeout_error(role: str, timeout_s: float | None) -> RequestError:
     """The 504 of a leg that ran past `request_timeout` (the `-r` flag)."""
-    return RequestError(504, f"the {role} executor did not finish within {timeout_s:g} s (request_timeout)", "leg_timeout")
+    return RequestError(
+        504, f"the {role} executor did not finish within {timeout_s:g} s (request_timeout)", "leg_timeout"
+    )
 
 
 @dataclass(slots=True)
@@ -200,7 +208,12 @@ class LegRunner:
                 policy.release(slot, key)
             attempt += 1
             exclude = slot
-            log.info("retrying the %s leg (attempt %d) on another server than %s", role, attempt + 1, self.directory.label(slot))
+            log.info(
+                "retrying the %s leg (attempt %d) on another server than %s",
+                role,
+                attempt + 1,
+                self.directory.label(slot),
+            )
 
     def _note_refusal(self, slot: int) -> None:
         incarnation = next((s.incarnation for s in self.directory.servers() if s.slot == slot), -1)
@@ -220,9 +233,11 @@ class LegRunner:
                 return False
         return True
 
-    async def call(self, policy: Policy, key: RoutingKey, path: str, make_body: Callable[[int], bytes], role: str, **kw: Any) -> tuple[int, bytes, int]:
+    async def call(
+        self, policy: Policy, key: RoutingKey, path: str, make_body: Callable[[int], bytes], role: str, **kw: Any
+    ) -> tuple[int, bytes, int]:
         """A non-streaming leg: (status, body, slot); the pick is released before returning."""
-        opened = await self.open(policy, key, path, make_body, role, **kw)  # type: ignore[arg-type]
+        opened = await self.open(policy, key, path, make_body, role, **kw)
         try:
             async with opened.timeout():
                 body = await opened.response.read()

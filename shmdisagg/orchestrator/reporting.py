@@ -51,7 +51,9 @@ class FailureReporter:
 
     async def _run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=1.0)
-        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path), timeout=timeout) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=self.socket_path), timeout=timeout
+        ) as session:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
@@ -61,7 +63,7 @@ class FailureReporter:
                     async with session.post("http://coordinator/report", json=payload) as r:
                         r.release()
                     self.sent += len(payload)
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+                except (TimeoutError, aiohttp.ClientError, OSError) as err:
                     self.dropped += len(payload)
                     log.debug("failure report not delivered: %r", err)
 

@@ -21,7 +21,8 @@ from shmdisagg.orchestrator.asgi import Receive, Scope, Send, send_bytes
 from shmdisagg.orchestrator.errors import error_body
 
 NOT_DISAGGREGATED = (
-    "POST /v1/responses is not supported by this disaggregated server: TensorRT-LLM's workers cannot yet run a Responses "
+    "POST /v1/responses is not supported by this disaggregated server: TensorRT-LLM's workers cannot yet run a "
+    "Responses "
     "request as separate context and generation phases (their Responses handler takes no disaggregated_params). "
     "Use POST /v1/chat/completions (or POST /v1/messages) instead."
 )

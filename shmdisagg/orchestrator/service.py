@@ -26,25 +26,27 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shmdisagg.orchestrator.asgi import ClientDisconnected, DisconnectWatch, Receive, Scope, Send, read_body, send_bytes
 from shmdisagg.config import DisaggConfig
+from shmdisagg.hashing import cache_salt_id
+from shmdisagg.orchestrator.asgi import ClientDisconnected, DisconnectWatch, Receive, Scope, Send, read_body, send_bytes
 from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.orchestrator.flows import Flows
 from shmdisagg.orchestrator.ids import DisaggIdGenerator
-from shmdisagg.hashing import cache_salt_id
+from shmdisagg.orchestrator.tokenization import RoutingTokenizer, prompt_token_ids
+from shmdisagg.orchestrator.validation import parse_body, prompt_load_tokens, validate
 from shmdisagg.routing import RoutingKey
 from shmdisagg.routing.conversation import SESSION_HEADERS, canonical_text, conversation_id, header_conversation_id
-from shmdisagg.orchestrator.tokenization import RoutingTokenizer, prompt_token_ids
 from shmdisagg.upstream import UpstreamError
-from shmdisagg.orchestrator.validation import parse_body, prompt_load_tokens, validate
 
 log = logging.getLogger("shmdisagg.service")
 
 _PATHS = {False: "/v1/completions", True: "/v1/chat/completions"}
 SHUTTING_DOWN = "the server is shutting down; retry the request"
 # TensorRT-LLM's message (`ensure_request_chat_template_allowed`, tensorrt_llm/serve/openai_protocol.py)
-CHAT_TEMPLATE_REFUSED = "chat_template cannot be supplied per request unless request-level chat templates are enabled at server startup."
+CHAT_TEMPLATE_REFUSED = (
+    "chat_template cannot be supplied per request unless request-level chat templates are enabled at server startup."
+)
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -68,7 +70,9 @@ class DisaggService:
     """State: `flows` runs the legs; `ids` mints `disagg_request_id`s; `models` are the names
     executors serve (refreshed by the worker's housekeeping); `admission` bounds in-flight work."""
 
-    def __init__(self, config: DisaggConfig, flows: Flows, ids: DisaggIdGenerator, admission: Admission, schedule_style: str) -> None:
+    def __init__(
+        self, config: DisaggConfig, flows: Flows, ids: DisaggIdGenerator, admission: Admission, schedule_style: str
+    ) -> None:
         self.config = config
         self.flows = flows
         self.ids = ids
@@ -136,7 +140,9 @@ class DisaggService:
             await ex.fail(504, f"request did not finish within {self.timeout_s:g} s", "timeout")
         except UpstreamError as err:  # the error names the executor: the client is not told which
             log.warning("request %d: %s", ex.disagg_request_id, err)
-            await ex.fail(502, f"executor connection failed ({type(err).__name__.removeprefix('Upstream')})", "upstream_error")
+            await ex.fail(
+                502, f"executor connection failed ({type(err).__name__.removeprefix('Upstream')})", "upstream_error"
+            )
         except Exception:  # never a traceback to the client
             log.exception("request %d failed", ex.disagg_request_id)
             await ex.fail(500, "internal error", "internal_error")
@@ -146,7 +152,9 @@ class DisaggService:
             for sink in self.sinks:
                 sink(ex)
 
-    async def _run(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, watch: DisconnectWatch) -> None:
+    async def _run(
+        self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, watch: DisconnectWatch
+    ) -> None:
         """The request's flow under its deadline (`request_timeout_s`), its task in `inflight`
         meanwhile so that `end_inflight` can cancel it."""
         task = asyncio.current_task()
@@ -209,10 +217,20 @@ def _check_headers(scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
     for name, value in scope.get("headers", ()):
         if name == b"content-type" and not _is_json_type(value):
             shown = value[:64].decode("latin-1")
-            raise RequestError(415, f"unsupported content-type {shown!r}: send the body as application/json", "unsupported_media_type", "content-type")
+            raise RequestError(
+                415,
+                f"unsupported content-type {shown!r}: send the body as application/json",
+                "unsupported_media_type",
+                "content-type",
+            )
         if name == b"x-request-id":
             if not _REQUEST_ID.match(value):
-                raise RequestError(400, "x-request-id must be 1-128 characters of [A-Za-z0-9._:-]", "invalid_request_id", "x-request-id")
+                raise RequestError(
+                    400,
+                    "x-request-id must be 1-128 characters of [A-Za-z0-9._:-]",
+                    "invalid_request_id",
+                    "x-request-id",
+                )
             echo = [(b"x-request-id", value)]
         elif name in SESSION_HEADERS:
             session = True

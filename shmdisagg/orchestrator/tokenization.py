@@ -111,7 +111,11 @@ class HFTokenizer:
     def _exact(self, req: dict[str, Any]) -> bool:
         """Whether the ids are the executed prompt, not an estimate (module docstring)."""
         named_tool = isinstance(req.get("tool_choice"), dict)
-        return not named_tool and req.get("truncate_prompt_tokens") is None and self.model_type not in chat_render.EXTENSION_MODEL_TYPES
+        return (
+            not named_tool
+            and req.get("truncate_prompt_tokens") is None
+            and self.model_type not in chat_render.EXTENSION_MODEL_TYPES
+        )
 
 
 def _chars(content: Any) -> int:
@@ -141,10 +145,11 @@ async def prompt_token_ids(tokenizer: RoutingTokenizer, req: dict[str, Any], cha
     replace the executor's tokenization (`prompt` for completions, `prompt_token_ids` for chats);
     None when it cannot be tokenized as the executor would. Raises ValueError for a chat the
     simulator's template refuses (the caller turns it into a 400)."""
-    if not chat and isinstance(req["prompt"], list):
-        return req["prompt"]
-    if chat and isinstance(req.get("prompt_token_ids"), list):  # the client's own ids: the worker uses them
-        return req["prompt_token_ids"]
+    if not chat:
+        if isinstance(prompt := req["prompt"], list):
+            return prompt
+    elif isinstance(ids := req.get("prompt_token_ids"), list):  # the client's own ids: the worker uses them
+        return ids
     if _text_size(req, chat) < INLINE_CHARS:
         out = _tokenize(tokenizer, req, chat)
     else:

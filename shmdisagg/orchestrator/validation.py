@@ -117,7 +117,9 @@ def validate(req: dict[str, Any], chat: bool, want_ids: bool = False) -> bytes |
     bytes, produced by the same pass that checks them (`_native.token_ids_int32`); else None."""
     for key in ORCHESTRATOR_FIELDS:
         if key in req:
-            raise _bad(f"'{key}' is set by the disaggregated orchestrator, not by clients; remove it from the request", key)
+            raise _bad(
+                f"'{key}' is set by the disaggregated orchestrator, not by clients; remove it from the request", key
+            )
     model = req.get("model")
     if model is None:
         raise _bad("'model' is required", "model")

@@ -73,6 +73,8 @@ class Wire:
                 out.append((AUTH_HEADER, auth_signature(self.auth_key, params).encode("ascii")))
             elif not self._warned:
                 self._warned = True
-                log.warning("internal_request_auth_key is not set: generation legs carry the context "
-                            "executor's handoff unsigned (TensorRT-LLM will require the key in a future release)")
+                log.warning(
+                    "internal_request_auth_key is not set: generation legs carry the context "
+                    "executor's handoff unsigned (TensorRT-LLM will require the key in a future release)"
+                )
         return out

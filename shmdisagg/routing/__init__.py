@@ -36,8 +36,9 @@ def make_policy(
         raise ConfigError(f"router.type: {args.type!r} is not one of {', '.join(POLICIES)}")
     if args.type in USES_INDEX and index is None:
         raise ConfigError(f"router.type: {args.type!r} needs the shared block index")
-    if args.type == KvCacheAwarePolicy.name:
-        return KvCacheAwarePolicy(table, row, role, args, index, key_config or (lambda: None))  # type: ignore[arg-type]
-    if args.type == ConversationPolicy.name:
-        return ConversationPolicy(table, row, role, args, index)  # type: ignore[arg-type]
+    if index is not None:
+        if args.type == KvCacheAwarePolicy.name:
+            return KvCacheAwarePolicy(table, row, role, args, index, key_config or (lambda: None))
+        if args.type == ConversationPolicy.name:
+            return ConversationPolicy(table, row, role, args, index)
     return POLICIES[args.type](table, row, role, args)

@@ -16,6 +16,8 @@ Sessions and prefixes live in the shared index with LRU eviction (`max_sessions`
 
 from __future__ import annotations
 
+from typing import Any
+
 from shmdisagg.config import RouterConfig
 from shmdisagg.hashing import block_hashes_bytes, cached_block_hashes_bytes, conversation_key
 from shmdisagg.routing.policy import RoutingKey, TablePolicy
@@ -26,7 +28,7 @@ CHARS_PER_TOKEN = 5  # TensorRT-LLM's text-mode estimate
 SESSION_HEADERS = (b"x-session-id", b"x-correlation-id", b"x-session-affinity", b"x-multi-turn-session-id")
 
 
-def conversation_id(req: dict, headers: list[tuple[bytes, bytes]]) -> str | None:
+def conversation_id(req: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> str | None:
     """The request's conversation id: body first, then the session headers (stripped, non-empty).
     A body `conversation_params` without an id means: do not consult headers."""
     params = req.get("conversation_params")
@@ -38,18 +40,18 @@ def conversation_id(req: dict, headers: list[tuple[bytes, bytes]]) -> str | None
 
 def header_conversation_id(headers: list[tuple[bytes, bytes]]) -> str | None:
     """The first non-empty session header (`SESSION_HEADERS` order), stripped; None if none."""
-    wanted = dict.fromkeys(SESSION_HEADERS)
+    wanted: dict[bytes, bytes | None] = dict.fromkeys(SESSION_HEADERS)
     for name, value in headers:
         if name in wanted and wanted[name] is None:
             wanted[name] = value
     for name in SESSION_HEADERS:
-        value = wanted[name]
-        if value is not None and value.strip():
-            return value.strip().decode("latin-1")
+        found = wanted[name]
+        if found is not None and found.strip():
+            return found.strip().decode("latin-1")
     return None
 
 
-def canonical_text(req: dict, chat: bool) -> str:
+def canonical_text(req: dict[str, Any], chat: bool) -> str:
     """Chat: `role:content` lines; completion: the prompt string."""
     if not chat:
         prompt = req.get("prompt")
@@ -85,6 +87,10 @@ class ConversationPolicy(TablePolicy):
 
     def pick(self, key: RoutingKey, exclude_slot: int) -> int:
         if key.conversation_id is not None:
-            return self.index.conv_pick_explicit(self.row, self.role, exclude_slot, conversation_key(key.conversation_id), key.num_tokens)
-        slot, _ = self.index.conv_pick_implicit(self.row, self.role, exclude_slot, self._hashes(key), key.num_tokens, self.args.match_threshold)
+            return self.index.conv_pick_explicit(
+                self.row, self.role, exclude_slot, conversation_key(key.conversation_id), key.num_tokens
+            )
+        slot, _ = self.index.conv_pick_implicit(
+            self.row, self.role, exclude_slot, self._hashes(key), key.num_tokens, self.args.match_threshold
+        )
         return slot

@@ -45,8 +45,15 @@ class KvCacheAwarePolicy(TablePolicy):
     name = "kv_cache_aware"
     needs_tokens = True
 
-    def __init__(self, table: ControlTable, row: int, role: int, args: RouterConfig, index: BlockIndex,
-                 key_config: Callable[[], RoutingKeyConfig | None]) -> None:
+    def __init__(
+        self,
+        table: ControlTable,
+        row: int,
+        role: int,
+        args: RouterConfig,
+        index: BlockIndex,
+        key_config: Callable[[], RoutingKeyConfig | None],
+    ) -> None:
         super().__init__(table, row, role, args)
         self.index = index
         self._config = key_config
@@ -67,8 +74,16 @@ class KvCacheAwarePolicy(TablePolicy):
         algo = cfg.kv_cache_hash_algo
         hashes = key.block_hashes(cfg.tokens_per_block, algo) if algo is not None else b""
         slot, matched = self.index.pick_kv(
-            self.row, self.role, exclude_slot, hashes, key.num_tokens,
-            a.load_weight, a.load_cap, a.use_tokens, a.track_routed_blocks, a.max_batch_size,
+            self.row,
+            self.role,
+            exclude_slot,
+            hashes,
+            key.num_tokens,
+            a.load_weight,
+            a.load_cap,
+            a.use_tokens,
+            a.track_routed_blocks,
+            a.max_batch_size,
         )
         key.matched_blocks = matched if slot >= 0 else 0
         return slot

@@ -11,6 +11,4 @@ class LoadBalancingPolicy(TablePolicy):
     name = "load_balancing"
 
     def pick(self, key: RoutingKey, exclude_slot: int) -> int:
-        return self.table.pick_least_loaded(
-            self.row, self.role, exclude_slot, key.num_tokens, self.args.use_tokens
-        )
+        return self.table.pick_least_loaded(self.row, self.role, exclude_slot, key.num_tokens, self.args.use_tokens)

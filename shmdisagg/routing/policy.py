@@ -31,9 +31,28 @@ class RoutingKey:
     chains its new blocks.
     """
 
-    __slots__ = ("num_tokens", "token_ids", "ids32", "conversation_id", "text", "salt_id", "_hashes", "_view", "matched_blocks", "ids_given")
+    __slots__ = (
+        "num_tokens",
+        "token_ids",
+        "ids32",
+        "conversation_id",
+        "text",
+        "salt_id",
+        "_hashes",
+        "_view",
+        "matched_blocks",
+        "ids_given",
+    )
 
-    def __init__(self, num_tokens: int, token_ids: list[int] | None = None, conversation_id: str | None = None, text: str | None = None, salt_id: int | None = None, ids32: bytes | None = None) -> None:
+    def __init__(
+        self,
+        num_tokens: int,
+        token_ids: list[int] | None = None,
+        conversation_id: str | None = None,
+        text: str | None = None,
+        salt_id: int | None = None,
+        ids32: bytes | None = None,
+    ) -> None:
         self.num_tokens = num_tokens
         self.token_ids = token_ids
         self.ids32 = ids32
@@ -108,6 +127,10 @@ class TablePolicy:
         self.row = row
         self.role = role
         self.args = args
+
+    def pick(self, key: RoutingKey, exclude_slot: int) -> int:
+        """Each policy's own (`Policy.pick`); declared here so every subclass is a `Policy`."""
+        raise NotImplementedError
 
     def release(self, slot: int, key: RoutingKey) -> None:
         self.table.release(self.row, slot, key.num_tokens)

@@ -174,8 +174,7 @@ class BlockIndex:
     `_lock` by every coordinator write.
     """
 
-    def __init__(self, table: ControlTable, segment: Segment, ix: Index, owner: bool,
-                 settings: IndexSettings) -> None:
+    def __init__(self, table: ControlTable, segment: Segment, ix: Index, owner: bool, settings: IndexSettings) -> None:
         self.table = table
         self.owner = owner
         self.settings = settings
@@ -312,7 +311,7 @@ class BlockIndex:
             raise ShmError(f"{self.name}: only the coordinator sweeps the index")
         s = self.settings
         now = time.monotonic_ns() if now_ns is None else now_ns
-        return self._ix.sweep(now, int(s.routed_ttl_s * 1e9), s.max_sessions, s.max_implicit)  # type: ignore[no-any-return]
+        return self._ix.sweep(now, int(s.routed_ttl_s * 1e9), s.max_sessions, s.max_implicit)
 
     def resize_target(self, census: dict[str, int]) -> int | None:
         """The capacity `maintain()` would rebuild at given a sweep's census, or None."""
@@ -334,8 +333,7 @@ class BlockIndex:
             raise ShmError(f"{self.name}: only the coordinator resizes the index")
         s = self.settings
         if capacity is None:
-            capacity = min(max(_pow2_at_least(int(self._ix.scan()["live"] / 0.35)), s.capacity),
-                           s.max_capacity)
+            capacity = min(max(_pow2_at_least(int(self._ix.scan()["live"] / 0.35)), s.capacity), s.max_capacity)
         generation = self.generation + 1
         segment, ix = _build(self.table, generation, capacity, s.max_load)
         try:
@@ -347,8 +345,7 @@ class BlockIndex:
                     getattr(ix, op)(*args)
                 self._replay = None
                 ix.publish()
-                self.table._writer().publish_index(generation, ix.capacity, segment.size,
-                                                   segment.name.encode())
+                self.table._writer().publish_index(generation, ix.capacity, segment.size, segment.name.encode())
                 old_segment, old_ix = self._segment, self._ix
                 self._segment, self._ix = segment, ix
         except BaseException:
@@ -383,15 +380,29 @@ class BlockIndex:
         m = self.table.index_metrics()
         ix = self._ix
         return IndexStats(
-            generation=int(m["generation"]), capacity=int(ix.capacity), used=int(ix.used),
-            load_factor=ix.used / ix.capacity, max_probe=int(ix.max_probe), live=m["live"],
-            dead=m["dead"], sessions=m["sessions"], implicit_entries=m["implicit_entries"],
-            events_applied=m["events_applied"], blocks_applied=m["blocks_applied"],
-            blocks_stored=m["blocks_stored"], blocks_removed=m["blocks_removed"],
-            servers_cleared=m["servers_cleared"], events_dropped=m["events_dropped"],
-            index_full_drops=m["index_full_drops"], race_reruns=m["race_reruns"],
-            routed_expired=m["routed_expired"], evicted=m["evicted"], sweeps=m["sweeps"],
-            resizes=m["resizes"], lag_samples=m["lag_samples"], lag_sum_ns=m["lag_sum_ns"],
+            generation=int(m["generation"]),
+            capacity=int(ix.capacity),
+            used=int(ix.used),
+            load_factor=ix.used / ix.capacity,
+            max_probe=int(ix.max_probe),
+            live=m["live"],
+            dead=m["dead"],
+            sessions=m["sessions"],
+            implicit_entries=m["implicit_entries"],
+            events_applied=m["events_applied"],
+            blocks_applied=m["blocks_applied"],
+            blocks_stored=m["blocks_stored"],
+            blocks_removed=m["blocks_removed"],
+            servers_cleared=m["servers_cleared"],
+            events_dropped=m["events_dropped"],
+            index_full_drops=m["index_full_drops"],
+            race_reruns=m["race_reruns"],
+            routed_expired=m["routed_expired"],
+            evicted=m["evicted"],
+            sweeps=m["sweeps"],
+            resizes=m["resizes"],
+            lag_samples=m["lag_samples"],
+            lag_sum_ns=m["lag_sum_ns"],
             lag_hist=tuple(m["lag_hist"]),
         )
 
@@ -429,9 +440,19 @@ class BlockIndex:
             result = getattr(self._ix, op)(row, *args)
         return result
 
-    def pick_kv(self, row: int, role: int, exclude_slot: int, hashes: bytes, num_tokens: int,
-                load_weight: float = 0.25, load_cap: float = math.inf, use_tokens: bool = False,
-                track_routed: bool = True, max_batch_size: int = 0) -> tuple[int, int]:
+    def pick_kv(
+        self,
+        row: int,
+        role: int,
+        exclude_slot: int,
+        hashes: bytes,
+        num_tokens: int,
+        load_weight: float = 0.25,
+        load_cap: float = math.inf,
+        use_tokens: bool = False,
+        track_routed: bool = True,
+        max_batch_size: int = 0,
+    ) -> tuple[int, int]:
         """KV-cache-aware pick, one native call: (slot, matched_blocks), or (-1, 0) if no server
         of `role` is eligible.
 
@@ -450,8 +471,19 @@ class BlockIndex:
         the same prefix re-scores once, so racing workers converge on one server. The pick's load
         is added to `row`; release it with `ControlTable.release(row, slot, num_tokens)`.
         """
-        return self._pick("pick_kv", row, role, exclude_slot, hashes, num_tokens, load_weight,
-                          load_cap, use_tokens, track_routed, max_batch_size)  # type: ignore[no-any-return]
+        return self._pick(  # type: ignore[no-any-return]  # _pick calls Index.pick_kv by name
+            "pick_kv",
+            row,
+            role,
+            exclude_slot,
+            hashes,
+            num_tokens,
+            load_weight,
+            load_cap,
+            use_tokens,
+            track_routed,
+            max_batch_size,
+        )
 
     def match(self, hashes: bytes, role: int = -1, jump: bool = False) -> list[tuple[int, int]]:
         """[(slot, depth)] of present, healthy servers (of `role`, if >= 0); read-only. Depths by
@@ -463,25 +495,24 @@ class BlockIndex:
             result = self._ix.match(hashes, role, jump)
         return result or []
 
-    def conv_pick_explicit(self, row: int, role: int, exclude_slot: int, conv_key: int,
-                           num_tokens: int) -> int:
+    def conv_pick_explicit(self, row: int, role: int, exclude_slot: int, conv_key: int, num_tokens: int) -> int:
         """Conversation-sticky pick by conversation key (`hashing.conversation_key`), the same
         server from every worker: the first decision wins (CAS); a session whose server is no
         longer a candidate moves to the candidate with the fewest active tokens; new sessions go
         there too. Refreshes the session's LRU stamp. -1 if no candidate."""
-        return self._pick("conv_pick_explicit", row, role, exclude_slot, conv_key, num_tokens)  # type: ignore[no-any-return]
+        return self._pick("conv_pick_explicit", row, role, exclude_slot, conv_key, num_tokens)  # type: ignore[no-any-return]  # _pick calls Index.conv_pick_explicit by name
 
-    def conv_pick_implicit(self, row: int, role: int, exclude_slot: int, hashes: bytes,
-                           num_tokens: int, match_threshold: float = 0.75) -> tuple[int, int]:
+    def conv_pick_implicit(
+        self, row: int, role: int, exclude_slot: int, hashes: bytes, num_tokens: int, match_threshold: float = 0.75
+    ) -> tuple[int, int]:
         """Conversation pick by prefix when there is no id: (slot, depth). The candidate routed
         the deepest prefix of `hashes` before wins if depth / len(hashes) >= match_threshold,
         else the one with the fewest active tokens; the hashes are then recorded for it."""
-        return self._pick("conv_pick_implicit", row, role, exclude_slot, hashes, num_tokens,
-                          match_threshold)  # type: ignore[no-any-return]
+        return self._pick("conv_pick_implicit", row, role, exclude_slot, hashes, num_tokens, match_threshold)  # type: ignore[no-any-return]  # _pick calls Index.conv_pick_implicit by name
 
     def lookup(self, block_hash: int) -> tuple[int, int, int] | None:
         """(event_mask, routed_mask, routed_ts_ns) of one block hash, or None (diagnostics)."""
-        return self._ix.lookup(block_hash)  # type: ignore[no-any-return]
+        return self._ix.lookup(block_hash)
 
 
 def _build(table: ControlTable, generation: int, capacity: int, max_load: float) -> tuple[Segment, Index]:

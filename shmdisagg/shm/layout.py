@@ -95,8 +95,7 @@ def index_size(capacity: int) -> int:
     """
     if capacity & (capacity - 1) or not INDEX_MIN_CAPACITY <= capacity <= INDEX_MAX_CAPACITY:
         raise ValueError(
-            f"index capacity must be a power of two in {INDEX_MIN_CAPACITY}..{INDEX_MAX_CAPACITY}, "
-            f"not {capacity}"
+            f"index capacity must be a power of two in {INDEX_MIN_CAPACITY}..{INDEX_MAX_CAPACITY}, not {capacity}"
         )
     page = mmap.PAGESIZE
     return -(-(INDEX_HEADER_BYTES + INDEX_SLOT_BYTES * capacity) // page) * page

@@ -226,7 +226,9 @@ class Segment:
                 fcntl.flock(shm.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 pid = _lock_holder(st.st_ino)
-                raise DeploymentRunning(f"{name} is locked by a running coordinator (pid {pid if pid is not None else 'unknown'})") from None
+                raise DeploymentRunning(
+                    f"{name} is locked by a running coordinator (pid {pid if pid is not None else 'unknown'})"
+                ) from None
             if st.st_uid != os.getuid():
                 raise ShmError(f"{name} belongs to uid {st.st_uid}, not {os.getuid()}: refusing to adopt")
             if st.st_mode & 0o077:

@@ -177,7 +177,9 @@ class ControlTable:
             if not region.check_control():
                 raise SegmentNotReady(f"{segment.name}: its creator died before marking it READY")
             if region.max_workers != max_workers:
-                raise SegmentNotReady(f"{segment.name}: {region.max_workers} worker rows, the config asks for {max_workers}")
+                raise SegmentNotReady(
+                    f"{segment.name}: {region.max_workers} worker rows, the config asks for {max_workers}"
+                )
             table = cls(prefix, segment, region)
             table._repair()
         except BaseException:
@@ -286,9 +288,7 @@ class ControlTable:
         """
         flags = server_flags(True, healthy, role)
         return int(
-            self._writer().write_server(
-                slot, flags, max_batch_size, tokens_per_block, max_num_tokens, addr.encode()
-            )
+            self._writer().write_server(slot, flags, max_batch_size, tokens_per_block, max_num_tokens, addr.encode())
         )
 
     def set_healthy(self, slot: int, healthy: bool) -> None:
@@ -330,8 +330,9 @@ class ControlTable:
                 inc, flags, _, _, mb, tpb, mnt, addr = _retrying(region.read_server, slot)
                 _, _, role = split_flags(flags)
                 out.append(
-                    ServerInfo(slot, addr.decode(errors="replace"), role, True,
-                               bool(healthy >> slot & 1), inc, mb, tpb, mnt)
+                    ServerInfo(
+                        slot, addr.decode(errors="replace"), role, True, bool(healthy >> slot & 1), inc, mb, tpb, mnt
+                    )
                 )
             if region.servers_version() == version:
                 return out
@@ -344,17 +345,24 @@ class ControlTable:
     def coordinator(self) -> dict[str, int]:
         """{"pid", "starttime", "incarnation", "heartbeat_ns", "state"} of the coordinator line."""
         pid, starttime, incarnation, heartbeat_ns, state = self._region.coord()
-        return {"pid": pid, "starttime": starttime, "incarnation": incarnation,
-                "heartbeat_ns": heartbeat_ns, "state": state}
+        return {
+            "pid": pid,
+            "starttime": starttime,
+            "incarnation": incarnation,
+            "heartbeat_ns": heartbeat_ns,
+            "state": state,
+        }
 
     def rows(self) -> list[RowInfo]:
         """Claimed worker rows (rows being reclaimed are left out)."""
-        return [RowInfo(row, pid, token, start, hb, disp, comp, fleet)
-                for row, token, pid, start, hb, disp, comp, fleet in self._region.rows()]
+        return [
+            RowInfo(row, pid, token, start, hb, disp, comp, fleet)
+            for row, token, pid, start, hb, disp, comp, fleet in self._region.rows()
+        ]
 
     def load(self, slot: int) -> tuple[int, int]:
         """(active requests, active tokens) of server `slot`, summed over claimed rows."""
-        return self._region.load(slot)  # type: ignore[no-any-return]
+        return self._region.load(slot)
 
     def routed(self, slot: int) -> int:
         """Total picks of server `slot`: all rows plus retired totals of reclaimed rows.
@@ -365,12 +373,12 @@ class ControlTable:
 
     def retired(self) -> tuple[int, int]:
         """(dispatched, completed) totals retired from reclaimed rows."""
-        return self._region.retired()  # type: ignore[no-any-return]
+        return self._region.retired()
 
     @property
     def stats(self) -> dict[str, int]:
         """Process-local counters: seqlock retries, picks served from the last good config copy."""
-        return self._region.stats  # type: ignore[no-any-return]
+        return self._region.stats
 
     def index_publication(self) -> tuple[int, int, int, str]:
         """(generation, capacity, segment_bytes, name) of the published block index; generation 0
@@ -382,7 +390,7 @@ class ControlTable:
         """The block index metrics kept in the control segment (counters are monotonic; derive
         rates by differencing). "lag_hist" counts event-to-visibility lags in log-linear ns buckets
         (edges: `shmdisagg.shm.index.lag_bucket_edges`)."""
-        return self._region.index_metrics()  # type: ignore[no-any-return]
+        return self._region.index_metrics()
 
     # -- worker only (own row) ----------------------------------------------------------------
 
@@ -403,7 +411,7 @@ class ControlTable:
         (+1 request, +tokens, +1 routed, +1 dispatched) to the own row in the same call. Raises
         RowLost if the row is not ours, RetryExhausted if no config copy was ever readable.
         """
-        return self._region.pick_round_robin(row, role, exclude_slot, tokens)  # type: ignore[no-any-return]
+        return self._region.pick_round_robin(row, role, exclude_slot, tokens)
 
     def pick_least_loaded(self, row: int, role: int, exclude_slot: int, tokens: int, use_tokens: bool) -> int:
         """Candidate with the fewest active requests (or tokens) over all rows; -1 if none.
@@ -411,7 +419,7 @@ class ControlTable:
         Ties rotate with the role's round-robin ticket. Adds the pick to the own row as
         `pick_round_robin` does and raises the same errors.
         """
-        return self._region.pick_least_loaded(row, role, exclude_slot, tokens, use_tokens)  # type: ignore[no-any-return]
+        return self._region.pick_least_loaded(row, role, exclude_slot, tokens, use_tokens)
 
     def release(self, row: int, slot: int, tokens: int) -> bool:
         """Undo one pick (-1 request, -tokens, +1 completed) when its request ends, exactly once.

@@ -37,9 +37,11 @@ from shmdisagg.stats.snapshot import NotRunning, StatsReader, snapshot, stale_re
 # A prefix names files directly under /dev/shm ("/{prefix}-ctl", ...): what the config's
 # shmdisagg.shm.prefix accepts, or the default a config without one gets (shmdisagg-<uid>-<port>,
 # which a large uid can make longer than a configured prefix may be).
-_CONFIG_PREFIX = re.compile(next(m.pattern for m in ShmSection.model_fields["prefix"].metadata if getattr(m, "pattern", None)))
+_CONFIG_PREFIX = re.compile(
+    next(m.pattern for m in ShmSection.model_fields["prefix"].metadata if getattr(m, "pattern", None))
+)
 _DEFAULT_PREFIX = re.compile(r"^shmdisagg-[0-9]{1,10}-[0-9]{1,5}$")
-MAX_PREFIX_CHARS = int(re.search(r"\{1,(\d+)\}", _CONFIG_PREFIX.pattern).group(1))  # type: ignore[union-attr]
+MAX_PREFIX_CHARS = int(re.search(r"\{1,(\d+)\}", _CONFIG_PREFIX.pattern).group(1))  # type: ignore[union-attr]  # the pattern has {1,N}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,7 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("-c", "--config", help="the deployment's config file (its port and shmdisagg.shm.prefix)")
     where.add_argument("--port", type=int, help="the deployment's public port (default prefix shmdisagg-<uid>-<port>)")
     where.add_argument("--prefix", help="the deployment's shared-memory prefix")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes, and the window of the rates (default: %(default)s)")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between refreshes, and the window of the rates (default: %(default)s)",
+    )
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--json", action="store_true", help="with --once: JSON instead of the table")
 
@@ -66,8 +73,10 @@ def prefix_error(prefix: str) -> str | None:
     if _CONFIG_PREFIX.match(prefix) or _DEFAULT_PREFIX.match(prefix):
         return None
     shown = prefix if len(prefix) <= 60 else f"{prefix[:40]}... ({len(prefix)} characters)"
-    return (f"invalid shared-memory prefix {shown!r}: use 1-{MAX_PREFIX_CHARS} letters, digits, "
-            f"'_', '.' or '-' (as shmdisagg.shm.prefix), or the default shmdisagg-<uid>-<port>")
+    return (
+        f"invalid shared-memory prefix {shown!r}: use 1-{MAX_PREFIX_CHARS} letters, digits, "
+        f"'_', '.' or '-' (as shmdisagg.shm.prefix), or the default shmdisagg-<uid>-<port>"
+    )
 
 
 def fit_width(console: Any, renderable: Any) -> None:

@@ -77,16 +77,21 @@ def stopped_reason(prefix: str, segment_state: str, last: Sample) -> str:
     """Why a watched deployment ended, from how its control segment went (`segment_state`) and
     the last sample read before it did: for the live view's last line."""
     if segment_state == "replaced":
-        return (f"the deployment {prefix} stopped and a new one now runs under this prefix; "
-                "run shmdisagg stats again to watch it")
+        return (
+            f"the deployment {prefix} stopped and a new one now runs under this prefix; "
+            "run shmdisagg stats again to watch it"
+        )
     pid = last.coordinator["pid"]
     if COORD_STATES.get(last.coordinator["state"]) == "stopping":
-        return (f"the deployment {prefix} stopped: its coordinator (pid {pid}) was asked to stop (SIGTERM or "
-                "Ctrl-C to shmdisagg launch or serve, or the end of bench --launch), stopped the fleet and removed "
-                "its shared memory")
+        return (
+            f"the deployment {prefix} stopped: its coordinator (pid {pid}) was asked to stop (SIGTERM or "
+            "Ctrl-C to shmdisagg launch or serve, or the end of bench --launch), stopped the fleet and removed "
+            "its shared memory"
+        )
     still = process_alive(pid, last.coordinator.get("starttime", 0))
-    return (f"the deployment {prefix} stopped: its shared memory was removed; its coordinator (pid {pid}) "
-            + ("still runs" if still else "has exited"))
+    return f"the deployment {prefix} stopped: its shared memory was removed; its coordinator (pid {pid}) " + (
+        "still runs" if still else "has exited"
+    )
 
 
 def _inode(path: str) -> int | None:
@@ -154,7 +159,7 @@ class StatsReader:
         return self.segment_state() == "present"
 
     def segment_state(self) -> str:
-        """"present" (the control segment we mapped), "gone" (unlinked: the coordinator removes
+        """ "present" (the control segment we mapped), "gone" (unlinked: the coordinator removes
         it as it stops) or "replaced" (a newer deployment created its own under this prefix)."""
         inode = _inode(self._ctl_path)
         if inode is None:
@@ -239,26 +244,29 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
     servers = []
     for s in cur.servers:
         reqs, toks = cur.loads.get(s.slot, (0, 0))
-        prompt = cached = None
+        prompt = cached = hit_rate = None
         if totals is not None and s.slot < MAX_SERVERS:
             prompt = totals[LAYOUT.per_server["shmdisagg_server_prompt_tokens"] + s.slot]
             cached = totals[LAYOUT.per_server["shmdisagg_server_cached_tokens"] + s.slot]
+            hit_rate = cached / prompt if prompt else None
         routed = cur.routed.get(s.slot, 0)
-        servers.append({
-            "slot": s.slot,
-            "addr": s.addr,
-            "role": _role(s.role),
-            "healthy": s.healthy,
-            "incarnation": s.incarnation,
-            "active_requests": reqs,
-            "active_tokens": toks,
-            "routed": routed,
-            "routed_per_s": _rate(routed, prev.routed.get(s.slot) if prev else None, dt),
-            "kv_blocks": None if cur.kv_blocks is None else cur.kv_blocks.get(s.slot, 0),
-            "prompt_tokens": prompt,
-            "cached_tokens": cached,
-            "hit_rate": cached / prompt if prompt else None,
-        })
+        servers.append(
+            {
+                "slot": s.slot,
+                "addr": s.addr,
+                "role": _role(s.role),
+                "healthy": s.healthy,
+                "incarnation": s.incarnation,
+                "active_requests": reqs,
+                "active_tokens": toks,
+                "routed": routed,
+                "routed_per_s": _rate(routed, prev.routed.get(s.slot) if prev else None, dt),
+                "kv_blocks": None if cur.kv_blocks is None else cur.kv_blocks.get(s.slot, 0),
+                "prompt_tokens": prompt,
+                "cached_tokens": cached,
+                "hit_rate": hit_rate,
+            }
+        )
     out["servers"] = servers
 
     by_pid = _rows_by_pid(cur.metric_rows)
@@ -270,19 +278,23 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
         before = prev_rows.get((r.row, r.pid))
         m = by_pid.get(r.pid)
         pm = prev_by_pid.get(r.pid)
-        workers.append({
-            "worker": index_of.get(r.pid),  # the coordinator's "fleet worker N" (None: unknown)
-            "row": r.row,  # the control table row it claimed
-            "pid": r.pid,
-            "alive": cur.rows_alive.get(r.row),
-            "heartbeat_age_s": max(cur.t_ns - r.heartbeat_ns, 0) / 1e9,
-            "legs_in_flight": r.dispatched - r.completed,
-            "legs_dispatched": r.dispatched,
-            "legs_per_s": _rate(r.completed, before.completed if before else None, dt),
-            "requests": m[_C["total_requests"]] if m else None,
-            "requests_in_flight": _in_flight(m) if m else None,
-            "requests_per_s": _rate(m[_C["total_requests"]], pm[_C["total_requests"]] if pm else None, dt) if m else None,
-        })
+        workers.append(
+            {
+                "worker": index_of.get(r.pid),  # the coordinator's "fleet worker N" (None: unknown)
+                "row": r.row,  # the control table row it claimed
+                "pid": r.pid,
+                "alive": cur.rows_alive.get(r.row),
+                "heartbeat_age_s": max(cur.t_ns - r.heartbeat_ns, 0) / 1e9,
+                "legs_in_flight": r.dispatched - r.completed,
+                "legs_dispatched": r.dispatched,
+                "legs_per_s": _rate(r.completed, before.completed if before else None, dt),
+                "requests": m[_C["total_requests"]] if m else None,
+                "requests_in_flight": _in_flight(m) if m else None,
+                "requests_per_s": _rate(m[_C["total_requests"]], pm[_C["total_requests"]] if pm else None, dt)
+                if m
+                else None,
+            }
+        )
     out["workers"] = workers
     disp = sum(r.dispatched for r in cur.rows) + cur.retired[0]
     prev_disp = sum(r.dispatched for r in prev.rows) + prev.retired[0] if prev is not None else None
@@ -294,17 +306,33 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
     }
     out["requests"] = None
     if totals is not None:
-        req = {name: totals[_C[name]] for name in (
-            "total_requests", "total_responses", "validation_exceptions", "http_exceptions", "internal_errors",
-            "shmdisagg_admission_rejections", "shmdisagg_client_disconnects", "shmdisagg_worker_lost_requests",
-            "ctx_retry_requests", "gen_retry_requests")}
-        req["in_flight"] = _in_flight(totals)
+        counts = {
+            name: totals[_C[name]]
+            for name in (
+                "total_requests",
+                "total_responses",
+                "validation_exceptions",
+                "http_exceptions",
+                "internal_errors",
+                "shmdisagg_admission_rejections",
+                "shmdisagg_client_disconnects",
+                "shmdisagg_worker_lost_requests",
+                "ctx_retry_requests",
+                "gen_retry_requests",
+            )
+        }
         # total = in flight + ok + cancelled (client went away) + failed + 4xx + 429 + lost (on a
         # worker that died)
-        req["cancelled"] = req["shmdisagg_client_disconnects"]
-        req["failed"] = req["http_exceptions"] + req["internal_errors"]
-        req["lost"] = req["shmdisagg_worker_lost_requests"]
-        req["requests_per_s"] = _rate(totals[_C["total_requests"]], prev_totals[_C["total_requests"]] if prev_totals else None, dt)
+        req: dict[str, float | None] = {
+            **counts,
+            "in_flight": _in_flight(totals),
+            "cancelled": counts["shmdisagg_client_disconnects"],
+            "failed": counts["http_exceptions"] + counts["internal_errors"],
+            "lost": counts["shmdisagg_worker_lost_requests"],
+            "requests_per_s": _rate(
+                totals[_C["total_requests"]], prev_totals[_C["total_requests"]] if prev_totals else None, dt
+            ),
+        }
         prompt = sum(totals[LAYOUT.per_server["shmdisagg_server_prompt_tokens"] + i] for i in range(MAX_SERVERS))
         cached = sum(totals[LAYOUT.per_server["shmdisagg_server_cached_tokens"] + i] for i in range(MAX_SERVERS))
         req["hit_rate"] = cached / prompt if prompt else None
@@ -351,14 +379,20 @@ def _sum(rows: list[list[float]]) -> list[float]:
 def _rows_by_pid(rows: list[list[float]] | None) -> dict[int, list[float]]:
     if rows is None:
         return {}
-    return {int(r[LAYOUT.pid]): r for i, r in enumerate(rows) if i >= FIRST_WORKER_ROW and i != ROW_RETIRED and r[LAYOUT.pid]}
+    return {
+        int(r[LAYOUT.pid]): r
+        for i, r in enumerate(rows)
+        if i >= FIRST_WORKER_ROW and i != ROW_RETIRED and r[LAYOUT.pid]
+    }
 
 
 def _worker_index_by_pid(rows: list[list[float]] | None) -> dict[int, int]:
     """pid -> fleet index, from the metrics rows (row 2 + index is fleet worker index's)."""
     if rows is None:
         return {}
-    return {int(r[LAYOUT.pid]): i - FIRST_WORKER_ROW for i, r in enumerate(rows) if i >= FIRST_WORKER_ROW and r[LAYOUT.pid]}
+    return {
+        int(r[LAYOUT.pid]): i - FIRST_WORKER_ROW for i, r in enumerate(rows) if i >= FIRST_WORKER_ROW and r[LAYOUT.pid]
+    }
 
 
 def _in_flight(row: list[float]) -> float:

@@ -33,8 +33,10 @@ def render(snap: dict[str, Any]) -> RenderableType:
     head.append(f"  {snap['prefix']}  {snap['time'][11:19]} UTC  every {_n(snap['interval_s'], '{:.1f}')} s\n")
     stale = snap.get("state") == "stale"
     head.append(f"coordinator  pid {c['pid']}  incarnation {c['incarnation']:#x}  ")
-    head.append(c["state"].upper() if stale else c["state"],
-                style="bold red" if stale else ("green" if c["state"] == "running" else "yellow"))
+    head.append(
+        c["state"].upper() if stale else c["state"],
+        style="bold red" if stale else ("green" if c["state"] == "running" else "yellow"),
+    )
     head.append("  heartbeat ")
     head.append_text(_age(c["heartbeat_age_s"]))
     head.append(f"  events {_rate(c['events_applied_per_s'])}/s  lag {_n(c['event_lag_ms'], '{:.2f}')} ms")
@@ -50,38 +52,75 @@ def render(snap: dict[str, Any]) -> RenderableType:
             f"{_n(req['in_flight'])} in flight  {_n(req['total_responses'])} ok  "
             f"{_n(req.get('cancelled', 0))} cancelled  "
             f"{_n(req['validation_exceptions'])} 4xx  {_n(req['http_exceptions'] + req['internal_errors'])} failed  "
-            f"{_n(req['shmdisagg_admission_rejections'])} 429  " + (f"{_n(lost)} lost  " if lost else "") +
-            f"{_n(req['ctx_retry_requests'] + req['gen_retry_requests'])} retries  hit {_pct(req['hit_rate'])}"
+            f"{_n(req['shmdisagg_admission_rejections'])} 429  "
+            + (f"{_n(lost)} lost  " if lost else "")
+            + f"{_n(req['ctx_retry_requests'] + req['gen_retry_requests'])} retries  hit {_pct(req['hit_rate'])}"
         )
     else:
         head.append("\nrequests     - (no metrics segment)")
 
     servers = Table(title="servers", title_justify="left", expand=False)
-    for col, just in (("slot", "right"), ("role", "left"), ("server", "left"), ("health", "left"),
-                      ("active req", "right"), ("active tok", "right"), ("routed", "right"),
-                      ("routed/s", "right"), ("KV blocks", "right"), ("hit", "right")):
-        servers.add_column(col, justify=just)  # type: ignore[arg-type]
+    for col, just in (
+        ("slot", "right"),
+        ("role", "left"),
+        ("server", "left"),
+        ("health", "left"),
+        ("active req", "right"),
+        ("active tok", "right"),
+        ("routed", "right"),
+        ("routed/s", "right"),
+        ("KV blocks", "right"),
+        ("hit", "right"),
+    ):
+        servers.add_column(col, justify=just)  # type: ignore[arg-type]  # str, not rich's Literal
     for s in snap["servers"]:
         servers.add_row(
-            str(s["slot"]), ("ctx" if s["role"] == "context" else "gen"), s["addr"],
-            Text("stale", style="red") if stale else (Text("ok", style="green") if s["healthy"] else Text("DOWN", style="bold red")),
-            _n(s["active_requests"]), _n(s["active_tokens"]), _n(s["routed"]), _rate(s["routed_per_s"]),
-            _n(s["kv_blocks"]), _pct(s["hit_rate"]),
+            str(s["slot"]),
+            ("ctx" if s["role"] == "context" else "gen"),
+            s["addr"],
+            Text("stale", style="red")
+            if stale
+            else (Text("ok", style="green") if s["healthy"] else Text("DOWN", style="bold red")),
+            _n(s["active_requests"]),
+            _n(s["active_tokens"]),
+            _n(s["routed"]),
+            _rate(s["routed_per_s"]),
+            _n(s["kv_blocks"]),
+            _pct(s["hit_rate"]),
         )
 
     fleet = snap["fleet"]
-    workers = Table(title=f"fleet workers ({fleet['workers']}; {_n(fleet['legs_in_flight'])} legs in flight, {_rate(fleet['legs_per_s'])} legs/s)",
-                    title_justify="left")
+    workers = Table(
+        title=f"fleet workers ({fleet['workers']}; {_n(fleet['legs_in_flight'])} legs in flight, "
+        f"{_rate(fleet['legs_per_s'])} legs/s)",
+        title_justify="left",
+    )
     # "worker" is the coordinator's fleet index ("fleet worker N" in its log, /cluster_info's
     # worker_index); "table row" the control table row that process claimed
-    for col in ("worker", "table row", "pid", "heartbeat", "req in flight", "req/s", "requests", "legs in flight", "legs/s"):
+    for col in (
+        "worker",
+        "table row",
+        "pid",
+        "heartbeat",
+        "req in flight",
+        "req/s",
+        "requests",
+        "legs in flight",
+        "legs/s",
+    ):
         workers.add_column(col, justify="right")
     for w in snap["workers"]:
         gone = w.get("alive") is False
         workers.add_row(
-            _n(w.get("worker")), str(w["row"]), Text(str(w["pid"]), style="red") if gone else str(w["pid"]),
-            Text("gone", style="red") if gone else _age(w["heartbeat_age_s"]), _n(w["requests_in_flight"]),
-            _rate(w["requests_per_s"]), _n(w["requests"]), _n(w["legs_in_flight"]), _rate(w["legs_per_s"]),
+            _n(w.get("worker")),
+            str(w["row"]),
+            Text(str(w["pid"]), style="red") if gone else str(w["pid"]),
+            Text("gone", style="red") if gone else _age(w["heartbeat_age_s"]),
+            _n(w["requests_in_flight"]),
+            _rate(w["requests_per_s"]),
+            _n(w["requests"]),
+            _n(w["legs_in_flight"]),
+            _rate(w["legs_per_s"]),
         )
 
     ix = snap.get("index")

@@ -187,7 +187,7 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a TCP connection's: an asyncio.Transport
         self.pool._on_conn_made(self)
 
     def data_received(self, data: bytes) -> None:
@@ -206,7 +206,9 @@ class Connection(asyncio.Protocol):
             self.fail(UpstreamProtocolError(f"malformed response from {self.host.authority}: {exc}"))
         else:
             if self.head_fut is not None and self.rx_bytes > MAX_HEAD_BYTES:
-                self.fail(UpstreamProtocolError(f"response head from {self.host.authority} over {MAX_HEAD_BYTES} bytes"))
+                self.fail(
+                    UpstreamProtocolError(f"response head from {self.host.authority} over {MAX_HEAD_BYTES} bytes")
+                )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -268,7 +270,7 @@ class Connection(asyncio.Protocol):
                 self._wake()
             if self.buffered > self.high_water and not self.paused:
                 self.paused = True
-                self.transport.pause_reading()  # type: ignore[union-attr]
+                self.transport.pause_reading()  # type: ignore[union-attr]  # set by connection_made
 
     def on_message_complete(self) -> None:
         if self.status < 200:

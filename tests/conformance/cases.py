@@ -87,7 +87,9 @@ class Case:
     name: str
     path: str
     build: Callable[[Req], dict[str, Any]]
-    kind: str = "same"  # "same": equal to the direct answer; "refused": shmdisagg's documented 400; "error": the worker's error relayed
+    # "same": equal to the direct answer; "refused": shmdisagg's documented 400; "error": the
+    # worker's error relayed
+    kind: str = "same"
 
 
 def _cmpl(req: Req, **kw: Any) -> dict[str, Any]:
@@ -135,15 +137,48 @@ CASES = [
     Case("cmpl-long-stream", COMPLETIONS, lambda r: {**_long_cmpl(r), **USAGE}),
     Case("cmpl-n-1", COMPLETIONS, lambda r: _cmpl(r, n=1)),
     Case("cmpl-n-2", COMPLETIONS, lambda r: _cmpl(r, n=2), kind="refused"),
-    Case("cmpl-over-max-seq-len", COMPLETIONS, lambda r: over_max_seq_len(r, COMPLETIONS, lambda n: _cmpl(r, prompt=r.text(FILLER * n))), kind="error"),
+    Case(
+        "cmpl-over-max-seq-len",
+        COMPLETIONS,
+        lambda r: over_max_seq_len(r, COMPLETIONS, lambda n: _cmpl(r, prompt=r.text(FILLER * n))),
+        kind="error",
+    ),
     Case("cmpl-unknown-field", COMPLETIONS, lambda r: _cmpl(r, bogus_field=1), kind="error"),
     # chat
     Case("chat-text", CHAT, lambda r: _chat(r)),
     Case("chat-text-stream", CHAT, lambda r: _chat(r, **STREAM)),
-    Case("chat-system-prompt", CHAT, lambda r: _chat(r, messages=[{"role": "system", "content": "You are terse."}, *r.messages()])),
-    Case("chat-content-parts", CHAT, lambda r: _chat(r, messages=r.messages([{"type": "text", "text": r.nonce}, {"type": "text", "text": "Tell me about foxes."}]))),
-    Case("chat-content-parts-stream", CHAT, lambda r: _chat(r, messages=r.messages([{"type": "text", "text": r.nonce}, {"type": "text", "text": "Foxes?"}]), **STREAM)),
-    Case("chat-multi-turn", CHAT, lambda r: _chat(r, messages=[*r.messages(), {"role": "assistant", "content": "Once upon a time."}, {"role": "user", "content": "Go on."}])),
+    Case(
+        "chat-system-prompt",
+        CHAT,
+        lambda r: _chat(r, messages=[{"role": "system", "content": "You are terse."}, *r.messages()]),
+    ),
+    Case(
+        "chat-content-parts",
+        CHAT,
+        lambda r: _chat(
+            r,
+            messages=r.messages([{"type": "text", "text": r.nonce}, {"type": "text", "text": "Tell me about foxes."}]),
+        ),
+    ),
+    Case(
+        "chat-content-parts-stream",
+        CHAT,
+        lambda r: _chat(
+            r, messages=r.messages([{"type": "text", "text": r.nonce}, {"type": "text", "text": "Foxes?"}]), **STREAM
+        ),
+    ),
+    Case(
+        "chat-multi-turn",
+        CHAT,
+        lambda r: _chat(
+            r,
+            messages=[
+                *r.messages(),
+                {"role": "assistant", "content": "Once upon a time."},
+                {"role": "user", "content": "Go on."},
+            ],
+        ),
+    ),
     Case("chat-prompt-token-ids", CHAT, lambda r: _chat(r, prompt_token_ids=r.ids(30))),
     Case("chat-stop", CHAT, lambda r: r.stop_at(CHAT, _chat(r, max_tokens=12), 3)),
     Case("chat-stop-stream", CHAT, lambda r: r.stop_at(CHAT, _chat(r, max_tokens=12, **STREAM), 3)),
@@ -151,7 +186,11 @@ CASES = [
     Case("chat-stop-first-token-stream", CHAT, lambda r: r.stop_at(CHAT, _chat(r, **USAGE), 0)),
     Case("chat-max-tokens-1", CHAT, lambda r: _chat(r, max_tokens=1)),
     Case("chat-max-tokens-1-stream", CHAT, lambda r: _chat(r, max_tokens=1, **USAGE)),
-    Case("chat-max-completion-tokens", CHAT, lambda r: {"model": r.model, "messages": r.messages(), "max_completion_tokens": 5}),
+    Case(
+        "chat-max-completion-tokens",
+        CHAT,
+        lambda r: {"model": r.model, "messages": r.messages(), "max_completion_tokens": 5},
+    ),
     Case("chat-logprobs", CHAT, lambda r: _chat(r, logprobs=True, top_logprobs=2)),
     Case("chat-logprobs-stream", CHAT, lambda r: _chat(r, logprobs=True, top_logprobs=2, **STREAM)),
     Case("chat-include-usage", CHAT, lambda r: _chat(r, **USAGE)),
@@ -164,4 +203,13 @@ CASES = [
 BY_NAME = {c.name: c for c in CASES}
 # The cases a router can change (which server, and for tokenizing routers the prompt they write
 # back): run on every deployment; the rest on the deployments marked "full".
-CORE = ["cmpl-text", "cmpl-text-stream", "cmpl-token-ids", "chat-text", "chat-text-stream", "chat-content-parts", "chat-system-prompt", "cmpl-unicode"]
+CORE = [
+    "cmpl-text",
+    "cmpl-text-stream",
+    "cmpl-token-ids",
+    "chat-text",
+    "chat-text-stream",
+    "chat-content-parts",
+    "chat-system-prompt",
+    "cmpl-unicode",
+]

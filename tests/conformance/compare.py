@@ -24,11 +24,25 @@ from tests.conformance.workers import Answer
 
 PER_REQUEST = ("id", "created")  # made up by whoever answers; only their types are compared
 NULL_KEYS = frozenset({"disaggregated_params", "prompt_token_ids", "prompt_token_ids_b64"})
-INTERNAL_KEYS = frozenset({
-    "kv_transfer_params", "ctx_request_id", "disagg_request_id", "encoded_opaque_state", "opaque_state",
-    "ctx_info_endpoint", "first_gen_tokens", "first_gen_log_probs", "first_gen_logits", "ctx_usage",
-    "ctx_dp_rank", "schedule_style", "request_type", "draft_tokens", "return_prompt_token_ids_b64",
-})
+INTERNAL_KEYS = frozenset(
+    {
+        "kv_transfer_params",
+        "ctx_request_id",
+        "disagg_request_id",
+        "encoded_opaque_state",
+        "opaque_state",
+        "ctx_info_endpoint",
+        "first_gen_tokens",
+        "first_gen_log_probs",
+        "first_gen_logits",
+        "ctx_usage",
+        "ctx_dp_rank",
+        "schedule_style",
+        "request_type",
+        "draft_tokens",
+        "return_prompt_token_ids_b64",
+    }
+)
 # base64 of the fake context worker's opaque state magic (b"TRTLLM-FAKE-KV1"): its KV handle
 OPAQUE_B64 = b"VFJUTExNLUZBS0UtS1Yx"
 
@@ -45,7 +59,11 @@ def leaks(answer: Answer, executor_addrs: Iterable[str]) -> list[str]:
     for marker in (b"fake-transceiver", OPAQUE_B64):
         if marker in text:
             found.append(f"executor handle {marker.decode()!r}")
-    docs = answer.chunks if answer.headers.get("content-type", "").startswith("text/event-stream") else [_maybe_json(answer.raw)]
+    docs = (
+        answer.chunks
+        if answer.headers.get("content-type", "").startswith("text/event-stream")
+        else [_maybe_json(answer.raw)]
+    )
     for doc in docs:
         found.extend(_internal_keys(doc, "$"))
     return sorted(set(found))
@@ -143,7 +161,9 @@ def assembled(chunks: list[dict[str, Any]]) -> dict[str, Any]:
         if chunk.get("usage") is not None:
             usage.append(chunk["usage"])
         for c in chunk.get("choices") or ():
-            a = choices.setdefault(c.get("index", 0), {"role": [], "text": "", "logprobs": [], "finish_reason": None, "stop_reason": None})
+            a = choices.setdefault(
+                c.get("index", 0), {"role": [], "text": "", "logprobs": [], "finish_reason": None, "stop_reason": None}
+            )
             delta = c.get("delta")
             if isinstance(delta, dict):  # chat
                 if "role" in delta:
@@ -162,7 +182,10 @@ def assembled(chunks: list[dict[str, Any]]) -> dict[str, Any]:
                 a["stop_reason"] = c["stop_reason"]
     for a in choices.values():  # completions: logprobs as one list per field, however chunked
         if a["logprobs"] and "tokens" in a["logprobs"][0]:
-            a["logprobs"] = {k: [x for part in a["logprobs"] for x in part[k] or ()] for k in ("tokens", "token_logprobs", "top_logprobs")}
+            a["logprobs"] = {
+                k: [x for part in a["logprobs"] for x in part[k] or ()]
+                for k in ("tokens", "token_logprobs", "top_logprobs")
+            }
     return {
         "choices": {str(i): a for i, a in sorted(choices.items())},
         "usage": usage,
@@ -183,7 +206,10 @@ def fields(shape_: Any, prefix: str = "") -> set[str]:
 def chunk_shape_diff(direct: list[dict[str, Any]], via: list[dict[str, Any]]) -> list[str]:
     """Each kind of chunk one stream has and the other lacks, as the fields it has or lacks
     against the closest chunk of the other stream."""
-    kinds = {name: {orjson.dumps(shape(c), option=orjson.OPT_SORT_KEYS): fields(shape(c)) for c in chunks} for name, chunks in (("direct", direct), ("via", via))}
+    kinds = {
+        name: {orjson.dumps(shape(c), option=orjson.OPT_SORT_KEYS): fields(shape(c)) for c in chunks}
+        for name, chunks in (("direct", direct), ("via", via))
+    }
     out = []
     for name, other in (("via", "direct"), ("direct", "via")):
         for key, f in kinds[name].items():
@@ -192,7 +218,10 @@ def chunk_shape_diff(direct: list[dict[str, Any]], via: list[dict[str, Any]]) ->
             closest = max(kinds[other].values(), key=lambda g: len(f & g), default=set())
             lacks, extra = sorted(closest - f), sorted(f - closest)
             who, them = ("via shmdisagg", "direct") if name == "via" else ("direct", "via shmdisagg")
-            out.append(f"a {who} chunk kind that {them} never sends; against the closest {them} chunk it lacks {lacks} and adds {extra}")
+            out.append(
+                f"a {who} chunk kind that {them} never sends; against the closest {them} chunk it lacks {lacks} "
+                f"and adds {extra}"
+            )
     return out
 
 

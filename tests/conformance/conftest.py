@@ -113,7 +113,11 @@ def deployed(name: str, tmp: Path, ctx: list[Worker], gen: list[Worker], **top: 
     a loaded 2-core machine can take longer than the default 10 s to claim its row, and would be
     killed and replaced in a loop; supervision is not what this suite tests."""
     prefix = f"shmdisagg-c{uuid.uuid4().hex[:10]}"
-    top = {"num_workers": 1, **top, "shmdisagg": {"worker_timeout_s": 0, "request_timeout_s": 60, **top.get("shmdisagg", {})}}
+    top = {
+        "num_workers": 1,
+        **top,
+        "shmdisagg": {"worker_timeout_s": 0, "request_timeout_s": 60, **top.get("shmdisagg", {})},
+    }
     path = write_config(tmp, prefix, [w.addr for w in ctx], [w.addr for w in gen], **top)
     try:
         with deployment(path) as dep:

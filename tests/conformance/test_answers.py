@@ -23,6 +23,7 @@ from tests.conformance.conftest import Deployed, Pool, deployed
 from tests.conformance.worker_copy import WorkerCopy
 from tests.conformance.workers import Answer
 
+
 def _kv(copy: WorkerCopy) -> dict[str, Any]:
     return {"type": "kv_cache_aware", "tokenizer_dir": str(copy.tokenizer)}
 
@@ -30,23 +31,38 @@ def _kv(copy: WorkerCopy) -> dict[str, Any]:
 # name -> (top-level config keys for write_config, run every case?)
 DEPLOYMENTS: dict[str, tuple[Callable[[WorkerCopy], dict[str, Any]], bool]] = {
     "round_robin": (lambda c: {"routers": ("round_robin", "round_robin")}, True),
-    "round_robin-generation_first": (lambda c: {"routers": ("round_robin", "round_robin"), "schedule_style": "generation_first"}, True),
+    "round_robin-generation_first": (
+        lambda c: {"routers": ("round_robin", "round_robin"), "schedule_style": "generation_first"},
+        True,
+    ),
     "load_balancing": (lambda c: {"routers": ("load_balancing", "load_balancing")}, False),
     "load_balancing-use_tokens": (lambda c: {"routers": ({"type": "load_balancing", "use_tokens": True},) * 2}, False),
     # two fleet workers: the block index and the round-robin tickets are shared between them
     "kv_cache_aware": (lambda c: {"routers": (_kv(c), _kv(c)), "num_workers": 2}, True),
-    "kv_cache_aware-generation_first": (lambda c: {"routers": (_kv(c), _kv(c)), "schedule_style": "generation_first"}, True),
+    "kv_cache_aware-generation_first": (
+        lambda c: {"routers": (_kv(c), _kv(c)), "schedule_style": "generation_first"},
+        True,
+    ),
     "conversation": (lambda c: {"routers": ("conversation", "conversation")}, False),
-    "conditional_disagg": (lambda c: {"routers": ("round_robin", _kv(c)), "conditional_disagg_config": {"max_local_prefill_length": 64}}, True),
+    "conditional_disagg": (
+        lambda c: {"routers": ("round_robin", _kv(c)), "conditional_disagg_config": {"max_local_prefill_length": 64}},
+        True,
+    ),
 }
 
 
 def _deps(full: bool) -> list[Any]:
-    return [pytest.param(name, marks=pytest.mark.xdist_group(f"conformance-{name}")) for name, (_, f) in DEPLOYMENTS.items() if f == full]
+    return [
+        pytest.param(name, marks=pytest.mark.xdist_group(f"conformance-{name}"))
+        for name, (_, f) in DEPLOYMENTS.items()
+        if f == full
+    ]
 
 
 @pytest.fixture(scope="module")
-def dep(request: pytest.FixtureRequest, pool: Pool, worker_copy: WorkerCopy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+def dep(
+    request: pytest.FixtureRequest, pool: Pool, worker_copy: WorkerCopy, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployed]:
     name = request.param
     top = DEPLOYMENTS[name][0](worker_copy)
     with deployed(name, tmp_path_factory.mktemp(f"dep-{name}"), pool.ctx, pool.gen, **top) as d:
@@ -109,7 +125,9 @@ def _check_relayed_error(d: Deployed, direct: Answer, via: Answer) -> None:
 
 
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
-@pytest.mark.parametrize("dep", [pytest.param("round_robin", marks=pytest.mark.xdist_group("conformance-round_robin"))], indirect=True)
+@pytest.mark.parametrize(
+    "dep", [pytest.param("round_robin", marks=pytest.mark.xdist_group("conformance-round_robin"))], indirect=True
+)
 def test_stream_error_before_first_token(dep: Deployed, path: str, pool: Pool, worker_copy: WorkerCopy) -> None:
     """A streaming request the worker refuses (prompt + max_tokens one over max_seq_len).
     shmdisagg's context leg is not streamed, so the client gets the worker's 400 and message
@@ -137,7 +155,9 @@ REPEATED = ["kv_cache_aware", "conversation", "conditional_disagg"]
 
 
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
-@pytest.mark.parametrize("dep", [pytest.param(n, marks=pytest.mark.xdist_group(f"conformance-{n}")) for n in REPEATED], indirect=True)
+@pytest.mark.parametrize(
+    "dep", [pytest.param(n, marks=pytest.mark.xdist_group(f"conformance-{n}")) for n in REPEATED], indirect=True
+)
 def test_repeated_prompt_reuses_the_kv_cache(dep: Deployed, path: str, pool: Pool, worker_copy: WorkerCopy) -> None:
     """The same request twice. kv_cache_aware (by its block index) and conversation (by its
     session) send the second one to the context server that holds the prompt, whose cached

@@ -26,10 +26,10 @@ from typing import Any
 import orjson
 import pytest
 
+from shmdisagg.orchestrator.tokenization import HFTokenizer
 from shmdisagg.routing import RoutingKey
 from shmdisagg.shm import ControlTable
 from shmdisagg.shm.index import event_masks, server_blocks
-from shmdisagg.orchestrator.tokenization import HFTokenizer
 from tests.conformance.cases import COMPLETIONS, Req
 from tests.conformance.conftest import FAST, Deployed, deployed, worker_set
 from tests.conformance.worker_copy import WorkerCopy
@@ -121,15 +121,18 @@ def test_index_holds_what_each_worker_stored(kv: KvSetup) -> None:
             owner: list[str] = []
 
             def reported() -> bool:
-                masks = event_masks(table, hashes[-1:]) or {}
-                owner[:] = [a for a in kv.twins if masks.get(hashes[-1], 0) >> slots[a] & 1]
-                return len(owner) == 1
+                masks = event_masks(table, hashes[-1:]) or {}  # noqa: B023 (wait_until polls it before the loop moves on)
+                owner[:] = [a for a in kv.twins if masks.get(hashes[-1], 0) >> slots[a] & 1]  # noqa: B023 (wait_until polls it before the loop moves on)
+                return len(owner) == 1  # noqa: B023 (wait_until polls it before the loop moves on)
 
             wait_until(reported, what=f"one context server's events to hold the last block of {prompt!r}")
             twin = kv.twins[owner[0]]
             direct = twin.post(COMPLETIONS, body).json
             # The answer's usage is the context worker's (ctx_usage): its cached tokens are the twin's.
-            assert (via.json["usage"], via.json["choices"][0]["text"]) == (direct["usage"], direct["choices"][0]["text"])
+            assert (via.json["usage"], via.json["choices"][0]["text"]) == (
+                direct["usage"],
+                direct["choices"][0]["text"],
+            )
             stored, removed = _apply(twin.drain_events(), held[owner[0]])
             evicted += len(removed)
             assert set(stored) <= set(hashes), "the worker stored blocks the router did not hash"
@@ -149,8 +152,21 @@ def test_index_holds_what_each_worker_stored(kv: KvSetup) -> None:
         assert evicted, "no block was evicted: the removed events were not exercised"
         # What an operator sees: `shmdisagg stats --once --json` counts the same blocks per server.
         out = subprocess.run(
-            [sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", kv.d.dep.config.shm_prefix, "--once", "--json", "--interval", "0.1"],
-            capture_output=True, check=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "shmdisagg.cli",
+                "stats",
+                "--prefix",
+                kv.d.dep.config.shm_prefix,
+                "--once",
+                "--json",
+                "--interval",
+                "0.1",
+            ],
+            capture_output=True,
+            check=True,
+            timeout=60,
         )
         shown = {s["addr"]: s["kv_blocks"] for s in orjson.loads(out.stdout)["servers"] if s["addr"] in held}
         assert shown == {addr: len(blocks) for addr, blocks in held.items()}, shown

@@ -24,8 +24,8 @@ from typing import Any
 import orjson
 
 from shmdisagg.procutil import die_with_parent
-from tests.conftest import free_port
 from tests.conformance.worker_copy import STATE, WorkerCopy
+from tests.conftest import free_port
 
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine imports transformers slowly
 FORKSERVER = Path(__file__).with_name("forkserver.py")
@@ -119,8 +119,12 @@ class ForkServer:
             "PYTHONPYCACHEPREFIX": str(STATE / "pycache"),
         }
         self.proc = subprocess.Popen(
-            [str(copy.python), str(FORKSERVER), str(copy.root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, cwd=copy.root, preexec_fn=die_with_parent,
+            [str(copy.python), str(FORKSERVER), str(copy.root)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=copy.root,
+            preexec_fn=die_with_parent,
         )
         self._read(START_TIMEOUT_S)  # {"ready": true} once the imports are done
 

@@ -65,9 +65,25 @@ from starlette.routing import Route
 
 def build_app(name: str, addr: str) -> Starlette:
     recorded: list[dict[str, Any]] = []
-    script: dict[str, Any] = {"finish_reason": "length", "status": 200, "chunks": 4, "hold": False, "delay_s": 0.0, "omit_ids": False, "chunk_interval_s": 0.0, "stream_finish_reason": "length",
-                              "gen_choices": 1, "completion_tokens": None, "leak": False, "error_message": None, "stream_error": None, "auth_key": None,
-                              "perf_metrics": True, "event_split": 0, "health_delay_s": 0.0}
+    script: dict[str, Any] = {
+        "finish_reason": "length",
+        "status": 200,
+        "chunks": 4,
+        "hold": False,
+        "delay_s": 0.0,
+        "omit_ids": False,
+        "chunk_interval_s": 0.0,
+        "stream_finish_reason": "length",
+        "gen_choices": 1,
+        "completion_tokens": None,
+        "leak": False,
+        "error_message": None,
+        "stream_error": None,
+        "auth_key": None,
+        "perf_metrics": True,
+        "event_split": 0,
+        "health_delay_s": 0.0,
+    }
     events: list[str] = []
     release = asyncio.Event()
     counter = {"n": 0}
@@ -89,7 +105,12 @@ def build_app(name: str, addr: str) -> Starlette:
         return JSONResponse({k: v for k, v in info.items() if v is not None})
 
     async def models(_: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tensorrt_llm"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tensorrt_llm"}],
+            }
+        )
 
     async def recorded_ep(_: Request) -> Response:
         return Response(orjson.dumps(recorded), media_type="application/json")
@@ -117,21 +138,39 @@ def build_app(name: str, addr: str) -> Starlette:
         body["_path"] = request.url.path
         metrics = script["perf_metrics"] and request.headers.get("x-trtllm-return-metrics", "").strip() == "1"
         body["_server"] = name
-        body["_headers"] = {k: v for k, v in request.headers.items() if k.startswith(("x-", "content-type", "traceparent"))}
+        body["_headers"] = {
+            k: v for k, v in request.headers.items() if k.startswith(("x-", "content-type", "traceparent"))
+        }
         recorded.append(body)
-        refusal = _auth_refusal(script["auth_key"], body.get("disaggregated_params"), request.headers.get("x-trtllm-disagg-auth"))
+        refusal = _auth_refusal(
+            script["auth_key"], body.get("disaggregated_params"), request.headers.get("x-trtllm-disagg-auth")
+        )
         if refusal:
-            return JSONResponse({"object": "error", "message": refusal, "type": "BadRequestError", "param": None, "code": 400}, status_code=400)
+            return JSONResponse(
+                {"object": "error", "message": refusal, "type": "BadRequestError", "param": None, "code": 400},
+                status_code=400,
+            )
         if script["delay_s"]:
             await asyncio.sleep(script["delay_s"])
         if script["status"] != 200:
             message = script["error_message"] or f"scripted {script['status']}"
-            err = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": script["status"]}
+            err = {
+                "object": "error",
+                "message": message,
+                "type": "BadRequestError",
+                "param": None,
+                "code": script["status"],
+            }
             return JSONResponse(err, status_code=script["status"])
         params = body.get("disaggregated_params") or {}
         chat = request.url.path.endswith("chat/completions")
         prompt_ids = body.get("prompt") if isinstance(body.get("prompt"), list) else [101, 102, 103]
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": 1, "total_tokens": len(prompt_ids) + 1, "prompt_tokens_details": {"cached_tokens": 7}}
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": 1,
+            "total_tokens": len(prompt_ids) + 1,
+            "prompt_tokens_details": {"cached_tokens": 7},
+        }
         if params.get("request_type") == "context_only":
             counter["n"] += 1
             choice: dict[str, Any] = {
@@ -154,18 +193,39 @@ def build_app(name: str, addr: str) -> Starlette:
                 choice["text"] = "A"
             ids: dict[str, Any] = {"prompt_token_ids": prompt_ids}
             if params.get("return_prompt_token_ids_b64"):  # as the worker does (openai_server.py)
-                ids = {"prompt_token_ids": None, "prompt_token_ids_b64": base64.b64encode(struct.pack(f"<{len(prompt_ids)}i", *prompt_ids)).decode()}
-            answer = {"id": f"cmpl-{name}-{counter['n']}", "object": "text_completion", "created": int(time.time()), "model": body.get("model"), "choices": [choice], "usage": usage, **ids}
+                ids = {
+                    "prompt_token_ids": None,
+                    "prompt_token_ids_b64": base64.b64encode(struct.pack(f"<{len(prompt_ids)}i", *prompt_ids)).decode(),
+                }
+            answer = {
+                "id": f"cmpl-{name}-{counter['n']}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [choice],
+                "usage": usage,
+                **ids,
+            }
             return JSONResponse(answer, headers=_metrics_headers(arrival) if metrics else None)
         leak = {"disaggregated_params": params, "kv_transfer_params": {"remote_host": addr}} if script["leak"] else {}
         if body.get("stream"):
-            return StreamingResponse(_stream(script, release, name, events, leak, chat, arrival if metrics else None), media_type="text/event-stream")
+            return StreamingResponse(
+                _stream(script, release, name, events, leak, chat, arrival if metrics else None),
+                media_type="text/event-stream",
+            )
         text = {"message": {"role": "assistant", "content": "ABCD"}} if chat else {"text": "ABCD"}
         if script["completion_tokens"] is not None:
             usage = {**usage, "completion_tokens": script["completion_tokens"]}
         choices = [{"index": i, "finish_reason": "length", **text, **leak} for i in range(script["gen_choices"])]
         extra = {"prompt_token_ids": prompt_ids} if script["leak"] else {}
-        answer = {"id": f"cmpl-{name}", "object": "text_completion", "model": body.get("model"), "choices": choices, "usage": usage, **extra}
+        answer = {
+            "id": f"cmpl-{name}",
+            "object": "text_completion",
+            "model": body.get("model"),
+            "choices": choices,
+            "usage": usage,
+            **extra,
+        }
         return JSONResponse(answer, headers=_metrics_headers(arrival) if metrics else None)
 
     async def count_tokens(request: Request) -> Response:
@@ -177,7 +237,10 @@ def build_app(name: str, addr: str) -> Starlette:
         recorded.append(body)
         if script["status"] != 200:
             message = script["error_message"] or f"scripted {script['status']}"
-            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": message}}, status_code=script["status"])
+            return JSONResponse(
+                {"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+                status_code=script["status"],
+            )
         count = sum(len(m["content"]) for m in body.get("messages", []) if isinstance(m.get("content"), str))
         return JSONResponse({"input_tokens": count})
 
@@ -200,11 +263,19 @@ def build_app(name: str, addr: str) -> Starlette:
 def _auth_refusal(key: str | None, params: Any, provided: str | None) -> str | None:
     """What a worker holding `key` says to a handoff whose signature is missing or wrong (None:
     accepted). The signature is computed here from disagg_auth.py's definition."""
-    if not key or not isinstance(params, dict) or all(params.get(f) is None for f in ("encoded_opaque_state", "ctx_info_endpoint")):
+    if (
+        not key
+        or not isinstance(params, dict)
+        or all(params.get(f) is None for f in ("encoded_opaque_state", "ctx_info_endpoint"))
+    ):
         return None
     endpoint = params.get("ctx_info_endpoint")
     endpoint = (endpoint[0] if endpoint else None) if isinstance(endpoint, list) else endpoint
-    payload = json.dumps({"ctx_info_endpoint": endpoint, "encoded_opaque_state": params.get("encoded_opaque_state")}, sort_keys=True, separators=(",", ":"))
+    payload = json.dumps(
+        {"ctx_info_endpoint": endpoint, "encoded_opaque_state": params.get("encoded_opaque_state")},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     expected = "sha256=" + hmac.new(key.encode(), payload.encode(), hashlib.sha256).hexdigest()
     if provided is None or not hmac.compare_digest(provided, expected):
         return "Invalid internal disaggregated request authentication"
@@ -221,20 +292,52 @@ def _metrics_headers(arrival: float) -> dict[str, str]:
     queue 1 ms, first token 2 ms after arrival, the end now, one decoding step of 0.5 ms."""
     end = time.monotonic()
     return {
-        "Server-Timing": f"server_queue;dur=1.000000, server_ttft;dur=2.000000, server_e2e;dur={(end - arrival) * 1000:.6f}",
+        "Server-Timing": "server_queue;dur=1.000000, server_ttft;dur=2.000000, "
+        f"server_e2e;dur={(end - arrival) * 1000:.6f}",
         "X-TRTLLM-Start-End-Time": f"server-start;ts={arrival:.9f}, server-end;ts={end:.9f}",
         "X-TRTLLM-Step-Metrics": "server-step-0-forward;dur=0.500000",
     }
 
 
-async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, events: list[str], leak: dict[str, Any], chat: bool, arrival: float | None = None):  # type: ignore[no-untyped-def]
+async def _stream(
+    script: dict[str, Any],
+    release: asyncio.Event,
+    name: str,
+    events: list[str],
+    leak: dict[str, Any],
+    chat: bool,
+    arrival: float | None = None,
+):  # type: ignore[no-untyped-def]
     try:
         for i in range(script["chunks"]):
             # chat chunks carry a delta (ChatCompletionStreamResponse), completion chunks text
             part = {"delta": {"content": f"t{i}"}} if chat else {"text": f"t{i}"}
-            yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "model": "fake-model", "choices": [{"index": 0, **part, "finish_reason": _finish(script, i), **leak}]}) + b"\n\n"
+            yield (
+                b"data: "
+                + orjson.dumps(
+                    {
+                        "id": f"cmpl-{name}",
+                        "model": "fake-model",
+                        "choices": [{"index": 0, **part, "finish_reason": _finish(script, i), **leak}],
+                    }
+                )
+                + b"\n\n"
+            )
             if i == 0 and script["stream_error"]:
-                yield b"data: " + orjson.dumps({"error": {"message": script["stream_error"], "type": "server_error", "code": None, "param": None}}) + b"\n\n"
+                yield (
+                    b"data: "
+                    + orjson.dumps(
+                        {
+                            "error": {
+                                "message": script["stream_error"],
+                                "type": "server_error",
+                                "code": None,
+                                "param": None,
+                            }
+                        }
+                    )
+                    + b"\n\n"
+                )
                 yield b"data: [DONE]\n\n"
                 return
             if i == 0 and script["hold"]:
@@ -242,7 +345,11 @@ async def _stream(script: dict[str, Any], release: asyncio.Event, name: str, eve
             if script["chunk_interval_s"]:
                 await asyncio.sleep(script["chunk_interval_s"])
         if script["completion_tokens"] is not None:
-            usage = {"prompt_tokens": 3, "completion_tokens": script["completion_tokens"], "total_tokens": 3 + script["completion_tokens"]}
+            usage = {
+                "prompt_tokens": 3,
+                "completion_tokens": script["completion_tokens"],
+                "total_tokens": 3 + script["completion_tokens"],
+            }
             yield b"data: " + orjson.dumps({"id": f"cmpl-{name}", "choices": [], "usage": usage}) + b"\n\n"
         done = b"data: [DONE]\n\n"
         if arrival is None:

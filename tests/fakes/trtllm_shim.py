@@ -36,7 +36,9 @@ def shim_env() -> dict[str, str]:
     return env
 
 
-def localize(cfg: dict[str, Any], tmp: Path, shm_prefix: str, num_workers: int = 2, speedup: float = 20.0) -> dict[str, Any]:
+def localize(
+    cfg: dict[str, Any], tmp: Path, shm_prefix: str, num_workers: int = 2, speedup: float = 20.0
+) -> dict[str, Any]:
     """A copy of a deployment config made safe to run in a test: fresh loopback ports for the
     public listener and every executor, this test's shared-memory prefix and coordinator
     socket, quick health polling, `num_workers` fleet workers, and the simulator sped up (the

@@ -62,7 +62,9 @@ def fake_executors(names: list[str]) -> Iterator[list[FakeExecutor]]:
     try:
         for name in names:
             port = free_port()
-            proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.executor", "--port", str(port), "--name", name], cwd=REPO)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.fakes.executor", "--port", str(port), "--name", name], cwd=REPO
+            )
             fakes.append(FakeExecutor(name, port, proc))
         for f in fakes:
             wait_until(lambda f=f: http_status(f"http://{f.addr}/health") == 200, what=f"fake {f.name}")
@@ -83,7 +85,9 @@ def write_config(tmp: Path, shm_prefix: str, ctx: list[str], gen: list[str], **t
     routers = top.pop("routers", ("round_robin", "round_robin"))
     cfg: dict[str, Any] = {
         "hostname": "127.0.0.1",
-        "port": next(p for p in iter(free_port, None) if f"127.0.0.1:{p}" not in (*ctx, *gen)),  # free_port may repeat an executor's
+        "port": next(
+            p for p in iter(free_port, None) if f"127.0.0.1:{p}" not in (*ctx, *gen)
+        ),  # free_port may repeat an executor's
         "num_workers": 2,
         "context_servers": {"num_instances": len(ctx), "urls": ctx, "router": _router(routers[0])},
         "generation_servers": {"num_instances": len(gen), "urls": gen, "router": _router(routers[1])},
@@ -116,7 +120,9 @@ def deployment(config_path: Path) -> Iterator[Deployment]:
         dep.stop()
 
 
-def request_json(host: str, port: int, method: str, path: str, body: Any = None, conn: http.client.HTTPConnection | None = None) -> tuple[int, Any]:
+def request_json(
+    host: str, port: int, method: str, path: str, body: Any = None, conn: http.client.HTTPConnection | None = None
+) -> tuple[int, Any]:
     own = conn is None
     c = conn or http.client.HTTPConnection(host, port, timeout=30)
     try:
@@ -168,7 +174,9 @@ def post_raw(dep: Deployment, path: str, raw: bytes) -> tuple[int, Any]:
         c.close()
 
 
-def stream_lines(dep: Deployment, path: str, body: Any, conn: http.client.HTTPConnection | None = None) -> tuple[int, list[bytes], dict[str, str]]:
+def stream_lines(
+    dep: Deployment, path: str, body: Any, conn: http.client.HTTPConnection | None = None
+) -> tuple[int, list[bytes], dict[str, str]]:
     """POST a streaming request and return (status, SSE data payloads, headers)."""
     c = conn or http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
     try:
@@ -182,7 +190,9 @@ def stream_lines(dep: Deployment, path: str, body: Any, conn: http.client.HTTPCo
             c.close()
 
 
-def connection_to_worker(dep: Deployment, index: int, attempts: int = 200, timeout_s: float = 20.0) -> http.client.HTTPConnection:
+def connection_to_worker(
+    dep: Deployment, index: int, attempts: int = 200, timeout_s: float = 20.0
+) -> http.client.HTTPConnection:
     """A keep-alive connection that the kernel's SO_REUSEPORT hash gave to fleet worker `index`.
     Tries `attempts` connections, and keeps trying until `timeout_s` (a replacement worker may
     still be starting)."""

@@ -19,8 +19,8 @@ from shmdisagg.orchestrator.flows import Flows
 from shmdisagg.orchestrator.ids import DisaggIdGenerator
 from shmdisagg.orchestrator.legs import LegRunner
 from shmdisagg.orchestrator.reporting import FailureReporter
-from shmdisagg.routing import make_policy
 from shmdisagg.orchestrator.service import Admission, DisaggService
+from shmdisagg.routing import make_policy
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
 from shmdisagg.upstream import UpstreamPool
 
@@ -73,7 +73,12 @@ class Stack:
 async def call(handler: Handler, path: str, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> Answer:
     """One POST through `handler` (an ASGI hot-route handler); the client never disconnects."""
     raw = body if isinstance(body, bytes) else orjson.dumps(body)
-    scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-type", b"application/json"), *(headers or [])]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [(b"content-type", b"application/json"), *(headers or [])],
+    }
     sent = False
     forever = asyncio.Event()
     messages: list[dict[str, Any]] = []

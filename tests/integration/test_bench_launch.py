@@ -40,28 +40,70 @@ def test_sigterm_to_the_process_group_reports_then_stops_the_deployment(tmp_path
     port, ctx, gen = free_port(), free_port(), free_port()  # where the deployment will run
     logs = tmp_path / "logs"
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "hostname": "127.0.0.1",
-        "port": port + OFFSET,
-        "num_workers": 2,
-        "context_servers": {"num_instances": 1, "urls": [f"127.0.0.1:{ctx + OFFSET}"], "router": {"type": "load_balancing"}},
-        "generation_servers": {"num_instances": 1, "urls": [f"127.0.0.1:{gen + OFFSET}"], "router": {"type": "load_balancing"}},
-        "shmdisagg": {
-            "shm": {"prefix": shm_prefix},
-            "coordinator_socket": str(tmp_path / "coord.sock"),
-            "health_check_interval_s": 0.2,
-            # slow decoding: the requests are still streaming when the signal comes
-            "executors": {"backend": "sim", "model": MODEL, "log_dir": str(logs), "sim": {"speedup": 1.0, "num_blocks": 4096}},
-        },
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "hostname": "127.0.0.1",
+                "port": port + OFFSET,
+                "num_workers": 2,
+                "context_servers": {
+                    "num_instances": 1,
+                    "urls": [f"127.0.0.1:{ctx + OFFSET}"],
+                    "router": {"type": "load_balancing"},
+                },
+                "generation_servers": {
+                    "num_instances": 1,
+                    "urls": [f"127.0.0.1:{gen + OFFSET}"],
+                    "router": {"type": "load_balancing"},
+                },
+                "shmdisagg": {
+                    "shm": {"prefix": shm_prefix},
+                    "coordinator_socket": str(tmp_path / "coord.sock"),
+                    "health_check_interval_s": 0.2,
+                    # slow decoding: the requests are still streaming when the signal comes
+                    "executors": {
+                        "backend": "sim",
+                        "model": MODEL,
+                        "log_dir": str(logs),
+                        "sim": {"speedup": 1.0, "num_blocks": 4096},
+                    },
+                },
+            }
+        )
+    )
     out = tmp_path / "run.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shmdisagg.cli", "bench", "--launch", "-c", str(cfg), "--port", str(port),
-         "--concurrency", "2", "--input-len", "64", "--output-len", "4000", "--num-requests", "8",
-         "--no-progress", "--json", str(out)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # its own process group, as under timeout(1)
+        [
+            sys.executable,
+            "-m",
+            "shmdisagg.cli",
+            "bench",
+            "--launch",
+            "-c",
+            str(cfg),
+            "--port",
+            str(port),
+            "--concurrency",
+            "2",
+            "--input-len",
+            "64",
+            "--output-len",
+            "4000",
+            "--num-requests",
+            "8",
+            "--no-progress",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # its own process group, as under timeout(1)
     try:
-        wait_until(lambda: proc.poll() is not None or _active_requests(port) >= 2, timeout_s=120, what="two requests in flight")
+        wait_until(
+            lambda: proc.poll() is not None or _active_requests(port) >= 2, timeout_s=120, what="two requests in flight"
+        )
         assert proc.poll() is None, proc.communicate()
         children = descendants(proc.pid)
         assert len(children) >= 5  # 2 executors, the coordinator, 2 fleet workers (and a standby)
@@ -90,7 +132,9 @@ def test_sigterm_to_the_process_group_reports_then_stops_the_deployment(tmp_path
     assert said and reported and stopped and said[0] < reported[0] < stopped[0], err
     assert not [p for p in children if alive(p)]
     assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
-    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"shmdisagg-{os.getuid()}-bench-{port}-*.yaml"))  # the moved config
+    assert not glob.glob(
+        os.path.join(tempfile.gettempdir(), f"shmdisagg-{os.getuid()}-bench-{port}-*.yaml")
+    )  # the moved config
 
     # the coordinator's and fleet's log lines went to the deployment's log, not between the bench's
     assert "Started server process" not in err + stdout.decode()

@@ -40,7 +40,11 @@ def _table_is_idle(dep) -> bool:  # type: ignore[no-untyped-def]
 def test_legs_carry_the_handoff_fields_and_ids_stay_continuous(one_by_one, chat: bool, stream: bool) -> None:  # type: ignore[no-untyped-def]
     dep, ctx, gen = one_by_one
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    body = {**(CHAT if chat else COMPLETION), "stream": stream, "stream_options": {"include_usage": True}} if stream else (CHAT if chat else COMPLETION)
+    body = (
+        {**(CHAT if chat else COMPLETION), "stream": stream, "stream_options": {"include_usage": True}}
+        if stream
+        else (CHAT if chat else COMPLETION)
+    )
     if stream:
         status, events, headers = stream_lines(dep, path, body)
         assert status == 200 and events[-1] == b"[DONE]" and len(events) == 5

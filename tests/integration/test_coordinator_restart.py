@@ -25,7 +25,16 @@ from shmdisagg.shm.index import server_blocks
 from shmdisagg.shm.layout import COORD_RUNNING
 from shmdisagg.shm.table import ControlTable
 from tests.conftest import free_port
-from tests.integration.harness import REPO, deployment, fake_executors, post, request_json, stream_lines, wait_until, write_config
+from tests.integration.harness import (
+    REPO,
+    deployment,
+    fake_executors,
+    post,
+    request_json,
+    stream_lines,
+    wait_until,
+    write_config,
+)
 from tests.integration.test_launch_cleanup import alive, descendants
 
 MODEL = "sim-llama-3.1-8b"
@@ -67,7 +76,11 @@ class Load:
                 if n % 2:
                     status, events, _ = stream_lines(self.dep, "/v1/completions", {**body, "stream": True})
                     bad = [e for e in events if b'"error"' in e]
-                    outcome = "ok" if status == 200 and events and events[-1] == b"[DONE]" and not bad else f"stream {status} {events[-2:]}"
+                    outcome = (
+                        "ok"
+                        if status == 200 and events and events[-1] == b"[DONE]" and not bad
+                        else f"stream {status} {events[-2:]}"
+                    )
                 else:
                     status, answer = post(self.dep, "/v1/completions", body)
                     outcome = "ok" if status == 200 and answer["choices"][0]["text"] else f"{status} {answer}"
@@ -83,7 +96,11 @@ def _table(dep: Deployment) -> ControlTable:
 
 def _restarted(table: ControlTable, old_pid: int) -> bool:
     coord = table.coordinator()
-    return coord["pid"] != old_pid and coord["state"] == COORD_RUNNING and ProcessId(coord["pid"], coord["starttime"]).alive()
+    return (
+        coord["pid"] != old_pid
+        and coord["state"] == COORD_RUNNING
+        and ProcessId(coord["pid"], coord["starttime"]).alive()
+    )
 
 
 def test_a_coordinator_sigkilled_under_load_is_replaced_and_no_request_fails(tmp_path: Path, shm_prefix: str) -> None:
@@ -92,8 +109,12 @@ def test_a_coordinator_sigkilled_under_load_is_replaced_and_no_request_fails(tmp
     router = {"type": "kv_cache_aware", "track_routed_blocks": False}  # only KV events fill the index
     cfg = write_config(tmp_path, shm_prefix, ctx, gen, routers=(router, "round_robin"), shmdisagg={"executors": SIM})
     with deployment(cfg) as dep, _table(dep) as table:
-        assert post(dep, "/v1/completions", {"model": MODEL, "prompt": list(range(7000, 7320)), "max_tokens": 2})[0] == 200
-        wait_until(lambda: sum((server_blocks(table) or {}).values()) >= 10, what="the first prompt's KV events in the index")
+        assert (
+            post(dep, "/v1/completions", {"model": MODEL, "prompt": list(range(7000, 7320)), "max_tokens": 2})[0] == 200
+        )
+        wait_until(
+            lambda: sum((server_blocks(table) or {}).values()) >= 10, what="the first prompt's KV events in the index"
+        )
         before = server_blocks(table) or {}
         old = table.coordinator()
         fleet = sorted(r.pid for r in table.rows())
@@ -111,15 +132,28 @@ def test_a_coordinator_sigkilled_under_load_is_replaced_and_no_request_fails(tmp
         assert all(kept.get(slot, 0) >= n for slot, n in before.items()), (before, kept)  # the index was not rebuilt
         # the new coordinator drains KV events: a new prompt's blocks reach the index
         total = sum(kept.values())
-        assert post(dep, "/v1/completions", {"model": MODEL, "prompt": list(range(20000, 20640)), "max_tokens": 2})[0] == 200
-        wait_until(lambda: sum((server_blocks(table) or {}).values()) >= total + 20, what="events from the new coordinator's drains")
-        wait_until(lambda: all(table.load(s.slot) == (0, 0) for s in table.servers()), what="every load counter back to 0")
+        assert (
+            post(dep, "/v1/completions", {"model": MODEL, "prompt": list(range(20000, 20640)), "max_tokens": 2})[0]
+            == 200
+        )
+        wait_until(
+            lambda: sum((server_blocks(table) or {}).values()) >= total + 20,
+            what="events from the new coordinator's drains",
+        )
+        wait_until(
+            lambda: all(table.load(s.slot) == (0, 0) for s in table.servers()), what="every load counter back to 0"
+        )
     assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
 
 
 def _coordinator(config: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "shmdisagg.coordinator", "-c", str(config)], cwd=REPO, env={**os.environ, **env},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "shmdisagg.coordinator", "-c", str(config)],
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def test_a_worker_that_died_while_no_coordinator_ran_is_reclaimed_and_replaced(tmp_path: Path, shm_prefix: str) -> None:
@@ -143,8 +177,14 @@ def test_a_worker_that_died_while_no_coordinator_ran_is_reclaimed_and_replaced(t
                 assert 0 in {r.fleet_index for r in table.rows()}  # nobody has reclaimed the dead worker's row yet
                 second = _coordinator(cfg, {**supervised, "SHMDISAGG_ADOPT": "1"})
                 wait_until(lambda: _restarted(table, first.pid), timeout_s=60, what="the second coordinator")
-                wait_until(lambda: {r.fleet_index: r.pid for r in table.rows()}.keys() == {0, 1}
-                           and {r.fleet_index: r.pid for r in table.rows()}[0] != rows[0].pid, timeout_s=60, what="worker 0 replaced")
+                wait_until(
+                    lambda: (
+                        {r.fleet_index: r.pid for r in table.rows()}.keys() == {0, 1}
+                        and {r.fleet_index: r.pid for r in table.rows()}[0] != rows[0].pid
+                    ),
+                    timeout_s=60,
+                    what="worker 0 replaced",
+                )
                 assert {r.fleet_index: r.pid for r in table.rows()}[1] == rows[1].pid  # worker 1 adopted, not restarted
         finally:
             for proc in (second, first):
@@ -171,7 +211,12 @@ def _fleet(port: int) -> int:
 
 
 def _launch(cfg: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(cfg)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(cfg)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _coordinator_pid(prefix: str) -> int | None:
@@ -181,7 +226,11 @@ def _coordinator_pid(prefix: str) -> int | None:
             coord = table.coordinator()
     except (FileNotFoundError, OSError):
         return None
-    return coord["pid"] if coord["state"] == COORD_RUNNING and ProcessId(coord["pid"], coord["starttime"]).alive() else None
+    return (
+        coord["pid"]
+        if coord["state"] == COORD_RUNNING and ProcessId(coord["pid"], coord["starttime"]).alive()
+        else None
+    )
 
 
 def _cmdline(pid: int) -> bytes:
@@ -191,7 +240,9 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def test_under_launch_a_sigkilled_coordinator_is_replaced_and_a_stop_leaves_nothing(tmp_path: Path, shm_prefix: str) -> None:
+def test_under_launch_a_sigkilled_coordinator_is_replaced_and_a_stop_leaves_nothing(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr])
         port = int(yaml.safe_load(cfg.read_text())["port"])
@@ -206,7 +257,10 @@ def test_under_launch_a_sigkilled_coordinator_is_replaced_and_a_stop_leaves_noth
             wait_until(lambda: _coordinator_pid(shm_prefix) not in (None, old), timeout_s=60, what="a new coordinator")
             assert request_json("127.0.0.1", port, "GET", "/health")[0] == 200
             everything = descendants(proc.pid) | workers
-            wait_until(lambda: request_json("127.0.0.1", port, "GET", "/cluster_info")[1]["coordinator_pid"] != old, what="the fleet to see it")
+            wait_until(
+                lambda: request_json("127.0.0.1", port, "GET", "/cluster_info")[1]["coordinator_pid"] != old,
+                what="the fleet to see it",
+            )
             proc.send_signal(signal.SIGTERM)
             out, err = proc.communicate(timeout=60)
         finally:
@@ -229,7 +283,9 @@ def test_a_coordinator_that_cannot_be_restarted_ends_the_launch_in_one_line(tmp_
             assert old is not None
             everything = descendants(proc.pid)
             assert "num_workers: 2\n" in cfg.read_text()
-            cfg.write_text(cfg.read_text().replace("num_workers: 2\n", "num_workers: two\n"))  # every replacement exits 2 at once
+            cfg.write_text(
+                cfg.read_text().replace("num_workers: 2\n", "num_workers: two\n")
+            )  # every replacement exits 2 at once
             os.kill(old, signal.SIGKILL)
             out, err = proc.communicate(timeout=120)
         finally:
@@ -237,8 +293,12 @@ def test_a_coordinator_that_cannot_be_restarted_ends_the_launch_in_one_line(tmp_
                 proc.kill()
         assert proc.returncode == 1, err
         errors = [line for line in err.decode().splitlines() if line.startswith("shmdisagg: the coordinator")]
-        assert errors == ["shmdisagg: the coordinator ended (exit code 1) and could not be restarted; the deployment is stopped"], err
-        wait_until(lambda: not [p for p in everything if alive(p)], timeout_s=30, what="every process of the launch to exit")
+        assert errors == [
+            "shmdisagg: the coordinator ended (exit code 1) and could not be restarted; the deployment is stopped"
+        ], err
+        wait_until(
+            lambda: not [p for p in everything if alive(p)], timeout_s=30, what="every process of the launch to exit"
+        )
         assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
 
 
@@ -247,14 +307,23 @@ def test_a_sigkilled_supervisor_leaves_no_process_and_no_segment(tmp_path: Path,
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr])
         port = int(yaml.safe_load(cfg.read_text())["port"])
-        proc = subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", command, "-c", str(cfg)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shmdisagg.cli", command, "-c", str(cfg)],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             wait_until(lambda: _fleet(port) == 2, timeout_s=60, what="the fleet")
             everything = descendants(proc.pid)
             assert len([p for p in everything if b"shmdisagg.fleet.worker" in _cmdline(p)]) >= 2
             proc.kill()
             proc.wait()
-            wait_until(lambda: not [p for p in everything if alive(p)], timeout_s=30, what="every process of the deployment to exit")
+            wait_until(
+                lambda: not [p for p in everything if alive(p)],
+                timeout_s=30,
+                what="every process of the deployment to exit",
+            )
             wait_until(lambda: not glob.glob(f"/dev/shm/{shm_prefix}*"), timeout_s=30, what="every segment to go")
         finally:
             if proc.poll() is None:

@@ -58,7 +58,13 @@ def test_completion_non_streaming(sim_deployment, prompt) -> None:  # type: igno
 def test_completion_streaming_with_usage_and_cached_tokens_on_repeat(sim_deployment) -> None:  # type: ignore[no-untyped-def]
     dep = sim_deployment
     prompt = list(range(5000, 5000 + 640))  # 20 blocks of 32 tokens
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     usages = []
     for _ in range(3):  # the context leg may land on a different server: repeat until one hits
         status, events, headers = stream_lines(dep, "/v1/completions", body)
@@ -75,11 +81,20 @@ def test_completion_streaming_with_usage_and_cached_tokens_on_repeat(sim_deploym
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat(sim_deployment, stream: bool) -> None:  # type: ignore[no-untyped-def]
     dep = sim_deployment
-    body = {"model": MODEL, "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}], "max_tokens": 6, "stream": stream}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}],
+        "max_tokens": 6,
+        "stream": stream,
+    }
     if stream:
         status, events, _ = stream_lines(dep, "/v1/chat/completions", body)
         assert status == 200 and events[-1] == b"[DONE]"
-        content = "".join((orjson.loads(e)["choices"][0]["delta"].get("content") or "") for e in events[:-1] if orjson.loads(e)["choices"])
+        content = "".join(
+            (orjson.loads(e)["choices"][0]["delta"].get("content") or "")
+            for e in events[:-1]
+            if orjson.loads(e)["choices"]
+        )
     else:
         status, resp = post(dep, "/v1/chat/completions", body)
         assert status == 200, resp
@@ -90,7 +105,12 @@ def test_chat(sim_deployment, stream: bool) -> None:  # type: ignore[no-untyped-
 
 def test_same_prompt_gives_the_same_text_whatever_server_serves_it(sim_deployment) -> None:  # type: ignore[no-untyped-def]
     dep = sim_deployment
-    texts = {post(dep, "/v1/completions", {"model": MODEL, "prompt": "determinism please", "max_tokens": 10})[1]["choices"][0]["text"] for _ in range(4)}
+    texts = {
+        post(dep, "/v1/completions", {"model": MODEL, "prompt": "determinism please", "max_tokens": 10})[1]["choices"][
+            0
+        ]["text"]
+        for _ in range(4)
+    }
     assert len(texts) == 1
 
 

@@ -14,7 +14,14 @@ from tests.integration.harness import deployment, fake_executors, post, stream_l
 
 COMPLETION = {"model": "fake-model", "prompt": "hello there", "max_tokens": 4}
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-INTERNAL = (b"disaggregated_params\":{", b"kv_transfer_params", b"encoded_opaque_state", b"ctx_info_endpoint", b"ctx_request_id", b"b3BhcXVl")
+INTERNAL = (
+    b'disaggregated_params":{',
+    b"kv_transfer_params",
+    b"encoded_opaque_state",
+    b"ctx_info_endpoint",
+    b"ctx_request_id",
+    b"b3BhcXVl",
+)
 
 
 @pytest.fixture
@@ -69,7 +76,13 @@ def test_an_executor_error_reaches_the_client_in_our_shape_without_addresses(pai
     ctx.script(status=400, error_message=f"prompt rejected by worker at {ctx.addr} (peer http://{gen.addr}/v1)")
     status, body = post(dep, "/v1/completions", COMPLETION)
     assert status == 400
-    assert body == {"object": "error", "message": "prompt rejected by worker at <executor> (peer <executor>)", "type": "BadRequestError", "param": None, "code": 400}
+    assert body == {
+        "object": "error",
+        "message": "prompt rejected by worker at <executor> (peer <executor>)",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
 
 
 def test_an_executor_error_event_mid_stream_is_normalised_and_ends_the_stream_once(pair) -> None:  # type: ignore[no-untyped-def]
@@ -78,7 +91,13 @@ def test_an_executor_error_event_mid_stream_is_normalised_and_ends_the_stream_on
     status, events, _ = stream_lines(dep, "/v1/completions", {**COMPLETION, "stream": True})
     assert status == 200 and events[-1] == b"[DONE]" and events.count(b"[DONE]") == 1
     error = orjson.loads(events[-2])["error"]
-    assert error == {"object": "error", "message": "KV transfer from <executor> timed out", "type": "BadGatewayError", "param": None, "code": 502}
+    assert error == {
+        "object": "error",
+        "message": "KV transfer from <executor> timed out",
+        "type": "BadGatewayError",
+        "param": None,
+        "code": 502,
+    }
     assert _idle(dep)
 
 
@@ -97,7 +116,9 @@ def test_a_generation_answer_over_max_tokens_is_an_executor_error(pair, stream: 
     dep, ctx, gen = pair
     gen.script(completion_tokens=9)
     if stream:
-        status, events, _ = stream_lines(dep, "/v1/completions", {**COMPLETION, "stream": True, "stream_options": {"include_usage": True}})
+        status, events, _ = stream_lines(
+            dep, "/v1/completions", {**COMPLETION, "stream": True, "stream_options": {"include_usage": True}}
+        )
         assert status == 200 and events[-1] == b"[DONE]"
         error = orjson.loads(events[-2])["error"]
         assert error["code"] == 502 and "9 completion tokens for max_tokens=4" in error["message"]
@@ -121,11 +142,18 @@ def test_a_stream_that_ends_without_finish_reason_ends_with_an_error_event(pair)
     assert status == 200 and events[-1] == b"[DONE]" and events.count(b"[DONE]") == 1
     error = orjson.loads(events[-2])["error"]
     assert error["code"] == 502 and "without a finish_reason" in error["message"]
-    assert [orjson.loads(e)["choices"][0]["delta"]["content"] for e in events[:-2]] == ["t0", "t1", "t2", "t3"]  # what came is relayed
+    assert [orjson.loads(e)["choices"][0]["delta"]["content"] for e in events[:-2]] == [
+        "t0",
+        "t1",
+        "t2",
+        "t3",
+    ]  # what came is relayed
     assert _idle(dep)
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"])
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]
+)
 def test_a_body_that_is_not_json_by_its_content_type_gets_415(pair, content_type: str) -> None:  # type: ignore[no-untyped-def]
     dep, ctx, gen = pair
     c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
@@ -135,7 +163,12 @@ def test_a_body_that_is_not_json_by_its_content_type_gets_415(pair, content_type
         body = orjson.loads(r.read())
     finally:
         c.close()
-    assert r.status == 415 and body["code"] == 415 and body["param"] == "content-type" and "application/json" in body["message"]
+    assert (
+        r.status == 415
+        and body["code"] == 415
+        and body["param"] == "content-type"
+        and "application/json" in body["message"]
+    )
     assert ctx.recorded() == []
 
 
@@ -164,7 +197,10 @@ def test_models_are_the_context_executors_and_version_answers(pair) -> None:  # 
     dep, ctx, gen = pair
     status, models = request_json("127.0.0.1", dep.config.port, "GET", "/v1/models")
     # the context executor's own answer, relayed (its `created` is 0: not minted here)
-    assert status == 200 and models == {"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tensorrt_llm"}]}
+    assert status == 200 and models == {
+        "object": "list",
+        "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tensorrt_llm"}],
+    }
     assert request_json("127.0.0.1", dep.config.port, "GET", "/version") == (200, {"version": __version__})
 
 
@@ -176,6 +212,9 @@ def test_models_is_503_while_no_context_executor_is_healthy(tmp_path: Path, shm_
         with deployment(cfg) as dep:
             ctx.proc.kill()
             ctx.proc.wait()
-            wait_until(lambda: request_json("127.0.0.1", dep.config.port, "GET", "/health")[0] == 503, what="the context server marked down")
+            wait_until(
+                lambda: request_json("127.0.0.1", dep.config.port, "GET", "/health")[0] == 503,
+                what="the context server marked down",
+            )
             status, body = request_json("127.0.0.1", dep.config.port, "GET", "/v1/models")
     assert status == 503 and body["code"] == 503 and body["object"] == "error" and ctx.addr not in body["message"]

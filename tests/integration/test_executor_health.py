@@ -39,7 +39,11 @@ def test_a_server_answering_requests_is_not_taken_out_for_a_slow_health_check(tm
                 served += 1
             assert served >= 10
             # no request, no answered leg: its failed probes alone take it out now
-            wait_until(lambda: not _healthy(dep, gen.addr), timeout_s=5, what="the idle server with a slow /health marked unhealthy")
+            wait_until(
+                lambda: not _healthy(dep, gen.addr),
+                timeout_s=5,
+                what="the idle server with a slow /health marked unhealthy",
+            )
             gen.script(health_delay_s=0.0)
             wait_until(lambda: _healthy(dep, gen.addr), timeout_s=5, what="re-admission once /health answers in time")
 
@@ -53,7 +57,9 @@ def _send_all(dep, bodies: list[dict[str, Any]]) -> list[tuple[int, bytes]]:  # 
     def one(i: int) -> None:
         c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
         try:
-            c.request("POST", "/v1/completions", body=orjson.dumps(bodies[i]), headers={"content-type": "application/json"})
+            c.request(
+                "POST", "/v1/completions", body=orjson.dumps(bodies[i]), headers={"content-type": "application/json"}
+            )
             r = c.getresponse()
             out[i] = (r.status, r.read())
         finally:
@@ -68,10 +74,14 @@ def _send_all(dep, bodies: list[dict[str, Any]]) -> list[tuple[int, bytes]]:  # 
 
 
 @pytest.mark.parametrize("role", ["context", "generation"])
-def test_requests_right_after_every_server_of_a_role_died_get_the_roles_503(tmp_path: Path, shm_prefix: str, role: str) -> None:
+def test_requests_right_after_every_server_of_a_role_died_get_the_roles_503(
+    tmp_path: Path, shm_prefix: str, role: str
+) -> None:
     with fake_executors(["c0", "c1", "g0", "g1"]) as (c0, c1, g0, g1):
         # the first poll admits them; the next one would come in 10 minutes
-        cfg = write_config(tmp_path, shm_prefix, [c0.addr, c1.addr], [g0.addr, g1.addr], shmdisagg={"health_check_interval_s": 600})
+        cfg = write_config(
+            tmp_path, shm_prefix, [c0.addr, c1.addr], [g0.addr, g1.addr], shmdisagg={"health_check_interval_s": 600}
+        )
         with deployment(cfg) as dep:
             for _ in range(4):  # both servers of each role used: keep-alive connections to them
                 assert post(dep, "/v1/completions", COMPLETION)[0] == 200

@@ -34,7 +34,9 @@ def listening_sockets(port: int) -> int:
     return count
 
 
-def test_every_fleet_worker_listens_when_the_deployment_is_ready_and_one_that_dies_at_once_refuses_nothing(tmp_path: Path, shm_prefix: str) -> None:
+def test_every_fleet_worker_listens_when_the_deployment_is_ready_and_one_that_dies_at_once_refuses_nothing(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     with fake_executors(["ctx", "gen"]) as (ctx, gen):
         path = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=WORKERS)
         dep = Deployment(load_config(path), str(path), str(tmp_path / "logs"))

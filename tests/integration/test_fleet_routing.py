@@ -42,13 +42,17 @@ def test_round_robin_over_two_workers_cycles_all_servers_globally(tmp_path: Path
 
 def test_load_balancing_sees_load_added_by_another_worker(tmp_path: Path, shm_prefix: str) -> None:
     with fake_executors(["c0", "g0", "g1"]) as (ctx, g0, g1):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], routers=("round_robin", "load_balancing"))
+        cfg = write_config(
+            tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], routers=("round_robin", "load_balancing")
+        )
         with deployment(cfg) as dep:
             for g in (g0, g1):
                 g.script(hold=True)
             c0 = connection_to_worker(dep, 0)
             c1 = connection_to_worker(dep, 1)
-            held = threading.Thread(target=stream_lines, args=(dep, "/v1/completions", {**COMPLETION, "stream": True}, c0))
+            held = threading.Thread(
+                target=stream_lines, args=(dep, "/v1/completions", {**COMPLETION, "stream": True}, c0)
+            )
             # A streamed request through worker 0 stays open on one generation server...
             held.start()
             busy_name = {}

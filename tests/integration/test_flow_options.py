@@ -16,20 +16,47 @@ import pytest
 from tests.integration.harness import deployment, fake_executors, post, stream_lines, write_config
 
 COMPLETION = {"model": "fake-model", "prompt": "hello there", "max_tokens": 4}
-CHAT = {"model": "fake-model", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "again"}], "max_tokens": 4, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
+CHAT = {
+    "model": "fake-model",
+    "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "again"},
+    ],
+    "max_tokens": 4,
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+}
 
 
 def _signature(key: str, params: dict) -> str:
     """disagg_auth.py's signature, computed here from its definition: HMAC-SHA256 over the
     canonical JSON of the two protected fields."""
-    payload = json.dumps({"ctx_info_endpoint": params.get("ctx_info_endpoint"), "encoded_opaque_state": params.get("encoded_opaque_state")}, sort_keys=True, separators=(",", ":"))
+    payload = json.dumps(
+        {
+            "ctx_info_endpoint": params.get("ctx_info_endpoint"),
+            "encoded_opaque_state": params.get("encoded_opaque_state"),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     return "sha256=" + hmac.new(key.encode(), payload.encode(), hashlib.sha256).hexdigest()
 
 
 @pytest.mark.parametrize("style", ["context_first", "generation_first"])
-def test_generation_legs_carry_the_handoff_signed_with_the_internal_key(tmp_path: Path, shm_prefix: str, style: str) -> None:
+def test_generation_legs_carry_the_handoff_signed_with_the_internal_key(
+    tmp_path: Path, shm_prefix: str, style: str
+) -> None:
     with fake_executors(["c0", "g0"]) as (ctx, gen):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1, internal_request_auth_key="s3cret-key", schedule_style=style)
+        cfg = write_config(
+            tmp_path,
+            shm_prefix,
+            [ctx.addr],
+            [gen.addr],
+            num_workers=1,
+            internal_request_auth_key="s3cret-key",
+            schedule_style=style,
+        )
         with deployment(cfg) as dep:
             assert post(dep, "/v1/completions", COMPLETION)[0] == 200
             status, info = post(dep, "/v1/completions", COMPLETION)  # and a second time, on a warm connection
@@ -48,12 +75,14 @@ def test_without_a_key_generation_legs_go_unsigned(tmp_path: Path, shm_prefix: s
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1)
         with deployment(cfg) as dep:
             assert post(dep, "/v1/completions", COMPLETION)[0] == 200
-        ctx_rec, gen_rec = ctx.recorded(), gen.recorded()
+        gen_rec = gen.recorded()
     assert "x-trtllm-disagg-auth" not in gen_rec[0]["_headers"]
     assert gen_rec[0]["_headers"]["content-type"] == "application/json"
 
 
-def test_msgspec_bodies_are_msgpack_with_the_upstream_header(tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_msgspec_bodies_are_msgpack_with_the_upstream_header(
+    tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TRTLLM_SERVE_ENABLE_MSGSPEC", "1")
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1)
@@ -90,7 +119,9 @@ def test_without_gen_tokids_ctxbytes_the_context_leg_does_not_ask_for_b64(tmp_pa
 
 
 @pytest.mark.parametrize("strip", [False, True])
-def test_gen_strip_message_history_sends_only_the_last_message_to_generation(tmp_path: Path, shm_prefix: str, strip: bool) -> None:
+def test_gen_strip_message_history_sends_only_the_last_message_to_generation(
+    tmp_path: Path, shm_prefix: str, strip: bool
+) -> None:
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1, gen_strip_message_history=strip)
         with deployment(cfg) as dep:
@@ -103,7 +134,9 @@ def test_gen_strip_message_history_sends_only_the_last_message_to_generation(tmp
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_benchmark_gen_only_skips_the_context_leg_with_upstreams_stub_handoff(tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+def test_benchmark_gen_only_skips_the_context_leg_with_upstreams_stub_handoff(
+    tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
     monkeypatch.setenv("TRTLLM_DISAGG_BENCHMARK_GEN_ONLY", "1")
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1)
@@ -116,7 +149,13 @@ def test_benchmark_gen_only_skips_the_context_leg_with_upstreams_stub_handoff(tm
         ctx_rec, gen_rec = ctx.recorded(), gen.recorded()
     assert ctx_rec == []
     [gen_req] = gen_rec
-    assert gen_req["disaggregated_params"] == {"request_type": "generation_only", "first_gen_tokens": [7], "ctx_request_id": 1, "encoded_opaque_state": None, "draft_tokens": None}
+    assert gen_req["disaggregated_params"] == {
+        "request_type": "generation_only",
+        "first_gen_tokens": [7],
+        "ctx_request_id": 1,
+        "encoded_opaque_state": None,
+        "draft_tokens": None,
+    }
     assert gen_req["ignore_eos"] is True and gen_req["prompt"] == "hello there"
 
 
@@ -124,7 +163,9 @@ def test_benchmark_gen_only_skips_the_context_leg_with_upstreams_stub_handoff(tm
 def test_a_request_chat_template_is_refused_unless_allowed(tmp_path: Path, shm_prefix: str, allow: bool) -> None:
     body = {**CHAT, "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}
     with fake_executors(["c0", "g0"]) as (ctx, gen):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1, allow_request_chat_template=allow)
+        cfg = write_config(
+            tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1, allow_request_chat_template=allow
+        )
         with deployment(cfg) as dep:
             status, resp = post(dep, "/v1/chat/completions", body)
         ctx_rec = ctx.recorded()
@@ -136,7 +177,9 @@ def test_a_request_chat_template_is_refused_unless_allowed(tmp_path: Path, shm_p
 
 
 @pytest.mark.parametrize(("ours", "ok"), [("shared-key", True), ("another-key", False), (None, False)])
-def test_an_executor_that_requires_the_key_accepts_only_our_signed_handoffs(tmp_path: Path, shm_prefix: str, ours: str | None, ok: bool) -> None:
+def test_an_executor_that_requires_the_key_accepts_only_our_signed_handoffs(
+    tmp_path: Path, shm_prefix: str, ours: str | None, ok: bool
+) -> None:
     top = {"internal_request_auth_key": ours} if ours else {}
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         gen.script(auth_key="shared-key")

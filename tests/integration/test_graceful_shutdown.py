@@ -19,7 +19,15 @@ import pytest
 
 from shmdisagg.launch import Deployment
 from shmdisagg.shm.table import ControlTable
-from tests.integration.harness import FakeExecutor, deployment, fake_executors, post, request_json, wait_until, write_config
+from tests.integration.harness import (
+    FakeExecutor,
+    deployment,
+    fake_executors,
+    post,
+    request_json,
+    wait_until,
+    write_config,
+)
 from tests.integration.test_launch_cleanup import alive
 
 COMPLETION = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
@@ -27,12 +35,16 @@ GRACE_S = 1.0
 
 
 @pytest.fixture
-def deployed(tmp_path: Path, shm_prefix: str, request: pytest.FixtureRequest) -> Iterator[tuple[Deployment, FakeExecutor]]:
+def deployed(
+    tmp_path: Path, shm_prefix: str, request: pytest.FixtureRequest
+) -> Iterator[tuple[Deployment, FakeExecutor]]:
     """A deployment of 2 fleet workers over one context and one generation fake executor, with
     the grace period `request.param` (default GRACE_S)."""
     grace = getattr(request, "param", GRACE_S)
     with fake_executors(["c0", "g0"]) as (ctx, gen):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], shmdisagg={"timeout_graceful_shutdown_s": grace})
+        cfg = write_config(
+            tmp_path, shm_prefix, [ctx.addr], [gen.addr], shmdisagg={"timeout_graceful_shutdown_s": grace}
+        )
         with deployment(cfg) as dep:
             yield dep, gen
 
@@ -63,7 +75,12 @@ def _request(dep: Deployment, stream: bool, conn: http.client.HTTPConnection) ->
     a stream, whose first chunk has arrived by then, or (status, JSON body)."""
     if not stream:
         return lambda: post(dep, "/v1/completions", COMPLETION, conn)
-    conn.request("POST", "/v1/completions", body=orjson.dumps({**COMPLETION, "stream": True}), headers={"content-type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        body=orjson.dumps({**COMPLETION, "stream": True}),
+        headers={"content-type": "application/json"},
+    )
     resp = conn.getresponse()
     first = resp.readline()
     assert resp.status == 200 and first.startswith(b"data: ") and b"t0" in first, first
@@ -129,7 +146,9 @@ def _released_everything(dep: Deployment, pid: int) -> None:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_stopping_the_deployment_ends_requests_still_running_after_the_grace_period(deployed: tuple[Deployment, FakeExecutor], stream: bool) -> None:
+def test_stopping_the_deployment_ends_requests_still_running_after_the_grace_period(
+    deployed: tuple[Deployment, FakeExecutor], stream: bool
+) -> None:
     dep, gen = deployed
     _hold(gen, stream)
     conn = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
@@ -144,11 +163,17 @@ def test_stopping_the_deployment_ends_requests_still_running_after_the_grace_per
     assert GRACE_S <= out["ended"] - stopping < GRACE_S + 5  # in flight for the whole grace period, not longer
     assert glob.glob(f"/dev/shm/{dep.config.shm_prefix}*") == []
     if stream:  # the upstream stream was closed too
-        wait_until(lambda: any(e.startswith("cancelled") for e in gen.events()), timeout_s=5, what="the upstream stream cancelled")
+        wait_until(
+            lambda: any(e.startswith("cancelled") for e in gen.events()),
+            timeout_s=5,
+            what="the upstream stream cancelled",
+        )
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_a_stopped_fleet_worker_ends_its_requests_and_releases_every_pick_itself(deployed: tuple[Deployment, FakeExecutor], stream: bool) -> None:
+def test_a_stopped_fleet_worker_ends_its_requests_and_releases_every_pick_itself(
+    deployed: tuple[Deployment, FakeExecutor], stream: bool
+) -> None:
     dep, gen = deployed
     _hold(gen, stream)
     conn, pid = _worker_connection(dep, GRACE_S + 15)
@@ -167,7 +192,9 @@ def test_a_stopped_fleet_worker_ends_its_requests_and_releases_every_pick_itself
 
 
 @pytest.mark.parametrize("deployed", [30.0], indirect=True)
-def test_a_stream_that_finishes_within_the_grace_period_completes_normally(deployed: tuple[Deployment, FakeExecutor]) -> None:
+def test_a_stream_that_finishes_within_the_grace_period_completes_normally(
+    deployed: tuple[Deployment, FakeExecutor],
+) -> None:
     dep, gen = deployed
     gen.script(hold=True)
     conn, pid = _worker_connection(dep, 60)
@@ -182,7 +209,16 @@ def test_a_stream_that_finishes_within_the_grace_period_completes_normally(deplo
     conn.close()
     assert "error" not in out, f"the client saw {out['error']!r}"
     status, events = out["result"]
-    assert status == 200 and events == [orjson.dumps({"id": "cmpl-g0", "model": "fake-model", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": "length" if i == 3 else None}]}) for i in range(4)] + [b"[DONE]"]
+    assert status == 200 and events == [
+        orjson.dumps(
+            {
+                "id": "cmpl-g0",
+                "model": "fake-model",
+                "choices": [{"index": 0, "text": f"t{i}", "finish_reason": "length" if i == 3 else None}],
+            }
+        )
+        for i in range(4)
+    ] + [b"[DONE]"]
     # it exits once its last request ended, not at the end of its 30 s grace period
     wait_until(lambda: not alive(pid), timeout_s=10, what="the worker to exit once its last request ended")
     _released_everything(dep, pid)

@@ -30,8 +30,14 @@ class Command:
     """`python -m shmdisagg.cli ARGS` in its own process group, stderr read line by line."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shmdisagg.cli", *args],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr: list[str] = []
         self.seen: set[int] = set()  # every descendant seen while waiting
@@ -52,10 +58,14 @@ class Command:
                 line = self.lines.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
             except queue.Empty:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"no line with {text!r} within {timeout_s:g} s; stderr so far:\n{''.join(self.stderr)}") from None
+                    raise AssertionError(
+                        f"no line with {text!r} within {timeout_s:g} s; stderr so far:\n{''.join(self.stderr)}"
+                    ) from None
                 continue
             if line is None:
-                raise AssertionError(f"exited ({self.proc.wait()}) before a line with {text!r}; stderr:\n{''.join(self.stderr)}")
+                raise AssertionError(
+                    f"exited ({self.proc.wait()}) before a line with {text!r}; stderr:\n{''.join(self.stderr)}"
+                )
             self.stderr.append(line)
             if text in line:
                 return line
@@ -120,7 +130,9 @@ def _stuck_executor(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_an_interrupt_while_the_executors_start_stops_them_and_says_so(tmp_path: Path, shm_prefix: str, sig: int, code: int) -> None:
+def test_an_interrupt_while_the_executors_start_stops_them_and_says_so(
+    tmp_path: Path, shm_prefix: str, sig: int, code: int
+) -> None:
     """Before: no message, and exit 130 for SIGTERM too (and, with `bench --launch`, a
     KeyboardInterrupt traceback from the launcher's readiness wait)."""
     cfg = small_config(executors={"trtllm": {"command": [str(_stuck_executor(tmp_path))]}, "startup_timeout_s": 120})
@@ -137,7 +149,9 @@ def test_an_interrupt_while_the_executors_start_stops_them_and_says_so(tmp_path:
     assert status == code, stderr
     assert "Traceback" not in "".join(stderr), stderr
     name = signal.Signals(sig).name
-    assert _shmdisagg_lines(stderr) == [f"shmdisagg: interrupted during start-up ({name}); stopped what had started"], stderr
+    assert _shmdisagg_lines(stderr) == [f"shmdisagg: interrupted during start-up ({name}); stopped what had started"], (
+        stderr
+    )
     assert len(cmd.seen) >= 2 and not [p for p in cmd.seen if alive(p)], "an executor outlived the launcher"
 
 
@@ -154,7 +168,9 @@ def test_an_interrupt_while_the_coordinator_waits_for_executors_is_one_line(tmp_
     status, stderr = cmd.interrupt(signal.SIGINT)
     assert status == 130, stderr
     assert "Traceback" not in "".join(stderr), stderr
-    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGINT); stopped what had started"], stderr
+    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGINT); stopped what had started"], (
+        stderr
+    )
     assert cmd.seen and not [p for p in cmd.seen if alive(p)]
     assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
     assert not os.path.exists(tmp_path / "coord.sock")
@@ -172,6 +188,8 @@ def test_serve_says_what_it_waits_for_and_an_interrupt_ends_it_in_one_line(tmp_p
     status, stderr = cmd.interrupt(signal.SIGTERM)
     assert status == 143, stderr
     assert "Traceback" not in "".join(stderr), stderr
-    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGTERM); stopped what had started"], stderr
+    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGTERM); stopped what had started"], (
+        stderr
+    )
     assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
     assert not os.path.exists(tmp_path / "coord.sock")

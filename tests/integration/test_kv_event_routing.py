@@ -21,7 +21,16 @@ from shmdisagg.routing.policy import RoutingKey
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.shm.table import ControlTable
 from tests.conftest import free_port
-from tests.integration.harness import coordinator_info, deployment, fake_executors, post, request_json, stream_lines, wait_until, write_config
+from tests.integration.harness import (
+    coordinator_info,
+    deployment,
+    fake_executors,
+    post,
+    request_json,
+    stream_lines,
+    wait_until,
+    write_config,
+)
 
 MODEL = "sim-llama-3.1-8b"
 SIM = {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}}
@@ -57,13 +66,27 @@ def test_a_role_of_v2_executors_is_routed_on_their_decoded_events(tmp_path: Path
     gen = [f"127.0.0.1:{free_port()}"]
     # routed-block tracking off: only the executors' KV events can tell where a prefix is
     router = {"type": "kv_cache_aware", "track_routed_blocks": False}
-    cfg = write_config(tmp_path, shm_prefix, ctx, gen, routers=(router, "round_robin"), shmdisagg={"executors": SIM},
-                       context_servers={"num_instances": 2, "urls": ctx, "router": router, "kv_cache_config": {"kv_cache_event_hash_algo": algo}})
+    cfg = write_config(
+        tmp_path,
+        shm_prefix,
+        ctx,
+        gen,
+        routers=(router, "round_robin"),
+        shmdisagg={"executors": SIM},
+        context_servers={
+            "num_instances": 2,
+            "urls": ctx,
+            "router": router,
+            "kv_cache_config": {"kv_cache_event_hash_algo": algo},
+        },
+    )
     with deployment(cfg) as dep:
         info = coordinator_info(dep)
         assert info["routing_key_configs"] == {"context": {"tokens_per_block": 32, "kv_cache_hash_algo": algo}}
         status, public = request_json("127.0.0.1", dep.config.port, "GET", "/cluster_info")
-        assert status == 200 and public["routing_key_configs"] == info["routing_key_configs"]  # what a client of the fleet sees
+        assert (
+            status == 200 and public["routing_key_configs"] == info["routing_key_configs"]
+        )  # what a client of the fleet sees
         assert all(s["server_info"]["kv_cache_hash_algo"] == algo for s in info["servers"] if s["addr"] in ctx)
         slots = {s["addr"]: s["slot"] for s in info["servers"]}
         prompts = [list(range(10_000 * k, 10_000 * k + 640)) for k in range(1, 5)]
@@ -72,7 +95,10 @@ def test_a_role_of_v2_executors_is_routed_on_their_decoded_events(tmp_path: Path
             status, body = post(dep, "/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": 2})
             assert status == 200, body
             keys = _keys(algo, p)
-            wait_until(lambda k=keys: any(_held_by_events(dep, k, slots[a]) for a in ctx), what="the prompt's v2 blocks in the index")
+            wait_until(
+                lambda k=keys: any(_held_by_events(dep, k, slots[a]) for a in ctx),
+                what="the prompt's v2 blocks in the index",
+            )
             homes[tuple(p)] = next(a for a in ctx if _held_by_events(dep, keys, slots[a]))
         for p in prompts:  # each continuation goes where its prefix is, and hits its cache there
             status, body = post(dep, "/v1/completions", {"model": MODEL, "prompt": p + [7, 8, 9], "max_tokens": 2})
@@ -81,9 +107,13 @@ def test_a_role_of_v2_executors_is_routed_on_their_decoded_events(tmp_path: Path
         assert coordinator_info(dep)["kv_events"]["dropped_events"] == 0
 
 
-def test_lost_events_and_a_restart_on_the_same_port_clear_the_server_s_entries_and_are_counted(tmp_path: Path, shm_prefix: str) -> None:
+def test_lost_events_and_a_restart_on_the_same_port_clear_the_server_s_entries_and_are_counted(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     ctx, gen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    cfg = write_config(tmp_path, shm_prefix, [ctx], [gen], routers=("kv_cache_aware", "round_robin"), shmdisagg={"executors": SIM})
+    cfg = write_config(
+        tmp_path, shm_prefix, [ctx], [gen], routers=("kv_cache_aware", "round_robin"), shmdisagg={"executors": SIM}
+    )
     with deployment(cfg) as dep:
         slot = _server(coordinator_info(dep), ctx)["slot"]
         a, c, d = (list(range(base, base + 320)) for base in (20_000, 30_000, 40_000))
@@ -105,7 +135,9 @@ def test_lost_events_and_a_restart_on_the_same_port_clear_the_server_s_entries_a
         assert _server(info, ctx)["kv_events"]["event_gaps"] == 1 and info["kv_events"]["event_gaps"] == 1
 
         # restarted between two health polls: same port, never unhealthy, event ids from 0 again
-        wait_until(lambda: post_json(ctx, "/sim/kv_events", {"restart": True})[0] == 200, what="an idle executor to restart")
+        wait_until(
+            lambda: post_json(ctx, "/sim/kv_events", {"restart": True})[0] == 200, what="an idle executor to restart"
+        )
         send(d)
         wait_until(lambda: _held_by_events(dep, kd, slot), what="prompt D's blocks")
         assert not _claimed(dep, kc, slot), "the index still claims blocks of the executor before its restart"
@@ -129,7 +161,9 @@ def _scrape(dep: Deployment) -> str:
         c.close()
 
 
-def test_executors_the_router_cannot_align_with_are_refused_and_divisible_ones_are_not_drained(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
+def test_executors_the_router_cannot_align_with_are_refused_and_divisible_ones_are_not_drained(
+    tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str
+) -> None:
     with fake_executors(["c32", "c48", "c64", "cv3", "g0"]) as (c32, c48, c64, cv3, g0):
         c48.script(server_info={"tokens_per_block": 48})
         c64.script(server_info={"tokens_per_block": 64})
@@ -138,7 +172,9 @@ def test_executors_the_router_cannot_align_with_are_refused_and_divisible_ones_a
         router = {"type": "kv_cache_aware", "tokens_per_block": 32, "tokenizer_dir": hf_tokenizer_dir}
         cfg = write_config(tmp_path, shm_prefix, [c.addr for c in ctxs], [g0.addr], routers=(router, "round_robin"))
         with deployment(cfg) as dep:
-            wait_until(lambda: all(_server(coordinator_info(dep), c.addr)["refused"] for c in (c48, cv3)), what="the refusals")
+            wait_until(
+                lambda: all(_server(coordinator_info(dep), c.addr)["refused"] for c in (c48, cv3)), what="the refusals"
+            )
             info = coordinator_info(dep)
             assert "do not divide" in _server(info, c48.addr)["refused"]
             assert "'v3_sha512'" in _server(info, cv3.addr)["refused"]
@@ -149,18 +185,36 @@ def test_executors_the_router_cannot_align_with_are_refused_and_divisible_ones_a
             assert _server(info, c64.addr)["kv_events"]["drained"] is False  # 64 vs 32: cannot align
             assert _server(info, c32.addr)["kv_events"]["drained"] is True
             for i in range(8):
-                assert post(dep, "/v1/completions", {"model": "fake-model", "prompt": list(range(i * 100, i * 100 + 64)), "max_tokens": 2})[0] == 200
+                assert (
+                    post(
+                        dep,
+                        "/v1/completions",
+                        {"model": "fake-model", "prompt": list(range(i * 100, i * 100 + 64)), "max_tokens": 2},
+                    )[0]
+                    == 200
+                )
             assert not c48.recorded() and not cv3.recorded()
             assert c32.recorded() and c64.recorded()
 
 
-def test_the_load_cap_denominator_is_the_router_s_max_batch_size_the_section_s_winning(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
+def test_the_load_cap_denominator_is_the_router_s_max_batch_size_the_section_s_winning(
+    tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str
+) -> None:
     with fake_executors(["c0", "g0", "g1"]) as (c0, g0, g1):
         for g in (g0, g1):
             g.script(hold=True)  # a streamed generation leg stays active until released
         # the executors report max_batch_size 8; the section's 1 beats the router's 64
-        gen = {"num_instances": 2, "urls": [g0.addr, g1.addr], "max_batch_size": 1,
-               "router": {"type": "kv_cache_aware", "max_batch_size": 64, "load_cap": 1.0, "tokenizer_dir": hf_tokenizer_dir}}
+        gen = {
+            "num_instances": 2,
+            "urls": [g0.addr, g1.addr],
+            "max_batch_size": 1,
+            "router": {
+                "type": "kv_cache_aware",
+                "max_batch_size": 64,
+                "load_cap": 1.0,
+                "tokenizer_dir": hf_tokenizer_dir,
+            },
+        }
         cfg = write_config(tmp_path, shm_prefix, [c0.addr], [g0.addr, g1.addr], generation_servers=gen)
         with deployment(cfg) as dep:
             prompt = list(range(5000, 5320))
@@ -179,15 +233,31 @@ def test_the_load_cap_denominator_is_the_router_s_max_batch_size_the_section_s_w
                 held.join(timeout=30)
 
 
-def test_the_environment_overrides_the_router_s_tokens_per_block(tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch, hf_tokenizer_dir: str) -> None:
+def test_the_environment_overrides_the_router_s_tokens_per_block(
+    tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch, hf_tokenizer_dir: str
+) -> None:
     monkeypatch.setenv("TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK", "64")
     with fake_executors(["c0", "g0"]) as (c0, g0):  # both report tokens_per_block 32
-        cfg = write_config(tmp_path, shm_prefix, [c0.addr], [g0.addr], routers=({"type": "kv_cache_aware", "tokens_per_block": 16, "tokenizer_dir": hf_tokenizer_dir}, "round_robin"))
+        cfg = write_config(
+            tmp_path,
+            shm_prefix,
+            [c0.addr],
+            [g0.addr],
+            routers=(
+                {"type": "kv_cache_aware", "tokens_per_block": 16, "tokenizer_dir": hf_tokenizer_dir},
+                "round_robin",
+            ),
+        )
         with deployment(cfg) as dep:
             info = coordinator_info(dep)
             assert info["routing_key_configs"]["context"]["tokens_per_block"] == 64
             assert _server(info, c0.addr)["kv_events"]["drained"] is False  # 32 divides 64: admitted, events not read
-            assert post(dep, "/v1/completions", {"model": "fake-model", "prompt": list(range(100, 300)), "max_tokens": 2})[0] == 200
+            assert (
+                post(dep, "/v1/completions", {"model": "fake-model", "prompt": list(range(100, 300)), "max_tokens": 2})[
+                    0
+                ]
+                == 200
+            )
 
 
 # -- TensorRT-LLM's worker server -----------------------------------------------------------------
@@ -201,11 +271,23 @@ def trtllm_workers(tmp_path: Path) -> Iterator[list[str]]:
     if missing():
         pytest.skip(missing())
     run_dir = tmp_path / "worker-run"
-    env = {**os.environ, "RUN_DIR": str(run_dir), "TOKENIZER_DIR": str(TOKENIZER), "DETACH": "1", "WORKER_VENV": str(WORKER_VENV)}
+    env = {
+        **os.environ,
+        "RUN_DIR": str(run_dir),
+        "TOKENIZER_DIR": str(TOKENIZER),
+        "DETACH": "1",
+        "WORKER_VENV": str(WORKER_VENV),
+    }
     ports = [free_port(), free_port()]
-    starts = [subprocess.Popen([str(WORKER / "run_worker.sh"), "--port", str(p), "--role", role], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-              for p, role in zip(ports, ("context", "generation"))]
+    starts = [
+        subprocess.Popen(
+            [str(WORKER / "run_worker.sh"), "--port", str(p), "--role", role],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for p, role in zip(ports, ("context", "generation"))
+    ]
     try:
         for proc in starts:
             _, err = proc.communicate(timeout=180)
@@ -220,13 +302,26 @@ def trtllm_workers(tmp_path: Path) -> Iterator[list[str]]:
             subprocess.run([str(WORKER / "run_worker.sh"), "stop", str(p)], env=env, capture_output=True, timeout=60)
 
 
-def test_trtllm_worker_events_land_on_the_block_hashes_the_router_computes(tmp_path: Path, shm_prefix: str, trtllm_workers: list[str]) -> None:
+def test_trtllm_worker_events_land_on_the_block_hashes_the_router_computes(
+    tmp_path: Path, shm_prefix: str, trtllm_workers: list[str]
+) -> None:
     ctx, gen = trtllm_workers
     # routed-block tracking off, so every bit in the index comes from the worker's own events
-    cfg = write_config(tmp_path, shm_prefix, [ctx], [gen], routers=({"type": "kv_cache_aware", "track_routed_blocks": False, "tokenizer_dir": str(TOKENIZER)}, "round_robin"))
+    cfg = write_config(
+        tmp_path,
+        shm_prefix,
+        [ctx],
+        [gen],
+        routers=(
+            {"type": "kv_cache_aware", "track_routed_blocks": False, "tokenizer_dir": str(TOKENIZER)},
+            "round_robin",
+        ),
+    )
     with deployment(cfg) as dep:
         info = coordinator_info(dep)
-        assert info["routing_key_configs"] == {"context": {"tokens_per_block": 32, "kv_cache_hash_algo": "v1_block_key"}}
+        assert info["routing_key_configs"] == {
+            "context": {"tokens_per_block": 32, "kv_cache_hash_algo": "v1_block_key"}
+        }
         slot = _server(info, ctx)["slot"]
         model = TOKENIZER.name
         prompt = [(7 * i + 3) % 700 + 20 for i in range(200)]
@@ -236,7 +331,9 @@ def test_trtllm_worker_events_land_on_the_block_hashes_the_router_computes(tmp_p
         raw = key.block_hashes(32, "v1_block_key")
         ours = list(struct.unpack(f"<{len(raw) // 8}Q", raw))
         assert len(ours) == 7  # 199 tokens hashed: six full blocks and a partial one, as the worker keys them
-        wait_until(lambda: _held_by_events(dep, ours, slot), what="the worker's stored blocks under the router's hashes")
+        wait_until(
+            lambda: _held_by_events(dep, ours, slot), what="the worker's stored blocks under the router's hashes"
+        )
         assert all(r == 0 for _, r in _masks(dep, ours))
         state = coordinator_info(dep)
         assert state["kv_events"]["dropped_events"] == 0 and state["kv_events"]["event_gaps"] == 0

@@ -17,7 +17,15 @@ from shmdisagg.orchestrator.reporting import hint_message
 from shmdisagg.shm.index import BlockIndex
 from shmdisagg.shm.table import ControlTable
 from tests.conftest import free_port
-from tests.integration.harness import connection_to_worker, deployment, post, request_json, stream_lines, wait_until, write_config
+from tests.integration.harness import (
+    connection_to_worker,
+    deployment,
+    post,
+    request_json,
+    stream_lines,
+    wait_until,
+    write_config,
+)
 
 MODEL = "sim-llama-3.1-8b"
 HOUR = 3600.0
@@ -42,7 +50,11 @@ def _event_mask(dep: Deployment, block_hash: int) -> int:
 def test_hints_make_kv_events_visible_without_the_fallback_poll(tmp_path: Path, shm_prefix: str) -> None:
     ctx, gen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     cfg = write_config(
-        tmp_path, shm_prefix, [ctx], [gen], routers=("kv_cache_aware", "kv_cache_aware"),
+        tmp_path,
+        shm_prefix,
+        [ctx],
+        [gen],
+        routers=("kv_cache_aware", "kv_cache_aware"),
         shmdisagg={
             "executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}},
             # no fallback poll within the test: only a hint can trigger a drain
@@ -61,14 +73,22 @@ def test_hints_make_kv_events_visible_without_the_fallback_poll(tmp_path: Path, 
         prompt = list(range(20_000, 20_000 + 640))
         assert post(dep, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2})[0] == 200
         hashes = block_hashes(prompt, 32)[:19]  # the generation server stores whole blocks before the last token
-        wait_until(lambda: all(_event_mask(dep, h) == both for h in hashes), timeout_s=10, what="both servers' stored events")
+        wait_until(
+            lambda: all(_event_mask(dep, h) == both for h in hashes), timeout_s=10, what="both servers' stored events"
+        )
 
         # streaming: hinted at the first chunk and at the end
         prompt2 = list(range(30_000, 30_000 + 640))
-        status, events, _ = stream_lines(dep, "/v1/completions", {"model": MODEL, "prompt": prompt2, "max_tokens": 4, "stream": True})
+        status, events, _ = stream_lines(
+            dep, "/v1/completions", {"model": MODEL, "prompt": prompt2, "max_tokens": 4, "stream": True}
+        )
         assert status == 200 and events[-1] == b"[DONE]"
         hashes2 = block_hashes(prompt2, 32)[:19]
-        wait_until(lambda: all(_event_mask(dep, h) == both for h in hashes2), timeout_s=10, what="streamed request's stored events")
+        wait_until(
+            lambda: all(_event_mask(dep, h) == both for h in hashes2),
+            timeout_s=10,
+            what="streamed request's stored events",
+        )
 
         counters = _coordinator_info(dep)["kv_events"]
         assert counters["hinted_drains"] >= 2 and counters["polled_drains"] == 0, counters
@@ -84,7 +104,9 @@ def test_hints_make_kv_events_visible_without_the_fallback_poll(tmp_path: Path, 
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             for bad in (b"", b"not a hint", hint_message(1000)):
                 s.sendto(bad, hint_path)
-        wait_until(lambda: _coordinator_info(dep)["kv_events"]["bad_hints"] == 3, timeout_s=10, what="bad hints counted")
+        wait_until(
+            lambda: _coordinator_info(dep)["kv_events"]["bad_hints"] == 3, timeout_s=10, what="bad hints counted"
+        )
         assert post(dep, "/v1/completions", {"model": MODEL, "prompt": prompt + [1, 2, 3], "max_tokens": 2})[0] == 200
     # the coordinator removed both of its sockets at shutdown
     assert not os.path.exists(hint_path)
@@ -97,7 +119,12 @@ def test_only_kv_aware_roles_are_hinted_and_drained(tmp_path: Path, shm_prefix: 
     decision reads (and, polled without hints, would show as late in the lag histogram)."""
     ctx, gen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     cfg = write_config(
-        tmp_path, shm_prefix, [ctx], [gen], routers=("kv_cache_aware", "round_robin"), num_workers=1,
+        tmp_path,
+        shm_prefix,
+        [ctx],
+        [gen],
+        routers=("kv_cache_aware", "round_robin"),
+        num_workers=1,
         shmdisagg={
             "executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}},
             "kv_events": {"busy_poll_s": 0.01, "idle_poll_s": 0.01, "hinted_poll_s": 0.01},
@@ -115,7 +142,9 @@ def test_only_kv_aware_roles_are_hinted_and_drained(tmp_path: Path, shm_prefix: 
         # ...and the coordinator never drains that role's executor: once the context server's
         # blocks are visible, the generation server still holds every stored event it emitted
         ctx_hashes = block_hashes(list(range(2000, 2100)), 32)
-        wait_until(lambda: all(_event_mask(dep, h) for h in ctx_hashes), timeout_s=10, what="context server's stored events")
+        wait_until(
+            lambda: all(_event_mask(dep, h) for h in ctx_hashes), timeout_s=10, what="context server's stored events"
+        )
         host, port = gen.split(":")
         status, events = request_json(host, int(port), "POST", "/kv_cache_events")
         assert status == 200

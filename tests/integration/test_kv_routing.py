@@ -20,8 +20,14 @@ def _server_of(resp: dict) -> str:
 def test_repeated_prefixes_hit_the_cache_through_kv_events(tmp_path: Path, shm_prefix: str) -> None:
     ctx = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     gen = [f"127.0.0.1:{free_port()}" for _ in range(2)]
-    cfg = write_config(tmp_path, shm_prefix, ctx, gen, routers=("kv_cache_aware", "kv_cache_aware"),
-                       shmdisagg={"executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}}})
+    cfg = write_config(
+        tmp_path,
+        shm_prefix,
+        ctx,
+        gen,
+        routers=("kv_cache_aware", "kv_cache_aware"),
+        shmdisagg={"executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0}}},
+    )
     with deployment(cfg) as dep:
         prompts = [list(range(10_000 * k, 10_000 * k + 640)) for k in range(1, 5)]
         for p in prompts:  # first sight of each prefix: nothing cached
@@ -33,14 +39,18 @@ def test_repeated_prefixes_hit_the_cache_through_kv_events(tmp_path: Path, shm_p
         # text prompts are tokenized by the router exactly as the executor does
         text = "a shared preamble " * 40
         post(dep, "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": 2})
-        status, body = post(dep, "/v1/completions", {"model": MODEL, "prompt": text + "and a question", "max_tokens": 2})
+        status, body = post(
+            dep, "/v1/completions", {"model": MODEL, "prompt": text + "and a question", "max_tokens": 2}
+        )
         assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 96
         with ControlTable.attach(dep.config.shm_prefix) as table, BlockIndex.attach(table) as index:
             stats = index.stats()
             assert stats.used > 0 and stats.lag_samples > 0
 
 
-def test_concurrent_requests_for_a_new_prefix_through_two_workers_land_together(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
+def test_concurrent_requests_for_a_new_prefix_through_two_workers_land_together(
+    tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str
+) -> None:
     with fake_executors(["c0", "c1", "c2", "g0"]) as (*ctxs, gen):
         kv = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}  # real-executor stand-ins: their tokenizer
         cfg = write_config(tmp_path, shm_prefix, [c.addr for c in ctxs], [gen.addr], routers=(kv, "round_robin"))
@@ -51,8 +61,16 @@ def test_concurrent_requests_for_a_new_prefix_through_two_workers_land_together(
                 barrier = threading.Barrier(2)
 
                 def send(i: int) -> None:
-                    barrier.wait()
-                    assert post(dep, "/v1/completions", {"model": "fake-model", "prompt": prompt, "max_tokens": 2}, conn=conns[i])[0] == 200
+                    barrier.wait()  # noqa: B023 (the threads are joined in this iteration)
+                    assert (
+                        post(
+                            dep,
+                            "/v1/completions",
+                            {"model": "fake-model", "prompt": prompt, "max_tokens": 2},  # noqa: B023 (the threads are joined in this iteration)
+                            conn=conns[i],
+                        )[0]
+                        == 200
+                    )
 
                 threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
                 for t in threads:
@@ -65,16 +83,25 @@ def test_concurrent_requests_for_a_new_prefix_through_two_workers_land_together(
                 c.close()
 
 
-def test_conversation_stays_on_one_server_across_workers_and_moves_when_it_dies(tmp_path: Path, shm_prefix: str) -> None:
+def test_conversation_stays_on_one_server_across_workers_and_moves_when_it_dies(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     with fake_executors(["c0", "g0", "g1", "g2"]) as (ctx, *gens):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g.addr for g in gens], routers=("round_robin", "conversation"))
+        cfg = write_config(
+            tmp_path, shm_prefix, [ctx.addr], [g.addr for g in gens], routers=("round_robin", "conversation")
+        )
         with deployment(cfg) as dep:
             conns = [connection_to_worker(dep, 0), connection_to_worker(dep, 1)]
             homes = {}
             for conv in ("alice", "bob", "carol", "dave", "erin", "frank"):
                 seen = set()
                 for turn in range(4):
-                    body = {"model": "fake-model", "prompt": f"turn {turn}", "max_tokens": 2, "conversation_params": {"conversation_id": conv}}
+                    body = {
+                        "model": "fake-model",
+                        "prompt": f"turn {turn}",
+                        "max_tokens": 2,
+                        "conversation_params": {"conversation_id": conv},
+                    }
                     status, resp = post(dep, "/v1/completions", body, conn=conns[turn % 2])
                     assert status == 200
                     seen.add(_server_of(resp))
@@ -92,7 +119,12 @@ def test_conversation_stays_on_one_server_across_workers_and_moves_when_it_dies(
             wait_until(lambda: _unhealthy(dep, victim.addr), timeout_s=5, what="the dead server marked unhealthy")
             moved = set()
             for turn in range(4):
-                body = {"model": "fake-model", "prompt": "after", "max_tokens": 2, "conversation_params": {"conversation_id": "alice"}}
+                body = {
+                    "model": "fake-model",
+                    "prompt": "after",
+                    "max_tokens": 2,
+                    "conversation_params": {"conversation_id": "alice"},
+                }
                 status, resp = post(dep, "/v1/completions", body, conn=conns[turn % 2])
                 assert status == 200
                 moved.add(_server_of(resp))
@@ -104,7 +136,12 @@ def test_conversation_stays_on_one_server_across_workers_and_moves_when_it_dies(
 def post_with_header(dep, conn, name: str, value: str) -> dict:  # type: ignore[no-untyped-def]
     import orjson
 
-    conn.request("POST", "/v1/completions", body=orjson.dumps({"model": "fake-model", "prompt": "x", "max_tokens": 2}), headers={"content-type": "application/json", name: value})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        body=orjson.dumps({"model": "fake-model", "prompt": "x", "max_tokens": 2}),
+        headers={"content-type": "application/json", name: value},
+    )
     r = conn.getresponse()
     assert r.status == 200
     return orjson.loads(r.read())
@@ -124,7 +161,9 @@ def test_implicit_conversation_follows_its_prefix(tmp_path: Path, shm_prefix: st
             homes = set()
             for turn in range(4):
                 history.append({"role": "user", "content": f"question {turn} " * 20})
-                status, resp = post(dep, "/v1/chat/completions", {"model": "fake-model", "messages": history, "max_tokens": 2})
+                status, resp = post(
+                    dep, "/v1/chat/completions", {"model": "fake-model", "messages": history, "max_tokens": 2}
+                )
                 assert status == 200
                 homes.add(_server_of(resp))
                 history.append({"role": "assistant", "content": f"answer {turn} " * 20})
@@ -149,23 +188,40 @@ def test_implicit_conversation_of_token_id_prompts_follows_its_prefix(tmp_path: 
             assert len(homes["a"]) == 1 and len(homes["b"]) == 1
 
 
-def test_conditional_disaggregation_keeps_cached_prompts_on_the_generation_server(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
+def test_conditional_disaggregation_keeps_cached_prompts_on_the_generation_server(
+    tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str
+) -> None:
     with fake_executors(["c0", "g0", "g1"]) as (ctx, g0, g1):
         kv = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], routers=("round_robin", kv),
-                           conditional_disagg_config={"max_local_prefill_length": 64})
+        cfg = write_config(
+            tmp_path,
+            shm_prefix,
+            [ctx.addr],
+            [g0.addr, g1.addr],
+            routers=("round_robin", kv),
+            conditional_disagg_config={"max_local_prefill_length": 64},
+        )
         with deployment(cfg) as dep:
             prompt = list(range(70_000, 70_000 + 1024))
             assert post(dep, "/v1/completions", {"model": "fake-model", "prompt": prompt, "max_tokens": 2})[0] == 200
             assert len(ctx.recorded()) == 1  # first sight: disaggregated
             # same prompt plus a short tail: the generation server holds all but < 64 tokens
-            status, resp = post(dep, "/v1/completions", {"model": "fake-model", "prompt": prompt + list(range(10)), "max_tokens": 2})
+            status, resp = post(
+                dep, "/v1/completions", {"model": "fake-model", "prompt": prompt + list(range(10)), "max_tokens": 2}
+            )
             assert status == 200
             assert len(ctx.recorded()) == 1  # no context leg
             local = [r for g in (g0, g1) for r in g.recorded() if not r.get("disaggregated_params")]
             assert len(local) == 1 and local[0]["prompt"] == prompt + list(range(10))
             # a long new tail is disaggregated again
-            assert post(dep, "/v1/completions", {"model": "fake-model", "prompt": prompt + list(range(500)), "max_tokens": 2})[0] == 200
+            assert (
+                post(
+                    dep,
+                    "/v1/completions",
+                    {"model": "fake-model", "prompt": prompt + list(range(500)), "max_tokens": 2},
+                )[0]
+                == 200
+            )
             assert len(ctx.recorded()) == 2
             with ControlTable.attach(dep.config.shm_prefix) as table:
                 assert all(table.load(s.slot) == (0, 0) for s in table.servers())
@@ -179,7 +235,14 @@ def test_bad_and_unknown_kv_events_are_dropped_and_counted(shm_prefix: str) -> N
         table.publish_server(0, "127.0.0.1:1", 0, True, tokens_per_block=32)
         with BlockIndex.create(table) as index:
             ing = KvEventIngestor(index, [Executor(0, 0, "127.0.0.1", 1)])
-            good = {"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [{"block_hash": 12345}, {"block_hash": 67890}]}}
+            good = {
+                "event_id": 1,
+                "data": {
+                    "type": "stored",
+                    "parent_hash": None,
+                    "blocks": [{"block_hash": 12345}, {"block_hash": 67890}],
+                },
+            }
             bad = [
                 "not an event",
                 {"event_id": 2},
@@ -207,9 +270,25 @@ def test_the_fast_event_decoder_applies_what_the_tolerant_one_does(shm_prefix: s
 
     events = [
         {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [10, 0]}, "window_size": 64},
-        {"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [
-            {"type": "stored_block", "block_hash": 111, "tokens": [{"type": "unique_token", "token_id": 5, "token_extra_id": 0}], "cache_level": 0, "priority": 35},
-            {"type": "stored_block", "block_hash": 222, "tokens": [], "cache_level": 0, "priority": 35}]}, "window_size": 64, "timestamp": 1.5},
+        {
+            "event_id": 1,
+            "data": {
+                "type": "stored",
+                "parent_hash": None,
+                "blocks": [
+                    {
+                        "type": "stored_block",
+                        "block_hash": 111,
+                        "tokens": [{"type": "unique_token", "token_id": 5, "token_extra_id": 0}],
+                        "cache_level": 0,
+                        "priority": 35,
+                    },
+                    {"type": "stored_block", "block_hash": 222, "tokens": [], "cache_level": 0, "priority": 35},
+                ],
+            },
+            "window_size": 64,
+            "timestamp": 1.5,
+        },
         {"event_id": 2, "data": {"type": "removed", "block_hashes": [111]}, "window_size": 64},
     ]
     with ControlTable.create(shm_prefix) as table:

@@ -46,7 +46,12 @@ def alive(pid: int) -> bool:
 
 
 def _launch(cfg: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(cfg)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(cfg)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -79,7 +84,9 @@ def test_signal_stops_everything_and_unlinks_every_segment(tmp_path: Path, shm_p
 
 def test_failed_start_leaves_nothing_behind(tmp_path: Path, shm_prefix: str) -> None:
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
-    cfg = write_config(tmp_path, shm_prefix, [dead], [f"127.0.0.1:{free_port()}"], shmdisagg={"server_start_timeout_s": 2})
+    cfg = write_config(
+        tmp_path, shm_prefix, [dead], [f"127.0.0.1:{free_port()}"], shmdisagg={"server_start_timeout_s": 2}
+    )
     proc = _launch(cfg)
     seen: set[int] = set()
     try:
@@ -108,8 +115,16 @@ def test_a_second_deployment_on_the_same_table_is_refused(tmp_path: Path, shm_pr
         port = yaml.safe_load(cfg.read_text())["port"]
         first = _launch(cfg)
         try:
-            wait_until(lambda: http_status(f"http://127.0.0.1:{port}/health") == 200, timeout_s=60, what="the deployment")
-            second = subprocess.run([sys.executable, "-m", "shmdisagg.coordinator", "-c", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=60)
+            wait_until(
+                lambda: http_status(f"http://127.0.0.1:{port}/health") == 200, timeout_s=60, what="the deployment"
+            )
+            second = subprocess.run(
+                [sys.executable, "-m", "shmdisagg.coordinator", "-c", str(cfg)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert second.returncode == 1
             assert "running" in second.stderr.lower(), second.stderr
             assert http_status(f"http://127.0.0.1:{port}/health") == 200  # the first one is untouched
@@ -139,7 +154,9 @@ def _coordinator_answers(sock_path: str) -> bool:
         conn.close()
 
 
-def test_a_refused_second_launch_leaves_the_live_deployments_sockets(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
+def test_a_refused_second_launch_leaves_the_live_deployments_sockets(
+    tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str
+) -> None:
     import yaml
 
     kv = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}  # the fakes stand for real executors
@@ -156,7 +173,13 @@ def test_a_refused_second_launch_leaves_the_live_deployments_sockets(tmp_path: P
             data["port"] = free_port()
             (other / "config.yaml").write_text(yaml.safe_dump(data))
             for second in (cfg, other / "config.yaml"):
-                out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(second)], cwd=REPO, capture_output=True, text=True, timeout=120)
+                out = subprocess.run(
+                    [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(second)],
+                    cwd=REPO,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
                 assert out.returncode == 1, out
                 assert "launch failed" in out.stderr, out.stderr
                 if second == cfg:  # refused at once, before it started anything
@@ -189,4 +212,8 @@ def test_a_stop_right_after_a_hard_kill_of_the_coordinator_removes_its_sockets_s
             assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
             # the workers are stopped by then; the standby, if still importing, reads its EOF next
             assert fleet
-            wait_until(lambda: not [p for p in fleet if alive(p)], timeout_s=30, what="the dead coordinator's fleet and standby to exit")
+            wait_until(
+                lambda: not [p for p in fleet if alive(p)],
+                timeout_s=30,
+                what="the dead coordinator's fleet and standby to exit",
+            )

@@ -38,7 +38,9 @@ def _idle(dep) -> bool:  # type: ignore[no-untyped-def]
 def pair(tmp_path: Path, shm_prefix: str, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     extra = getattr(request, "param", {})
     with fake_executors(["c0", "g0", "g1"]) as (ctx, g0, g1):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], routers=("round_robin", "load_balancing"), **extra)
+        cfg = write_config(
+            tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], routers=("round_robin", "load_balancing"), **extra
+        )
         with deployment(cfg) as dep:
             yield dep, ctx, g0, g1
 
@@ -53,7 +55,10 @@ def test_client_disaggregated_params_never_reach_an_executor(pair) -> None:  # t
     assert ctx.recorded() == [] and g0.recorded() + g1.recorded() == []
     assert post(dep, "/v1/completions", COMPLETION)[0] == 200
     [c] = ctx.recorded()
-    assert c["disaggregated_params"]["request_type"] == "context_only" and "ctx_request_id" not in c["disaggregated_params"]
+    assert (
+        c["disaggregated_params"]["request_type"] == "context_only"
+        and "ctx_request_id" not in c["disaggregated_params"]
+    )
     [g] = g0.recorded() + g1.recorded()
     assert g["disaggregated_params"]["ctx_request_id"] == c["disaggregated_params"]["disagg_request_id"]
 
@@ -138,7 +143,15 @@ def test_stopped_executors_cannot_outlive_the_deadline(pair) -> None:  # type: i
     try:
         results: list = []
         threads = [
-            threading.Thread(target=lambda s=s: results.append((s, time.monotonic(), (stream_lines if s else post)(dep, "/v1/completions", {**COMPLETION, "stream": s}))))
+            threading.Thread(
+                target=lambda s=s: results.append(
+                    (
+                        s,
+                        time.monotonic(),
+                        (stream_lines if s else post)(dep, "/v1/completions", {**COMPLETION, "stream": s}),
+                    )
+                )
+            )
             for s in (False, True, False, True)
         ]
         started = time.monotonic()
@@ -147,7 +160,7 @@ def test_stopped_executors_cannot_outlive_the_deadline(pair) -> None:  # type: i
         for t in threads:
             t.join(timeout=20)
         assert len(results) == 4
-        for stream, ended, resp in results:
+        for _stream, ended, resp in results:
             assert ended - started < 1.5 + 2.0  # the deadline plus scheduling slack
             assert resp[0] == 504  # nothing was sent yet: a JSON 504, streaming or not
     finally:
@@ -163,7 +176,10 @@ def test_client_disconnect_cancels_upstream_and_releases_within_100ms(pair, stre
         g.script(hold=True) if stream else g.script(delay_s=30)
     sock = socket.create_connection(("127.0.0.1", dep.config.port))
     body = orjson.dumps({**COMPLETION, "stream": stream})
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(body), body)
+    )
     wait_until(lambda: len(g0.recorded()) + len(g1.recorded()) == 1, what="the generation leg")
     if stream:
         sock.recv(1)  # the stream has started
@@ -175,7 +191,11 @@ def test_client_disconnect_cancels_upstream_and_releases_within_100ms(pair, stre
     assert time.monotonic() - closed_at < 0.1 + 0.1
     if stream:
         gen = g0 if g0.recorded() else g1
-        wait_until(lambda: any(e.startswith("cancelled") for e in gen.events()), timeout_s=2, what="the upstream stream cancelled")
+        wait_until(
+            lambda: any(e.startswith("cancelled") for e in gen.events()),
+            timeout_s=2,
+            what="the upstream stream cancelled",
+        )
 
 
 @pytest.mark.parametrize("pair", [{"shmdisagg": {"max_inflight_requests": 1}}], indirect=True)
@@ -208,10 +228,20 @@ def test_request_hygiene(pair) -> None:  # type: ignore[no-untyped-def]
     assert status == 413 and body["object"] == "error"
     c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=5)
     for bad in ("has spaces; and=more", "x" * 200, "a{b}"):
-        c.request("POST", "/v1/completions", body=orjson.dumps(COMPLETION), headers={"content-type": "application/json", "x-request-id": bad})
+        c.request(
+            "POST",
+            "/v1/completions",
+            body=orjson.dumps(COMPLETION),
+            headers={"content-type": "application/json", "x-request-id": bad},
+        )
         r = c.getresponse()
         assert r.status == 400 and orjson.loads(r.read())["param"] == "x-request-id"
-    c.request("POST", "/v1/completions", body=orjson.dumps(COMPLETION), headers={"content-type": "application/json", "x-request-id": "abc-123"})
+    c.request(
+        "POST",
+        "/v1/completions",
+        body=orjson.dumps(COMPLETION),
+        headers={"content-type": "application/json", "x-request-id": "abc-123"},
+    )
     r = c.getresponse()
     r.read()
     assert r.status == 200 and r.getheader("x-request-id") == "abc-123"
@@ -220,31 +250,46 @@ def test_request_hygiene(pair) -> None:  # type: ignore[no-untyped-def]
     assert _idle(dep)
 
 
-def test_health_is_503_while_a_role_has_no_healthy_server_and_200_when_one_returns(tmp_path: Path, shm_prefix: str) -> None:
+def test_health_is_503_while_a_role_has_no_healthy_server_and_200_when_one_returns(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr])
         with deployment(cfg) as dep:
             port = dep.config.port
             os.kill(gen.proc.pid, signal.SIGSTOP)  # stops answering: failed health polls
             try:
-                wait_until(lambda: request_json("127.0.0.1", port, "GET", "/health")[0] == 503, timeout_s=5, what="health 503")
+                wait_until(
+                    lambda: request_json("127.0.0.1", port, "GET", "/health")[0] == 503, timeout_s=5, what="health 503"
+                )
                 status, body = post(dep, "/v1/completions", COMPLETION)
                 assert status == 503 and body["code"] == 503
             finally:
                 os.kill(gen.proc.pid, signal.SIGCONT)
-            wait_until(lambda: request_json("127.0.0.1", port, "GET", "/health")[0] == 200, timeout_s=5, what="health 200 again")
+            wait_until(
+                lambda: request_json("127.0.0.1", port, "GET", "/health")[0] == 200,
+                timeout_s=5,
+                what="health 200 again",
+            )
             assert post(dep, "/v1/completions", COMPLETION)[0] == 200
 
 
-def test_generation_first_from_the_environment_dispatches_generation_before_context_answers(tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_generation_first_from_the_environment_dispatches_generation_before_context_answers(
+    tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TRTLLM_DISAGG_SCHEDULE_STYLE", "generation_first")  # overrides the file's context_first
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], schedule_style="context_first")
         with deployment(cfg) as dep:
-            assert request_json("127.0.0.1", dep.config.port, "GET", "/server_info")[1]["schedule_style"] == "generation_first"
+            assert (
+                request_json("127.0.0.1", dep.config.port, "GET", "/server_info")[1]["schedule_style"]
+                == "generation_first"
+            )
             ctx.script(delay_s=3.0)
             result: dict = {}
-            t = threading.Thread(target=lambda: result.update(r=stream_lines(dep, "/v1/completions", {**COMPLETION, "stream": True})))
+            t = threading.Thread(
+                target=lambda: result.update(r=stream_lines(dep, "/v1/completions", {**COMPLETION, "stream": True}))
+            )
             t0 = time.monotonic()
             t.start()
             wait_until(lambda: len(gen.recorded()) == 1, what="the generation leg")
@@ -270,24 +315,38 @@ def test_generation_first_context_failure_cancels_the_generation_leg(tmp_path: P
             gen.script(hold=True)
             status, events, _ = stream_lines(dep, "/v1/completions", {**COMPLETION, "stream": True})
             assert status == 400
-            wait_until(lambda: any(e.startswith("cancelled") for e in gen.events()), timeout_s=3, what="the generation leg cancelled")
+            wait_until(
+                lambda: any(e.startswith("cancelled") for e in gen.events()),
+                timeout_s=3,
+                what="the generation leg cancelled",
+            )
             assert _idle(dep)
 
 
-def test_reported_request_failures_open_the_breaker_then_the_server_is_readmitted(tmp_path: Path, shm_prefix: str) -> None:
+def test_reported_request_failures_open_the_breaker_then_the_server_is_readmitted(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     import asyncio
 
     import aiohttp
 
     with fake_executors(["c0", "g0", "g1"]) as (ctx, g0, g1):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], shmdisagg={"breaker_failures": 3, "breaker_cooldown_s": 1.0})
+        cfg = write_config(
+            tmp_path,
+            shm_prefix,
+            [ctx.addr],
+            [g0.addr, g1.addr],
+            shmdisagg={"breaker_failures": 3, "breaker_cooldown_s": 1.0},
+        )
         with deployment(cfg) as dep:
             slot = next(s.slot for s in ControlTable.attach(dep.config.shm_prefix).servers() if s.addr == g1.addr)
 
             async def report() -> dict:
                 conn = aiohttp.UnixConnector(path=dep.config.coordinator_socket)
                 async with aiohttp.ClientSession(connector=conn) as session:
-                    async with session.post("http://coordinator/report", json=[{"slot": slot, "kind": "error"}] * 3) as r:
+                    async with session.post(
+                        "http://coordinator/report", json=[{"slot": slot, "kind": "error"}] * 3
+                    ) as r:
                         assert r.status == 200
                         return await r.json()
 
@@ -328,7 +387,12 @@ def test_a_conversation_header_reaches_both_executors_in_conversation_params(pai
     def send(body: dict, headers: dict[str, str]) -> None:  # type: ignore[type-arg]
         c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
         try:
-            c.request("POST", "/v1/completions", body=orjson.dumps(body), headers={"content-type": "application/json", **headers})
+            c.request(
+                "POST",
+                "/v1/completions",
+                body=orjson.dumps(body),
+                headers={"content-type": "application/json", **headers},
+            )
             assert c.getresponse().status == 200
         finally:
             c.close()

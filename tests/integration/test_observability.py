@@ -35,7 +35,10 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     ctx = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     gen = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     cfg = write_config(
-        tmp, prefix, ctx, gen,
+        tmp,
+        prefix,
+        ctx,
+        gen,
         routers=({"type": "load_balancing", "use_tokens": True}, "load_balancing"),
         perf_metrics_max_requests=10_000,  # 0, the default, keeps no /perf_metrics record
         shmdisagg={"executors": {"backend": "sim", "model": MODEL, "sim": {"speedup": 20.0, "num_blocks": 4096}}},
@@ -69,7 +72,11 @@ def scrape(conn: http.client.HTTPConnection) -> dict[tuple[str, tuple[tuple[str,
     r = conn.getresponse()
     text = r.read().decode()
     assert r.status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def by_role(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, role: str) -> float:
@@ -78,8 +85,21 @@ def by_role(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name:
 
 def stats_once(dep: Deployment, interval: float = 0.3) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "shmdisagg.cli", "stats", "-c", str(dep.config_path), "--once", "--json", "--interval", str(interval)],
-        capture_output=True, cwd=REPO, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "shmdisagg.cli",
+            "stats",
+            "-c",
+            str(dep.config_path),
+            "--once",
+            "--json",
+            "--interval",
+            str(interval),
+        ],
+        capture_output=True,
+        cwd=REPO,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr.decode()
     return orjson.loads(out.stdout)  # type: ignore[no-any-return]
@@ -157,10 +177,31 @@ def test_a_scrape_on_any_worker_counts_what_the_bench_sent(dep: Deployment, tmp_
     watcher.start()
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "shmdisagg.bench", "--url", f"http://127.0.0.1:{dep.config.port}", "--input-len", "128",
-             "--output-len", "8", "--concurrency", "4", "--num-requests", str(n), "--no-progress",
-             "--json", str(tmp_path / "run.json"), "--records", str(tmp_path / "records.jsonl"), "--plot", str(tmp_path / "plots")],
-            capture_output=True, cwd=REPO, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "shmdisagg.bench",
+                "--url",
+                f"http://127.0.0.1:{dep.config.port}",
+                "--input-len",
+                "128",
+                "--output-len",
+                "8",
+                "--concurrency",
+                "4",
+                "--num-requests",
+                str(n),
+                "--no-progress",
+                "--json",
+                str(tmp_path / "run.json"),
+                "--records",
+                str(tmp_path / "records.jsonl"),
+                "--plot",
+                str(tmp_path / "plots"),
+            ],
+            capture_output=True,
+            cwd=REPO,
+            timeout=300,
         )
     finally:
         done.set()
@@ -178,15 +219,32 @@ def test_a_scrape_on_any_worker_counts_what_the_bench_sent(dep: Deployment, tmp_
         conn = connection_to_worker(dep, worker)
         after = scrape(conn)
         conn.close()
-        for name in ("total_requests_total", "stream_requests_total", "total_responses_total", "ctx_total_requests_total",
-                     "ctx_completed_requests_total", "gen_total_requests_total", "gen_completed_requests_total"):
+        for name in (
+            "total_requests_total",
+            "stream_requests_total",
+            "total_responses_total",
+            "ctx_total_requests_total",
+            "ctx_completed_requests_total",
+            "gen_total_requests_total",
+            "gen_completed_requests_total",
+        ):
             assert after[(name, ())] - before[(name, ())] == n, name
         for role in ("context", "generation"):
-            decisions = by_role(after, "shmdisagg_routing_decisions_total", role) - by_role(before, "shmdisagg_routing_decisions_total", role)
+            decisions = by_role(after, "shmdisagg_routing_decisions_total", role) - by_role(
+                before, "shmdisagg_routing_decisions_total", role
+            )
             assert decisions == n
-            assert by_role(after, "shmdisagg_server_routed_total", role) - by_role(before, "shmdisagg_server_routed_total", role) == n
+            assert (
+                by_role(after, "shmdisagg_server_routed_total", role)
+                - by_role(before, "shmdisagg_server_routed_total", role)
+                == n
+            )
             assert by_role(after, "shmdisagg_server_active_requests", role) == 0
-        assert after[("shmdisagg_orchestrator_overhead_seconds_count", ())] - before[("shmdisagg_orchestrator_overhead_seconds_count", ())] == n
+        assert (
+            after[("shmdisagg_orchestrator_overhead_seconds_count", ())]
+            - before[("shmdisagg_orchestrator_overhead_seconds_count", ())]
+            == n
+        )
         assert after[("shmdisagg_fleet_workers", ())] == 2
 
     # /perf_metrics: a joined record for every request the bench sent
@@ -229,13 +287,26 @@ def test_perf_metrics_has_a_joined_record_for_every_request(dep: Deployment) -> 
         r = records[rid]
         workers.add(r["fleet_worker"])
         assert r["ctx_server"] in addrs and r["gen_server"] in addrs
-        times = [r[k] for k in ("disagg_server_arrival_time", "disagg_ctx_dispatch_time", "disagg_ctx_done_time",
-                                "disagg_gen_dispatch_time", "disagg_server_first_token_time", "disagg_server_last_token_time")]
+        times = [
+            r[k]
+            for k in (
+                "disagg_server_arrival_time",
+                "disagg_ctx_dispatch_time",
+                "disagg_ctx_done_time",
+                "disagg_gen_dispatch_time",
+                "disagg_server_first_token_time",
+                "disagg_server_last_token_time",
+            )
+        ]
         assert all(t is not None for t in times) and times == sorted(times)
         ctx, gen = r["ctx_perf_metrics"], r["gen_perf_metrics"]
         assert ctx["ctx_request_id"] == rid and gen["ctx_request_id"] == rid
         # one timebase: the executors' steady-clock stamps fall inside our dispatch..last-token window
-        assert r["disagg_ctx_dispatch_time"] - 0.05 <= ctx["perf_metrics"]["timing_metrics"]["arrival_time"] <= r["disagg_ctx_done_time"] + 0.05
+        assert (
+            r["disagg_ctx_dispatch_time"] - 0.05
+            <= ctx["perf_metrics"]["timing_metrics"]["arrival_time"]
+            <= r["disagg_ctx_done_time"] + 0.05
+        )
         assert r["prompt_tokens"] >= 257 and r["cached_tokens"] >= 0 and r["retries"] == 0
     assert workers == {0, 1}
     # drained: a second read does not return them again; ?keep=true reads without draining
@@ -280,4 +351,8 @@ def test_request_ids_stay_unique_across_workers_and_a_worker_restart(dep: Deploy
     conn.close()
     # /cluster_info on the public port shows the deployment
     status, info = request_json("127.0.0.1", dep.config.port, "GET", "/cluster_info")
-    assert status == 200 and info["is_ready"] and set(info["server_lists"]["context"]) == set(dep.config.context_servers.urls)
+    assert (
+        status == 200
+        and info["is_ready"]
+        and set(info["server_lists"]["context"]) == set(dep.config.context_servers.urls)
+    )

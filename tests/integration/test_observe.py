@@ -43,6 +43,7 @@ def stack(fakes: list[FakeExecutor], shm_prefix: str, tmp_path: Path) -> Iterato
 def serve(stack: Stack, obs: Observability, requests: list[tuple[str, Any, list[tuple[bytes, bytes]]]]) -> list[Answer]:
     obs.start()
     try:
+
         async def go(pool: Any) -> list[Answer]:
             handler = obs.wrap(stack.service(pool).handle)
             return [await call(handler, path, body, headers) for path, body, headers in requests]
@@ -60,7 +61,9 @@ def last_headers(f: FakeExecutor) -> dict[str, str]:
 # -- return_perf_metrics ------------------------------------------------------------------------
 
 
-def test_a_client_that_asks_gets_every_phase_in_headers_and_the_legs_were_asked(stack: Stack, fakes: list[FakeExecutor]) -> None:
+def test_a_client_that_asks_gets_every_phase_in_headers_and_the_legs_were_asked(
+    stack: Stack, fakes: list[FakeExecutor]
+) -> None:
     (a,) = serve(stack, Observability(expose=True), [("/v1/completions", COMPLETION, ASK)])
     assert a.status == 200
     timing, stamps = a.headers["server-timing"], a.headers["x-trtllm-start-end-time"]
@@ -71,27 +74,55 @@ def test_a_client_that_asks_gets_every_phase_in_headers_and_the_legs_were_asked(
     assert "server" not in timing + stamps  # renamed to their phase, as upstream does
     assert a.headers["x-trtllm-step-metrics"] == "ctx-step-0-forward;dur=0.500000, gen-step-0-forward;dur=0.500000"
     stamp = {k: float(v) for k, _, v in (item.strip().partition(";ts=") for item in stamps.split(","))}
-    assert stamp["disagg-start"] < stamp["ctx-start"] <= stamp["ctx-end"] < stamp["gen-start"] <= stamp["gen-end"] < stamp["disagg-end"]
-    assert last_headers(fakes[0]) == {"x-trtllm-return-metrics": "1"} and last_headers(fakes[1]) == {"x-trtllm-return-metrics": "1"}
+    assert (
+        stamp["disagg-start"]
+        < stamp["ctx-start"]
+        <= stamp["ctx-end"]
+        < stamp["gen-start"]
+        <= stamp["gen-end"]
+        < stamp["disagg-end"]
+    )
+    assert last_headers(fakes[0]) == {"x-trtllm-return-metrics": "1"} and last_headers(fakes[1]) == {
+        "x-trtllm-return-metrics": "1"
+    }
     assert "choices" in a.json()
 
 
-def test_nothing_is_added_or_asked_unless_the_client_asks_and_the_key_is_set(stack: Stack, fakes: list[FakeExecutor]) -> None:
+def test_nothing_is_added_or_asked_unless_the_client_asks_and_the_key_is_set(
+    stack: Stack, fakes: list[FakeExecutor]
+) -> None:
     plain, stream = serve(stack, Observability(expose=True), [
-        ("/v1/completions", COMPLETION, []), ("/v1/completions", {**COMPLETION, "stream": True}, [(b"x-trtllm-return-metrics", b"0")])])  # fmt: skip
+        ("/v1/completions", COMPLETION, []),
+        ("/v1/completions", {**COMPLETION, "stream": True}, [(b"x-trtllm-return-metrics", b"0")])])  # fmt: skip
     assert plain.status == stream.status == 200
     assert not any(h.startswith(("server-timing", "x-trtllm-")) for h in plain.headers)
     assert stream.body.endswith(b"data: [DONE]\n\n") and EVENT not in stream.body
     assert last_headers(fakes[0]) == {} and last_headers(fakes[1]) == {}
     # return_perf_metrics off: a client's ask changes nothing (upstream's expose_headers)
-    (off,) = serve(stack, Observability(tracing=None, trace_writer=None, writer=None, expose=False), [("/v1/completions", COMPLETION, ASK)])
+    (off,) = serve(
+        stack,
+        Observability(tracing=None, trace_writer=None, writer=None, expose=False),
+        [("/v1/completions", COMPLETION, ASK)],
+    )
     assert "server-timing" not in off.headers and last_headers(fakes[1]) == {}
 
 
 @pytest.mark.parametrize("split", [0, 9])
-def test_a_stream_ends_with_one_metrics_event_after_done_and_never_the_executors(stack: Stack, fakes: list[FakeExecutor], split: int) -> None:
+def test_a_stream_ends_with_one_metrics_event_after_done_and_never_the_executors(
+    stack: Stack, fakes: list[FakeExecutor], split: int
+) -> None:
     fakes[1].script(event_split=split)  # 9: the executor's event straddles two writes
-    (a,) = serve(stack, Observability(expose=True), [("/v1/chat/completions", {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}, ASK)])
+    (a,) = serve(
+        stack,
+        Observability(expose=True),
+        [
+            (
+                "/v1/chat/completions",
+                {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+                ASK,
+            )
+        ],
+    )
     assert a.status == 200 and a.body.count(EVENT) == 1
     chunks, _, event = a.body.partition(EVENT)
     assert chunks.endswith(b"data: [DONE]\n\n") and chunks.count(b"data: ") == 5  # 4 chunks + [DONE], all relayed
@@ -104,7 +135,11 @@ def test_a_stream_ends_with_one_metrics_event_after_done_and_never_the_executors
 
 def test_an_answer_the_context_leg_finished_still_gets_its_metrics(stack: Stack, fakes: list[FakeExecutor]) -> None:
     fakes[0].script(finish_reason="stop")
-    plain, stream = serve(stack, Observability(expose=True), [("/v1/completions", COMPLETION, ASK), ("/v1/completions", {**COMPLETION, "stream": True}, ASK)])
+    plain, stream = serve(
+        stack,
+        Observability(expose=True),
+        [("/v1/completions", COMPLETION, ASK), ("/v1/completions", {**COMPLETION, "stream": True}, ASK)],
+    )
     assert "ctx_queue;dur=1.000000" in plain.headers["server-timing"] and "gen_" not in plain.headers["server-timing"]
     assert stream.body.count(EVENT) == 1 and stream.body.index(b"data: [DONE]") < stream.body.index(EVENT)
 
@@ -118,10 +153,16 @@ def test_an_error_answer_carries_no_metrics(stack: Stack, fakes: list[FakeExecut
 # -- perf_metrics_output_dir --------------------------------------------------------------------
 
 
-def test_output_dir_writes_one_upstream_record_per_request_and_asks_every_leg(stack: Stack, fakes: list[FakeExecutor], tmp_path: Path) -> None:
+def test_output_dir_writes_one_upstream_record_per_request_and_asks_every_leg(
+    stack: Stack, fakes: list[FakeExecutor], tmp_path: Path
+) -> None:
     out = tmp_path / "perf"
     writer = PerfMetricsJsonlWriter(str(out))
-    answers = serve(stack, Observability(writer=writer), [("/v1/completions", COMPLETION, []), ("/v1/completions", {**COMPLETION, "stream": True}, [])])
+    answers = serve(
+        stack,
+        Observability(writer=writer),
+        [("/v1/completions", COMPLETION, []), ("/v1/completions", {**COMPLETION, "stream": True}, [])],
+    )
     assert all(a.status == 200 for a in answers)
     assert not any(h.startswith("server-timing") for a in answers for h in a.headers)  # return_perf_metrics is off
     assert EVENT not in answers[1].body
@@ -132,8 +173,17 @@ def test_output_dir_writes_one_upstream_record_per_request_and_asks_every_leg(st
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["disagg_request_id"] for r in lines] == [int(a.headers["x-disagg-request-id"]) for a in answers]
     for r in lines:
-        assert set(r) == {"ctx_server", "gen_server", "disagg_server_arrival_time", "disagg_ctx_dispatch_time",
-                          "disagg_server_first_token_time", "status", "ctx_perf_metrics", "gen_perf_metrics", "disagg_request_id"}
+        assert set(r) == {
+            "ctx_server",
+            "gen_server",
+            "disagg_server_arrival_time",
+            "disagg_ctx_dispatch_time",
+            "disagg_server_first_token_time",
+            "status",
+            "ctx_perf_metrics",
+            "gen_perf_metrics",
+            "disagg_request_id",
+        }
         assert (r["ctx_server"], r["gen_server"], r["status"]) == (fakes[0].addr, fakes[1].addr, "complete")
         assert r["disagg_server_arrival_time"] < r["disagg_ctx_dispatch_time"] < r["disagg_server_first_token_time"]
         for side in ("ctx_perf_metrics", "gen_perf_metrics"):
@@ -148,7 +198,9 @@ def test_output_dir_writes_one_upstream_record_per_request_and_asks_every_leg(st
 # -- otlp_config --------------------------------------------------------------------------------
 
 
-def test_spans_a_request_span_under_the_clients_trace_with_a_child_per_leg(stack: Stack, fakes: list[FakeExecutor]) -> None:
+def test_spans_a_request_span_under_the_clients_trace_with_a_child_per_leg(
+    stack: Stack, fakes: list[FakeExecutor]
+) -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.trace import SpanKind, StatusCode
 
@@ -157,16 +209,23 @@ def test_spans_a_request_span_under_the_clients_trace_with_a_child_per_leg(stack
     exporter, failures = InMemorySpanExporter(), InMemorySpanExporter()  # an exporter ends with its Observability
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     parent = [(b"traceparent", f"00-{trace_id}-00f067aa0ba902b7-01".encode())]
-    (ok,) = serve(stack, Observability(tracing=Tracing.for_exporter(exporter)), [("/v1/completions", COMPLETION, parent)])
+    (ok,) = serve(
+        stack, Observability(tracing=Tracing.for_exporter(exporter)), [("/v1/completions", COMPLETION, parent)]
+    )
     fakes[0].script(status=503)
-    (failed,) = serve(stack, Observability(tracing=Tracing.for_exporter(failures)), [("/v1/completions", COMPLETION, [])])
+    (failed,) = serve(
+        stack, Observability(tracing=Tracing.for_exporter(failures)), [("/v1/completions", COMPLETION, [])]
+    )
     assert ok.status == 200 and failed.status == 503
     spans = exporter.get_finished_spans()
     (root,) = [s for s in spans if s.name == "disaggregated_request"]
     assert root.kind == SpanKind.SERVER and format(root.context.trace_id, "032x") == trace_id
     assert root.parent is not None and format(root.parent.span_id, "016x") == "00f067aa0ba902b7"
     assert root.status.status_code == StatusCode.OK
-    assert root.attributes["gen_ai.request.id"] == ok.headers["x-disagg-request-id"] and root.attributes["http.response.status_code"] == 200
+    assert (
+        root.attributes["gen_ai.request.id"] == ok.headers["x-disagg-request-id"]
+        and root.attributes["http.response.status_code"] == 200
+    )
     legs = [s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id]
     assert [(s.name, s.kind) for s in legs] == [("context", SpanKind.CLIENT), ("generation", SpanKind.CLIENT)]
     for leg, fake in zip(legs, fakes):
@@ -178,7 +237,11 @@ def test_spans_a_request_span_under_the_clients_trace_with_a_child_per_leg(stack
     (bad,) = [s for s in spans if s.name == "disaggregated_request"]
     assert bad.parent is None and bad.status.status_code == StatusCode.ERROR and bad.status.description == "HTTP 503"
     (leg,) = [s for s in spans if s.parent is not None and s.parent.span_id == bad.context.span_id]
-    assert leg.name == "context" and leg.status.status_code == StatusCode.ERROR and leg.attributes["http.response.status_code"] == 503
+    assert (
+        leg.name == "context"
+        and leg.status.status_code == StatusCode.ERROR
+        and leg.attributes["http.response.status_code"] == 503
+    )
 
 
 # -- TRTLLM_REQUEST_TRACE_DIR -------------------------------------------------------------------
@@ -223,7 +286,9 @@ def test_trace_dir_has_what_each_client_sent_and_got(stack: Stack, tmp_path: Pat
 # -- through a deployment -----------------------------------------------------------------------
 
 
-def test_a_deployment_honours_the_keys_in_every_fleet_worker(fakes: list[FakeExecutor], shm_prefix: str, tmp_path: Path) -> None:
+def test_a_deployment_honours_the_keys_in_every_fleet_worker(
+    fakes: list[FakeExecutor], shm_prefix: str, tmp_path: Path
+) -> None:
     """The fleet workers wire it all: headers to a client that asks, and each worker's JSONL
     file, complete once the deployment stopped."""
     import http.client
@@ -231,14 +296,25 @@ def test_a_deployment_honours_the_keys_in_every_fleet_worker(fakes: list[FakeExe
     for f in fakes:
         f.script(perf_metrics=True, event_split=0, status=200, finish_reason="length")
     out = tmp_path / "perf"
-    cfg = write_config(tmp_path, shm_prefix, [fakes[0].addr], [fakes[1].addr], return_perf_metrics=True, perf_metrics_output_dir=str(out),
-                       shmdisagg={"worker_timeout_s": 60})  # a loaded machine can take >10 s to import a worker: not this test's subject
+    cfg = write_config(
+        tmp_path,
+        shm_prefix,
+        [fakes[0].addr],
+        [fakes[1].addr],
+        return_perf_metrics=True,
+        perf_metrics_output_dir=str(out),
+        shmdisagg={"worker_timeout_s": 60},
+    )  # a loaded machine can take >10 s to import a worker: not this test's subject
     ids = []
     with deployment(cfg) as dep:
         for i in range(6):
             c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
-            c.request("POST", "/v1/completions", body=orjson.dumps({**COMPLETION, "stream": i % 2 == 1}),
-                      headers={"content-type": "application/json", **({"x-trtllm-return-metrics": "1"} if i < 4 else {})})
+            c.request(
+                "POST",
+                "/v1/completions",
+                body=orjson.dumps({**COMPLETION, "stream": i % 2 == 1}),
+                headers={"content-type": "application/json", **({"x-trtllm-return-metrics": "1"} if i < 4 else {})},
+            )
             r = c.getresponse()
             body = r.read()
             c.close()

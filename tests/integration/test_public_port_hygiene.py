@@ -25,10 +25,11 @@ def _exchange(dep: Deployment, data: bytes, every_s: float = 0.0) -> bytes:
     sock = socket.create_connection(("127.0.0.1", dep.config.port), timeout=20)
     try:
         if every_s:
+
             def drip() -> None:
                 try:
                     for i in range(len(data)):
-                        sock.send(data[i:i + 1])
+                        sock.send(data[i : i + 1])
                         time.sleep(every_s)  # the slow client's pace, not a synchronisation
                 except OSError:
                     pass  # the server closed: what the test reads
@@ -51,22 +52,44 @@ def _error(raw: bytes, status: int) -> dict:  # type: ignore[type-arg]
     assert lines[0].startswith(f"HTTP/1.1 {status} "), raw
     assert headers["connection"] == "close" and headers["content-type"] == "application/json", headers
     err = orjson.loads(body)
-    assert set(err) == {"object", "message", "type", "param", "code"} and err["object"] == "error" and err["code"] == status, err
+    assert (
+        set(err) == {"object", "message", "type", "param", "code"}
+        and err["object"] == "error"
+        and err["code"] == status
+    ), err
     return err  # type: ignore[no-any-return]
 
 
-def test_the_public_port_refuses_slow_oversized_and_garbage_requests_in_the_openai_shape(tmp_path: Path, shm_prefix: str, capfd: pytest.CaptureFixture[str]) -> None:
+def test_the_public_port_refuses_slow_oversized_and_garbage_requests_in_the_openai_shape(
+    tmp_path: Path, shm_prefix: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     with fake_executors(["c0", "g0"]) as (ctx, gen):
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1, shmdisagg={"client_header_timeout_s": HEAD_TIMEOUT_S})
+        cfg = write_config(
+            tmp_path,
+            shm_prefix,
+            [ctx.addr],
+            [gen.addr],
+            num_workers=1,
+            shmdisagg={"client_header_timeout_s": HEAD_TIMEOUT_S},
+        )
         with deployment(cfg) as dep:
             completion = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
             assert post(dep, "/v1/completions", completion)[0] == 200
 
-            slow = _exchange(dep, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}", every_s=0.05)
+            slow = _exchange(
+                dep,
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+                b"2\r\n\r\n{}",
+                every_s=0.05,
+            )
             assert _error(slow, 408)["type"] == "RequestTimeoutError"
 
             limit = dep.config.shmdisagg.max_request_body_bytes
-            big = _exchange(dep, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % (limit + 1))
+            big = _exchange(
+                dep,
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+                b"%d\r\n\r\n" % (limit + 1),
+            )
             assert _error(big, 413)["message"] == f"request body is larger than {limit} bytes"
 
             garbage = _error(_exchange(dep, b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 64), 400)

@@ -14,14 +14,25 @@ COMPLETION = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
 
 
 def _ctx_ids(*fakes) -> list[int]:  # type: ignore[no-untyped-def]
-    return [r["disaggregated_params"]["disagg_request_id"] for f in fakes for r in f.recorded()
-            if (r.get("disaggregated_params") or {}).get("request_type") == "context_only"]
+    return [
+        r["disaggregated_params"]["disagg_request_id"]
+        for f in fakes
+        for r in f.recorded()
+        if (r.get("disaggregated_params") or {}).get("request_type") == "context_only"
+    ]
 
 
 def test_a_context_5xx_is_retried_on_another_server_with_a_new_request_id(tmp_path: Path, shm_prefix: str) -> None:
     with fake_executors(["c0", "c1", "g0"]) as (c0, c1, g0):
-        cfg = write_config(tmp_path, shm_prefix, [c0.addr, c1.addr], [g0.addr], max_retries=1, num_workers=1,
-                           shmdisagg={"breaker_failures": 100})  # keep c0 in the rotation: every request tries it once
+        cfg = write_config(
+            tmp_path,
+            shm_prefix,
+            [c0.addr, c1.addr],
+            [g0.addr],
+            max_retries=1,
+            num_workers=1,
+            shmdisagg={"breaker_failures": 100},
+        )  # keep c0 in the rotation: every request tries it once
         with deployment(cfg) as dep:
             c0.script(status=503)
             assert [post(dep, "/v1/completions", COMPLETION)[0] for _ in range(4)] == [200] * 4
@@ -33,8 +44,15 @@ def test_a_context_5xx_is_retried_on_another_server_with_a_new_request_id(tmp_pa
 
 def test_retries_stop_at_max_retries(tmp_path: Path, shm_prefix: str) -> None:
     with fake_executors(["c0", "c1", "c2", "g0"]) as (c0, c1, c2, g0):
-        cfg = write_config(tmp_path, shm_prefix, [c0.addr, c1.addr, c2.addr], [g0.addr], max_retries=1, num_workers=1,
-                           shmdisagg={"breaker_failures": 100})
+        cfg = write_config(
+            tmp_path,
+            shm_prefix,
+            [c0.addr, c1.addr, c2.addr],
+            [g0.addr],
+            max_retries=1,
+            num_workers=1,
+            shmdisagg={"breaker_failures": 100},
+        )
         with deployment(cfg) as dep:
             for c in (c0, c1, c2):
                 c.script(status=500)
@@ -58,8 +76,15 @@ def test_a_4xx_is_never_retried(tmp_path: Path, shm_prefix: str) -> None:
 def test_a_refused_connection_is_retried_on_another_server(tmp_path: Path, shm_prefix: str) -> None:
     with fake_executors(["c0", "c1", "g0"]) as (c0, c1, g0):
         # a health poll slower than the test: only the refusals themselves can steer requests
-        cfg = write_config(tmp_path, shm_prefix, [c0.addr, c1.addr], [g0.addr], max_retries=1, num_workers=1,
-                           shmdisagg={"health_check_interval_s": 60})
+        cfg = write_config(
+            tmp_path,
+            shm_prefix,
+            [c0.addr, c1.addr],
+            [g0.addr],
+            max_retries=1,
+            num_workers=1,
+            shmdisagg={"health_check_interval_s": 60},
+        )
         with deployment(cfg) as dep:
             os.kill(c0.proc.pid, signal.SIGKILL)
             c0.proc.wait()

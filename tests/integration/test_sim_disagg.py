@@ -24,10 +24,12 @@ _next_id = iter(range(1 << 41, (1 << 41) + 100_000))
 @pytest.fixture(scope="module")
 def pair() -> Iterator[tuple[SimProcess, SimProcess]]:
     ctx_port, gen_port = free_port(), free_port()
-    ctx = SimProcess(["--port", str(ctx_port), "--role", "context", "--speedup", SPEEDUP,
-                      "--kv-transfer-timeout", "2"], ctx_port)
-    gen = SimProcess(["--port", str(gen_port), "--role", "generation", "--speedup", SPEEDUP,
-                      "--kv-transfer-timeout", "2"], gen_port)
+    ctx = SimProcess(
+        ["--port", str(ctx_port), "--role", "context", "--speedup", SPEEDUP, "--kv-transfer-timeout", "2"], ctx_port
+    )
+    gen = SimProcess(
+        ["--port", str(gen_port), "--role", "generation", "--speedup", SPEEDUP, "--kv-transfer-timeout", "2"], gen_port
+    )
     with ctx.start(wait=False), gen.start(wait=False):
         ctx.wait_healthy()
         gen.wait_healthy()
@@ -36,8 +38,9 @@ def pair() -> Iterator[tuple[SimProcess, SimProcess]]:
 
 def context_leg(ctx: SimProcess, body: dict[str, Any], chat: bool = False) -> dict[str, Any]:
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    leg = dict(body, stream=False, disaggregated_params={"request_type": "context_only",
-                                                          "disagg_request_id": next(_next_id)})
+    leg = dict(
+        body, stream=False, disaggregated_params={"request_type": "context_only", "disagg_request_id": next(_next_id)}
+    )
     leg.pop("stream_options", None)
     status, resp = post_json(ctx.endpoint, path, leg)
     assert status == 200, resp
@@ -59,10 +62,16 @@ def generation_body(body: dict[str, Any], ctx_resp: dict[str, Any], chat: bool =
 def test_context_response_carries_the_handoff_fields(pair):
     ctx, _ = pair
     disagg_id = next(_next_id)
-    status, resp = post_json(ctx.endpoint, "/v1/completions", {
-        "model": "m", "prompt": PROMPT, "max_tokens": 8,
-        "disaggregated_params": {"request_type": "context_only", "disagg_request_id": disagg_id},
-    })
+    status, resp = post_json(
+        ctx.endpoint,
+        "/v1/completions",
+        {
+            "model": "m",
+            "prompt": PROMPT,
+            "max_tokens": 8,
+            "disaggregated_params": {"request_type": "context_only", "disagg_request_id": disagg_id},
+        },
+    )
     assert status == 200
     prompt_ids = [Tokenizer.bos_id, *Tokenizer().encode(PROMPT)]
     assert resp["prompt_token_ids"] == prompt_ids
@@ -135,7 +144,9 @@ def test_streaming_handoff_starts_with_first_gen_tokens_and_ends_with_usage(pair
     usage = chunks[-1]["usage"]
     assert chunks[-1]["choices"] == []
     assert usage["prompt_tokens"] == len(ctx_resp["prompt_token_ids"]) and usage["completion_tokens"] == 6
-    assert usage["prompt_tokens_details"]["cached_tokens"] == ctx_resp["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert (
+        usage["prompt_tokens_details"]["cached_tokens"] == ctx_resp["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
     token_chunks = chunks[1:-1] if chat else chunks[:-1]
     texts = [c["choices"][0]["delta"]["content"] if chat else c["choices"][0]["text"] for c in token_chunks]
     expected = output_tokens(ctx_resp["prompt_token_ids"], 6)
@@ -154,10 +165,14 @@ def test_generation_first_the_generation_request_may_arrive_before_the_context_r
     body = {"model": "m", "prompt": PROMPT + " generation first", "max_tokens": 5}
     # gen-first: the generation request is built from the context server's /server_info, without
     # a context response (no first_gen_tokens, no ctx_usage).
-    gen_params = {"request_type": "generation_only", "ctx_request_id": disagg_id, "disagg_request_id": disagg_id,
-                  "schedule_style": 1,  # DisaggScheduleStyle.GENERATION_FIRST
-                  "ctx_info_endpoint": info["disaggregated_params"]["ctx_info_endpoint"][0],
-                  "encoded_opaque_state": info["disaggregated_params"]["encoded_opaque_state"]}
+    gen_params = {
+        "request_type": "generation_only",
+        "ctx_request_id": disagg_id,
+        "disagg_request_id": disagg_id,
+        "schedule_style": 1,  # DisaggScheduleStyle.GENERATION_FIRST
+        "ctx_info_endpoint": info["disaggregated_params"]["ctx_info_endpoint"][0],
+        "encoded_opaque_state": info["disaggregated_params"]["encoded_opaque_state"],
+    }
     result: dict[str, Any] = {}
 
     def send_gen() -> None:
@@ -170,28 +185,45 @@ def test_generation_first_the_generation_request_may_arrive_before_the_context_r
     while get_json(gen.endpoint, "/sim/stats")[1]["num_transferring"] == 0:
         assert time.monotonic() < deadline, "the generation request never started its KV pull"
         time.sleep(0.01)
-    status, ctx_resp = post_json(ctx.endpoint, "/v1/completions", dict(
-        body, disaggregated_params={"request_type": "context_only", "disagg_request_id": disagg_id}))
+    status, ctx_resp = post_json(
+        ctx.endpoint,
+        "/v1/completions",
+        dict(body, disaggregated_params={"request_type": "context_only", "disagg_request_id": disagg_id}),
+    )
     assert status == 200
     thread.join(30)
     status, resp = result["gen"]
     assert status == 200, resp
     prompt_ids = ctx_resp["prompt_token_ids"]
     assert resp["choices"][0]["text"] == Tokenizer().decode(output_tokens(prompt_ids, 5))
-    assert resp["usage"]["prompt_tokens_details"]["cached_tokens"] == ctx_resp["usage"]["prompt_tokens_details"][
-        "cached_tokens"]
+    assert (
+        resp["usage"]["prompt_tokens_details"]["cached_tokens"]
+        == ctx_resp["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
 
 
 def test_an_unknown_ctx_request_id_fails_the_generation_request_after_the_transfer_timeout(pair):
     ctx, gen = pair
-    params = {"request_type": "generation_only", "ctx_request_id": 12345, "first_gen_tokens": [Tokenizer().encode(" the")[0]],
-              "ctx_info_endpoint": ctx.endpoint}
-    status, resp = post_json(gen.endpoint, "/v1/completions",
-                             {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "disaggregated_params": params})
+    params = {
+        "request_type": "generation_only",
+        "ctx_request_id": 12345,
+        "first_gen_tokens": [Tokenizer().encode(" the")[0]],
+        "ctx_info_endpoint": ctx.endpoint,
+    }
+    status, resp = post_json(
+        gen.endpoint,
+        "/v1/completions",
+        {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "disaggregated_params": params},
+    )
     assert status == 500
     assert resp["object"] == "error" and "unknown ctx_request_id 12345" in resp["message"]
-    events = list(stream_sse(gen.endpoint, "/v1/completions", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4,
-                                                               "stream": True, "disaggregated_params": params}))
+    events = list(
+        stream_sse(
+            gen.endpoint,
+            "/v1/completions",
+            {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stream": True, "disaggregated_params": params},
+        )
+    )
     assert events[-1] == "[DONE]"
     assert "unknown ctx_request_id" in json.loads(events[-2])["error"]["message"]
 
@@ -208,11 +240,26 @@ def test_a_relayed_prompt_that_differs_from_the_context_prompt_is_an_error(pair)
 
 def test_role_mismatched_requests_are_refused(pair):
     ctx, gen = pair
-    status, resp = post_json(gen.endpoint, "/v1/completions", {"model": "m", "prompt": "x", "disaggregated_params": {
-        "request_type": "context_only"}})
+    status, resp = post_json(
+        gen.endpoint,
+        "/v1/completions",
+        {"model": "m", "prompt": "x", "disaggregated_params": {"request_type": "context_only"}},
+    )
     assert status == 400 and "generation role" in resp["message"]
-    status, resp = post_json(ctx.endpoint, "/v1/completions", {"model": "m", "prompt": "x", "disaggregated_params": {
-        "request_type": "generation_only", "ctx_request_id": 1, "first_gen_tokens": [1], "ctx_info_endpoint": "h:1"}})
+    status, resp = post_json(
+        ctx.endpoint,
+        "/v1/completions",
+        {
+            "model": "m",
+            "prompt": "x",
+            "disaggregated_params": {
+                "request_type": "generation_only",
+                "ctx_request_id": 1,
+                "first_gen_tokens": [1],
+                "ctx_info_endpoint": "h:1",
+            },
+        },
+    )
     assert status == 400 and "context role" in resp["message"]
 
 
@@ -237,7 +284,9 @@ def test_a_pull_whose_generation_executor_left_stops_waiting_for_its_context_req
     shutdown)."""
     port = free_port()
     # a transfer timeout far beyond the test's polls: the pull must stop because its client left
-    with SimProcess(["--port", str(port), "--role", "context", "--speedup", SPEEDUP, "--kv-transfer-timeout", "120"], port).start() as ctx:
+    with SimProcess(
+        ["--port", str(port), "--role", "context", "--speedup", SPEEDUP, "--kv-transfer-timeout", "120"], port
+    ).start() as ctx:
         _abandoned_pull(ctx)
 
 
@@ -255,13 +304,18 @@ def _abandoned_pull(ctx: SimProcess) -> None:
 
     raw = json.dumps({"ctx_request_id": disagg_id, "hold_s": 0}).encode()
     with socket.create_connection(("127.0.0.1", ctx.port)) as sock:
-        sock.sendall(b"POST /sim/kv_transfer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(raw), raw))
+        sock.sendall(
+            b"POST /sim/kv_transfer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(raw), raw)
+        )
         until(lambda: waiting() == 1, "the pull never started waiting")
     until(lambda: waiting() == 0, "the context executor still waits for a pull whose client left")
     body = {"model": "m", "prompt": PROMPT + " abandoned pull", "max_tokens": 4}
-    status, _ = post_json(ctx.endpoint, "/v1/completions", dict(
-        body, disaggregated_params={"request_type": "context_only", "disagg_request_id": disagg_id}))
+    status, _ = post_json(
+        ctx.endpoint,
+        "/v1/completions",
+        dict(body, disaggregated_params={"request_type": "context_only", "disagg_request_id": disagg_id}),
+    )
     assert status == 200
     status, pulled = post_json(ctx.endpoint, "/sim/kv_transfer", {"ctx_request_id": disagg_id, "hold_s": 0})
     assert status == 200 and pulled["ctx_request_id"] == disagg_id

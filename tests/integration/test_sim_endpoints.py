@@ -19,8 +19,23 @@ PROMPT = [100 + i for i in range(70)]  # 69 usable tokens with tpb 16: 4 full bl
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimProcess]:
     port = free_port()
-    with SimProcess(["--port", str(port), "--speedup", "200", "--tokens-per-block", "16", "--model", "sim-8b",
-                     "--max-batch-size", "16", "--max-num-tokens", "1024"], port) as proc:
+    with SimProcess(
+        [
+            "--port",
+            str(port),
+            "--speedup",
+            "200",
+            "--tokens-per-block",
+            "16",
+            "--model",
+            "sim-8b",
+            "--max-batch-size",
+            "16",
+            "--max-num-tokens",
+            "1024",
+        ],
+        port,
+    ) as proc:
         yield proc
 
 
@@ -64,12 +79,22 @@ def test_perf_metrics_are_recorded_and_drained(sim):
     assert list(records[0]) == ["request_id", "perf_metrics"]  # no ctx_request_id without disaggregated_params
     perf = records[0]["perf_metrics"]
     timing = perf["timing_metrics"]
-    assert list(timing) == ["server_arrival_time", "arrival_time", "first_scheduled_time", "first_token_time",
-                            "server_first_token_time", "last_token_time"]  # openai_server.py get_perf_metrics
+    assert list(timing) == [
+        "server_arrival_time",
+        "arrival_time",
+        "first_scheduled_time",
+        "first_token_time",
+        "server_first_token_time",
+        "last_token_time",
+    ]  # openai_server.py get_perf_metrics
     assert timing["server_arrival_time"] <= timing["arrival_time"] <= timing["first_scheduled_time"]
     assert timing["first_scheduled_time"] <= timing["first_token_time"] <= timing["last_token_time"]
-    assert list(perf["kv_cache_metrics"]) == ["num_total_allocated_blocks", "num_new_allocated_blocks",
-                                              "num_reused_blocks", "num_missed_blocks"]
+    assert list(perf["kv_cache_metrics"]) == [
+        "num_total_allocated_blocks",
+        "num_new_allocated_blocks",
+        "num_reused_blocks",
+        "num_missed_blocks",
+    ]
     assert get_json(sim.endpoint, "/perf_metrics")[1] == []
 
 
@@ -90,8 +115,11 @@ def test_stop_token_ids_end_the_request_even_with_ignore_eos(sim):
 
     tokens = output_tokens(PROMPT, 3)
     for ignore_eos in (False, True):  # ignore_eos is about EOS (end_id), not stop words (sampling_params.py)
-        _, resp = post_json(sim.endpoint, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 8,
-                                                              "stop_token_ids": [tokens[2]], "ignore_eos": ignore_eos})
+        _, resp = post_json(
+            sim.endpoint,
+            "/v1/completions",
+            {"model": "m", "prompt": PROMPT, "max_tokens": 8, "stop_token_ids": [tokens[2]], "ignore_eos": ignore_eos},
+        )
         assert resp["choices"][0]["finish_reason"] == "stop" and resp["choices"][0]["stop_reason"] == tokens[2]
         # the stop word is dropped from the output and not counted (result.py _handle_sequence)
         assert resp["usage"]["completion_tokens"] == 2
@@ -99,20 +127,27 @@ def test_stop_token_ids_end_the_request_even_with_ignore_eos(sim):
 
 
 def test_chat_non_streaming_and_detokenize_false(sim):
-    _, resp = post_json(sim.endpoint, "/v1/chat/completions",
-                        {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_completion_tokens": 3})
+    _, resp = post_json(
+        sim.endpoint,
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_completion_tokens": 3},
+    )
     assert resp["object"] == "chat.completion" and resp["id"].startswith("chatcmpl-")
     message = resp["choices"][0]["message"]
     assert message["role"] == "assistant" and len(message["content"].split()) == 3
     assert resp["prompt_token_ids"] is None  # only context_only responses carry them
-    _, resp = post_json(sim.endpoint, "/v1/completions",
-                        {"model": "m", "prompt": [5, 6], "max_tokens": 2, "detokenize": False})
+    _, resp = post_json(
+        sim.endpoint, "/v1/completions", {"model": "m", "prompt": [5, 6], "max_tokens": 2, "detokenize": False}
+    )
     assert resp["choices"][0]["text"] == "" and len(resp["choices"][0]["token_ids"]) == 2
 
 
 def test_streaming_without_usage_ends_with_done(sim):
-    events = list(stream_sse(sim.endpoint, "/v1/completions",
-                             {"model": "m", "prompt": [5, 6, 7], "max_tokens": 4, "stream": True}))
+    events = list(
+        stream_sse(
+            sim.endpoint, "/v1/completions", {"model": "m", "prompt": [5, 6, 7], "max_tokens": 4, "stream": True}
+        )
+    )
     assert events[-1] == "[DONE]" and len(events) == 5
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["object"] == "text_completion" and c["usage"] is None for c in chunks)
@@ -125,8 +160,11 @@ def test_streaming_without_usage_ends_with_done(sim):
         ("/v1/completions", {"model": "m", "prompt": ["a", "b"]}, "batches of prompts"),
         ("/v1/completions", {"model": "m", "prompt": "x", "n": 2}, "n > 1"),
         ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": -1}, "must be greater than 0"),
-        ("/v1/completions", {"model": "m", "prompt": "x", "disaggregated_params": {"request_type": "both"}},
-         "Unknown request type"),
+        (
+            "/v1/completions",
+            {"model": "m", "prompt": "x", "disaggregated_params": {"request_type": "both"}},
+            "Unknown request type",
+        ),
     ],
 )
 def test_a_request_the_executor_cannot_run_gets_400_with_an_error_response(sim, path, body, match):

@@ -85,7 +85,12 @@ def test_error_answers_the_given_status_for_count_requests():
             assert status == 503 and body["message"] == "overloaded" and body["object"] == "error"
         assert post_json(sim.endpoint, "/v1/completions", BODY)[0] == 200
         post_json(sim.endpoint, "/sim/fault", {"kind": "error", "status": 500})
-        assert post_json(sim.endpoint, "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}]})[0] == 500
+        assert (
+            post_json(
+                sim.endpoint, "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+            )[0]
+            == 500
+        )
         assert request(sim.endpoint, "GET", "/health")[0] == 200  # control endpoints are not failed
     finally:
         sim.stop()

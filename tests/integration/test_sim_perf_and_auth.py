@@ -34,15 +34,21 @@ def serve(tmp: Path, name: str, **options: Any) -> SimProcess:
     extra.write_text(yaml.safe_dump({"cache_transceiver_config": {"backend": "UCX"}, "sim": {"speedup": 200.0},
                                      **options}))  # fmt: skip
     port = free_port()
-    return SimProcess(["serve", "m", "--host", "127.0.0.1", "--port", str(port), "--extra_llm_api_options", str(extra)], port)
+    return SimProcess(
+        ["serve", "m", "--host", "127.0.0.1", "--port", str(port), "--extra_llm_api_options", str(extra)], port
+    )
 
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimProcess]]:
     tmp = tmp_path_factory.mktemp("sims")
     procs = {
-        "ctx": serve(tmp, "ctx", return_perf_metrics=True, perf_metrics_max_requests=100, internal_request_auth_key=KEY),
-        "gen": serve(tmp, "gen", return_perf_metrics=True, perf_metrics_max_requests=100, internal_request_auth_key=KEY),
+        "ctx": serve(
+            tmp, "ctx", return_perf_metrics=True, perf_metrics_max_requests=100, internal_request_auth_key=KEY
+        ),
+        "gen": serve(
+            tmp, "gen", return_perf_metrics=True, perf_metrics_max_requests=100, internal_request_auth_key=KEY
+        ),
         "plain": serve(tmp, "plain"),  # TensorRT-LLM's defaults: no perf metrics, no key
     }
     for p in procs.values():
@@ -56,12 +62,16 @@ def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimProc
             p.stop()
 
 
-def post(sim: SimProcess, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def post(
+    sim: SimProcess, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     import http.client
 
     conn = http.client.HTTPConnection(sim.host, sim.port, timeout=30)
     try:
-        conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json", **(headers or {})})
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"content-type": "application/json", **(headers or {})}
+        )
         resp = conn.getresponse()
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:
@@ -80,8 +90,9 @@ def upstream_signature(key: str, ctx_info_endpoint: Any, encoded_opaque_state: A
 def handoff(sims: dict[str, SimProcess], max_tokens: int = 4) -> tuple[dict[str, Any], dict[str, Any]]:
     """A context leg on ctx (no protected field: no signature needed) and the generation body."""
     body = {"model": "m", "prompt": list(range(10, 90)), "max_tokens": max_tokens}
-    status, _, raw = post(sims["ctx"], dict(body, disaggregated_params={"request_type": "context_only",
-                                                                        "disagg_request_id": next(_ids)}))
+    status, _, raw = post(
+        sims["ctx"], dict(body, disaggregated_params={"request_type": "context_only", "disagg_request_id": next(_ids)})
+    )
     assert status == 200, raw
     ctx = json.loads(raw)
     params = dict(ctx["choices"][0]["disaggregated_params"], request_type="generation_only", ctx_usage=ctx["usage"])
@@ -159,7 +170,9 @@ def test_an_unsigned_or_wrongly_signed_generation_leg_is_refused_with_400(sims, 
 def test_without_a_key_protected_fields_pass_with_a_future_warning(sims, tmp_path):
     plain = sims["plain"]
     body = {"model": "m", "prompt": list(range(20, 60)), "max_tokens": 2}
-    status, _, raw = post(plain, dict(body, disaggregated_params={"request_type": "context_only", "disagg_request_id": next(_ids)}))
+    status, _, raw = post(
+        plain, dict(body, disaggregated_params={"request_type": "context_only", "disagg_request_id": next(_ids)})
+    )
     ctx = json.loads(raw)
     params = dict(ctx["choices"][0]["disaggregated_params"], request_type="generation_only")
     status, _, raw = post(plain, dict(body, prompt=ctx["prompt_token_ids"], disaggregated_params=params))
@@ -173,8 +186,15 @@ def test_the_simulators_own_flags_configure_both(tmp_path):
     with SimProcess(args, port) as sim:
         status, headers, _ = post(sim, {"model": "m", "prompt": [1, 2, 3], "max_tokens": 2}, METRICS)
         assert status == 200 and SERVER_TIMING.match(headers["server-timing"])
-        params = {"request_type": "generation_only", "ctx_request_id": 1, "first_gen_tokens": [5],
-                  "ctx_info_endpoint": sim.endpoint}
+        params = {
+            "request_type": "generation_only",
+            "ctx_request_id": 1,
+            "first_gen_tokens": [5],
+            "ctx_info_endpoint": sim.endpoint,
+        }
         status, _, raw = post(sim, {"model": "m", "prompt": [1, 2, 3], "disaggregated_params": params})
         assert status == 400 and b"Invalid internal disaggregated request authentication" in raw
-        assert request(sim.endpoint, "GET", "/sim/stats")[0] == 200 and KEY.encode() not in request(sim.endpoint, "GET", "/sim/stats")[2]
+        assert (
+            request(sim.endpoint, "GET", "/sim/stats")[0] == 200
+            and KEY.encode() not in request(sim.endpoint, "GET", "/sim/stats")[2]
+        )

@@ -55,8 +55,10 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[
         "sim": {"speedup": 100.0},
     }))  # fmt: skip
     ports = [free_port() for _ in range(4)]
-    workers = [Worker(ports[0], "context", "--itl-ms", "1", "--ttft-ms", "1"),
-               Worker(ports[1], "generation", "--itl-ms", "1", "--ttft-ms", "1")]
+    workers = [
+        Worker(ports[0], "context", "--itl-ms", "1", "--ttft-ms", "1"),
+        Worker(ports[1], "generation", "--itl-ms", "1", "--ttft-ms", "1"),
+    ]
     # msgpack bodies on, as run_worker.sh sets it for the workers
     sims = [SimProcess(["serve", "sim-model", "--host", "127.0.0.1", "--port", str(p), "--extra_llm_api_options",
                         str(extra)], p, env={"TRTLLM_SERVE_ENABLE_MSGSPEC": "1"}) for p in ports[2:]]  # fmt: skip
@@ -104,18 +106,24 @@ def assert_same_shape(ours: Any, theirs: Any, where: str = "$") -> None:
         for k in theirs:
             assert_same_shape(ours[k], theirs[k], f"{where}.{k}")
     elif isinstance(theirs, list) and isinstance(ours, list):
-        assert len(ours) == len(theirs), f"{where}: {len(ours)} element shapes != worker's {len(theirs)}: {ours} / {theirs}"
+        assert len(ours) == len(theirs), (
+            f"{where}: {len(ours)} element shapes != worker's {len(theirs)}: {ours} / {theirs}"
+        )
         for i, (a, b) in enumerate(zip(ours, theirs)):
             assert_same_shape(a, b, f"{where}[{i}]")
     else:
         assert ours == theirs, f"{where}: {ours} != worker's {theirs}"
 
 
-def post(endpoint: str, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def post(
+    endpoint: str, path: str, body: Any, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     return call(endpoint, "POST", path, body, headers)
 
 
-def both(sides: dict[str, tuple[str, str]], path: str, body: Any, leg: int = 0) -> dict[str, tuple[int, dict[str, str], bytes]]:
+def both(
+    sides: dict[str, tuple[str, str]], path: str, body: Any, leg: int = 0
+) -> dict[str, tuple[int, dict[str, str], bytes]]:
     return {name: post(eps[leg], path, body) for name, eps in sides.items()}
 
 
@@ -300,7 +308,9 @@ def test_a_stream_has_the_workers_framing_chunk_order_and_shapes(sides, name):
     body = body_of({**case, "stream": True})
     ours, _ = compare_stream(both(sides, path, body), chat)
     order, _, _ = sse_pattern(ours, chat)
-    assert order[-1] == "done" and order[-2 if not body.get("stream_options", {}).get("include_usage") else -3] == "finish"
+    assert (
+        order[-1] == "done" and order[-2 if not body.get("stream_options", {}).get("include_usage") else -3] == "finish"
+    )
     if body.get("stream_options", {}).get("include_usage"):
         [usage] = chunks_of(ours, chat, "usage")
         check_usage(usage["usage"])
@@ -340,7 +350,7 @@ def test_a_stop_string_ends_the_request_with_stop_and_the_string_as_stop_reason(
         compare_stream({k: v[0] for k, v in answers.items()}, chat)
     else:
         compare_json({k: v[0] for k, v in answers.items()})
-    for name, ((status, _, raw), stop, texts) in answers.items():
+    for name, ((_status, _, raw), stop, _texts) in answers.items():
         if stream:
             [final] = chunks_of(raw, chat, "finish")
             choice = final["choices"][0]
@@ -435,7 +445,10 @@ def test_a_bad_request_gets_the_workers_status_and_error_body(sides, name):
         if kind == VALIDATION:
             assert shape(err) == {"error": "str"}, (side, err)
         else:
-            assert shape(err) == {"object": "str", "message": "str", "type": "str", "param": "null", "code": "int"}, (side, err)
+            assert shape(err) == {"object": "str", "message": "str", "type": "str", "param": "null", "code": "int"}, (
+                side,
+                err,
+            )
             assert err["object"] == "error" and err["code"] == 400 and err["type"] == "BadRequestError", (side, err)
 
 
@@ -455,8 +468,12 @@ def test_a_stream_that_fails_after_it_started_ends_with_the_workers_error_event(
     generation leg whose context request never arrives (after its KV-transfer timeout)."""
     worker = post(sides["worker"][0], COMPLETIONS, body_of({"prompt": [7] * (MAX_SEQ_LEN - 3), "max_tokens": 50,
                                                            "stream": True}))  # fmt: skip
-    params = {"request_type": "generation_only", "ctx_request_id": 999_999, "first_gen_tokens": [9],
-              "ctx_info_endpoint": sides["sim"][0]}
+    params = {
+        "request_type": "generation_only",
+        "ctx_request_id": 999_999,
+        "first_gen_tokens": [9],
+        "ctx_info_endpoint": sides["sim"][0],
+    }
     sim = post(sides["sim"][1], COMPLETIONS, body_of({"prompt": [1, 2, 3], "max_tokens": 4, "stream": True,
                                                      "disaggregated_params": params}))  # fmt: skip
     s_raw, w_raw = compare_stream({"sim": sim, "worker": worker}, False)
@@ -478,10 +495,12 @@ def test_a_msgpack_body_is_read_as_the_worker_reads_it(sides, path):
     compare_json(answers)
     bad = {side: post(eps[0], path, msgspec.msgpack.encode(dict(body, bogus=1)), flag) for side, eps in sides.items()}
     assert {side: (a[0], shape(json.loads(a[2]))) for side, a in bad.items()} == {
-        side: (400, {"error": "str"}) for side in sides}
+        side: (400, {"error": "str"}) for side in sides
+    }
     broken = {side: post(eps[0], path, b"\xc1 not msgpack", flag) for side, eps in sides.items()}
     assert {side: (a[0], json.loads(a[2])) for side, a in broken.items()} == {
-        side: (400, {"detail": "There was an error parsing the body"}) for side in sides}
+        side: (400, {"detail": "There was an error parsing the body"}) for side in sides
+    }
 
 
 def test_unknown_paths_and_methods_get_starlettes_bodies(sides):
@@ -514,7 +533,8 @@ def generation_body(body: dict[str, Any], ctx: dict[str, Any], chat: bool) -> di
 
 LEGS = {
     "completion": (COMPLETIONS, {"prompt": TEXT, "max_tokens": 5}, {}),
-    "completion_b64_is_chat_only": (COMPLETIONS, {"prompt": TEXT, "max_tokens": 4}, {"return_prompt_token_ids_b64": True}),
+    "completion_b64_is_chat_only": (
+        COMPLETIONS, {"prompt": TEXT, "max_tokens": 4}, {"return_prompt_token_ids_b64": True}),
     "chat": (CHAT, {"messages": MESSAGES, "max_tokens": 5}, {}),
     "chat_b64": (CHAT, {"messages": MESSAGES, "max_tokens": 4}, {"return_prompt_token_ids_b64": True}),
 }  # fmt: skip
@@ -568,8 +588,9 @@ def test_a_streamed_context_leg_streams_without_disaggregated_params(sides):
 
 
 # -- control endpoints ---------------------------------------------------------------------------
-@pytest.mark.parametrize("path", ["/server_info", "/v1/models", "/version", "/metrics", "/perf_metrics",
-                                  "/steady_clock_offset"])
+@pytest.mark.parametrize(
+    "path", ["/server_info", "/v1/models", "/version", "/metrics", "/perf_metrics", "/steady_clock_offset"]
+)
 def test_a_control_endpoint_answers_with_the_workers_shape(sides, path):
     answers = {side: call(eps[0], "GET", path) for side, eps in sides.items()}
     ours, theirs = compare_json(answers)
@@ -614,7 +635,9 @@ def test_kv_events_are_numbered_with_a_window_size(kv_events):
 
 
 def test_the_created_event_has_the_workers_data(kv_events):
-    assert_same_shape(shape(_first(kv_events["sim"], "created")["data"]), shape(_first(kv_events["worker"], "created")["data"]))
+    assert_same_shape(
+        shape(_first(kv_events["sim"], "created")["data"]), shape(_first(kv_events["worker"], "created")["data"])
+    )
 
 
 def test_a_kv_event_has_the_workers_envelope(kv_events):
@@ -622,4 +645,6 @@ def test_a_kv_event_has_the_workers_envelope(kv_events):
 
 
 def test_a_stored_event_has_the_workers_data(kv_events):
-    assert_same_shape(shape(_first(kv_events["sim"], "stored")["data"]), shape(_first(kv_events["worker"], "stored")["data"]))
+    assert_same_shape(
+        shape(_first(kv_events["sim"], "stored")["data"]), shape(_first(kv_events["worker"], "stored")["data"])
+    )

@@ -12,7 +12,15 @@ from pathlib import Path
 import aiohttp
 
 from shmdisagg.coordinator.supervisor import FleetSupervisor
-from tests.integration.harness import connection_to_worker, deployment, fake_executors, post, request_json, wait_until, write_config
+from tests.integration.harness import (
+    connection_to_worker,
+    deployment,
+    fake_executors,
+    post,
+    request_json,
+    wait_until,
+    write_config,
+)
 
 COMPLETION = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
 
@@ -21,7 +29,9 @@ def _fleet(dep) -> dict:  # type: ignore[no-untyped-def,type-arg]
     """The coordinator's own /cluster_info (its Unix socket: no fleet worker in the way)."""
 
     async def get() -> dict:  # type: ignore[type-arg]
-        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=dep.config.coordinator_socket)) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=dep.config.coordinator_socket)
+        ) as session:
             async with session.get("http://coordinator/cluster_info") as r:
                 return await r.json()  # type: ignore[no-any-return]
 
@@ -37,9 +47,14 @@ def test_a_stuck_worker_is_killed_and_replaced(tmp_path: Path, shm_prefix: str) 
             conn.close()
             os.kill(stuck, signal.SIGSTOP)
             try:
+
                 def replaced() -> bool:
                     info = _fleet(dep)
-                    return info["fleet_stuck_kills"] == 1 and stuck not in info["fleet_pids"] and len(info["fleet_pids"]) == 2
+                    return (
+                        info["fleet_stuck_kills"] == 1
+                        and stuck not in info["fleet_pids"]
+                        and len(info["fleet_pids"]) == 2
+                    )
 
                 wait_until(replaced, timeout_s=30, what="the stuck worker replaced")
             finally:

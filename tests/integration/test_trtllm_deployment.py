@@ -21,7 +21,11 @@ from tests.fakes.trtllm_shim import EXAMPLE_8GPU, MODEL, localize, put_shim_on_p
 from tests.integration.harness import deployment, post, request_json, stream_lines, wait_until
 
 COMPLETION = {"model": MODEL, "prompt": "The quick brown fox jumps over the lazy dog " * 8, "max_tokens": 6}
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me about foxes and dogs. " * 6}], "max_tokens": 6}
+CHAT = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Tell me about foxes and dogs. " * 6}],
+    "max_tokens": 6,
+}
 
 
 def _config(tmp_path: Path, shm_prefix: str, **top: Any) -> Path:
@@ -31,7 +35,9 @@ def _config(tmp_path: Path, shm_prefix: str, **top: Any) -> Path:
 
 
 @pytest.fixture
-def trtllm_deployment(tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Deployment]:
+def trtllm_deployment(
+    tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[Deployment]:
     put_shim_on_path(monkeypatch)
     style = getattr(request, "param", "context_first")
     with deployment(_config(tmp_path, shm_prefix, schedule_style=style)) as dep:
@@ -59,10 +65,12 @@ def _serves_every_request_shape(dep: Deployment) -> None:
         status, resp = post(dep, path, body)
         assert status == 200, resp
         choice = resp["choices"][0]
-        assert (choice["message"]["content"] if chat else choice["text"])
+        assert choice["message"]["content"] if chat else choice["text"]
         assert resp["usage"]["completion_tokens"] == 6
         assert "disaggregated_params" not in choice or choice["disaggregated_params"] is None
-        status, events, headers = stream_lines(dep, path, {**body, "stream": True, "stream_options": {"include_usage": True}})
+        status, events, headers = stream_lines(
+            dep, path, {**body, "stream": True, "stream_options": {"include_usage": True}}
+        )
         assert status == 200 and headers["content-type"].startswith("text/event-stream")
         assert events[-1] == b"[DONE]"
         chunks = [orjson.loads(e) for e in events[:-1]]
@@ -99,7 +107,9 @@ def test_the_8gpu_example_comes_up_through_trtllm_serve_serves_every_request_sha
     _serves_every_request_shape(dep)
 
     # KV events flow: the context executors recorded stored blocks (event_buffer_max_size > 0)
-    produced = sum(get_json(i.addr, "/sim/stats")[1]["events"]["next_event_id"] for i in dep.plan.instances if i.role == "context")
+    produced = sum(
+        get_json(i.addr, "/sim/stats")[1]["events"]["next_event_id"] for i in dep.plan.instances if i.role == "context"
+    )
     assert produced > 0
 
     # killing an instance of each role is survived by the remaining ones
@@ -116,7 +126,10 @@ def _generation_first_available() -> bool:
 
 # TODO(generation-first): the flow lands with the generation-first work (shmdisagg/orchestrator/flows.py);
 # until that module serves it, this test is skipped rather than testing context-first twice.
-@pytest.mark.skipif(not _generation_first_available(), reason="TODO: generation-first flow (shmdisagg/orchestrator/flows.py) not in this tree yet")
+@pytest.mark.skipif(
+    not _generation_first_available(),
+    reason="TODO: generation-first flow (shmdisagg/orchestrator/flows.py) not in this tree yet",
+)
 @pytest.mark.parametrize("trtllm_deployment", ["generation_first"], indirect=True)
 def test_generation_first_serves_every_request_shape_through_trtllm_serve(trtllm_deployment: Deployment) -> None:
     _serves_every_request_shape(trtllm_deployment)
@@ -142,7 +155,7 @@ def _kill_one_of_each_role_and_keep_serving(dep: Deployment) -> None:
             status, resp = post(dep, "/v1/completions", COMPLETION)
             assert status == 200, resp
         # the coordinator notices the refused connections (health polled every 0.2 s here)
-        wait_until(lambda: _healthy(dep)[addr] is False, timeout_s=3, what=f"{addr} marked unhealthy")
+        wait_until(lambda: _healthy(dep)[addr] is False, timeout_s=3, what=f"{addr} marked unhealthy")  # noqa: B023 (wait_until polls it before the loop moves on)
         assert time.monotonic() - killed_at < 3
         _serves_every_request_shape(dep)
     healthy = _healthy(dep)

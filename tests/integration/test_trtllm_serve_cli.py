@@ -35,15 +35,22 @@ class Command:
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._file = log.open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", *args], cwd=REPO, stdout=self._file, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shmdisagg.cli", *args],
+            cwd=REPO,
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
     def wait_for(self, text: str, timeout_s: float = 60.0) -> None:
         def seen() -> bool:
-            assert self.proc.poll() is None or text in self.output(), f"exited with {self.proc.returncode}: {self.output()}"
+            assert self.proc.poll() is None or text in self.output(), (
+                f"exited with {self.proc.returncode}: {self.output()}"
+            )
             return text in self.output()
 
         wait_until(seen, timeout_s, what=repr(text))
@@ -82,7 +89,11 @@ def config(tmp_path: Path, shm_prefix: str, ctx: list[str], gen: list[str], **to
         "num_workers": 1,
         "context_servers": {"urls": ctx},
         "generation_servers": {"urls": gen},
-        "shmdisagg": {"shm": {"prefix": shm_prefix}, "coordinator_socket": str(tmp_path / "coord.sock"), "health_check_interval_s": 0.2},
+        "shmdisagg": {
+            "shm": {"prefix": shm_prefix},
+            "coordinator_socket": str(tmp_path / "coord.sock"),
+            "health_check_interval_s": 0.2,
+        },
         **top,
     }
     path = tmp_path / "cfg.yaml"
@@ -140,8 +151,11 @@ def test_nvidias_start_server_command_line_runs_unchanged_but_for_the_command_na
     (work / "server_config.yaml").write_text(yaml.dump(server_config))
     address = socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM)[0][4][0]
     with sims(ctx, gen):
-        cmd = Command(["disaggregated", "-c", f"{work}/server_config.yaml", "-t", "7200", "-r", "7200"], tmp_path / "serve.log",
-                      env={"TRTLLM_SERVER_DISABLE_GC": "1", "TRTLLM_WORKER_DISABLE_GC": "1"})
+        cmd = Command(
+            ["disaggregated", "-c", f"{work}/server_config.yaml", "-t", "7200", "-r", "7200"],
+            tmp_path / "serve.log",
+            env={"TRTLLM_SERVER_DISABLE_GC": "1", "TRTLLM_WORKER_DISABLE_GC": "1"},
+        )
         try:
             serving(cmd, address, port)
             status, headers, body = call(address, port, "POST", "/v1/completions", COMPLETION)
@@ -157,7 +171,11 @@ def test_start_up_waits_for_every_configured_executor(tmp_path: Path, shm_prefix
     """TensorRT-LLM's orchestrator serves once every configured server's /health is 200, not
     when one per role is: the public port stays closed while the second context server loads."""
     late_port = free_port()
-    c0, late, g0 = sim(None, "--role", "context"), sim(late_port, "--role", "context"), sim(None, "--role", "generation")
+    c0, late, g0 = (
+        sim(None, "--role", "context"),
+        sim(late_port, "--role", "context"),
+        sim(None, "--role", "generation"),
+    )
     cfg = config(tmp_path, shm_prefix, [c0.endpoint, late.endpoint], [g0.endpoint])
     port = yaml.safe_load(cfg.read_text())["port"]
     with sims(c0, g0):
@@ -188,12 +206,16 @@ def test_start_up_fails_after_the_timeout_naming_the_executor_still_down(tmp_pat
     assert "Traceback" not in cmd.output()
 
 
-def test_report_addr_with_port_0_writes_the_bound_address_and_log_level_applies(tmp_path: Path, shm_prefix: str) -> None:
+def test_report_addr_with_port_0_writes_the_bound_address_and_log_level_applies(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     c0, g0 = sim(None, "--role", "context"), sim(None, "--role", "generation")
     cfg = config(tmp_path, shm_prefix, [c0.endpoint], [g0.endpoint], port=0)
     addr = tmp_path / "deep" / "nested" / "server.addr"
     with sims(c0, g0):
-        cmd = Command(["disaggregated", "-c", str(cfg), "--report_addr", str(addr), "-l", "warning"], tmp_path / "serve.log")
+        cmd = Command(
+            ["disaggregated", "-c", str(cfg), "--report_addr", str(addr), "-l", "warning"], tmp_path / "serve.log"
+        )
         try:
             wait_until(lambda: addr.exists() or cmd.proc.poll() is not None, 120, "the address file")
             assert cmd.proc.poll() is None, cmd.output()
@@ -201,7 +223,9 @@ def test_report_addr_with_port_0_writes_the_bound_address_and_log_level_applies(
             assert addr.read_text().endswith("\n") and host == "127.0.0.1" and int(port) > 0, addr.read_text()
             serving(cmd, host, int(port))
             assert call(host, int(port), "POST", "/v1/completions", COMPLETION)[0] == 200
-            assert sorted(p.name for p in addr.parent.iterdir()) == ["server.addr"]  # written atomically, no temporary left
+            assert sorted(p.name for p in addr.parent.iterdir()) == [
+                "server.addr"
+            ]  # written atomically, no temporary left
         finally:
             assert cmd.stop() == 0, cmd.output()
     # -l warning: not the coordinator's info lines ("coordinator ready", "... is healthy")
@@ -220,7 +244,9 @@ def _unheld_node_id() -> int:
     raise AssertionError("no free node id in the far half of the ring")
 
 
-def test_node_id_and_the_process_id_variable_reach_the_request_id_and_r_reaches_the_workers(tmp_path: Path, shm_prefix: str) -> None:
+def test_node_id_and_the_process_id_variable_reach_the_request_id_and_r_reaches_the_workers(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     """`node_id` and TRTLLM_DISAGG_WORKER_PROCESS_ID are the snowflake id's node and process
     fields (llmapi/disagg_utils.py); `-r` becomes every worker's leg timeout; WEB_CONCURRENCY
     (not an integer here, which uvicorn would fail on) is ignored with a warning and not passed on."""
@@ -229,16 +255,23 @@ def test_node_id_and_the_process_id_variable_reach_the_request_id_and_r_reaches_
     cfg = config(tmp_path, shm_prefix, [c0.endpoint], [g0.endpoint], node_id=node)
     port = yaml.safe_load(cfg.read_text())["port"]
     with sims(c0, g0):
-        cmd = Command(["disaggregated", "-c", str(cfg), "-r", "7"], tmp_path / "serve.log",
-                      env={"TRTLLM_DISAGG_WORKER_PROCESS_ID": "9", "WEB_CONCURRENCY": "many"})
+        cmd = Command(
+            ["disaggregated", "-c", str(cfg), "-r", "7"],
+            tmp_path / "serve.log",
+            env={"TRTLLM_DISAGG_WORKER_PROCESS_ID": "9", "WEB_CONCURRENCY": "many"},
+        )
         try:
             serving(cmd, "127.0.0.1", port)
             status, headers, _ = call("127.0.0.1", port, "POST", "/v1/completions", COMPLETION)
             assert status == 200
-            raw = int(headers["x-disagg-request-id"]) - (1 << 40)  # ids sit in [2**40, 2**63); the raw id is below 2**62 for decades
+            raw = int(headers["x-disagg-request-id"]) - (
+                1 << 40
+            )  # ids sit in [2**40, 2**63); the raw id is below 2**62 for decades
             assert ((raw >> 16) & 0xFF, (raw >> 10) & 0x3F) == (node, 9)
             pid = call("127.0.0.1", port, "GET", "/cluster_info")[2]["worker_pid"]
-            environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+            environ = dict(
+                item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item
+            )
             assert environ["SHMDISAGG_LEG_TIMEOUT_S"] == "7.0" and "WEB_CONCURRENCY" not in environ
             assert environ["SHMDISAGG_NODE_ID"] == str(node)  # the coordinator's claim, handed to its fleet
             assert "shmdisagg: warning: WEB_CONCURRENCY is ignored" in cmd.output()
@@ -253,14 +286,20 @@ def test_node_id_and_the_process_id_variable_reach_the_request_id_and_r_reaches_
 def test_trtllm_disagg_no_retry_turns_retries_off(tmp_path: Path, shm_prefix: str) -> None:
     """With max_retries 1 a context 5xx is retried on the other context server; with
     TRTLLM_DISAGG_NO_RETRY=1 (TensorRT-LLM's openai_client: retries 0) it is not."""
-    bad, good, g0 = sim(None, "--role", "context", "--fault", "error:status=500"), sim(None, "--role", "context"), sim(None, "--role", "generation")
+    bad, good, g0 = (
+        sim(None, "--role", "context", "--fault", "error:status=500"),
+        sim(None, "--role", "context"),
+        sim(None, "--role", "generation"),
+    )
     cfg = config(tmp_path, shm_prefix, [bad.endpoint, good.endpoint], [g0.endpoint], max_retries=1)
     port = yaml.safe_load(cfg.read_text())["port"]
     with sims(bad, good, g0):
         cmd = Command(["serve", "-c", str(cfg)], tmp_path / "serve.log", env={"TRTLLM_DISAGG_NO_RETRY": "1"})
         try:
             serving(cmd, "127.0.0.1", port)
-            statuses = [call("127.0.0.1", port, "POST", "/v1/completions", COMPLETION)[0] for _ in range(2)]  # round robin: one each
+            statuses = [
+                call("127.0.0.1", port, "POST", "/v1/completions", COMPLETION)[0] for _ in range(2)
+            ]  # round robin: one each
         finally:
             assert cmd.stop() == 0, cmd.output()
         seen = [get_json(s.endpoint, "/sim/stats")[1]["requests_seen"] for s in (bad, good)]
@@ -287,12 +326,19 @@ def test_r_bounds_each_leg_and_a_leg_past_it_is_a_504_never_replayed(tmp_path: P
             assert call(host, port, "POST", "/v1/completions", body)[0] == 200
             ctx.script(delay_s=4.0)
             status, _, err = call(host, port, "POST", "/v1/completions", body)
-            assert status == 504 and err["code"] == 504 and "did not finish within 2 s (request_timeout)" in err["message"]
+            assert (
+                status == 504 and err["code"] == 504 and "did not finish within 2 s (request_timeout)" in err["message"]
+            )
             assert len(ctx.recorded()) == 2  # the timed-out leg was not replayed on a retry
             ctx.script(delay_s=0.0)
             gen.script(delay_s=0.0, hold=True)  # the stream stalls after its first chunk
             c = http.client.HTTPConnection(host, port, timeout=30)
-            c.request("POST", "/v1/completions", body=orjson.dumps({**body, "stream": True}), headers={"content-type": "application/json"})
+            c.request(
+                "POST",
+                "/v1/completions",
+                body=orjson.dumps({**body, "stream": True}),
+                headers={"content-type": "application/json"},
+            )
             raw = c.getresponse().read()
             c.close()
             events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]

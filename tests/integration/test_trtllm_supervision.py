@@ -67,13 +67,18 @@ def test_an_instance_still_loading_at_the_deadline_fails_the_launch_naming_its_s
     cfg["shmdisagg"]["executors"]["startup_timeout_s"] = 3
     path = write(cfg, tmp_path)
     dep = Deployment(load_config(path), str(path), str(tmp_path / "logs"))
-    with pytest.raises(LaunchError, match=r"^generation-0 not healthy at http://127\.0\.0\.1:\d+/health within 3 s: "
-                       r"still starting \(HTTP 503, x-trtllm-server-state: starting\)"):
+    with pytest.raises(
+        LaunchError,
+        match=r"^generation-0 not healthy at http://127\.0\.0\.1:\d+/health within 3 s: "
+        r"still starting \(HTTP 503, x-trtllm-server-state: starting\)",
+    ):
         dep.start()
     assert dep.executors == []
 
 
-def test_stop_takes_down_what_each_instance_started(tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stop_takes_down_what_each_instance_started(
+    tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     put_shim_on_path(monkeypatch)
     # like trtllm-serve starting its MPI ranks: each instance leaves a helper process behind it
     command = ["sh", "-c", 'sleep 300 & exec trtllm-serve "$@"', "trtllm-serve"]
@@ -90,8 +95,13 @@ def test_stop_takes_down_what_each_instance_started(tmp_path: Path, shm_prefix: 
 def test_the_launch_command_runs_trtllm_serve_instances_and_stops_them_all(tmp_path: Path, shm_prefix: str) -> None:
     path = write(localize(small_config(), tmp_path, shm_prefix), tmp_path)
     port = load_config(path).port
-    proc = subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(tmp_path / "logs")],
-                            cwd=REPO, env=shim_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(tmp_path / "logs")],
+        cwd=REPO,
+        env=shim_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # printed once everything answers /health

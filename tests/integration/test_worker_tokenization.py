@@ -12,8 +12,8 @@ import json
 import os
 import subprocess
 import urllib.request
-from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -21,9 +21,8 @@ from shmdisagg.config import parse_config
 from shmdisagg.orchestrator.tokenization import HFTokenizer, prompt_token_ids
 from shmdisagg.tokenizer_source import load_routing_tokenizer
 from tests.conftest import free_port
+from tests.integration.trtllm_worker import WORKER_DIR as WORKER, WORKER_VENV, missing
 from tests.unit.routing.test_chat_render import CASES
-
-from tests.integration.trtllm_worker import WORKER_DIR as WORKER, WORKER_VENV, missing  # noqa: E402
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 
@@ -32,11 +31,21 @@ pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 def worker(hf_tokenizer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A context worker serving the test tokenizer (its model name is the directory's basename)."""
     port = free_port()
-    env = {**os.environ, "RUN_DIR": str(tmp_path_factory.mktemp("worker-run")), "TOKENIZER_DIR": hf_tokenizer_dir,
-           "DETACH": "1", "PY": str(WORKER_VENV / "bin" / "python")}
+    env = {
+        **os.environ,
+        "RUN_DIR": str(tmp_path_factory.mktemp("worker-run")),
+        "TOKENIZER_DIR": hf_tokenizer_dir,
+        "DETACH": "1",
+        "PY": str(WORKER_VENV / "bin" / "python"),
+    }
     script = str(WORKER / "run_worker.sh")
-    subprocess.run([script, "--port", str(port), "--role", "context", "--allow-request-chat-template"], env=env, check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [script, "--port", str(port), "--role", "context", "--allow-request-chat-template"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -44,7 +53,12 @@ def worker(hf_tokenizer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def _context_only(base: str, path: str, body: dict[str, Any]) -> list[int]:
-    body = {**body, "model": "tinytok", "max_tokens": 2, "disaggregated_params": {"request_type": "context_only", "disagg_request_id": 4242}}
+    body = {
+        **body,
+        "model": "tinytok",
+        "max_tokens": 2,
+        "disaggregated_params": {"request_type": "context_only", "disagg_request_id": 4242},
+    }
     req = urllib.request.Request(base + path, json.dumps(body).encode(), {"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         answer = json.loads(resp.read())
@@ -55,15 +69,24 @@ def _context_only(base: str, path: str, body: dict[str, Any]) -> list[int]:
 
 @pytest.fixture(scope="module")
 def router(hf_tokenizer_dir: str) -> HFTokenizer:
-    cfg = parse_config({"context_servers": {"urls": ["127.0.0.1:9"], "router": {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}},
-                        "generation_servers": {"urls": ["127.0.0.1:10"]}})
+    cfg = parse_config(
+        {
+            "context_servers": {
+                "urls": ["127.0.0.1:9"],
+                "router": {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir},
+            },
+            "generation_servers": {"urls": ["127.0.0.1:10"]},
+        }
+    )
     tok = load_routing_tokenizer(cfg)
     assert isinstance(tok, HFTokenizer)
     return HFTokenizer(tok.tokenizer, tok.model_type, legacy=True)  # TRTLLM_RENDER_LEGACY=1: chat ids are written
 
 
 @pytest.mark.parametrize("name, req", [(c[0], c[1]) for c in CASES], ids=[c[0] for c in CASES])
-def test_the_ids_the_router_writes_for_a_chat_are_the_workers(worker: str, router: HFTokenizer, name: str, req: dict[str, Any]) -> None:
+def test_the_ids_the_router_writes_for_a_chat_are_the_workers(
+    worker: str, router: HFTokenizer, name: str, req: dict[str, Any]
+) -> None:
     sent = copy.deepcopy(req)
     ids = asyncio.run(prompt_token_ids(router, sent, True))
     assert sent["prompt_token_ids"] == ids
@@ -71,7 +94,9 @@ def test_the_ids_the_router_writes_for_a_chat_are_the_workers(worker: str, route
 
 
 @pytest.mark.parametrize("extra", [{}, {"add_special_tokens": False}, {"add_special_tokens": True}])
-def test_the_ids_the_router_writes_for_a_completion_are_the_workers(worker: str, router: HFTokenizer, extra: dict[str, Any]) -> None:
+def test_the_ids_the_router_writes_for_a_completion_are_the_workers(
+    worker: str, router: HFTokenizer, extra: dict[str, Any]
+) -> None:
     body = {"prompt": "Grüße aus München: the weather is sunny 🙂 today", **extra}
     sent = copy.deepcopy(body)
     ids = asyncio.run(prompt_token_ids(router, sent, False))

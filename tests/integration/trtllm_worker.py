@@ -74,8 +74,14 @@ class Worker:
         self._log.close()
 
 
-def call(endpoint: str, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-         timeout: float = 60.0) -> tuple[int, dict[str, str], bytes]:
+def call(
+    endpoint: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 60.0,
+) -> tuple[int, dict[str, str], bytes]:
     """One request (a dict body is sent as JSON, bytes as they are); (status, headers, body)."""
     host, _, port = endpoint.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)

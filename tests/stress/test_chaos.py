@@ -51,7 +51,7 @@ def test_sigkill_of_random_fleet_workers(tmp_path: Path, shm_prefix: str, chaos_
         while run.more(len(replaced), at_least=2):
             old = run.dep.kill_worker(run.rng)
             # the next kill only once the replacement listens: two workers down at once refuse connections
-            replaced.append(run.wait_until(lambda: _fleet_whole(run, old), 60, "a replacement worker listening"))
+            replaced.append(run.wait_until(lambda: _fleet_whole(run, old), 60, "a replacement worker listening"))  # noqa: B023 (polled before the loop moves on)
             run.wait_served(10)
             run.hold(run.rng.uniform(0.2, 0.8))
         run.notes.append(f"replacement listening in <= {max(replaced):.2f} s")
@@ -79,18 +79,23 @@ def test_sigkill_and_restart_of_executors(tmp_path: Path, shm_prefix: str, chaos
         while run.more(cycles, at_least=1):
             ex = _spare(run, role=("context", "generation")[cycles % 2])
             run.dep.kill_executor(ex)
-            cleared.append(run.wait_until(lambda: not run.dep.healthy(ex.slot) and _index_blocks(run, ex.slot) == 0, 20,
-                                          f"{ex.name} unhealthy with no blocks in the index"))
+            cleared.append(
+                run.wait_until(
+                    lambda: not run.dep.healthy(ex.slot) and _index_blocks(run, ex.slot) == 0,  # noqa: B023 (polled before the loop moves on)
+                    20,
+                    f"{ex.name} unhealthy with no blocks in the index",
+                )
+            )
             run.hold(run.rng.uniform(0.2, 0.6))
             run.dep.restart_executor(ex)
-            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy again")
+            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy again")  # noqa: B023 (polled before the loop moves on)
             run.wait_served(10)
             # the same port again, at once: the new process is up before the next health check
             # could have seen the old one gone (it may see a refusal; a worker's report may too)
             ex = _spare(run)
             run.dep.kill_executor(ex)
             run.dep.restart_executor(ex, at_once=True)
-            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy after a same-port restart")
+            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy after a same-port restart")  # noqa: B023 (polled before the loop moves on)
             run.wait_served(10)
             cycles += 1
         run.notes.append(f"dead executor unhealthy and out of the index in <= {max(cleared):.2f} s")
@@ -106,12 +111,18 @@ def _index_blocks(run: ChaosRun, slot: int) -> int:
 # -- 3. an executor SIGSTOPped past the leg timeout -------------------------------------------
 
 
-def test_sigstop_of_an_executor_past_the_leg_timeout(tmp_path: Path, shm_prefix: str, chaos_row: dict[str, Any]) -> None:
+def test_sigstop_of_an_executor_past_the_leg_timeout(
+    tmp_path: Path, shm_prefix: str, chaos_row: dict[str, Any]
+) -> None:
     """Under `shmdisagg serve -r 1`: legs to a stopped executor end with a 504 (or an SSE error
     event) when their leg timeout passes, the executor is taken out of routing, and after
     SIGCONT it serves again."""
-    layout = Layout(schedule_style="context_first", routers=("load_balancing", {"type": "load_balancing", "use_tokens": True}),
-                    leg_timeout_s=1.0, request_timeout_s=8.0)
+    layout = Layout(
+        schedule_style="context_first",
+        routers=("load_balancing", {"type": "load_balancing", "use_tokens": True}),
+        leg_timeout_s=1.0,
+        request_timeout_s=8.0,
+    )
     with ChaosRun(layout, Rules(statuses=EXECUTOR_DOWN), tmp_path, shm_prefix, chaos_row) as run:
         stops = 0
         while run.more(stops, at_least=1):
@@ -120,7 +131,7 @@ def test_sigstop_of_an_executor_past_the_leg_timeout(tmp_path: Path, shm_prefix:
             stops += 1
             run.hold(layout.leg_timeout_s + 1.0)  # past the leg timeout of what it holds
             run.dep.cont_executor(ex)
-            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy after SIGCONT")
+            run.wait_until(lambda: run.dep.healthy(ex.slot), 60, f"{ex.name} healthy after SIGCONT")  # noqa: B023 (polled before the loop moves on)
             run.wait_served(10)
     timed_out = sum(1 for o in run.load.outcomes if o.status == 504)
     assert timed_out >= 1, "no request met the stopped executor: the scenario did not test the leg timeout"
@@ -166,9 +177,13 @@ def _wait_new_coordinator(run: ChaosRun, old: int, timeout_s: float) -> float:
             return run.elapsed - began
         main = run.dep.main
         if main is not None and main.poll() is not None:
-            raise NoNewCoordinator(f"the deployment exited with {main.returncode} after the coordinator's SIGKILL; nothing restarted it")
+            raise NoNewCoordinator(
+                f"the deployment exited with {main.returncode} after the coordinator's SIGKILL; nothing restarted it"
+            )
         if not any(running(w) for w in workers):
-            raise NoNewCoordinator("every fleet worker exited after the coordinator's SIGKILL and no new coordinator appeared")
+            raise NoNewCoordinator(
+                "every fleet worker exited after the coordinator's SIGKILL and no new coordinator appeared"
+            )
         if run.elapsed - began > timeout_s:
             raise NoNewCoordinator(f"no new coordinator in the control table {timeout_s:g} s after the SIGKILL")
         run.hold(0.05)
@@ -181,13 +196,19 @@ def test_clients_that_disconnect_at_random_points(tmp_path: Path, shm_prefix: st
     """Clients leave inside the head, after it, inside the body, before the answer and in the
     middle of a stream: their legs are cancelled upstream (executors idle after the load), their
     picks released, and the other clients' requests unaffected."""
-    layout = Layout(schedule_style="generation_first", routers=("round_robin", {"type": "conversation"}), num_ctx=2, num_gen=1)
+    layout = Layout(
+        schedule_style="generation_first", routers=("round_robin", {"type": "conversation"}), num_ctx=2, num_gen=1
+    )
     with ChaosRun(layout, Rules(), tmp_path, shm_prefix, chaos_row) as run:
         waves = 0
         while run.more(waves, at_least=2):
             points = [LEAVE_POINTS[(waves + k) % len(LEAVE_POINTS)] for k in range(10)]
-            futures = [run.load.submit(lambda p=p, k=k: leaving_client(run.dep.port, random.Random(run.seed + 31 * waves + k), p))
-                       for k, p in enumerate(points)]
+            futures = [
+                run.load.submit(
+                    lambda p=p, k=k: leaving_client(run.dep.port, random.Random(run.seed + 31 * waves + k), p)  # noqa: B023 (its future is waited on in this iteration)
+                )
+                for k, p in enumerate(points)
+            ]
             run.extra += [f.result(30) for f in futures]
             waves += 1
             run.hold(run.rng.uniform(0.1, 0.4))
@@ -203,7 +224,9 @@ def test_slow_reading_and_trickling_clients(tmp_path: Path, shm_prefix: str, cha
     heads and bodies sent a byte at a time are answered (a 408 is clean, not required); clients
     that stop reading hold no load counter past the request deadline while still connected."""
     kv = {"type": "kv_cache_aware"}
-    layout = Layout(schedule_style="context_first", routers=(kv, kv), conditional=64, request_timeout_s=3.0, num_ctx=1, num_gen=2)
+    layout = Layout(
+        schedule_style="context_first", routers=(kv, kv), conditional=64, request_timeout_s=3.0, num_ctx=1, num_gen=2
+    )
     rules = Rules(client_statuses=(("slow_reader", frozenset({504})), ("trickle", frozenset({408}))))
     with ChaosRun(layout, rules, tmp_path, shm_prefix, chaos_row) as run:
         port = run.dep.port
@@ -215,13 +238,32 @@ def test_slow_reading_and_trickling_clients(tmp_path: Path, shm_prefix: str, cha
             _release(run, stalled)
             events = [_event_on(run) for _ in range(2)]
             # 20000 tokens (~5 MB of SSE) outgrow every buffer on the way: the fleet's relay blocks
-            stalled = [(run.load.submit(lambda r=random.Random(rng.random()), e=e: stalled_reader(port, r, e, max_tokens=20000)), e)
-                       for e in events]
+            stalled = [
+                (
+                    run.load.submit(
+                        lambda r=random.Random(rng.random()), e=e: stalled_reader(port, r, e, max_tokens=20000)  # noqa: B008 (on purpose: each client's own RNG, drawn in order from the round's)
+                    ),
+                    e,
+                )
+                for e in events
+            ]
             last_stalled = run.elapsed
-            owed = [run.load.submit(lambda r=random.Random(rng.random()): slow_reader(port, r, run.deadline_s, max_tokens=96, read_bytes=512, pause_s=0.02))
-                    for _ in range(2)]
-            owed += [run.load.submit(lambda r=random.Random(rng.random()), part=part: trickling_client(port, r, run.deadline_s, part=part, gap_s=0.012))
-                     for part in ("head", "body")]
+            owed = [
+                run.load.submit(
+                    lambda r=random.Random(rng.random()): slow_reader(  # noqa: B008 (on purpose: each client's own RNG, drawn in order from the round's)
+                        port, r, run.deadline_s, max_tokens=96, read_bytes=512, pause_s=0.02
+                    )
+                )
+                for _ in range(2)
+            ]
+            owed += [
+                run.load.submit(
+                    lambda r=random.Random(rng.random()), part=part: trickling_client(  # noqa: B008 (on purpose: each client's own RNG, drawn in order from the round's)
+                        port, r, run.deadline_s, part=part, gap_s=0.012
+                    )
+                )
+                for part in ("head", "body")
+            ]
             run.extra += [f.result(run.deadline_s + 10) for f in owed]
             rounds += 1
         # the last stalled readers are still connected, not reading, past their request deadline
@@ -231,16 +273,29 @@ def test_slow_reading_and_trickling_clients(tmp_path: Path, shm_prefix: str, cha
         assert not problems, f"load held while the stalled clients stay connected: {problems}"
         # each stalled stream really stalled: cut upstream (at its deadline, or when its client left)
         _, cut = poll(lambda: [] if _aborted(run) >= 2 * rounds else [f"{_aborted(run)} aborted"], 10)
-        assert not cut, f"{2 * rounds} stalled streams, but the generation executors aborted {cut}: a stream that never stalled tests nothing"
-        run.notes.append(f"{2 * rounds} stalled clients; the last ones' picks released while connected ({waited:.2f} s after the load)")
+        assert not cut, (
+            f"{2 * rounds} stalled streams, but the generation executors aborted {cut}: a stream that never "
+            "stalled tests nothing"
+        )
+        run.notes.append(
+            f"{2 * rounds} stalled clients; the last ones' picks released while connected ({waited:.2f} s after "
+            "the load)"
+        )
         _release(run, stalled)
         slow = [o for o in run.extra if o.user == "slow_reader"]
-        run.notes.append(f"slow streams {sum(o.kind == COMPLETE for o in slow)}/{len(slow)} complete, longest {max(o.elapsed for o in slow):.1f} s")
+        run.notes.append(
+            f"slow streams {sum(o.kind == COMPLETE for o in slow)}/{len(slow)} complete, longest "
+            f"{max(o.elapsed for o in slow):.1f} s"
+        )
 
 
 def _aborted(run: ChaosRun) -> int:
     """Requests the generation executors saw aborted (their client, the fleet, left)."""
-    return sum(http_json(ex.addr, "/sim/stats")[1]["counters"]["aborted"] for ex in run.dep.live_executors() if ex.role == "generation")
+    return sum(
+        http_json(ex.addr, "/sim/stats")[1]["counters"]["aborted"]
+        for ex in run.dep.live_executors()
+        if ex.role == "generation"
+    )
 
 
 def _release(run: ChaosRun, stalled: list[tuple[Any, asyncio.Event]]) -> None:
@@ -268,11 +323,19 @@ def test_burst_far_above_admission_capacity(tmp_path: Path, shm_prefix: str, cha
     """200 requests at once against `max_inflight_requests: 8`: each gets an answer or a clean
     429 / 503, none hangs, and admission did refuse some."""
     lb = {"type": "load_balancing", "use_tokens": True}
-    layout = Layout(schedule_style="generation_first", routers=(lb, lb), shmdisagg={"max_inflight_requests": 8}, num_ctx=2, num_gen=1)
+    layout = Layout(
+        schedule_style="generation_first",
+        routers=(lb, lb),
+        shmdisagg={"max_inflight_requests": 8},
+        num_ctx=2,
+        num_gen=1,
+    )
     with ChaosRun(layout, Rules(statuses=frozenset({429, 503})), tmp_path, shm_prefix, chaos_row) as run:
         bursts = 0
         while run.more(bursts, at_least=2):
-            outs: list[Outcome] = run.load.submit(lambda b=bursts: burst(run.dep.port, run.seed + b, 200, run.deadline_s)).result(run.deadline_s + 30)
+            outs: list[Outcome] = run.load.submit(
+                lambda b=bursts: burst(run.dep.port, run.seed + b, 200, run.deadline_s)
+            ).result(run.deadline_s + 30)
             run.extra += outs
             run.dep.note("burst of 200", "")
             bursts += 1

@@ -13,7 +13,13 @@ from tests.stress.chaos.deploy import Fault
 
 pytestmark = pytest.mark.chaos
 
-ERR = {"object": "error", "message": "no healthy generation server", "type": "ServiceUnavailableError", "param": None, "code": 503}
+ERR = {
+    "object": "error",
+    "message": "no healthy generation server",
+    "type": "ServiceUnavailableError",
+    "param": None,
+    "code": 503,
+}
 
 
 def _feed(raw: bytes) -> Exchange:
@@ -46,7 +52,8 @@ CHUNK = orjson.dumps({"choices": [{"index": 0, "text": " hi"}]})
     (False, _http(200, orjson.dumps({"choices": []})), MALFORMED),
     (False, _http(500, b"Internal Server Error", b"text/plain"), MALFORMED),  # not the OpenAI error body
     (False, _http(502, orjson.dumps({**ERR, "code": 503})), MALFORMED),  # code is not the status
-    (False, _http(500, orjson.dumps({**ERR, "code": 500, "message": "internal error"})), MALFORMED),  # the fleet's catch-all
+    # the fleet's catch-all
+    (False, _http(500, orjson.dumps({**ERR, "code": 500, "message": "internal error"})), MALFORMED),
     (True, _sse(CHUNK, CHUNK), COMPLETE),
     (True, _sse(CHUNK, orjson.dumps({"error": {**ERR, "code": 504}})), ERROR),
     (True, _sse(orjson.dumps({"error": ERR}), CHUNK), MALFORMED),  # chunks after the error event

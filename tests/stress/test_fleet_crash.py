@@ -12,7 +12,15 @@ from pathlib import Path
 import orjson
 
 from shmdisagg.shm.table import ControlTable
-from tests.integration.harness import connection_to_worker, deployment, fake_executors, post, request_json, wait_until, write_config
+from tests.integration.harness import (
+    connection_to_worker,
+    deployment,
+    fake_executors,
+    post,
+    request_json,
+    wait_until,
+    write_config,
+)
 
 COMPLETION = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
 
@@ -24,7 +32,12 @@ def _load_loop(port: int, stop: threading.Event, results: list[int]) -> None:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         try:
             stream = len(results) % 2 == 0
-            c.request("POST", "/v1/completions", body=orjson.dumps({**COMPLETION, "stream": stream}), headers={"content-type": "application/json"})
+            c.request(
+                "POST",
+                "/v1/completions",
+                body=orjson.dumps({**COMPLETION, "stream": stream}),
+                headers={"content-type": "application/json"},
+            )
             r = c.getresponse()
             r.read()
             results.append(r.status)
@@ -38,7 +51,13 @@ def test_killed_worker_is_replaced_within_2s_and_its_load_is_reclaimed_exactly(t
     with fake_executors(["c0", "g0", "g1"]) as (ctx, g0, g1):
         for g in (g0, g1):
             g.script(delay_s=0.05)  # keep requests in flight on every worker
-        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [g0.addr, g1.addr], routers=("load_balancing", {"type": "load_balancing", "use_tokens": True}))
+        cfg = write_config(
+            tmp_path,
+            shm_prefix,
+            [ctx.addr],
+            [g0.addr, g1.addr],
+            routers=("load_balancing", {"type": "load_balancing", "use_tokens": True}),
+        )
         with deployment(cfg) as dep:
             conn = connection_to_worker(dep, 0)
             old_pid = request_json("", 0, "GET", "/cluster_info", conn=conn)[1]["worker_pid"]

@@ -50,12 +50,12 @@ def run_children(target: object, args_of: list[tuple[object, ...]], results: obj
 
 @pytest.mark.parametrize("mode", ["kv", "conv"])
 def test_two_workers_racing_on_the_same_new_key_land_on_the_same_server(
-        deployment: tuple[ControlTable, BlockIndex], mode: str) -> None:
+    deployment: tuple[ControlTable, BlockIndex], mode: str
+) -> None:
     table, index = deployment
     rounds = 1000
     barrier, arrived, results = CTX.Barrier(2), CTX.Value("Q", 0), CTX.Queue()
-    got = run_children(_index_children.racer, [(table.prefix, rounds, mode, barrier, arrived, results)] * 2,
-                       results)
+    got = run_children(_index_children.racer, [(table.prefix, rounds, mode, barrier, arrived, results)] * 2, results)
     (_, a), (_, b) = got  # type: ignore[misc]
     disagree = [r for r in range(rounds) if a[r][0] != b[r][0]]
     assert not disagree, f"rounds where the racers split: {disagree[:10]}"
@@ -72,8 +72,7 @@ def test_picks_stay_right_while_generations_swap(deployment: tuple[ControlTable,
     blocks, want = 16, 2
     index.apply_stored(want, chain(77, blocks))
     counter, stop, results = CTX.Value("Q", 0), CTX.Event(), CTX.Queue()
-    proc = CTX.Process(target=_index_children.picker,
-                       args=(table.prefix, 77, blocks, want, counter, stop, results))
+    proc = CTX.Process(target=_index_children.picker, args=(table.prefix, 77, blocks, want, counter, stop, results))
     proc.start()
     try:
         swaps = 0

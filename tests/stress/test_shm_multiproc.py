@@ -112,5 +112,7 @@ def test_seqlock_torture_finds_no_torn_reads(coord: ControlTable) -> None:
         assert writer.wait() == 0
     assert torn == 0, f"{torn} torn of {reads} reads"
     assert reads > 10_000 and len(seen) >= min_changes, (reads, len(seen), writes)
-    print(f"torture: {reads} reads, {len(seen)} versions seen, {writes} writes, "
-          f"{exhausted} exhausted, {stats['seq_retries']} retries, 0 torn")
+    print(
+        f"torture: {reads} reads, {len(seen)} versions seen, {writes} writes, "
+        f"{exhausted} exhausted, {stats['seq_retries']} retries, 0 torn"
+    )

@@ -105,7 +105,9 @@ class SimApp:
             timestamps=config.event_timestamps,
             hash_algo=self.hash_algo,
         )
-        self.pool = BlockPool(config.effective_num_blocks, config.tokens_per_block, config.enable_block_reuse, self.events)
+        self.pool = BlockPool(
+            config.effective_num_blocks, config.tokens_per_block, config.enable_block_reuse, self.events
+        )
         # return_perf_metrics: per-request metrics on answers that ask for them, and (with
         # perf_metrics_max_requests > 0) the /perf_metrics ring, as openai_server.py sets them up
         self.perf_enabled = config.return_perf_metrics
@@ -181,7 +183,9 @@ class SimApp:
         handler = self._routes.get((scope["method"], path))
         if handler is None:  # Starlette's answers
             missing = path not in self._paths
-            await _send_json(send, 404 if missing else 405, {"detail": "Not Found" if missing else "Method Not Allowed"})
+            await _send_json(
+                send, 404 if missing else 405, {"detail": "Not Found" if missing else "Method Not Allowed"}
+            )
             return
         await handler(scope, receive, send)
 
@@ -249,7 +253,9 @@ class SimApp:
             msgpack = self.msgspec_bodies and any(k.lower() == b"x-trtllm-msgpack" and v == b"1" for k, v in headers)
             req = parse_request(raw, chat, self.tokenizer, self.limits, msgpack)
             if req.auth_fields is not None:
-                disagg_auth.validate(self.config.internal_request_auth_key, req.auth_fields, disagg_auth.header_value(headers))
+                disagg_auth.validate(
+                    self.config.internal_request_auth_key, req.auth_fields, disagg_auth.header_value(headers)
+                )
             seq = self._sequence(req)
         except RequestError as exc:
             await _send_json(send, exc.status, error_body(exc))
@@ -296,7 +302,9 @@ class SimApp:
             stops=req.stops,
             include_stop=req.include_stop,
             min_tokens=req.min_tokens,
-            block_hashes=block_hashes(req.prompt, self.pool.tokens_per_block, self.hash_algo) if self.pool.reuse else [],
+            block_hashes=block_hashes(req.prompt, self.pool.tokens_per_block, self.hash_algo)
+            if self.pool.reuse
+            else [],
             ctx_request_id=ctx_request_id,
             first_gen_tokens=req.first_gen_tokens,
             ctx_endpoint=req.ctx_endpoint,
@@ -329,7 +337,9 @@ class SimApp:
         await _send_json(send, 200, body, extra)
         return self.engine.now()
 
-    async def _stream(self, req: ParsedRequest, seq: Sequence, send: Send, cut_after: int | None, metrics: bool) -> float | None:
+    async def _stream(
+        self, req: ParsedRequest, seq: Sequence, send: Send, cut_after: int | None, metrics: bool
+    ) -> float | None:
         """Stream the request's chunks; returns its server first-token time, None if it failed."""
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         encoder = responses.StreamEncoder(req, self.tokenizer, seq.request_id)
@@ -463,8 +473,12 @@ class SimApp:
             max_num_tokens=self.config.max_num_tokens,
             max_seq_len=self.config.effective_max_seq_len,
             faults=self.faults.describe(),
-            events={"buffered": len(self.events), "dropped": self.events.dropped, "next_event_id": self.events.next_event_id,
-                    "restarts": self.events.restarts},
+            events={
+                "buffered": len(self.events),
+                "dropped": self.events.dropped,
+                "next_event_id": self.events.next_event_id,
+                "restarts": self.events.restarts,
+            },
             requests_seen=self.faults.requests_seen,
             estimates_ms={
                 "ttft_256": round(1000 * timing.ttft_seconds(self.profile, 256), 3),
@@ -492,7 +506,13 @@ class SimApp:
             return
         if restart:
             stats = self.engine.stats()
-            if stats["num_waiting"] or stats["num_running"] or stats["num_transferring"] or stats["num_ready"] or stats["num_pinned"]:
+            if (
+                stats["num_waiting"]
+                or stats["num_running"]
+                or stats["num_transferring"]
+                or stats["num_ready"]
+                or stats["num_pinned"]
+            ):
                 await _send_json(send, 409, error_body(SimError("restart needs an idle executor", 409)))
                 return
             self.pool.clear()
@@ -510,7 +530,9 @@ class SimApp:
         if isinstance(ctx_id, bool) or not isinstance(ctx_id, int) or not isinstance(hold, (int, float)):
             await _send_json(send, 400, error_body(RequestError("body must be {ctx_request_id: int, hold_s: float}")))
             return
-        pull = asyncio.ensure_future(self.engine.transfers.pull(ctx_id, float(hold), digest if isinstance(digest, int) else None))
+        pull = asyncio.ensure_future(
+            self.engine.transfers.pull(ctx_id, float(hold), digest if isinstance(digest, int) else None)
+        )
         left = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((pull, left), return_when=asyncio.FIRST_COMPLETED)
@@ -563,7 +585,9 @@ async def _read_json(receive: Receive, send: Send) -> Any:
         return None
 
 
-async def _send_json(send: Send, status: int, body: Any, extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _send_json(
+    send: Send, status: int, body: Any, extra_headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     await _send_raw(send, status, orjson.dumps(body), [*_JSON, *(extra_headers or ())])
 
 

@@ -20,11 +20,11 @@ from shmdisagg.hashing import (
     KV_CACHE_HASH_ALGO_V2,
     KV_CACHE_HASH_ALGO_V2_SHA256_64,
     KV_CACHE_HASH_ALGOS,
+    block_hashes as v1_block_hashes,
     block_hashes_v2_64,
     block_keys_v2,
     v1_block_key,
 )
-from shmdisagg.hashing import block_hashes as v1_block_hashes
 
 __all__ = ["HASH_ALGO_CHOICES", "block_hashes", "effective_hash_algo", "extension_blocks"]
 
@@ -56,7 +56,11 @@ def block_hashes(tokens: Sequence[int], tokens_per_block: int, algo: str = KV_CA
 
 
 def extension_blocks(
-    tokens: Sequence[int], tokens_per_block: int, start_block: int, parent: int | None, algo: str = KV_CACHE_HASH_ALGO_V1
+    tokens: Sequence[int],
+    tokens_per_block: int,
+    start_block: int,
+    parent: int | None,
+    algo: str = KV_CACHE_HASH_ALGO_V1,
 ) -> list[tuple[int, Sequence[int]]]:
     """(hash, tokens) of the blocks of `tokens` from block index `start_block` on, chained on
     `parent` (the hash of block `start_block - 1`, None at the root). Equal to

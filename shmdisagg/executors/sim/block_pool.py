@@ -104,9 +104,7 @@ class BlockPool:
         self._take_free(private)
         return Allocation(held=[BlockHash(h) for h in shared], private=private)
 
-    def store(
-        self, alloc: Allocation, parent: int | None, blocks: Sequence[tuple[int, Sequence[int]]]
-    ) -> int:
+    def store(self, alloc: Allocation, parent: int | None, blocks: Sequence[tuple[int, Sequence[int]]]) -> int:
         """Make blocks of `alloc` reusable. `blocks` are (hash, tokens) in chain order after
         `parent` (None for the root). A block already cached by another request is shared
         instead and the private block goes back to the free pool. Stops early if `alloc` has no

@@ -20,7 +20,6 @@ from shmdisagg.executors.sim.config import SimConfig
 from shmdisagg.executors.sim.errors import ConfigError, RaisingArgumentParser
 from shmdisagg.executors.sim.trtllm_options import parse_serve_args
 
-
 PROG = "python -m shmdisagg.executors.sim"
 
 
@@ -52,7 +51,8 @@ def _base_type(hint: Any) -> type:
     """int | None -> int; tuple[str, ...] -> tuple."""
     if isinstance(hint, types.UnionType):
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    return typing.get_origin(hint) or hint
+    base: type = typing.get_origin(hint) or hint  # hints are Any to mypy; SimConfig's are classes
+    return base
 
 
 def parse_args(argv: list[str], prog: str = PROG) -> SimConfig:

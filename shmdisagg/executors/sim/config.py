@@ -47,9 +47,14 @@ class SimConfig:
     enable_block_reuse: bool = field(default=True, metadata=_opt("prefix reuse of cached KV blocks"))
     event_buffer_max_size: int = field(default=1024, metadata=_opt("KV event buffer size (0: no events)"))
     event_tokens: bool = field(default=True, metadata=_opt("include token ids in stored-block events"))
-    event_timestamps: bool = field(default=False, metadata=_opt("add a wall-clock timestamp to every KV event (an extension for lag measurements)"))
+    event_timestamps: bool = field(
+        default=False, metadata=_opt("add a wall-clock timestamp to every KV event (an extension for lag measurements)")
+    )
     kv_cache_event_hash_algo: str = field(
-        default="auto", metadata=_opt("KV block hash algorithm (auto: v1_block_key), reported in /server_info", choices=HASH_ALGO_CHOICES)
+        default="auto",
+        metadata=_opt(
+            "KV block hash algorithm (auto: v1_block_key), reported in /server_info", choices=HASH_ALGO_CHOICES
+        ),
     )
     enable_chunked_prefill: bool = field(default=True, metadata=_opt("split long prefills across iterations"))
     disable_overlap_scheduler: bool = field(default=False, metadata=_opt("host overhead adds to GPU time"))
@@ -97,7 +102,10 @@ class SimConfig:
         if self.event_buffer_max_size < 0:
             raise ConfigError("event_buffer_max_size must be >= 0")
         if self.kv_cache_event_hash_algo not in HASH_ALGO_CHOICES:
-            raise ConfigError(f"kv_cache_event_hash_algo must be one of {', '.join(HASH_ALGO_CHOICES)}, got {self.kv_cache_event_hash_algo!r}")
+            raise ConfigError(
+                f"kv_cache_event_hash_algo must be one of {', '.join(HASH_ALGO_CHOICES)}, got "
+                f"{self.kv_cache_event_hash_algo!r}"
+            )
         if not 0 < self.free_gpu_memory_fraction <= 1:
             raise ConfigError("free_gpu_memory_fraction must be within (0, 1]")
         if self.log_level not in ("debug", "info", "warning", "error"):

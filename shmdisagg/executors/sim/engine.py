@@ -32,14 +32,14 @@ from collections.abc import Callable
 from typing import Any
 
 from shmdisagg.executors.sim import sampler, timing
+from shmdisagg.executors.sim.block_keys import extension_blocks
 from shmdisagg.executors.sim.block_pool import BlockPool
 from shmdisagg.executors.sim.errors import SimError, TransferError
-from shmdisagg.executors.sim.block_keys import extension_blocks
-from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1
 from shmdisagg.executors.sim.metrics import Counters
 from shmdisagg.executors.sim.profiles import Profile
 from shmdisagg.executors.sim.sequence import Kind, Phase, Sequence
 from shmdisagg.executors.sim.transfer import KvPuller, TransferTable
+from shmdisagg.hashing import KV_CACHE_HASH_ALGO_V1
 
 log = logging.getLogger("shmdisagg.executors.sim.engine")
 
@@ -327,9 +327,7 @@ class Engine:
         usable = s.prompt_len - 1
         start = s.stored_blocks
         parent = s.block_hashes[start - 1] if start else None
-        blocks = [
-            (s.block_hashes[i], s.prompt[i * tpb : min((i + 1) * tpb, usable)]) for i in range(start, upto)
-        ]
+        blocks = [(s.block_hashes[i], s.prompt[i * tpb : min((i + 1) * tpb, usable)]) for i in range(start, upto)]
         s.stored_blocks += self.pool.store(s.alloc, parent, blocks)
 
     def _emit(self, s: Sequence, tokens: list[int], now: float) -> None:
@@ -492,8 +490,11 @@ class Engine:
                 "evicted": pool.num_evicted,
                 "tokens_per_block": pool.tokens_per_block,
             },
-            "transfers": {"completed": self.transfers.completed, "expired": self.transfers.expired,
-                          "waiting": self.transfers.num_waiting},
+            "transfers": {
+                "completed": self.transfers.completed,
+                "expired": self.transfers.expired,
+                "waiting": self.transfers.num_waiting,
+            },
             "counters": self.counters.as_dict(),
         }
 

@@ -13,7 +13,7 @@ Kinds and their parameters (CLI form `kind:key=value,key=value`; JSON form `{"ki
 
 `{"kind": "clear"}` (or `clear` on the CLI) removes every fault; `{"kind": "clear", "target": k}`
 removes faults of kind k. Randomness (`rate`) uses the executor's `--seed`, so runs repeat.
-"""
+"""  # noqa: E501 (a markdown table above: its rows cannot wrap)
 
 from __future__ import annotations
 

@@ -70,7 +70,11 @@ def metrics_headers(s: Sequence) -> dict[str, str]:
     """`build_metrics_headers` of the record `build_request_metrics_record` makes for `s` (phase
     "server"): names and values of the headers, only those with a value."""
     arrival = _ts(s.arrival_time)
-    stamps = [f"server-{name};ts={value:.9f}" for name, value in (("start", arrival), ("end", _ts(s.last_token_time))) if value is not None]
+    stamps = [
+        f"server-{name};ts={value:.9f}"
+        for name, value in (("start", arrival), ("end", _ts(s.last_token_time)))
+        if value is not None
+    ]
     timings = []
     for name, start, end in (
         ("queue", arrival, _ts(s.first_scheduled_time)),
@@ -107,8 +111,14 @@ class PerfMetricsBuffer:
     def __len__(self) -> int:
         return len(self._records)
 
-    def record(self, s: Sequence, server_arrival: float | None, server_first_token: float | None,
-               ctx_request_id: int | None, has_disagg_params: bool) -> None:
+    def record(
+        self,
+        s: Sequence,
+        server_arrival: float | None,
+        server_first_token: float | None,
+        ctx_request_id: int | None,
+        has_disagg_params: bool,
+    ) -> None:
         """Keep `s`'s record; the server times are the HTTP handler's (steady clock + offset)."""
         if self.max_requests <= 0:
             return
@@ -122,7 +132,9 @@ class PerfMetricsBuffer:
         }
         size = kv_cache_size(s, self._kv_bytes_per_token)
         if size > 0:
-            timing.update(kv_cache_size=size, kv_cache_transfer_start=s.transfer_start, kv_cache_transfer_end=s.transfer_end)
+            timing.update(
+                kv_cache_size=size, kv_cache_transfer_start=s.transfer_start, kv_cache_transfer_end=s.transfer_end
+            )
         rec: dict[str, Any] = {
             "request_id": s.request_id,
             "perf_metrics": {

@@ -252,7 +252,13 @@ def parse_request(raw: bytes, chat: bool, tokenizer: Tokenizer, limits: Limits, 
         top_logprobs, detokenize = bool(body.logprobs and body.top_logprobs), True
     else:
         prompt, echo_text = _completion_prompt(body, tokenizer)
-        role, max_tokens, logprobs, top_logprobs, detokenize = "assistant", body.max_tokens, body.logprobs or 0, False, body.detokenize
+        role, max_tokens, logprobs, top_logprobs, detokenize = (
+            "assistant",
+            body.max_tokens,
+            body.logprobs or 0,
+            False,
+            body.detokenize,
+        )
     _check_token_ids(prompt, limits.vocab_size)
     options = body.stream_options if body.stream else None
     include_usage = bool(options is not None and options.include_usage)
@@ -297,12 +303,13 @@ def _validation_message(raw: bytes, exc: Exception) -> str:
 
 def _model_validators(body: CompletionRequest | ChatCompletionRequest) -> None:
     """The protocol models' validators and field constraints (400 `{"error"}`)."""
-    chat = isinstance(body, ChatCompletionRequest)
-    if chat:
+    if isinstance(body, ChatCompletionRequest):
         if body.stream_options is not None and not body.stream:
             raise ValidationFailed("Value error, stream_options can only be set if stream is true")
         if body.max_tokens is not None and body.max_completion_tokens is not None:
-            raise ValidationFailed("max_completion_tokens: Extra inputs are not permitted (its alias max_tokens is set)")
+            raise ValidationFailed(
+                "max_completion_tokens: Extra inputs are not permitted (its alias max_tokens is set)"
+            )
         if body.top_logprobs is not None:
             _logprobs_limit("top_logprobs", body.top_logprobs)
             if not body.logprobs:
@@ -413,10 +420,15 @@ def _completion_prompt(body: CompletionRequest, tokenizer: Tokenizer) -> tuple[l
             raise RequestError("prompt must not be empty")
         kinds = {_prompt_item_kind(p) for p in prompt}
         if len(kinds) != 1 or None in kinds:
-            raise ValidationFailed("prompt: Input should be a string, a list of strings, a list of token ids or a list of lists of token ids")
+            raise ValidationFailed(
+                "prompt: Input should be a string, a list of strings, a list of token ids or a list of lists of "
+                "token ids"
+            )
         if kinds != {"id"}:
             if len(prompt) > 1:
-                raise RequestError("batches of prompts are not supported by the simulator (send one prompt per request)")
+                raise RequestError(
+                    "batches of prompts are not supported by the simulator (send one prompt per request)"
+                )
             prompt = prompt[0]
             if isinstance(prompt, list) and not prompt:
                 raise RequestError("prompt must not be empty")
@@ -465,7 +477,13 @@ def _chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> tuple[lis
     role = "assistant" if body.add_generation_prompt else (messages[-1]["role"] if messages else "assistant")
     last = messages[-1] if messages else None
     echo_text = None
-    if body.echo and last is not None and last.get("role") == role and isinstance(last.get("content"), str) and last["content"]:
+    if (
+        body.echo
+        and last is not None
+        and last.get("role") == role
+        and isinstance(last.get("content"), str)
+        and last["content"]
+    ):
         echo_text = last["content"]
     if body.prompt_token_ids is None and body.prompt_token_ids_b64:
         ids = _decode_b64_ids(body.prompt_token_ids_b64)
@@ -476,7 +494,9 @@ def _chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> tuple[lis
             raise RequestError("messages must not be empty")
         for i, message in enumerate(messages):
             content = message.get("content")
-            if isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") == "text") for p in content):
+            if isinstance(content, list) and any(
+                not (isinstance(p, dict) and p.get("type") == "text") for p in content
+            ):
                 raise RequestError(f"messages[{i}]: only text content parts are supported by the simulator")
         try:
             text = render_chat(messages, body.add_generation_prompt)
@@ -519,7 +539,9 @@ def _check_token_ids(ids: list[int], vocab_size: int) -> None:
         raise RequestError(f"Token ID {bad} is out of vocabulary range [0, {vocab_size})")
 
 
-def _stop_words(body: CompletionRequest | ChatCompletionRequest, tokenizer: Tokenizer) -> tuple[tuple[tuple[int, ...], int | str], ...] | None:
+def _stop_words(
+    body: CompletionRequest | ChatCompletionRequest, tokenizer: Tokenizer
+) -> tuple[tuple[tuple[int, ...], int | str], ...] | None:
     """TensorRT-LLM's stop words with their stop reasons: each stop token id as a one-token word
     (reason: the id), then each stop string tokenized without special tokens (reason: the
     string). An empty string tokenizes to nothing and never matches."""
@@ -540,9 +562,7 @@ def _apply_disagg_params(req: ParsedRequest, params: DisaggregatedParams, limits
             "context_and_generation"
         )
     if kind is not Kind.LOCAL and not limits.disagg_enabled:
-        raise RequestError(
-            f"{kind.value} requests need cache_transceiver_config on this executor"
-        )
+        raise RequestError(f"{kind.value} requests need cache_transceiver_config on this executor")
     if kind is Kind.CONTEXT_ONLY and limits.role == "generation":
         raise RequestError("this executor serves the generation role; context_only is refused")
     if kind is Kind.GENERATION_ONLY and limits.role == "context":
@@ -550,7 +570,10 @@ def _apply_disagg_params(req: ParsedRequest, params: DisaggregatedParams, limits
     req.kind = kind
     req.disagg_request_id = params.disagg_request_id
     if params.encoded_opaque_state is not None or params.ctx_info_endpoint is not None:
-        req.auth_fields = {"encoded_opaque_state": params.encoded_opaque_state, "ctx_info_endpoint": params.ctx_info_endpoint}
+        req.auth_fields = {
+            "encoded_opaque_state": params.encoded_opaque_state,
+            "ctx_info_endpoint": params.ctx_info_endpoint,
+        }
     if kind is Kind.CONTEXT_ONLY:
         req.return_prompt_b64 = params.return_prompt_token_ids_b64 and req.chat  # chat only, as upstream
         return
@@ -564,7 +587,6 @@ def _apply_disagg_params(req: ParsedRequest, params: DisaggregatedParams, limits
     if not first and params.schedule_style != GENERATION_FIRST:
         raise RequestError(
             "generation_only needs disaggregated_params.first_gen_tokens (or schedule_style 1, generation-first)",
-
         )
     _check_token_ids(first, limits.vocab_size)
     if len(first) > req.max_tokens:
@@ -623,6 +645,5 @@ def _ctx_endpoint(params: DisaggregatedParams) -> str:
         raise RequestError(
             "generation_only needs disaggregated_params.ctx_info_endpoint (or the context executor's "
             "encoded_opaque_state)",
-
         )
     return _SCHEME_RE.sub("", endpoint).rstrip("/")

@@ -114,7 +114,9 @@ def completion_logprobs(tokens: list[int], tokenizer: Tokenizer, k: int, initial
     return {"text_offset": text_offset, "token_logprobs": token_logprobs, "tokens": texts, "top_logprobs": tops}
 
 
-def chat_logprobs(tokens: list[int], tokenizer: Tokenizer, k: int, top: bool, drop_none: bool = False) -> dict[str, Any]:
+def chat_logprobs(
+    tokens: list[int], tokenizer: Tokenizer, k: int, top: bool, drop_none: bool = False
+) -> dict[str, Any]:
     """`create_logprobs`: one entry per token; `drop_none` as `exclude_none` writes a stream chunk."""
     content = []
     for t in tokens:
@@ -131,7 +133,9 @@ def chat_logprobs(tokens: list[int], tokenizer: Tokenizer, k: int, top: bool, dr
     return {"content": content}
 
 
-def full_response(req: ParsedRequest, seq: Sequence, tokenizer: Tokenizer, disagg: dict[str, Any] | None) -> dict[str, Any]:
+def full_response(
+    req: ParsedRequest, seq: Sequence, tokenizer: Tokenizer, disagg: dict[str, Any] | None
+) -> dict[str, Any]:
     """The non-streaming answer (`disagg`: the choice's `disaggregated_params`)."""
     text = tokenizer.decode(seq.output)
     choice: dict[str, Any]
@@ -210,7 +214,10 @@ class StreamEncoder:
             self._suffix = b',"reasoning_content":""}}]}\n\n'
         else:
             self._prefix = b"data: " + head + b',"choices":[{"index":0,"text":'
-            self._suffix = b',"token_ids":null,"logprobs":null,"finish_reason":null,"stop_reason":null,"avg_decoded_tokens_per_iter":null}],"usage":null}\n\n'
+            self._suffix = (
+                b',"token_ids":null,"logprobs":null,"finish_reason":null,"stop_reason":null,'
+                b'"avg_decoded_tokens_per_iter":null}],"usage":null}\n\n'
+            )
         self._fast = not req.logprobs and not req.continuous_usage and req.detokenize
         # a completion's first chunk carries the echoed prompt, so it takes the slow path
         self._echo_pending = bool(req.echo_text) and not req.chat
@@ -253,7 +260,9 @@ class StreamEncoder:
         if req.chat:
             choice: dict[str, Any] = {"index": 0, "delta": {"content": text, "reasoning_content": ""}}
             if req.logprobs:
-                choice["logprobs"] = chat_logprobs(tokens, self.tokenizer, req.logprobs, req.top_logprobs, drop_none=True)
+                choice["logprobs"] = chat_logprobs(
+                    tokens, self.tokenizer, req.logprobs, req.top_logprobs, drop_none=True
+                )
             if final:
                 choice["finish_reason"] = seq.finish_reason
                 if seq.stop_reason is not None:

@@ -20,8 +20,14 @@ from typing import Any
 
 
 class SimProcess:
-    def __init__(self, args: Sequence[str], port: int, host: str = "127.0.0.1", startup_timeout: float = 30.0,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        port: int,
+        host: str = "127.0.0.1",
+        startup_timeout: float = 30.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.args = list(args)
         self.env = env or {}  # added to this process's environment
         self.port = port

@@ -93,8 +93,9 @@ class TransferTable:
             seq = await asyncio.wait_for(asyncio.shield(entry.ready), self.timeout_s)
         except TimeoutError:
             self._abandon(ctx_request_id, entry)
-            raise SimError(f"unknown ctx_request_id {ctx_request_id} (no context request within "
-                           f"{self.timeout_s:g} s)", status=404) from None
+            raise SimError(
+                f"unknown ctx_request_id {ctx_request_id} (no context request within {self.timeout_s:g} s)", status=404
+            ) from None
         except asyncio.CancelledError:  # the puller left (`/sim/kv_transfer`'s client) or the executor stops
             self._abandon(ctx_request_id, entry)
             raise
@@ -105,8 +106,9 @@ class TransferTable:
             entry.expiry = None
         if prompt_digest is not None and prompt_digest != seq.prompt_seed:
             self._finish(ctx_request_id, entry, seq)
-            raise SimError(f"prompt of the generation request differs from context request {ctx_request_id}'s",
-                           status=409)
+            raise SimError(
+                f"prompt of the generation request differs from context request {ctx_request_id}'s", status=409
+            )
         try:
             if hold_s > 0:
                 await asyncio.sleep(hold_s)
@@ -186,7 +188,7 @@ class KvPuller:
                 if resp.status != 200:
                     message = data.get("message") if isinstance(data, dict) else None
                     raise TransferError(f"KV pull from {endpoint} failed ({resp.status}): {message or data}")
-                return data  # type: ignore[no-any-return]
+                return data  # type: ignore[no-any-return]  # the peer's JSON answer, a dict by the protocol
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise TransferError(f"KV pull from {endpoint} failed: {exc!r}") from None
 

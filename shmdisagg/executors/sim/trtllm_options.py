@@ -58,13 +58,21 @@ _KNOWN_IGNORED_KEYS = frozenset(
         "moe_config", "attn_backend", "sampler_type", "stream_interval", "num_postprocess_workers",
         "trust_remote_code", "build_config", "max_beam_width", "max_input_len", "dtype", "quant_config",
         "kv_cache_dtype", "torch_compile_config", "enable_autotuner", "guided_decoding_backend",
-        "batch_wait_timeout_ms", "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "garbage_collection_gen0_threshold",
+        "batch_wait_timeout_ms", "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio",
+        "garbage_collection_gen0_threshold",
         "allreduce_strategy", "checkpoint_format", "load_format", "skip_tokenizer_init", "lora_config",
         "otlp_traces_endpoint", "disable_log_stats", "gather_generation_logits", "request_stats_max_iterations",
         "mm_encoder_only", "peft_cache_config", "enable_lora", "reasoning_parser", "revision",
     }
 )  # fmt: skip
-_KV_CACHE_KEYS = {"tokens_per_block", "enable_block_reuse", "event_buffer_max_size", "free_gpu_memory_fraction", "max_tokens", "kv_cache_event_hash_algo"}
+_KV_CACHE_KEYS = {
+    "tokens_per_block",
+    "enable_block_reuse",
+    "event_buffer_max_size",
+    "free_gpu_memory_fraction",
+    "max_tokens",
+    "kv_cache_event_hash_algo",
+}
 
 
 def parse_serve_args(argv: list[str], prog: str = "python -m shmdisagg.executors.sim serve") -> SimConfig:

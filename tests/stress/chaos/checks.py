@@ -12,8 +12,9 @@ Which outcomes are clean (`Rules`, per scenario):
 - a connection cut without an answer (reset in the handshake, reset or EOF before the head, a
   body or a stream cut without an error event) only where the scenario killed a process the
   connection may have reached: a fleet worker SIGKILLed before it was opened and gone (every
-  thread exited, its listener closed) only after, the cut seen within `cut_window_s` of the kill. Everything else (refused connections, timeouts past the client's
-  deadline, malformed bodies, bytes after `[DONE]`) is a violation everywhere.
+  thread exited, its listener closed) only after, the cut seen within `cut_window_s` of the
+  kill. Everything else (refused connections, timeouts past the client's deadline, malformed
+  bodies, bytes after `[DONE]`) is a violation everywhere.
 After the load drains: every load counter in the table is 0 (and every worker row released
 each pick it made), no executor still runs a request, the KV index holds exactly what the live
 executors hold (kv_cache_aware roles), no `disagg_request_id` was used twice. After shutdown:
@@ -44,10 +45,14 @@ class Rules:
     statuses: frozenset[int] = frozenset()
     cut_by: tuple[str, ...] = ()
     cut_window_s: float = 3.0
-    client_statuses: tuple[tuple[str, frozenset[int]], ...] = ()  # (user prefix, statuses clean for those clients alone)
+    client_statuses: tuple[
+        tuple[str, frozenset[int]], ...
+    ] = ()  # (user prefix, statuses clean for those clients alone)
 
     def clean(self, out: Outcome) -> bool:
-        return out.status in self.statuses or any(out.user.startswith(p) and out.status in s for p, s in self.client_statuses)
+        return out.status in self.statuses or any(
+            out.user.startswith(p) and out.status in s for p, s in self.client_statuses
+        )
 
 
 @dataclass
@@ -63,7 +68,10 @@ class Tally:
 
     def summary(self) -> str:
         errors = " ".join(f"{s}:{n}" for s, n in sorted(self.errors.items())) or "-"
-        return f"{self.owed} owed, {self.complete} complete, errors {errors}, {self.forgiven_cuts} cut by a kill, {len(self.violations)} violations"
+        return (
+            f"{self.owed} owed, {self.complete} complete, errors {errors}, {self.forgiven_cuts} cut by a "
+            f"kill, {len(self.violations)} violations"
+        )
 
 
 def judge(outcomes: Iterable[Outcome], events: list[Fault], rules: Rules, t0: float = 0.0) -> Tally:
@@ -81,12 +89,17 @@ def judge(outcomes: Iterable[Outcome], events: list[Fault], rules: Rules, t0: fl
             tally.complete += 1
         elif out.kind == ERROR and rules.clean(out):
             tally.errors[out.status] += 1  # type: ignore[index]
-        elif out.kind == CUT and any(out.conn_opened <= f.done and f.at <= out.ended <= f.done + rules.cut_window_s for f in kills):
+        elif out.kind == CUT and any(
+            out.conn_opened <= f.done and f.at <= out.ended <= f.done + rules.cut_window_s for f in kills
+        ):
             tally.forgiven_cuts += 1
         else:
             what = "unexpected status" if out.kind == ERROR else out.kind
-            tally.violations.append(f"{what}: {out.detail} ({out.path}, {'stream' if out.stream else 'json'}, {out.user}, connection opened "
-                                    f"+{out.conn_opened - t0:.3f}, sent +{out.started - t0:.3f}, ended +{out.ended - t0:.3f} s)")
+            tally.violations.append(
+                f"{what}: {out.detail} ({out.path}, {'stream' if out.stream else 'json'}, {out.user}, connection "
+                "opened "
+                f"+{out.conn_opened - t0:.3f}, sent +{out.started - t0:.3f}, ended +{out.ended - t0:.3f} s)"
+            )
     return tally
 
 
@@ -108,7 +121,11 @@ def load_problems(dep: ChaosDeployment) -> list[str]:
         loads = {slot: table.load(slot) for slot in range(MAX_SERVERS)}
         rows = table.rows()
     out = [f"slot {slot} load {load}" for slot, load in loads.items() if load != (0, 0)]
-    out += [f"row {r.row} (pid {r.pid}) picked {r.dispatched}, released {r.completed}" for r in rows if r.dispatched != r.completed]
+    out += [
+        f"row {r.row} (pid {r.pid}) picked {r.dispatched}, released {r.completed}"
+        for r in rows
+        if r.dispatched != r.completed
+    ]
     return out
 
 
@@ -149,7 +166,10 @@ def index_problems(dep: ChaosDeployment) -> list[str]:
             continue
         if ex.pid is None or ex.slot not in healthy:
             if held:
-                out.append(f"{ex.name} (slot {ex.slot}) is {'dead' if ex.pid is None else 'unhealthy'} but holds {held} blocks in the index")
+                out.append(
+                    f"{ex.name} (slot {ex.slot}) is {'dead' if ex.pid is None else 'unhealthy'} but holds {held} "
+                    "blocks in the index"
+                )
             continue
         if ex.stopped:
             continue
@@ -167,7 +187,9 @@ def duplicate_ids(outcomes: Iterable[Outcome], seen: dict[str, list[int]]) -> li
     answered = collections.Counter(o.request_id for o in outcomes if o.request_id is not None)
     out += [f"x-disagg-request-id {rid} answered {n} times" for rid, n in answered.items() if n > 1]
     for role, ids in seen.items():
-        out += [f"{role} executors served disagg id {rid} {n} times" for rid, n in collections.Counter(ids).items() if n > 1]
+        out += [
+            f"{role} executors served disagg id {rid} {n} times" for rid, n in collections.Counter(ids).items() if n > 1
+        ]
     return out[:20]
 
 

@@ -85,7 +85,12 @@ class Exchange:
 
 def request_bytes(port: int, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[bytes, bytes]:
     """(head, body) of a POST with a JSON body."""
-    lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Content-Type: application/json", f"Content-Length: {len(body)}"]
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+    ]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode(), body
 
@@ -99,7 +104,7 @@ class Connection:
         self.reusable = True
 
     @classmethod
-    async def open(cls, port: int, rcvbuf: int | None = None) -> "Connection":
+    async def open(cls, port: int, rcvbuf: int | None = None) -> Connection:
         """Raises ConnectionRefusedError (and other OSErrors) as `asyncio.open_connection` does.
         `rcvbuf`: a small receive buffer, so that a slow reader really holds the server back."""
         opened = time.monotonic()
@@ -128,7 +133,9 @@ class Connection:
         self.writer.write(data)
         await self.writer.drain()
 
-    async def read_response(self, ex: Exchange, *, chunk: int = 65536, until_events: int | None = None, pause_s: float = 0.0) -> None:
+    async def read_response(
+        self, ex: Exchange, *, chunk: int = 65536, until_events: int | None = None, pause_s: float = 0.0
+    ) -> None:
         """Feed `ex` until the message is complete (or, with `until_events`, until that many SSE
         events arrived). `pause_s` between reads of `chunk` bytes makes a slow reader. Raises
         ConnectionError / asyncio.IncompleteReadError-free: an EOF returns with `ex.done` False;
@@ -167,7 +174,11 @@ def classify(stream: bool, ex: Exchange) -> tuple[str, str, int | None]:
     assert status is not None
     if status != 200:
         problem = _error_object_problem(_json(ex.body), status)
-        return (MALFORMED, f"HTTP {status} error body: {problem}", status) if problem else (ERROR, f"HTTP {status}", status)
+        return (
+            (MALFORMED, f"HTTP {status} error body: {problem}", status)
+            if problem
+            else (ERROR, f"HTTP {status}", status)
+        )
     ctype = ex.headers.get(b"content-type", b"")
     if not stream:
         doc = _json(ex.body)
@@ -180,7 +191,13 @@ def classify(stream: bool, ex: Exchange) -> tuple[str, str, int | None]:
 
 
 def _classify_sse(body: bytes) -> tuple[str, str, int | None]:
-    datas = [line[6:] for event in body.split(b"\n\n") if event.strip() for line in event.split(b"\n") if line.startswith(b"data: ")]
+    datas = [
+        line[6:]
+        for event in body.split(b"\n\n")
+        if event.strip()
+        for line in event.split(b"\n")
+        if line.startswith(b"data: ")
+    ]
     if not datas or datas[-1] != b"[DONE]":
         return MALFORMED, f"stream without a final [DONE] ({len(datas)} events)", 200
     if datas.count(b"[DONE]") != 1:

@@ -215,7 +215,8 @@ class ChaosDeployment:
                 "timeout_graceful_shutdown_s": 1.0,
                 # the harness reads each executor's /perf_metrics (disagg ids): a ring big enough for its polls
                 "executors": {"backend": "sim", "model": MODEL, "startup_timeout_s": 60,
-                              "sim": {"speedup": 20.0, "num_blocks": 4096, "extra_args": ["--perf-metrics-max-requests", "100000"]}},
+                              "sim": {"speedup": 20.0, "num_blocks": 4096,
+                                      "extra_args": ["--perf-metrics-max-requests", "100000"]}},
                 **layout.shmdisagg,
             },
         )  # fmt: skip
@@ -252,8 +253,15 @@ class ChaosDeployment:
             cmd += ["serve", "-c", str(self.config_path), "-r", f"{self.layout.leg_timeout_s:g}"]
         else:
             cmd += ["launch", "-c", str(self.config_path), "--log-dir", str(self.log_dir)]
-        self.main = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-                                     preexec_fn=die_with_parent, start_new_session=True)
+        self.main = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            preexec_fn=die_with_parent,
+            start_new_session=True,
+        )
         log.close()
         self.tracker.start()
         self._wait_ready()
@@ -267,7 +275,9 @@ class ChaosDeployment:
         while True:
             assert self.main is not None
             if self.main.poll() is not None:
-                raise AssertionError(f"the deployment exited with {self.main.returncode} during start-up:\n{self.log_tail()}")
+                raise AssertionError(
+                    f"the deployment exited with {self.main.returncode} during start-up:\n{self.log_tail()}"
+                )
             status, info = http_json(f"127.0.0.1:{self.port}", "/cluster_info", 1.0)
             if status == 200 and len(info.get("fleet_pids", ())) >= self.config.num_workers and self._all_healthy():
                 return
@@ -373,8 +383,15 @@ class ChaosDeployment:
 
     def _spawn_executor(self, ex: Executor) -> None:
         log = open(self.log_dir / f"{ex.name}.log", "ab")
-        ex.proc = subprocess.Popen(ex.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-                                   preexec_fn=die_with_parent, start_new_session=True)
+        ex.proc = subprocess.Popen(
+            ex.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            preexec_fn=die_with_parent,
+            start_new_session=True,
+        )
         log.close()
         ex.pid = ex.proc.pid
 

@@ -23,13 +23,17 @@ import orjson
 from tests.stress.chaos.client import ABANDONED, CUT, REFUSED, Connection, Outcome, exchange, request_bytes
 
 MODEL = "sim-llama-3.1-8b"
-_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
-          "romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+_WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
+    "romeo sierra tango uniform victor whiskey xray yankee zulu"
+).split()
 # a few long shared prefixes (~150 words each), fixed across runs
 PREFIXES = [" ".join(random.Random(k).choice(_WORDS) for _ in range(150)) for k in range(4)]
 
 
-def mixed_request(rng: random.Random, port: int, *, max_tokens: tuple[int, int] = (2, 12)) -> tuple[str, bool, bytes, bytes]:
+def mixed_request(
+    rng: random.Random, port: int, *, max_tokens: tuple[int, int] = (2, 12)
+) -> tuple[str, bool, bytes, bytes]:
     """(path, stream, head, body) of one request of the mix."""
     stream = rng.random() < 0.5
     chat = rng.random() < 0.5
@@ -100,7 +104,9 @@ class LoadDriver:
             self._stopping.set()
             self.stopped_at = time.monotonic()
         if not self._users_done.wait(self.deadline_s + 10):
-            raise AssertionError("the load client did not finish: a request outlived its deadline without the client noticing")
+            raise AssertionError(
+                "the load client did not finish: a request outlived its deadline without the client noticing"
+            )
 
     def stop(self, timeout_s: float | None = None) -> None:
         """`stop_users`, then wait for the odd clients too."""
@@ -156,8 +162,16 @@ def connect_failed(err: OSError, stream: bool, path: str, started: float, user: 
     """A connection that could not be made: refused (nothing listened on the port), or cut
     during the handshake (a listener that was dying, judged as any other cut)."""
     kind = REFUSED if isinstance(err, ConnectionRefusedError) else CUT
-    return Outcome(kind, f"connect: {type(err).__name__}: {err}", stream=stream, path=path, started=started,
-                   ended=time.monotonic(), conn_opened=started, user=user)
+    return Outcome(
+        kind,
+        f"connect: {type(err).__name__}: {err}",
+        stream=stream,
+        path=path,
+        started=started,
+        ended=time.monotonic(),
+        conn_opened=started,
+        user=user,
+    )
 
 
 # -- odd clients (each a coroutine run on the load's loop through `LoadDriver.submit`) -----
@@ -194,7 +208,9 @@ async def leaving_client(port: int, rng: random.Random, point: str) -> Outcome:
         pass
     finally:
         conn.close(reset=rng.random() < 0.5)  # a reset or a plain close
-    return Outcome(ABANDONED, point, stream=stream, started=started, ended=time.monotonic(), conn_opened=conn.opened, user="leaver")
+    return Outcome(
+        ABANDONED, point, stream=stream, started=started, ended=time.monotonic(), conn_opened=conn.opened, user="leaver"
+    )
 
 
 def _streaming_request(port: int, rng: random.Random, max_tokens: int) -> tuple[str, bytes, bytes]:
@@ -207,7 +223,9 @@ def _streaming_request(port: int, rng: random.Random, max_tokens: int) -> tuple[
     return path, head, body
 
 
-async def slow_reader(port: int, rng: random.Random, deadline_s: float, *, max_tokens: int, read_bytes: int, pause_s: float) -> Outcome:
+async def slow_reader(
+    port: int, rng: random.Random, deadline_s: float, *, max_tokens: int, read_bytes: int, pause_s: float
+) -> Outcome:
     """A streaming request read `read_bytes` at a time with `pause_s` between reads, through a
     small receive buffer: owed a complete stream or a clean error by its deadline."""
     started = time.monotonic()
@@ -237,7 +255,16 @@ async def stalled_reader(port: int, rng: random.Random, release: asyncio.Event, 
         pass
     finally:
         conn.close()
-    return Outcome(ABANDONED, "stalled reader", stream=True, path=path, started=started, ended=time.monotonic(), conn_opened=conn.opened, user="stalled")
+    return Outcome(
+        ABANDONED,
+        "stalled reader",
+        stream=True,
+        path=path,
+        started=started,
+        ended=time.monotonic(),
+        conn_opened=conn.opened,
+        user="stalled",
+    )
 
 
 async def trickling_client(port: int, rng: random.Random, deadline_s: float, *, part: str, gap_s: float) -> Outcome:

@@ -19,8 +19,8 @@ import pytest
 COLUMNS = [
     ("scenario", "scenario"), ("layout", "layout"), ("seed", "seed"), ("load_s", "load s"), ("faults", "faults"),
     ("owed", "requests"), ("complete", "complete"), ("errors", "clean errors (status:n)"), ("cut", "cut by a kill"),
-    ("abandoned", "left on purpose"), ("violations", "violations"), ("drain_s", "drain s"), ("start_s", "start s"), ("stop_s", "stop s"),
-    ("wall_s", "wall s"),
+    ("abandoned", "left on purpose"), ("violations", "violations"), ("drain_s", "drain s"), ("start_s", "start s"),
+    ("stop_s", "stop s"), ("wall_s", "wall s"),
     ("result", "result"), ("notes", "notes"),
 ]  # fmt: skip
 PROPERTY = "chaos_row"

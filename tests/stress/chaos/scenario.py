@@ -43,7 +43,9 @@ class ChaosRun:
     faults while `run.more()`; leaving the block stops the load and checks everything, raising
     AssertionError with every problem found. `row` is the scenario's line of the report."""
 
-    def __init__(self, layout: Layout, rules: Rules, tmp: Path, shm_prefix: str, row: dict[str, Any], *, users: int = 3) -> None:
+    def __init__(
+        self, layout: Layout, rules: Rules, tmp: Path, shm_prefix: str, row: dict[str, Any], *, users: int = 3
+    ) -> None:
         self.layout = layout
         self.rules = rules
         self.row = row
@@ -101,7 +103,7 @@ class ChaosRun:
 
     # -- around the body -------------------------------------------------------------------
 
-    def __enter__(self) -> "ChaosRun":
+    def __enter__(self) -> ChaosRun:
         began = time.monotonic()
         self.dep.start()
         self.row["start_s"] = round(time.monotonic() - began, 1)
@@ -126,7 +128,9 @@ class ChaosRun:
         serving = not isinstance(err, ExpectedFailure) and self.dep.main is not None and self.dep.main.poll() is None
         drained = after_load(self.dep, [*self.load.outcomes, *self.extra]) if serving else None
         if not serving and not isinstance(err, ExpectedFailure):
-            problems.append(f"the deployment exited with {self.dep.main.returncode if self.dep.main else None} before the checks")
+            problems.append(
+                f"the deployment exited with {self.dep.main.returncode if self.dep.main else None} before the checks"
+            )
         stopping = time.monotonic()
         try:
             self.dep.stop()
@@ -147,8 +151,13 @@ class ChaosRun:
         self.row["result"] = "fail" if problems else "pass"
         if problems:
             header = f"chaos scenario failed (seed {self.seed}; {tally.summary()}; faults at "
-            header += ", ".join(f"+{f.at - self.began:.3f}..{f.done - self.began:.3f} {f.what}" for f in self.dep.events) + "):"
-            raise AssertionError("\n  ".join([header, *problems]) + f"\n--- deployment log tail ---\n{self.dep.log_tail()}") from err
+            header += (
+                ", ".join(f"+{f.at - self.began:.3f}..{f.done - self.began:.3f} {f.what}" for f in self.dep.events)
+                + "):"
+            )
+            raise AssertionError(
+                "\n  ".join([header, *problems]) + f"\n--- deployment log tail ---\n{self.dep.log_tail()}"
+            ) from err
 
     def _fill_row(self, tally: Tally, load_s: float, drain_s: float | None) -> None:
         faults: dict[str, int] = {}

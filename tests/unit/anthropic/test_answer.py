@@ -11,14 +11,32 @@ from shmdisagg.anthropic.convert import AnthropicResponseError, anthropic_messag
 
 
 def answer(message: dict[str, Any], finish: str | None = "stop", stop_reason: Any = None, **top: Any) -> dict[str, Any]:
-    choice = {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish, "stop_reason": stop_reason}
-    return {"id": "chatcmpl-1", "model": "served-model", "choices": [choice], "usage": {"prompt_tokens": 10, "completion_tokens": 4}, **top}
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", **message},
+        "finish_reason": finish,
+        "stop_reason": stop_reason,
+    }
+    return {
+        "id": "chatcmpl-1",
+        "model": "served-model",
+        "choices": [choice],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 4},
+        **top,
+    }
 
 
 def test_reasoning_text_and_tool_calls_become_blocks_in_that_order() -> None:
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    msg = anthropic_message(answer({"content": "checking", "reasoning_content": "think", "tool_calls": [call]}, finish="tool_calls"))
-    assert msg["id"].startswith("msg_") and msg["type"] == "message" and msg["role"] == "assistant" and msg["model"] == "served-model"
+    msg = anthropic_message(
+        answer({"content": "checking", "reasoning_content": "think", "tool_calls": [call]}, finish="tool_calls")
+    )
+    assert (
+        msg["id"].startswith("msg_")
+        and msg["type"] == "message"
+        and msg["role"] == "assistant"
+        and msg["model"] == "served-model"
+    )
     assert msg["content"] == [
         {"type": "thinking", "thinking": "think"},
         {"type": "text", "text": "checking"},
@@ -40,7 +58,9 @@ def test_reasoning_text_and_tool_calls_become_blocks_in_that_order() -> None:
         ("content_filter", None, ("end_turn", None)),
     ],
 )
-def test_finish_reasons_map_to_stop_reasons(finish: str | None, stop_reason: Any, expected: tuple[str, str | None]) -> None:
+def test_finish_reasons_map_to_stop_reasons(
+    finish: str | None, stop_reason: Any, expected: tuple[str, str | None]
+) -> None:
     assert stop_result(finish, stop_reason) == expected
     msg = anthropic_message(answer({"content": "x"}, finish=finish, stop_reason=stop_reason))
     assert (msg["stop_reason"], msg.get("stop_sequence")) == expected
@@ -69,5 +89,10 @@ def test_cached_prompt_tokens_are_reported_apart() -> None:
         "output_tokens": 5,
         "cache_read_input_tokens": 64,
     }
-    assert usage({"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 7}})["input_tokens"] == 0  # clamped
+    assert (
+        usage({"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 7}})[
+            "input_tokens"
+        ]
+        == 0
+    )  # clamped
     assert usage(None) == {"input_tokens": 0, "output_tokens": 0}

@@ -97,7 +97,11 @@ def test_tool_use_and_tool_result_round_trip_in_order() -> None:
                 "role": "user",
                 "content": [
                     {"type": "text", "text": "before"},
-                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}, {"type": "text", "text": "20C"}]},
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_1",
+                        "content": [{"type": "text", "text": "sunny"}, {"type": "text", "text": "20C"}],
+                    },
                     {"type": "tool_result", "tool_use_id": "toolu_2", "content": "denied", "is_error": True},
                     {"type": "text", "text": "after"},
                 ],
@@ -107,7 +111,13 @@ def test_tool_use_and_tool_result_round_trip_in_order() -> None:
     assert chat["messages"][1] == {
         "role": "assistant",
         "content": "let me check",
-        "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": "Zürich"})}}],
+        "tool_calls": [
+            {
+                "id": "toolu_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": "Zürich"})},
+            }
+        ],
         "reasoning": "check the tool",
     }
     assert chat["messages"][2:] == [
@@ -119,7 +129,12 @@ def test_tool_use_and_tool_result_round_trip_in_order() -> None:
 
 
 def test_reasoning_alone_in_an_assistant_turn_is_kept() -> None:
-    chat = convert(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm"}]}])
+    chat = convert(
+        messages=[
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm"}]},
+        ]
+    )
     assert chat["messages"][1] == {"role": "assistant", "content": None, "reasoning": "hmm"}
 
 
@@ -136,7 +151,11 @@ def test_images_become_image_url_parts() -> None:
             }
         ]
     )
-    assert [p["image_url"]["url"] for p in chat["messages"][0]["content"]] == ["https://example.com/a.png", "data:image/jpeg;base64,QUJD", "data:image/png;base64,REVG"]
+    assert [p["image_url"]["url"] for p in chat["messages"][0]["content"]] == [
+        "https://example.com/a.png",
+        "data:image/jpeg;base64,QUJD",
+        "data:image/png;base64,REVG",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -144,16 +163,37 @@ def test_images_become_image_url_parts() -> None:
     [
         ([{"type": "redacted_thinking", "data": "x"}], "assistant", "redacted_thinking history is not supported"),
         ([{"type": "document", "source": {}}], "user", "content block type 'document' is not supported"),
-        ([{"type": "thinking", "thinking": "x"}], "user", "thinking content blocks are only valid in assistant messages"),
-        ([{"type": "tool_use", "id": "t", "name": "f", "input": {}}], "user", "tool_use content blocks are only valid in assistant messages, not 'user'"),
-        ([{"type": "image", "source": {"type": "url"}}], "user", "image block with source type 'url' has no url or data"),
         (
-            [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {"type": "url", "url": "u"}}]}],
+            [{"type": "thinking", "thinking": "x"}],
+            "user",
+            "thinking content blocks are only valid in assistant messages",
+        ),
+        (
+            [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+            "user",
+            "tool_use content blocks are only valid in assistant messages, not 'user'",
+        ),
+        (
+            [{"type": "image", "source": {"type": "url"}}],
+            "user",
+            "image block with source type 'url' has no url or data",
+        ),
+        (
+            [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t",
+                    "content": [{"type": "image", "source": {"type": "url", "url": "u"}}],
+                }
+            ],
             "user",
             "Content block type 'image' inside tool_result is not supported",
         ),
         (
-            [{"type": "image", "source": {"type": "url", "url": "u"}}, {"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+            [
+                {"type": "image", "source": {"type": "url", "url": "u"}},
+                {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+            ],
             "assistant",
             "assistant messages combining tool_use with ['image_url'] content are not supported",
         ),
@@ -165,25 +205,51 @@ def test_content_the_chat_path_cannot_carry_is_refused_by_name(content: list[Any
 
 def test_client_tools_become_functions_and_tool_choice_defaults_to_auto() -> None:
     chat = convert(tools=[{"name": "Bash", "description": "run", "input_schema": {"type": "object"}, "strict": True}])
-    assert chat["tools"] == [{"type": "function", "function": {"name": "Bash", "description": "run", "parameters": {"type": "object"}, "strict": True}}]
+    assert chat["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "Bash", "description": "run", "parameters": {"type": "object"}, "strict": True},
+        }
+    ]
     assert chat["tool_choice"] == "auto"
 
 
 def test_tool_choice_none_keeps_client_tools_and_drops_server_tools() -> None:
-    chat = convert(tools=[{"name": "f", "input_schema": {}}, {"name": "web_search", "type": "web_search_20250305"}], tool_choice={"type": "none"})
+    chat = convert(
+        tools=[{"name": "f", "input_schema": {}}, {"name": "web_search", "type": "web_search_20250305"}],
+        tool_choice={"type": "none"},
+    )
     assert [t["function"]["name"] for t in chat["tools"]] == ["f"] and chat["tool_choice"] == "none"
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"tools": [{"name": "web_search", "type": "web_search_20250305"}]}, "server tool 'web_search' (type='web_search_20250305') is not supported"),
+        (
+            {"tools": [{"name": "web_search", "type": "web_search_20250305"}]},
+            "server tool 'web_search' (type='web_search_20250305') is not supported",
+        ),
         ({"tools": [{"name": "bash", "type": "bash_20250124"}]}, "its built-in input schema is not implemented"),
         ({"tools": [{"name": "f"}]}, "Client tool 'f' requires input_schema"),
-        ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "any"}}, "tool_choice type 'any' is not supported"),
-        ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "f"}}, "tool_choice type 'tool' is not supported"),
-        ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "g"}}, "tool_choice names unknown tool 'g'"),
-        ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}, "disable_parallel_tool_use=true is not supported"),
+        (
+            {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "any"}},
+            "tool_choice type 'any' is not supported",
+        ),
+        (
+            {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "f"}},
+            "tool_choice type 'tool' is not supported",
+        ),
+        (
+            {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "g"}},
+            "tool_choice names unknown tool 'g'",
+        ),
+        (
+            {
+                "tools": [{"name": "f", "input_schema": {}}],
+                "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+            },
+            "disable_parallel_tool_use=true is not supported",
+        ),
         ({"tool_choice": {"type": "auto"}}, "requires at least one client-executable tool"),
     ],
 )
@@ -192,7 +258,9 @@ def test_tool_settings_the_chat_path_cannot_honour_are_refused(fields: dict[str,
 
 
 def test_extended_thinking_reaches_the_template_and_the_budget() -> None:
-    chat = convert(max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 2048}, output_config={"effort": "high"})
+    chat = convert(
+        max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 2048}, output_config={"effort": "high"}
+    )
     assert chat["thinking_token_budget"] == 2048
     assert chat["chat_template_kwargs"] == {"enable_thinking": True, "reasoning_effort": "high"}
     assert chat["injected_chat_template_kwargs"] == ["enable_thinking", "reasoning_effort"]
@@ -204,19 +272,33 @@ def test_disabled_thinking_is_said_to_the_template() -> None:
 
 
 def test_a_thinking_budget_must_be_below_max_tokens() -> None:
-    assert "budget_tokens must be less than max_tokens" in refused(max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 2048})
+    assert "budget_tokens must be less than max_tokens" in refused(
+        max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 2048}
+    )
 
 
 def test_keep_all_thinking_edits_keep_every_turns_reasoning() -> None:
     chat = convert(context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]})
     assert chat["chat_template_kwargs"] == {"clear_thinking": False, "drop_thinking": False}
-    assert convert(context_management={"edits": [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}}]}).get("chat_template_kwargs") is None
+    assert (
+        convert(
+            context_management={
+                "edits": [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}}]
+            }
+        ).get("chat_template_kwargs")
+        is None
+    )
 
 
 def test_a_json_schema_output_format_becomes_response_format() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
-    assert convert(output_config={"format": {"type": "json_schema", "schema": schema}})["response_format"] == {"type": "json_schema", "json_schema": {"schema": schema}}
-    assert "Only output_config.format type 'json_schema' is supported" in refused(output_config={"format": {"type": "text"}})
+    assert convert(output_config={"format": {"type": "json_schema", "schema": schema}})["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"schema": schema},
+    }
+    assert "Only output_config.format type 'json_schema' is supported" in refused(
+        output_config={"format": {"type": "text"}}
+    )
 
 
 @pytest.mark.parametrize(
@@ -250,8 +332,22 @@ def test_a_count_tokens_body_needs_no_max_tokens_but_messages() -> None:
 
 
 def test_a_count_tokens_body_renders_the_prompt_its_messages_request_would() -> None:
-    fields = {"system": [{"type": "text", "text": BILLING}, {"type": "text", "text": "s"}], "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "f", "input_schema": {}}]}
-    counted = count_tokens_chat_request(parse(CountTokensRequest, orjson.dumps({"model": "m", **fields, "thinking": {"type": "enabled", "budget_tokens": 2048}})))
+    fields = {
+        "system": [{"type": "text", "text": BILLING}, {"type": "text", "text": "s"}],
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "f", "input_schema": {}}],
+    }
+    counted = count_tokens_chat_request(
+        parse(
+            CountTokensRequest,
+            orjson.dumps({"model": "m", **fields, "thinking": {"type": "enabled", "budget_tokens": 2048}}),
+        )
+    )
     real = convert(**fields, max_tokens=2049, thinking={"type": "enabled", "budget_tokens": 2048})
     assert counted == real  # a budget that the smallest accepted max_tokens clears
-    assert count_tokens_chat_request(parse(CountTokensRequest, orjson.dumps({"model": "m", **fields})))["max_completion_tokens"] == 1
+    assert (
+        count_tokens_chat_request(parse(CountTokensRequest, orjson.dumps({"model": "m", **fields})))[
+            "max_completion_tokens"
+        ]
+        == 1
+    )

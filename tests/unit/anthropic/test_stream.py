@@ -17,7 +17,13 @@ RECORDED = (Path(__file__).parent / "recorded_chat_stream.sse").read_bytes()
 
 def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **top: Any) -> bytes:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return b"data: " + orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "served", "choices": choices, **top}) + b"\n\n"
+    return (
+        b"data: "
+        + orjson.dumps(
+            {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "served", "choices": choices, **top}
+        )
+        + b"\n\n"
+    )
 
 
 DONE = b"data: [DONE]\n\n"
@@ -45,20 +51,43 @@ def kinds(events: list[dict[str, Any]]) -> list[str]:
 @pytest.mark.parametrize("piece", [0, 1, 7, 64])
 def test_a_recorded_worker_stream_becomes_the_anthropic_event_sequence(piece: int) -> None:
     events = reframe(RECORDED, piece)
-    assert kinds(events) == ["message_start", "content_block_start"] + ["content_block_delta"] * 5 + ["content_block_stop", "message_delta", "message_stop"]
+    assert kinds(events) == ["message_start", "content_block_start"] + ["content_block_delta"] * 5 + [
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     start = events[0]["message"]
     assert start["id"].startswith("msg_") and start["model"] == "tiny-llama3-tokenizer" and start["content"] == []
     assert start["usage"] == {"input_tokens": 17, "output_tokens": 0} and "stop_reason" not in start
     assert events[1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     assert "".join(e["delta"]["text"] for e in events[2:7]) == " Disaggregated summariI E sun"
-    assert all(e["index"] == 0 and e["delta"]["type"] == "text_delta" for e in events[2:7]) and events[7] == {"type": "content_block_stop", "index": 0}
-    assert events[8] == {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": {"input_tokens": 17, "output_tokens": 5}}
+    assert all(e["index"] == 0 and e["delta"]["type"] == "text_delta" for e in events[2:7]) and events[7] == {
+        "type": "content_block_stop",
+        "index": 0,
+    }
+    assert events[8] == {
+        "type": "message_delta",
+        "delta": {"stop_reason": "max_tokens"},
+        "usage": {"input_tokens": 17, "output_tokens": 5},
+    }
     assert events[9] == {"type": "message_stop"}
 
 
 def test_reasoning_then_text_are_two_blocks_and_a_stop_sequence_is_named() -> None:
-    stream = chunk({"role": "assistant"}) + chunk({"reasoning_content": "hm"}) + chunk({"reasoning": "m"}) + chunk({"content": "ok"})
-    stream += b"data: " + orjson.dumps({"model": "served", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "END"}]}) + b"\n\n" + DONE
+    stream = (
+        chunk({"role": "assistant"})
+        + chunk({"reasoning_content": "hm"})
+        + chunk({"reasoning": "m"})
+        + chunk({"content": "ok"})
+    )
+    stream += (
+        b"data: "
+        + orjson.dumps(
+            {"model": "served", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "END"}]}
+        )
+        + b"\n\n"
+        + DONE
+    )
     events = reframe(stream)
     assert kinds(events) == [
         "message_start",
@@ -80,8 +109,13 @@ def test_interleaved_tool_calls_are_serialised_with_every_fragment_kept() -> Non
         return chunk({"tool_calls": list(parts)})
 
     stream = chunk({"content": "let me"})
-    stream += calls({"index": 0, "id": "call_a", "function": {"name": "read", "arguments": '{"pa'}}, {"index": 1, "id": "call_b", "function": {"name": "grep", "arguments": '{"q"'}})
-    stream += calls({"index": 1, "function": {"arguments": ': "x"}'}}, {"index": 0, "function": {"arguments": 'th": 1}'}})
+    stream += calls(
+        {"index": 0, "id": "call_a", "function": {"name": "read", "arguments": '{"pa'}},
+        {"index": 1, "id": "call_b", "function": {"name": "grep", "arguments": '{"q"'}},
+    )
+    stream += calls(
+        {"index": 1, "function": {"arguments": ': "x"}'}}, {"index": 0, "function": {"arguments": 'th": 1}'}}
+    )
     stream += chunk({}, finish="tool_calls") + DONE
     events = reframe(stream)
     starts = [e for e in events if e["type"] == "content_block_start"]
@@ -101,15 +135,28 @@ def test_interleaved_tool_calls_are_serialised_with_every_fragment_kept() -> Non
 
 
 def test_a_tool_call_makes_the_stop_reason_tool_use_even_when_finish_says_stop() -> None:
-    stream = chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{}"}}]}) + chunk({}, finish="stop") + DONE
+    stream = (
+        chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{}"}}]})
+        + chunk({}, finish="stop")
+        + DONE
+    )
     assert reframe(stream)[-2]["delta"] == {"stop_reason": "tool_use"}
 
 
 def test_the_chat_routes_error_event_ends_the_stream_as_an_anthropic_error() -> None:
     stream = chunk({"content": "par"}) + sse_error_event(504, "request did not finish within 30 s")
     events = reframe(stream)
-    assert kinds(events) == ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "error"]
-    assert events[-1] == {"type": "error", "error": {"type": "api_error", "message": "request did not finish within 30 s"}}
+    assert kinds(events) == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "error",
+    ]
+    assert events[-1] == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "request did not finish within 30 s"},
+    }
 
 
 @pytest.mark.parametrize(("tail", "message"), [(b"", TRUNCATED), (b"data: {not json\n\n" + DONE, MALFORMED)])

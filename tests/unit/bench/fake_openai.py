@@ -92,8 +92,7 @@ class FakeOpenAI:
         what = self.behaviour(n)
         if what == "http_500":
             return web.json_response(
-                {"object": "error", "message": "scripted failure", "type": "InternalServerError",
-                 "code": 500},
+                {"object": "error", "message": "scripted failure", "type": "InternalServerError", "code": 500},
                 status=500,
             )
         prompt: list[int] = body["prompt"]
@@ -105,11 +104,19 @@ class FakeOpenAI:
         await resp.prepare(request)
 
         def chunk(text: str, finish: str | None = None) -> bytes:
-            return b"data: " + orjson.dumps({
-                "id": f"cmpl-{n}", "object": "text_completion", "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-                "usage": None,
-            }) + b"\n\n"
+            return (
+                b"data: "
+                + orjson.dumps(
+                    {
+                        "id": f"cmpl-{n}",
+                        "object": "text_completion",
+                        "model": self.model,
+                        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+                        "usage": None,
+                    }
+                )
+                + b"\n\n"
+            )
 
         await resp.write(chunk(""))
         if what == "hang":

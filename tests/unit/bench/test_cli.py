@@ -50,8 +50,20 @@ def expected_hit_rate(n: int) -> float:
 
 def test_trace_replay_summary_counts_tokens_cache_hits_and_cpu(tmp_path: Path) -> None:
     out, records = tmp_path / "summary.json", tmp_path / "records.jsonl"
-    summary, fake = bench(["--num-requests", "25", "--concurrency", "1", "--max-output-tokens", "4",
-                           "--json", str(out), "--records", str(records)])
+    summary, fake = bench(
+        [
+            "--num-requests",
+            "25",
+            "--concurrency",
+            "1",
+            "--max-output-tokens",
+            "4",
+            "--json",
+            str(out),
+            "--records",
+            str(records),
+        ]
+    )
     trace = load_trace(SHIPPED_TRACE, 25)
 
     # what the server was sent
@@ -61,8 +73,7 @@ def test_trace_replay_summary_counts_tokens_cache_hits_and_cpu(tmp_path: Path) -
 
     written = orjson.loads(out.read_bytes())
     assert written == orjson.loads(orjson.dumps(summary, option=orjson.OPT_NON_STR_KEYS))
-    assert summary["requests"] == {"sent": 25, "completed": 25, "failed": 0, "cancelled": 0,
-                                   "without_usage": 0}
+    assert summary["requests"] == {"sent": 25, "completed": 25, "failed": 0, "cancelled": 0, "without_usage": 0}
     assert summary["errors"] == {"count": 0, "kinds": {}, "examples": {}}
     outputs = [min(4, r.output_length) for r in trace]
     assert summary["throughput"]["total_output_tokens"] == sum(outputs)
@@ -102,9 +113,12 @@ def fail_some(n: int) -> str:
 
 
 def test_open_loop_counts_errors_by_kind_and_tolerates_no_cluster_info() -> None:
-    summary, fake = bench(["--num-requests", "20", "--speedup", "1000", "--max-output-tokens", "3",
-                           "--goodput", "e2e:60000"],
-                          behaviour=fail_some, cluster_info=False, hold_until=20)
+    summary, fake = bench(
+        ["--num-requests", "20", "--speedup", "1000", "--max-output-tokens", "3", "--goodput", "e2e:60000"],
+        behaviour=fail_some,
+        cluster_info=False,
+        hold_until=20,
+    )
     # hold_until: no answer before all 20 arrived, so this finishing shows the loop was open
     assert len(fake.bodies) == 20
     assert summary["requests"]["sent"] == 20
@@ -112,8 +126,7 @@ def test_open_loop_counts_errors_by_kind_and_tolerates_no_cluster_info() -> None
     assert summary["errors"]["count"] == 6
     assert summary["errors"]["kinds"] == {"http_500": 5, "incomplete_stream": 1}
     assert "scripted failure" in summary["errors"]["examples"]["http_500"]
-    codes = {e["error_details"]["type"]: (e["error_details"]["code"], e["count"])
-             for e in summary["error_summary"]}
+    codes = {e["error_details"]["type"]: (e["error_details"]["code"], e["count"]) for e in summary["error_summary"]}
     assert codes == {"http_500": (500, 5), "incomplete_stream": (None, 1)}
     assert summary["error_request_count"] == {"unit": "requests", "avg": 6}
     assert summary["goodput_slo"]["limits_ms"] == {"e2e_ms": 60000}
@@ -126,9 +139,22 @@ def test_open_loop_counts_errors_by_kind_and_tolerates_no_cluster_info() -> None
 
 
 def test_synthetic_closed_loop_with_explicit_pids() -> None:
-    summary, fake = bench(["--concurrency", "4", "--input-len", "700", "--output-len", "6",
-                           "--num-requests", "12", "--cpu-pids", f"{os.getpid()},{os.getpid()}",
-                           "--model", "given"])
+    summary, fake = bench(
+        [
+            "--concurrency",
+            "4",
+            "--input-len",
+            "700",
+            "--output-len",
+            "6",
+            "--num-requests",
+            "12",
+            "--cpu-pids",
+            f"{os.getpid()},{os.getpid()}",
+            "--model",
+            "given",
+        ]
+    )
     assert {len(b["prompt"]) for b in fake.bodies} == {700}
     assert {b["model"] for b in fake.bodies} == {"given"}
     assert summary["requests"]["completed"] == 12
@@ -140,13 +166,25 @@ def test_synthetic_closed_loop_with_explicit_pids() -> None:
 def test_table_shows_every_section(capsys: pytest.CaptureFixture[str]) -> None:
     bench(["--num-requests", "3", "--speedup", "1000", "--max-output-tokens", "2", "--goodput", "ttft:1000"])
     table = capsys.readouterr().out
-    for heading in ("Requests", "Latency (ms)", "Throughput", "Cache", "CPU", "KV cache hit rate",
-                    "goodput req/s", "goodput SLO (ms)", "ttft<=1000", "orchestrator CPU ms/request", "prompt seed"):
+    for heading in (
+        "Requests",
+        "Latency (ms)",
+        "Throughput",
+        "Cache",
+        "CPU",
+        "KV cache hit rate",
+        "goodput req/s",
+        "goodput SLO (ms)",
+        "ttft<=1000",
+        "orchestrator CPU ms/request",
+        "prompt seed",
+    ):
         assert heading in table
 
 
 def _two_runs(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any], FakeOpenAI]:
     """The same bench command twice against one server (whose prefix cache outlives a run)."""
+
     async def scenario() -> tuple[dict[str, Any], dict[str, Any], FakeOpenAI]:
         async with FakeOpenAI(free_port()) as fake:
             first = await cli.run(parse(["--url", fake.url, "--no-progress", *argv]))
@@ -179,18 +217,23 @@ def test_the_same_seed_again_measures_the_cache_it_left_and_says_so(capsys: pyte
     assert second["cache"]["warm_requests"] == 6 and second["cache"]["warm_cached_tokens"] == 6 * 1024
     out, err = capsys.readouterr()
     assert "yes: 6 req, 6,144 tok" in out
-    assert ("shmdisagg bench: the KV cache was warm: 6 of 6 requests found 6,144 prompt tokens cached that no earlier "
-            "request of this run had sent (an earlier run with --seed 5, or other traffic with these prompts)") in err
+    assert (
+        "shmdisagg bench: the KV cache was warm: 6 of 6 requests found 6,144 prompt tokens cached that no earlier "
+        "request of this run had sent (an earlier run with --seed 5, or other traffic with these prompts)"
+    ) in err
 
 
-@pytest.mark.parametrize("argv", [
-    ["--input-len", "100"],  # synthetic needs --concurrency
-    ["--concurrency", "2", "--input-len", "100", "--trace", str(SHIPPED_TRACE)],
-    ["--goodput", "ttft"],
-    ["--speedup", "0"],
-    ["--trace", "/nonexistent/trace.jsonl"],
-    ["--cpu-pids", "abc"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--input-len", "100"],  # synthetic needs --concurrency
+        ["--concurrency", "2", "--input-len", "100", "--trace", str(SHIPPED_TRACE)],
+        ["--goodput", "ttft"],
+        ["--speedup", "0"],
+        ["--trace", "/nonexistent/trace.jsonl"],
+        ["--cpu-pids", "abc"],
+    ],
+)
 def test_bad_options_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--url", f"http://127.0.0.1:{free_port()}", "--model", "m", *argv]) == 2
     assert "error:" in capsys.readouterr().err
@@ -219,8 +262,18 @@ def test_some_requests_failing_exits_1_and_still_prints_the_summary(capsys: pyte
     async def scenario() -> int:
         async with FakeOpenAI(free_port(), behaviour=lambda n: "http_500" if n == 1 else "ok") as fake:
             return await asyncio.to_thread(
-                cli.main, ["--url", fake.url, "--num-requests", "3", "--concurrency", "1",
-                           "--max-output-tokens", "2", "--no-progress"]
+                cli.main,
+                [
+                    "--url",
+                    fake.url,
+                    "--num-requests",
+                    "3",
+                    "--concurrency",
+                    "1",
+                    "--max-output-tokens",
+                    "2",
+                    "--no-progress",
+                ],
             )
 
     assert asyncio.run(scenario()) == 1
@@ -229,12 +282,16 @@ def test_some_requests_failing_exits_1_and_still_prints_the_summary(capsys: pyte
     assert "1 of 3 requests failed" in err
 
 
-@pytest.mark.parametrize(("sig", "status", "said"), [
-    (2, 130, b"interrupted; cancelling"),  # SIGINT: Ctrl-C
-    (15, 143, b"SIGTERM received; cancelling"),  # SIGTERM: kill, timeout(1)
-])
+@pytest.mark.parametrize(
+    ("sig", "status", "said"),
+    [
+        (2, 130, b"interrupted; cancelling"),  # SIGINT: Ctrl-C
+        (15, 143, b"SIGTERM received; cancelling"),  # SIGTERM: kill, timeout(1)
+    ],
+)
 def test_a_stop_signal_interrupts_the_run_exits_128_plus_it_and_the_json_counts_the_cancelled(
-        tmp_path: Path, sig: int, status: int, said: bytes) -> None:
+    tmp_path: Path, sig: int, status: int, said: bytes
+) -> None:
     import sys
 
     out = tmp_path / "run.json"
@@ -251,9 +308,24 @@ def test_a_stop_signal_interrupts_the_run_exits_128_plus_it_and_the_json_counts_
 
         async with FakeOpenAI(free_port(), behaviour=behaviour) as fake:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "shmdisagg.cli", "bench", "--url", fake.url, "--no-progress",
-                "--concurrency", "2", "--num-requests", "100", "--max-output-tokens", "2", "--json", str(out),
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                sys.executable,
+                "-m",
+                "shmdisagg.cli",
+                "bench",
+                "--url",
+                fake.url,
+                "--no-progress",
+                "--concurrency",
+                "2",
+                "--num-requests",
+                "100",
+                "--max-output-tokens",
+                "2",
+                "--json",
+                str(out),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
             try:
                 await asyncio.wait_for(two_hanging.wait(), 60)
                 proc.send_signal(sig)
@@ -285,9 +357,21 @@ def test_stop_event_cancels_in_flight_requests_and_reports_the_finished_ones(tmp
             return "hang"
 
         async with FakeOpenAI(free_port(), behaviour=behaviour) as fake:
-            args = parse(["--url", fake.url, "--no-progress", "--concurrency", "1",
-                          "--num-requests", "10", "--max-output-tokens", "2",
-                          "--json", str(tmp_path / "s.json")])
+            args = parse(
+                [
+                    "--url",
+                    fake.url,
+                    "--no-progress",
+                    "--concurrency",
+                    "1",
+                    "--num-requests",
+                    "10",
+                    "--max-output-tokens",
+                    "2",
+                    "--json",
+                    str(tmp_path / "s.json"),
+                ]
+            )
             return await cli.run(args, stop)
 
     summary = asyncio.run(scenario())

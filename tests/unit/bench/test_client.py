@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import orjson
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from shmdisagg.bench.client import RequestRecord, _Stream, completion_body, has_text
 
@@ -20,7 +19,9 @@ def text_chunk(text: str, finish: str | None = None) -> bytes:
 USAGE = {"prompt_tokens": 40, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 32}}
 STREAM = (
     text_chunk("")  # empty first chunk: not the first token
-    + text_chunk("a") + text_chunk('he said "hi"') + text_chunk("c")
+    + text_chunk("a")
+    + text_chunk('he said "hi"')
+    + text_chunk("c")
     + text_chunk("", finish="length")
     + event({"id": "c", "choices": [], "usage": USAGE})
     + b"data: [DONE]\n\n"
@@ -54,10 +55,12 @@ def test_crlf_separated_events_parse_too() -> None:
 
 
 def test_chat_deltas_count_content_not_role() -> None:
-    chat = (event({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
-            + event({"choices": [{"delta": {"content": "x"}}]})
-            + event({"choices": [{"delta": {"reasoning_content": "r", "content": "y"}}]})
-            + b"data: [DONE]\n\n")
+    chat = (
+        event({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
+        + event({"choices": [{"delta": {"content": "x"}}]})
+        + event({"choices": [{"delta": {"reasoning_content": "r", "content": "y"}}]})
+        + b"data: [DONE]\n\n"
+    )
     rec = feed(chat, [], max_tokens=2)
     assert rec.ok and len(rec.chunk_times) == 2
     assert rec.output_tokens == 2 and rec.usage_missing  # no usage chunk: counted, and flagged
@@ -69,8 +72,7 @@ def test_a_stream_without_done_is_incomplete() -> None:
 
 
 def test_an_error_event_fails_the_request() -> None:
-    rec = feed(text_chunk("a") + b'data: {"object":"error","message":"boom","code":500}\n\n'
-               + b"data: [DONE]\n\n", [])
+    rec = feed(text_chunk("a") + b'data: {"object":"error","message":"boom","code":500}\n\n' + b"data: [DONE]\n\n", [])
     assert rec.error_kind == "stream_error" and rec.error == "boom"
 
 
@@ -86,5 +88,11 @@ def test_has_text_reads_only_the_value_of_the_key() -> None:
 
 def test_completion_body_asks_for_exactly_max_tokens_streamed_with_usage() -> None:
     body = orjson.loads(completion_body("m", [5, 6, 7], 9))
-    assert body == {"model": "m", "prompt": [5, 6, 7], "max_tokens": 9, "ignore_eos": True,
-                    "stream": True, "stream_options": {"include_usage": True}}
+    assert body == {
+        "model": "m",
+        "prompt": [5, 6, 7],
+        "max_tokens": 9,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }

@@ -19,12 +19,19 @@ def test_port_moves_the_public_port_and_every_executor_by_the_same_offset() -> N
     assert moved["port"] == 9400
     assert moved["context_servers"]["urls"] == ["127.0.0.1:9501", "127.0.0.1:9502"]
     assert moved["generation_servers"]["urls"] == ["127.0.0.1:9601", "127.0.0.1:9602"]
-    assert moved["shmdisagg"] == raw["shmdisagg"] and moved["context_servers"]["router"] == raw["context_servers"]["router"]
+    assert (
+        moved["shmdisagg"] == raw["shmdisagg"]
+        and moved["context_servers"]["router"] == raw["context_servers"]["router"]
+    )
     assert raw["port"] == 8000 and raw["context_servers"]["urls"][0] == "127.0.0.1:8101"  # the original is untouched
 
 
 def test_port_that_pushes_an_executor_past_65535_is_refused() -> None:
-    raw = {"port": 8000, "context_servers": {"urls": ["127.0.0.1:8101"]}, "generation_servers": {"urls": ["[::1]:8201"]}}
+    raw = {
+        "port": 8000,
+        "context_servers": {"urls": ["127.0.0.1:8101"]},
+        "generation_servers": {"urls": ["[::1]:8201"]},
+    }
     assert shift_ports(raw, 9000)["generation_servers"]["urls"] == ["[::1]:9201"]
     with pytest.raises(ValueError, match="outside 1..65535"):
         shift_ports(raw, 65500)
@@ -35,7 +42,9 @@ def test_port_without_launch_is_a_usage_error(capsys: pytest.CaptureFixture[str]
     assert "--port moves a deployment started with --launch" in capsys.readouterr().err
 
 
-def test_a_moved_config_that_does_not_fit_exits_2_naming_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_moved_config_that_does_not_fit_exits_2_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["bench", "--launch", "-c", str(REPO / "examples" / "demo.yaml"), "--port", "65500"]) == 2
     err = capsys.readouterr().err
     assert "--port 65500 moves context_servers url 127.0.0.1:8101 to port 65601" in err and "Traceback" not in err

@@ -19,8 +19,7 @@ def trace(timestamps: list[float], out: int = 5) -> list[TraceRequest]:
 
 
 def test_jobs_carry_offsets_divided_by_speedup_and_capped_max_tokens() -> None:
-    work = list(jobs(trace([1000, 1500, 3000], out=50), PromptSynthesizer(), "m", speedup=2.0,
-                     max_output_tokens=20))
+    work = list(jobs(trace([1000, 1500, 3000], out=50), PromptSynthesizer(), "m", speedup=2.0, max_output_tokens=20))
     assert [j.arrival_s for j in work] == [0.0, 0.25, 1.0]
     bodies = [orjson.loads(j.body) for j in work]
     assert [b["max_tokens"] for b in bodies] == [20, 20, 20]

@@ -82,17 +82,33 @@ def test_plot_only_draws_saved_runs_without_sending_load(tmp_path: Path) -> None
 
 def test_a_run_with_plot_records_its_timeline_and_draws(tmp_path: Path) -> None:
     out = tmp_path / "plots"
-    result, _ = bench(["--input-len", "64", "--output-len", "4", "--concurrency", "2", "--num-requests", "6",
-                       "--plot", str(out), "--json", str(tmp_path / "run.json")])
+    result, _ = bench(
+        [
+            "--input-len",
+            "64",
+            "--output-len",
+            "4",
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "6",
+            "--plot",
+            str(out),
+            "--json",
+            str(tmp_path / "run.json"),
+        ]
+    )
     assert result["label"] == "run" and len(result["timeline"]["requests"]["ttft_ms"]) == 6
     assert result["timeline"]["server_load"] is None  # the fake server has no shmdisagg /metrics
     assert (out / "ttft_cdf.png").exists() and load_runs([str(tmp_path / "run.json")])[0][0] == "run"
 
 
 def test_server_load_is_parsed_from_an_exposition() -> None:
-    text = ('# HELP shmdisagg_server_active_requests x\n'
-            'shmdisagg_server_active_requests{role="context",server="127.0.0.1:8101"} 3.0\n'
-            'shmdisagg_server_active_tokens{role="context",server="127.0.0.1:8101"} 300.0\n')
+    text = (
+        "# HELP shmdisagg_server_active_requests x\n"
+        'shmdisagg_server_active_requests{role="context",server="127.0.0.1:8101"} 3.0\n'
+        'shmdisagg_server_active_tokens{role="context",server="127.0.0.1:8101"} 300.0\n'
+    )
     assert parse_server_load(text) == {"127.0.0.1:8101": ("context", 3.0)}
 
 

@@ -20,8 +20,9 @@ sys.stdin.read()
 
 
 def test_cpu_of_a_child_burning_cpu_is_measured_and_its_exit_reported() -> None:
-    with subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True) as child:
+    with subprocess.Popen(
+        [sys.executable, "-c", BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as child:
         assert child.stdin is not None and child.stdout is not None
         assert child.stdout.readline() == "ready\n"  # interpreter start-up is over
         before = sample([child.pid])
@@ -43,8 +44,7 @@ def test_cpu_of_a_child_burning_cpu_is_measured_and_its_exit_reported() -> None:
 
 def test_a_reused_pid_counts_as_vanished_and_a_new_pid_counts_in_full() -> None:
     before = {10: ProcCpu(10, start_ticks=100, cpu_ticks=50), 11: ProcCpu(11, 100, 0)}
-    after = {10: ProcCpu(10, start_ticks=999, cpu_ticks=5), 11: ProcCpu(11, 100, 3),
-             12: ProcCpu(12, 500, 7)}
+    after = {10: ProcCpu(10, start_ticks=999, cpu_ticks=5), 11: ProcCpu(11, 100, 3), 12: ProcCpu(12, 500, 7)}
     usage = usage_between(before, after, [10, 11, 12, 13])
     assert usage.vanished == [10]
     assert usage.appeared == [12]

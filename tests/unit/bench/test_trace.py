@@ -4,8 +4,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from shmdisagg.bench.trace import (
     BLOCK_TOKENS,

@@ -18,7 +18,12 @@ from shmdisagg.orchestrator.answers import (
     redact,
 )
 
-HANDOFF = {"request_type": "generation_only", "encoded_opaque_state": "c2VjcmV0", "ctx_info_endpoint": "ucx://10.1.2.3:5000", "ctx_request_id": 9}
+HANDOFF = {
+    "request_type": "generation_only",
+    "encoded_opaque_state": "c2VjcmV0",
+    "ctx_info_endpoint": "ucx://10.1.2.3:5000",
+    "ctx_request_id": 9,
+}
 
 
 def _event(obj: object) -> bytes:
@@ -26,7 +31,13 @@ def _event(obj: object) -> bytes:
 
 
 def _chunk(text: str, finish: str | None = None, **extra: object) -> bytes:
-    return _event({"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": finish, **extra}]})
+    return _event(
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, **extra}],
+        }
+    )
 
 
 def _relay(guard: StreamGuard, pieces: list[bytes]) -> bytes:
@@ -36,7 +47,15 @@ def _relay(guard: StreamGuard, pieces: list[bytes]) -> bytes:
 def test_a_final_answer_keeps_the_plain_schema_with_the_handoff_nulled() -> None:
     answer = {
         "id": "cmpl-1",
-        "choices": [{"index": 0, "text": "hi", "finish_reason": "length", "disaggregated_params": HANDOFF, "kv_transfer_params": {"remote_port": 5000}}],
+        "choices": [
+            {
+                "index": 0,
+                "text": "hi",
+                "finish_reason": "length",
+                "disaggregated_params": HANDOFF,
+                "kv_transfer_params": {"remote_port": 5000},
+            }
+        ],
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
         "prompt_token_ids": [1, 2, 3],
         "prompt_token_ids_b64": "AQAAAA==",
@@ -51,10 +70,19 @@ def test_a_final_answer_keeps_the_plain_schema_with_the_handoff_nulled() -> None
 
 def test_streamed_chunks_lose_every_internal_key_and_keep_their_content() -> None:
     guard = StreamGuard(max_tokens=None)
-    out = _relay(guard, [_chunk("a", disaggregated_params=HANDOFF), _chunk("b", "length", ctx_info_endpoint="x:1"), b"data: [DONE]\n\n"])
+    out = _relay(
+        guard,
+        [
+            _chunk("a", disaggregated_params=HANDOFF),
+            _chunk("b", "length", ctx_info_endpoint="x:1"),
+            b"data: [DONE]\n\n",
+        ],
+    )
     events = [orjson.loads(line[6:]) for line in out.split(b"\n\n") if line.startswith(b"data: {")]
     assert [e["choices"][0]["text"] for e in events] == ["a", "b"]
-    assert all("disaggregated_params" not in e["choices"][0] and "ctx_info_endpoint" not in e["choices"][0] for e in events)
+    assert all(
+        "disaggregated_params" not in e["choices"][0] and "ctx_info_endpoint" not in e["choices"][0] for e in events
+    )
     assert out.endswith(b"data: [DONE]\n\n") and out.count(b"[DONE]") == 1
 
 
@@ -92,20 +120,47 @@ def test_a_streamed_usage_over_max_tokens_is_a_contract_error() -> None:
     guard = StreamGuard(max_tokens=4)
     guard.feed(_chunk("a", "length"))
     with pytest.raises(ContractError, match="5 completion tokens for max_tokens=4"):
-        guard.feed(_event({"id": "cmpl-1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}))
+        guard.feed(
+            _event(
+                {
+                    "id": "cmpl-1",
+                    "choices": [],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
+                }
+            )
+        )
 
 
 def test_an_executor_error_event_is_put_in_our_shape_without_its_address() -> None:
     guard = StreamGuard(max_tokens=None)
-    error = _event({"error": {"message": "KV transfer from 10.0.0.7:8001 failed", "type": "server_error", "code": None, "param": None}})
+    error = _event(
+        {
+            "error": {
+                "message": "KV transfer from 10.0.0.7:8001 failed",
+                "type": "server_error",
+                "code": None,
+                "param": None,
+            }
+        }
+    )
     out = _relay(guard, [_chunk("a"), error])
     payload = orjson.loads(out.split(b"\n\n")[1][6:])
-    assert payload == {"error": {"object": "error", "message": "KV transfer from <executor> failed", "type": "BadGatewayError", "param": None, "code": 502}}
+    assert payload == {
+        "error": {
+            "object": "error",
+            "message": "KV transfer from <executor> failed",
+            "type": "BadGatewayError",
+            "param": None,
+            "code": 502,
+        }
+    }
     assert out.endswith(b"data: [DONE]\n\n") and out.count(b"[DONE]") == 1  # added once: the executor sent none
 
 
 def test_context_answers_must_have_exactly_one_choice_with_the_handoff() -> None:
-    one = {"choices": [{"finish_reason": "length", "disaggregated_params": {"ctx_request_id": 1, "disagg_request_id": 1}}]}
+    one = {
+        "choices": [{"finish_reason": "length", "disaggregated_params": {"ctx_request_id": 1, "disagg_request_id": 1}}]
+    }
     assert check_context_answer(one) is one
     with pytest.raises(ContractError, match="2 choices"):
         check_context_answer({"choices": one["choices"] * 2})
@@ -135,8 +190,15 @@ def test_max_tokens_reads_the_field_the_worker_reads() -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b'{"object":"error","message":"bad prompt at 127.0.0.1:8001","type":"BadRequestError","param":null,"code":400}', "bad prompt at <executor>"),
-        (b'{"error":"[{\'type\': \'extra_forbidden\', \'loc\': (\'body\', \'foo\')}]"}', "[{'type': 'extra_forbidden', 'loc': ('body', 'foo')}]"),
+        (
+            b'{"object":"error","message":"bad prompt at '
+            b'127.0.0.1:8001","type":"BadRequestError","param":null,"code":400}',
+            "bad prompt at <executor>",
+        ),
+        (
+            b"{\"error\":\"[{'type': 'extra_forbidden', 'loc': ('body', 'foo')}]\"}",
+            "[{'type': 'extra_forbidden', 'loc': ('body', 'foo')}]",
+        ),
         (b'{"detail":"Not Found"}', "Not Found"),
         (b'{"error":{"message":"from http://gen-3.internal:8002/v1/completions","type":"x"}}', "from <executor>"),
         (b"Internal Server Error", "executor answered HTTP 500"),
@@ -156,7 +218,9 @@ def test_the_native_scan_flags_every_internal_key_with_a_value_and_none_that_is_
     with_value = _event({"choices": [{"index": 0, key: {"x": 1}}]})
     assert sse_scan(with_value) & SSE_INTERNAL
     assert not sse_scan(_event({"choices": [{"index": 0, key: None}]})) & SSE_INTERNAL
-    assert not sse_scan(_event({"choices": [{"index": 0, "text": f'"{key}": 1'}]})) & SSE_INTERNAL  # in content: escaped
+    assert (
+        not sse_scan(_event({"choices": [{"index": 0, "text": f'"{key}": 1'}]})) & SSE_INTERNAL
+    )  # in content: escaped
 
 
 def test_the_native_scan_reports_where_the_complete_events_end_and_what_they_hold() -> None:

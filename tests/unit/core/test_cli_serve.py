@@ -15,8 +15,13 @@ from tests.conftest import free_port
 
 
 def _write(tmp_path: Path, **top: object) -> Path:
-    cfg = {"hostname": "127.0.0.1", "port": free_port(), "context_servers": {"urls": [f"127.0.0.1:{free_port()}"]},
-           "generation_servers": {"urls": [f"127.0.0.1:{free_port()}"]}, **top}
+    cfg = {
+        "hostname": "127.0.0.1",
+        "port": free_port(),
+        "context_servers": {"urls": [f"127.0.0.1:{free_port()}"]},
+        "generation_servers": {"urls": [f"127.0.0.1:{free_port()}"]},
+        **top,
+    }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -28,16 +33,62 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("command", ["serve", "disaggregated"])
 def test_the_upstream_command_line_parses_with_its_meaning(command: str) -> None:
-    args = build_parser().parse_args([command, "-c", "cfg.yaml", "-t", "7200", "-r", "7200", "-l", "verbose", "-s", "generation_first",
-                                      "--metrics-log-interval", "5", "--report_addr", "/tmp/a.addr"])
-    assert (args.config, args.server_start_timeout, args.request_timeout, args.log_level, args.schedule_style, args.report_addr) == (
-        "cfg.yaml", 7200, 7200, "verbose", "generation_first", "/tmp/a.addr")
-    long = build_parser().parse_args([command, "--config_file", "cfg.yaml", "--server_start_timeout", "5", "--request_timeout", "0",
-                                      "--log_level", "internal_error", "--schedule_style", "context_first"])
-    assert (long.config, long.server_start_timeout, long.request_timeout, long.log_level) == ("cfg.yaml", 5, 0, "internal_error")
+    args = build_parser().parse_args(
+        [
+            command,
+            "-c",
+            "cfg.yaml",
+            "-t",
+            "7200",
+            "-r",
+            "7200",
+            "-l",
+            "verbose",
+            "-s",
+            "generation_first",
+            "--metrics-log-interval",
+            "5",
+            "--report_addr",
+            "/tmp/a.addr",
+        ]
+    )
+    assert (
+        args.config,
+        args.server_start_timeout,
+        args.request_timeout,
+        args.log_level,
+        args.schedule_style,
+        args.report_addr,
+    ) == ("cfg.yaml", 7200, 7200, "verbose", "generation_first", "/tmp/a.addr")
+    long = build_parser().parse_args(
+        [
+            command,
+            "--config_file",
+            "cfg.yaml",
+            "--server_start_timeout",
+            "5",
+            "--request_timeout",
+            "0",
+            "--log_level",
+            "internal_error",
+            "--schedule_style",
+            "context_first",
+        ]
+    )
+    assert (long.config, long.server_start_timeout, long.request_timeout, long.log_level) == (
+        "cfg.yaml",
+        5,
+        0,
+        "internal_error",
+    )
     defaults = build_parser().parse_args([command, "-c", "cfg.yaml"])
     # -r defaults to TensorRT-LLM's 180; -t and -l to the config's own settings
-    assert (defaults.request_timeout, defaults.server_start_timeout, defaults.log_level, defaults.metadata_server_config_file) == (180, None, None, None)
+    assert (
+        defaults.request_timeout,
+        defaults.server_start_timeout,
+        defaults.log_level,
+        defaults.metadata_server_config_file,
+    ) == (180, None, None, None)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +97,10 @@ def test_the_upstream_command_line_parses_with_its_meaning(command: str) -> None
         (["-t", "0"], "argument -t/--server_start_timeout: must be a positive number of seconds"),
         (["-r", "-1"], "argument -r/--request_timeout: must not be negative"),
         (["-r", "1.5"], "argument -r/--request_timeout: '1.5' is not a whole number of seconds"),
-        (["-l", "INFO"], "argument -l/--log_level: invalid choice: 'INFO'"),  # TensorRT-LLM's click.Choice is case-sensitive too
+        (
+            ["-l", "INFO"],
+            "argument -l/--log_level: invalid choice: 'INFO'",
+        ),  # TensorRT-LLM's click.Choice is case-sensitive too
     ],
 )
 def test_bad_flag_values_are_usage_errors(tmp_path: Path, flags: list[str], expected: str) -> None:
@@ -58,8 +112,10 @@ def test_the_metadata_server_is_refused_by_name(tmp_path: Path) -> None:
     out = _serve("disaggregated", "-c", str(_write(tmp_path)), "-m", str(tmp_path / "etcd.yaml"))
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is not supported; "
-        "list the executors under context_servers.urls and generation_servers.urls"]
+        "shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is not "
+        "supported; "
+        "list the executors under context_servers.urls and generation_servers.urls"
+    ]
 
 
 def test_report_addr_is_refused_with_a_fleet_and_port_0_needs_it(tmp_path: Path) -> None:
@@ -67,14 +123,21 @@ def test_report_addr_is_refused_with_a_fleet_and_port_0_needs_it(tmp_path: Path)
     out = _serve("disaggregated", "-c", str(path), "--report_addr", str(tmp_path / "a.addr"))
     assert out.returncode == 2, out
     assert out.stderr.strip().splitlines() == [
-        f"shmdisagg: --report_addr: TensorRT-LLM reports the address of a single self-contained disaggregated server only; {path} has "
-        "num_workers: 2: set num_workers: 1"]
+        "shmdisagg: --report_addr: TensorRT-LLM reports the address of a single self-contained disaggregated "
+        f"server only; {path} has "
+        "num_workers: 2: set num_workers: 1"
+    ]
     path = _write(tmp_path, port=0)
     out = _serve("disaggregated", "-c", str(path))
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
-        f"shmdisagg: config error: {path}: port: 0 (a port the kernel picks) needs --report_addr PATH, where the bound host:port is "
-        "written; nothing else would learn the port"), out
+        f"shmdisagg: config error: {path}: port: 0 (a port the kernel picks) needs --report_addr PATH, where the "
+        "bound host:port is "
+        "written; nothing else would learn the port"
+    ), out
     for command in (["launch"], ["bench", "--launch"]):
         out = _serve(*command, "-c", str(path))
-        assert out.returncode == 2 and "port: 0 (a port the kernel picks) runs only under shmdisagg serve --report_addr PATH" in out.stderr, out
+        assert (
+            out.returncode == 2
+            and "port: 0 (a port the kernel picks) runs only under shmdisagg serve --report_addr PATH" in out.stderr
+        ), out
     assert not (tmp_path / "a.addr").exists()

@@ -64,13 +64,21 @@ def _error(data: object) -> str:
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda d: d["generation_servers"].update(num_instances=3), "generation_servers: 1 urls but num_instances is 3"),
+        (
+            lambda d: d["generation_servers"].update(num_instances=3),
+            "generation_servers: 1 urls but num_instances is 3",
+        ),
         (lambda d: d["context_servers"].update(urls=["nohost"]), "context_servers.urls"),
         (lambda d: d["generation_servers"]["router"].update(type="fastest"), "generation_servers.router.type"),
-        (lambda d: d.update(context_server=d.pop("context_servers")),
-         "context_servers: missing (is 'context_server' a misspelling of it?)"),
-        (lambda d: d.update(conditional_disagg_config={"max_local_prefill_length": 64}),
-         "conditional_disagg_config: needs a kv_cache_aware generation router (generation_servers.router.type is load_balancing)"),
+        (
+            lambda d: d.update(context_server=d.pop("context_servers")),
+            "context_servers: missing (is 'context_server' a misspelling of it?)",
+        ),
+        (
+            lambda d: d.update(conditional_disagg_config={"max_local_prefill_length": 64}),
+            "conditional_disagg_config: needs a kv_cache_aware generation router (generation_servers.router.type "
+            "is load_balancing)",
+        ),
         (lambda d: d["generation_servers"]["router"].update(use_tokenz=True), "generation_servers.router.use_tokenz"),
         (lambda d: d.update(port=70000), "port:"),
         (lambda d: d.update(num_workers=0), "num_workers:"),
@@ -78,8 +86,14 @@ def _error(data: object) -> str:
         (lambda d: d.update(allow_request_chat_template="yes"), "allow_request_chat_template: must be true or false"),
         (lambda d: d.update(shmdisagg={"executors": {"backend": "vllm"}}), "shmdisagg.executors.backend"),
         (lambda d: d.update(shmdisagg={"shm": {"prefix": "has/slash"}}), "shmdisagg.shm.prefix"),
-        (lambda d: d.update(shmdisagg={"timeout_graceful_shutdown_s": -1}), "shmdisagg.timeout_graceful_shutdown_s: Input should be greater than or equal to 0"),
-        (lambda d: d.update(shmdisagg={"timeout_graceful_shutdown_s": True}), "shmdisagg.timeout_graceful_shutdown_s: must be a number, got true"),
+        (
+            lambda d: d.update(shmdisagg={"timeout_graceful_shutdown_s": -1}),
+            "shmdisagg.timeout_graceful_shutdown_s: Input should be greater than or equal to 0",
+        ),
+        (
+            lambda d: d.update(shmdisagg={"timeout_graceful_shutdown_s": True}),
+            "shmdisagg.timeout_graceful_shutdown_s: must be a number, got true",
+        ),
     ],
 )
 def test_bad_config_names_the_key(mutate, expected: str) -> None:
@@ -121,7 +135,9 @@ def test_cli_exits_2_with_one_line_for_a_bad_config(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("generation_servers:\n  urls: ['localhost:8003']\n  router: {type: fastest}\n")
     for command in ("launch", "check-config", "serve"):
-        out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", command, "-c", str(bad)], capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "shmdisagg.cli", command, "-c", str(bad)], capture_output=True, text=True
+        )
         assert out.returncode == 2, (command, out)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and "generation_servers.router.type" in lines[0], out.stderr
@@ -139,9 +155,13 @@ def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path, hf_tokeni
     # genuine LLM arguments are not flagged
     assert not config_warnings(parse_config(yaml.safe_load(TRTLLM_EXAMPLE)))
     bad = tmp_path / "typo.yaml"
-    data["context_servers"]["router"]["tokenizer_dir"] = hf_tokenizer_dir  # kv_cache_aware: check-config loads the executors' tokenizer
+    data["context_servers"]["router"]["tokenizer_dir"] = (
+        hf_tokenizer_dir  # kv_cache_aware: check-config loads the executors' tokenizer
+    )
     bad.write_text(yaml.safe_dump(data))
-    out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(bad)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(bad)], capture_output=True, text=True
+    )
     assert out.returncode == 0 and "did you mean num_workers" in out.stderr
 
 
@@ -149,35 +169,85 @@ def test_near_miss_keys_are_reported_as_probable_typos(tmp_path: Path, hf_tokeni
     ("mutate", "expected"),
     [
         # an executor on the public address: the fleet and the executor cannot both listen there
-        (lambda d: d["context_servers"].update(urls=["localhost:8001", "localhost:8000"]),
-         "context_servers.urls: 'localhost:8000' is the public address (hostname:port localhost:8000) the fleet listens on"),
-        (lambda d: d["generation_servers"].update(urls=["http://127.0.0.1:8000"]),
-         "generation_servers.urls: 'http://127.0.0.1:8000' is the public address"),
-        (lambda d: d.update(hostname="0.0.0.0", port=8003), "generation_servers.urls: 'localhost:8003' is the public address"),
+        (
+            lambda d: d["context_servers"].update(urls=["localhost:8001", "localhost:8000"]),
+            "context_servers.urls: 'localhost:8000' is the public address (hostname:port localhost:8000) the "
+            "fleet listens on",
+        ),
+        (
+            lambda d: d["generation_servers"].update(urls=["http://127.0.0.1:8000"]),
+            "generation_servers.urls: 'http://127.0.0.1:8000' is the public address",
+        ),
+        (
+            lambda d: d.update(hostname="0.0.0.0", port=8003),
+            "generation_servers.urls: 'localhost:8003' is the public address",
+        ),
         # one executor in both roles, or twice in one role, however it is spelt
-        (lambda d: d["generation_servers"].update(urls=["localhost:8002"]),
-         "generation_servers.urls: 'localhost:8002' is also a context_servers url ('localhost:8002'): an executor serves one role"),
-        (lambda d: d["generation_servers"].update(urls=["http://127.0.0.1:8001/"]), "generation_servers.urls: 'http://127.0.0.1:8001/' is also a context_servers url"),
-        (lambda d: d["generation_servers"].update(urls=["0.0.0.0:8001"]), "generation_servers.urls: '0.0.0.0:8001' is also a context_servers url"),
+        (
+            lambda d: d["generation_servers"].update(urls=["localhost:8002"]),
+            "generation_servers.urls: 'localhost:8002' is also a context_servers url ('localhost:8002'): an "
+            "executor serves one role",
+        ),
+        (
+            lambda d: d["generation_servers"].update(urls=["http://127.0.0.1:8001/"]),
+            "generation_servers.urls: 'http://127.0.0.1:8001/' is also a context_servers url",
+        ),
+        (
+            lambda d: d["generation_servers"].update(urls=["0.0.0.0:8001"]),
+            "generation_servers.urls: '0.0.0.0:8001' is also a context_servers url",
+        ),
         # room for the fleet, and socket paths the kernel accepts
-        (lambda d: d.update(num_workers=2, shmdisagg={"shm": {"max_workers": 1}}), "shmdisagg.shm.max_workers: 1 is fewer than num_workers (2)"),
-        (lambda d: d.update(shmdisagg={"coordinator_socket": "/nonexistent/dir/x.sock"}), "shmdisagg.coordinator_socket: directory /nonexistent/dir does not exist"),
-        (lambda d: d.update(shmdisagg={"coordinator_socket": "/tmp/" + "x" * 120 + ".sock"}), "shmdisagg.coordinator_socket: '/tmp/xxx"),
-        (lambda d: d["context_servers"].update(urls=["localhost:8001", "localhost:8001"]), "context_servers.urls: 'localhost:8001' is listed twice"),
-        (lambda d: d["context_servers"].update(urls=["localhost:8001", "http://127.0.0.1:8001"]),
-         "context_servers.urls: 'http://127.0.0.1:8001' is listed twice (as 'localhost:8001')"),
+        (
+            lambda d: d.update(num_workers=2, shmdisagg={"shm": {"max_workers": 1}}),
+            "shmdisagg.shm.max_workers: 1 is fewer than num_workers (2)",
+        ),
+        (
+            lambda d: d.update(shmdisagg={"coordinator_socket": "/nonexistent/dir/x.sock"}),
+            "shmdisagg.coordinator_socket: directory /nonexistent/dir does not exist",
+        ),
+        (
+            lambda d: d.update(shmdisagg={"coordinator_socket": "/tmp/" + "x" * 120 + ".sock"}),
+            "shmdisagg.coordinator_socket: '/tmp/xxx",
+        ),
+        (
+            lambda d: d["context_servers"].update(urls=["localhost:8001", "localhost:8001"]),
+            "context_servers.urls: 'localhost:8001' is listed twice",
+        ),
+        (
+            lambda d: d["context_servers"].update(urls=["localhost:8001", "http://127.0.0.1:8001"]),
+            "context_servers.urls: 'http://127.0.0.1:8001' is listed twice (as 'localhost:8001')",
+        ),
         # the public host must be one a listener can bind
         (lambda d: d.update(hostname="not a host!"), "hostname: 'not a host!' is not a host name or IP address"),
         (lambda d: d.update(hostname=""), "hostname: '' is not a host name or IP address"),
         (lambda d: d.update(hostname="[::1]"), "hostname: '[::1]' is not a host name or IP address"),
         # the native index takes a power of two up to 2**32 slots, capacity <= max_capacity
-        (lambda d: d.update(shmdisagg={"index": {"capacity": 2**40, "max_capacity": 2**40}}), "shmdisagg.index.capacity: Input should be less than or equal to 4294967296"),
-        (lambda d: d.update(shmdisagg={"index": {"max_capacity": 2**33}}), "shmdisagg.index.max_capacity: Input should be less than or equal to 4294967296"),
-        (lambda d: d.update(shmdisagg={"index": {"capacity": 2**23}}), "shmdisagg.index.capacity: 8388608 exceeds max_capacity (4194304)"),
+        (
+            lambda d: d.update(shmdisagg={"index": {"capacity": 2**40, "max_capacity": 2**40}}),
+            "shmdisagg.index.capacity: Input should be less than or equal to 4294967296",
+        ),
+        (
+            lambda d: d.update(shmdisagg={"index": {"max_capacity": 2**33}}),
+            "shmdisagg.index.max_capacity: Input should be less than or equal to 4294967296",
+        ),
+        (
+            lambda d: d.update(shmdisagg={"index": {"capacity": 2**23}}),
+            "shmdisagg.index.capacity: 8388608 exceeds max_capacity (4194304)",
+        ),
         # a deployment needs an executor of each role
-        (lambda d: d.pop("context_servers"), "cfg.yaml: context_servers: missing; a deployment needs at least one context executor: list it under context_servers.urls as host:port"),
-        (lambda d: d["context_servers"].pop("urls") and d["context_servers"].pop("num_instances"), "context_servers.urls: none listed; a deployment needs at least one context executor"),
-        (lambda d: d["generation_servers"].update(num_instances=0, urls=[]), "generation_servers.urls: none listed; a deployment needs at least one generation executor"),
+        (
+            lambda d: d.pop("context_servers"),
+            "cfg.yaml: context_servers: missing; a deployment needs at least one context executor: list it under "
+            "context_servers.urls as host:port",
+        ),
+        (
+            lambda d: d["context_servers"].pop("urls") and d["context_servers"].pop("num_instances"),
+            "context_servers.urls: none listed; a deployment needs at least one context executor",
+        ),
+        (
+            lambda d: d["generation_servers"].update(num_instances=0, urls=[]),
+            "generation_servers.urls: none listed; a deployment needs at least one generation executor",
+        ),
     ],
 )
 def test_executor_addresses_and_public_host_are_checked(mutate, expected: str) -> None:
@@ -186,7 +256,9 @@ def test_executor_addresses_and_public_host_are_checked(mutate, expected: str) -
     assert expected in _error(data)
 
 
-@pytest.mark.parametrize("hostname", ["localhost", "127.0.0.1", "0.0.0.0", "::", "::1", "node-3.cluster.local", "my_service"])
+@pytest.mark.parametrize(
+    "hostname", ["localhost", "127.0.0.1", "0.0.0.0", "::", "::1", "node-3.cluster.local", "my_service"]
+)
 def test_valid_hostnames_and_the_largest_index_load(hostname: str) -> None:
     data = yaml.safe_load(TRTLLM_EXAMPLE)
     data["hostname"] = hostname
@@ -197,12 +269,27 @@ def test_valid_hostnames_and_the_largest_index_load(hostname: str) -> None:
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (lambda d: d.pop("context_servers"), "context_servers: missing; a deployment needs at least one context executor"),
+        (
+            lambda d: d.pop("context_servers"),
+            "context_servers: missing; a deployment needs at least one context executor",
+        ),
         (lambda d: d.update(hostname="not a host!"), "hostname: 'not a host!' is not a host name or IP address"),
-        (lambda d: d["shmdisagg"].update(index={"capacity": 2**40, "max_capacity": 2**40}), "shmdisagg.index.capacity:"),
-        (lambda d: d["generation_servers"].update(urls=[f"localhost:{d['port']}"]), "generation_servers.urls: 'localhost:"),
-        (lambda d: d["context_servers"]["kv_cache_config"].update(tokens_per_block="abc"), "context_servers.kv_cache_config.tokens_per_block: must be a positive integer, got 'abc'"),
-        (lambda d: d["context_servers"]["kv_cache_config"].update(tokens_per_block=-5), "context_servers.kv_cache_config.tokens_per_block: must be a positive integer, got -5"),
+        (
+            lambda d: d["shmdisagg"].update(index={"capacity": 2**40, "max_capacity": 2**40}),
+            "shmdisagg.index.capacity:",
+        ),
+        (
+            lambda d: d["generation_servers"].update(urls=[f"localhost:{d['port']}"]),
+            "generation_servers.urls: 'localhost:",
+        ),
+        (
+            lambda d: d["context_servers"]["kv_cache_config"].update(tokens_per_block="abc"),
+            "context_servers.kv_cache_config.tokens_per_block: must be a positive integer, got 'abc'",
+        ),
+        (
+            lambda d: d["context_servers"]["kv_cache_config"].update(tokens_per_block=-5),
+            "context_servers.kv_cache_config.tokens_per_block: must be a positive integer, got -5",
+        ),
     ],
 )
 def test_check_config_and_launch_refuse_alike_in_one_line(tmp_path: Path, shm_prefix: str, edit, expected: str) -> None:
@@ -210,12 +297,21 @@ def test_check_config_and_launch_refuse_alike_in_one_line(tmp_path: Path, shm_pr
 
     data = yaml.safe_load(TRTLLM_EXAMPLE)
     data["port"] = free_port()
-    data["shmdisagg"] = {"executors": {"backend": "sim"}, "shm": {"prefix": shm_prefix}, "coordinator_socket": str(tmp_path / "coord.sock")}
+    data["shmdisagg"] = {
+        "executors": {"backend": "sim"},
+        "shm": {"prefix": shm_prefix},
+        "coordinator_socket": str(tmp_path / "coord.sock"),
+    }
     edit(data)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(data))
     for command in ("check-config", "launch"):
-        out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", command, "-c", str(path)], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "shmdisagg.cli", command, "-c", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 2, (command, out)
         lines = out.stderr.strip().splitlines()
         # one line per problem (capacity and max_capacity are two), the expected one first
@@ -228,14 +324,33 @@ def test_check_config_and_launch_refuse_alike_in_one_line(tmp_path: Path, shm_pr
     ("mutate", "expected"),
     [
         # what the launcher hands the simulator (--tokens-per-block, --max-batch-size, ...)
-        *[(lambda d, v=v: d["generation_servers"].update(kv_cache_config={"tokens_per_block": v}),
-           f"generation_servers.kv_cache_config.tokens_per_block: must be a positive integer, got {v!r}")
-          for v in ("abc", -5, 0, True, None, 1.5)],
-        (lambda d: d["context_servers"].update(max_batch_size=True), "context_servers.max_batch_size: must be a number, got true"),
-        (lambda d: d["context_servers"].update(max_num_tokens=0), "context_servers.max_num_tokens: Input should be greater than or equal to 1"),
-        (lambda d: d.update(shmdisagg={"executors": {"sim": {"tokens_per_block": 0}}}), "shmdisagg.executors.sim.tokens_per_block: Input should be greater than or equal to 1"),
-        (lambda d: d.update(shmdisagg={"executors": {"sim": {"num_blocks": True}}}), "shmdisagg.executors.sim.num_blocks: must be a number, got true"),
-        (lambda d: d.update(shmdisagg={"executors": {"sim": {"speedup": False}}}), "shmdisagg.executors.sim.speedup: must be a number, got false"),
+        *[
+            (
+                lambda d, v=v: d["generation_servers"].update(kv_cache_config={"tokens_per_block": v}),
+                f"generation_servers.kv_cache_config.tokens_per_block: must be a positive integer, got {v!r}",
+            )
+            for v in ("abc", -5, 0, True, None, 1.5)
+        ],
+        (
+            lambda d: d["context_servers"].update(max_batch_size=True),
+            "context_servers.max_batch_size: must be a number, got true",
+        ),
+        (
+            lambda d: d["context_servers"].update(max_num_tokens=0),
+            "context_servers.max_num_tokens: Input should be greater than or equal to 1",
+        ),
+        (
+            lambda d: d.update(shmdisagg={"executors": {"sim": {"tokens_per_block": 0}}}),
+            "shmdisagg.executors.sim.tokens_per_block: Input should be greater than or equal to 1",
+        ),
+        (
+            lambda d: d.update(shmdisagg={"executors": {"sim": {"num_blocks": True}}}),
+            "shmdisagg.executors.sim.num_blocks: must be a number, got true",
+        ),
+        (
+            lambda d: d.update(shmdisagg={"executors": {"sim": {"speedup": False}}}),
+            "shmdisagg.executors.sim.speedup: must be a number, got false",
+        ),
     ],
 )
 def test_executor_options_the_launcher_interprets_are_checked(mutate, expected: str) -> None:
@@ -259,16 +374,23 @@ def test_the_simulator_gets_the_sections_tokens_per_block_else_the_sim_default()
 
 
 def _section(**section: object) -> object:
-    base = {"hostname": "localhost", "port": 8000,
-            "context_servers": {"num_instances": 1, "urls": ["localhost:8001"]},
-            "generation_servers": {"num_instances": 1, "urls": ["localhost:8002"]}}
+    base = {
+        "hostname": "localhost",
+        "port": 8000,
+        "context_servers": {"num_instances": 1, "urls": ["localhost:8001"]},
+        "generation_servers": {"num_instances": 1, "urls": ["localhost:8002"]},
+    }
     base["generation_servers"].update(section)  # type: ignore[attr-defined]
     return parse_config(base, "t.yaml").generation_servers
 
 
 def test_the_section_s_max_batch_size_and_max_num_tokens_win_over_the_router_s_as_in_extract_router_config():
     # TensorRT-LLM llmapi/disagg_utils.py extract_router_config: args[key] = server_cfg[key]
-    both = _section(max_batch_size=8, max_num_tokens=1024, router={"type": "kv_cache_aware", "max_batch_size": 64, "max_num_tokens": 99})
+    both = _section(
+        max_batch_size=8,
+        max_num_tokens=1024,
+        router={"type": "kv_cache_aware", "max_batch_size": 64, "max_num_tokens": 99},
+    )
     assert both.router_args({}).max_batch_size == 8 and both.router_args({}).max_num_tokens == 1024
     router_only = _section(router={"type": "kv_cache_aware", "max_batch_size": 16})
     assert router_only.router_args({}).max_batch_size == 16
@@ -279,8 +401,15 @@ def test_the_router_s_tokens_per_block_wins_over_kv_cache_config_and_the_environ
     env = {"TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK": "16"}
     kv = _section(kv_cache_config={"tokens_per_block": 64}, router={"type": "kv_cache_aware", "tokens_per_block": 128})
     assert kv.router_args({}).tokens_per_block == 128
-    assert _section(kv_cache_config={"tokens_per_block": 64}, router={"type": "kv_cache_aware"}).router_args({}).tokens_per_block == 64
-    assert _section(router={"type": "kv_cache_aware"}).router_args({}).tokens_per_block is None  # unset: adopt the executors'
+    assert (
+        _section(kv_cache_config={"tokens_per_block": 64}, router={"type": "kv_cache_aware"})
+        .router_args({})
+        .tokens_per_block
+        == 64
+    )
+    assert (
+        _section(router={"type": "kv_cache_aware"}).router_args({}).tokens_per_block is None
+    )  # unset: adopt the executors'
     assert kv.router_args(env).tokens_per_block == 16
     # the conversation router takes it too (both call BlockHashMixin._init_block_hashing); others ignore it
     assert _section(router={"type": "conversation"}).router_args(env).tokens_per_block == 16
@@ -289,17 +418,38 @@ def test_the_router_s_tokens_per_block_wins_over_kv_cache_config_and_the_environ
 
 @pytest.mark.parametrize("value", ["", "abc", "0", "-32", "1.5"])
 def test_a_bad_tokens_per_block_environment_override_is_refused_by_name(value: str) -> None:
-    with pytest.raises(ConfigError, match=r"^TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK: .* is not a positive integer"):
-        _section(router={"type": "kv_cache_aware"}).router_args({"TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK": value})
+    with pytest.raises(
+        ConfigError, match=r"^TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK: .* is not a positive integer"
+    ):
+        _section(router={"type": "kv_cache_aware"}).router_args(
+            {"TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK": value}
+        )
 
 
 def test_check_config_exits_2_naming_a_bad_tokens_per_block_override(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"hostname": "127.0.0.1", "port": 8000,
-                                   "context_servers": {"num_instances": 1, "urls": ["127.0.0.1:8001"], "router": {"type": "kv_cache_aware"}},
-                                   "generation_servers": {"num_instances": 1, "urls": ["127.0.0.1:8002"]}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "hostname": "127.0.0.1",
+                "port": 8000,
+                "context_servers": {
+                    "num_instances": 1,
+                    "urls": ["127.0.0.1:8001"],
+                    "router": {"type": "kv_cache_aware"},
+                },
+                "generation_servers": {"num_instances": 1, "urls": ["127.0.0.1:8002"]},
+            }
+        )
+    )
     env = {**os.environ, "TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK": "lots"}
-    r = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(cfg)], capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK: 'lots' is not a positive integer" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -44,7 +44,9 @@ def _write(tmp_path: Path, cfg: dict[str, Any]) -> Path:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shmdisagg.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "shmdisagg.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def _one_line(out: subprocess.CompletedProcess[str], code: int = 2) -> str:
@@ -63,12 +65,17 @@ def _one_line(out: subprocess.CompletedProcess[str], code: int = 2) -> str:
     [["check-config"], ["launch"], ["launch", "--dry-run"], ["serve"], ["stats", "--once"], ["bench", "--launch"]],
     ids=lambda a: " ".join(a),
 )
-def test_a_config_that_is_not_utf8_is_one_line_and_exit_2_in_every_command(tmp_path: Path, shm_prefix: str, args: list[str]) -> None:
+def test_a_config_that_is_not_utf8_is_one_line_and_exit_2_in_every_command(
+    tmp_path: Path, shm_prefix: str, args: list[str]
+) -> None:
     """A Latin-1 `# café` comment: before, a UnicodeDecodeError traceback in all of them."""
     path = tmp_path / "latin1.yaml"
     path.write_bytes("# café\n".encode("latin-1") + yaml.safe_dump(_config(tmp_path, shm_prefix)).encode())
     line = _one_line(_run(*args, "-c", str(path)))
-    assert line == f"shmdisagg: config error: {path}: line 1 not UTF-8 text (byte 0xe9 at column 6); save the file as UTF-8"
+    assert (
+        line
+        == f"shmdisagg: config error: {path}: line 1 not UTF-8 text (byte 0xe9 at column 6); save the file as UTF-8"
+    )
 
 
 def test_utf8_with_or_without_a_byte_order_mark_loads(tmp_path: Path, shm_prefix: str) -> None:
@@ -80,11 +87,18 @@ def test_utf8_with_or_without_a_byte_order_mark_loads(tmp_path: Path, shm_prefix
 
 DUPLICATES = [
     ("port: 1\nport: 2\n", "port: listed twice (lines 1 and 2)"),
-    ("generation_servers:\n  urls: ['a:1']\n  router: {type: load_balancing}\n  router: {type: round_robin}\n",
-     "generation_servers.router: listed twice (lines 3 and 4)"),
-    ("context_servers:\n  urls: ['a:1']\n  kv_cache_config:\n    tokens_per_block: 32\n    tokens_per_block: 64\n",
-     "context_servers.kv_cache_config.tokens_per_block: listed twice (lines 4 and 5)"),
-    ("shmdisagg:\n  executors:\n    trtllm:\n      env: {A: '1', A: '2'}\n", "shmdisagg.executors.trtllm.env.A: listed twice (lines 4 and 4)"),
+    (
+        "generation_servers:\n  urls: ['a:1']\n  router: {type: load_balancing}\n  router: {type: round_robin}\n",
+        "generation_servers.router: listed twice (lines 3 and 4)",
+    ),
+    (
+        "context_servers:\n  urls: ['a:1']\n  kv_cache_config:\n    tokens_per_block: 32\n    tokens_per_block: 64\n",
+        "context_servers.kv_cache_config.tokens_per_block: listed twice (lines 4 and 5)",
+    ),
+    (
+        "shmdisagg:\n  executors:\n    trtllm:\n      env: {A: '1', A: '2'}\n",
+        "shmdisagg.executors.trtllm.env.A: listed twice (lines 4 and 4)",
+    ),
     ("x:\n  - {k: 1}\n  - {k: 1, k: 2}\n", "x.1.k: listed twice (lines 3 and 3)"),
 ]
 
@@ -144,7 +158,9 @@ def test_an_empty_model_is_refused(tmp_path: Path, shm_prefix: str, edit, expect
 # -- the log directory -----------------------------------------------------------------------------
 
 
-def test_a_configured_log_dir_that_is_a_file_is_refused_by_check_config_and_launch(tmp_path: Path, shm_prefix: str) -> None:
+def test_a_configured_log_dir_that_is_a_file_is_refused_by_check_config_and_launch(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     """Before: check-config said ok, launch died with a FileExistsError traceback."""
     afile = tmp_path / "afile"
     afile.write_text("")
@@ -153,7 +169,10 @@ def test_a_configured_log_dir_that_is_a_file_is_refused_by_check_config_and_laun
     path = _write(tmp_path, cfg)
     for command in ("check-config", "launch"):
         line = _one_line(_run(command, "-c", str(path)))
-        assert line == f"shmdisagg: config error: {path}: shmdisagg.executors.log_dir: {afile} exists and is not a directory", (command, line)
+        assert (
+            line
+            == f"shmdisagg: config error: {path}: shmdisagg.executors.log_dir: {afile} exists and is not a directory"
+        ), (command, line)
 
 
 def test_a_log_dir_option_that_is_a_file_is_refused_before_anything_starts(tmp_path: Path, shm_prefix: str) -> None:
@@ -164,20 +183,27 @@ def test_a_log_dir_option_that_is_a_file_is_refused_before_anything_starts(tmp_p
     assert line == f"shmdisagg: --log-dir: cannot create {afile / 'logs'}: {afile} is not a directory"
 
 
-def test_a_log_dir_the_kernel_will_not_create_is_refused_before_anything_starts(tmp_path: Path, shm_prefix: str) -> None:
+def test_a_log_dir_the_kernel_will_not_create_is_refused_before_anything_starts(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     """/proc refuses new directories even to root, whose access() checks pass: the check asks
     the kernel (a probe directory made and removed), so check-config refuses the configured one
     and launch the option, exit 2 and one line naming it, instead of 'ok' and a failure later."""
     path = _write(tmp_path, _config(tmp_path, shm_prefix))
     line = _one_line(_run("launch", "-c", str(path), "--log-dir", "/proc/nope"))
-    assert line == "shmdisagg: --log-dir: cannot create /proc/nope: /proc refuses new directories (No such file or directory)"
+    assert (
+        line
+        == "shmdisagg: --log-dir: cannot create /proc/nope: /proc refuses new directories (No such file or directory)"
+    )
     cfg = _config(tmp_path, shm_prefix)
     cfg["shmdisagg"]["executors"]["log_dir"] = "/proc/nope"
     path = _write(tmp_path, cfg)
     for command in ("check-config", "launch"):
         line = _one_line(_run(command, "-c", str(path)))
-        assert line == (f"shmdisagg: config error: {path}: shmdisagg.executors.log_dir: cannot create /proc/nope: "
-                        "/proc refuses new directories (No such file or directory)"), (command, line)
+        assert line == (
+            f"shmdisagg: config error: {path}: shmdisagg.executors.log_dir: cannot create /proc/nope: "
+            "/proc refuses new directories (No such file or directory)"
+        ), (command, line)
 
 
 def test_the_launcher_names_an_unusable_log_directory_and_starts_nothing(tmp_path: Path, shm_prefix: str) -> None:
@@ -188,7 +214,9 @@ def test_the_launcher_names_an_unusable_log_directory_and_starts_nothing(tmp_pat
     afile.write_text("")
     path = _write(tmp_path, _config(tmp_path, shm_prefix))
     dep = Deployment(load_config(path), str(path), str(afile))
-    with pytest.raises(LaunchError, match=rf"^log directory {afile} \(--log-dir\): {afile} exists and is not a directory$"):
+    with pytest.raises(
+        LaunchError, match=rf"^log directory {afile} \(--log-dir\): {afile} exists and is not a directory$"
+    ):
         dep.start()
     assert dep.executors == [] and dep.coordinator is None
 
@@ -200,13 +228,24 @@ def test_the_launcher_names_an_unusable_log_directory_and_starts_nothing(tmp_pat
     ("edit", "expected"),
     [
         (lambda d: d.update(hostname=NO_SUCH_HOST), f"hostname: cannot resolve '{NO_SUCH_HOST}'"),
-        (lambda d: d.update(hostname=NOT_HERE), f"hostname: '{NOT_HERE}' is not an address of this machine; the fleet listens there"),
-        (lambda d: d["context_servers"].update(urls=[f"{NO_SUCH_HOST}:9611"]), f"context_servers.urls: '{NO_SUCH_HOST}:9611': cannot resolve '{NO_SUCH_HOST}'"),
-        (lambda d: d["generation_servers"].update(urls=[f"{NOT_HERE}:9162"]),
-         f"generation_servers.urls: '{NOT_HERE}:9162': '{NOT_HERE}' is not an address of this machine; shmdisagg launch starts its executors on this machine"),
+        (
+            lambda d: d.update(hostname=NOT_HERE),
+            f"hostname: '{NOT_HERE}' is not an address of this machine; the fleet listens there",
+        ),
+        (
+            lambda d: d["context_servers"].update(urls=[f"{NO_SUCH_HOST}:9611"]),
+            f"context_servers.urls: '{NO_SUCH_HOST}:9611': cannot resolve '{NO_SUCH_HOST}'",
+        ),
+        (
+            lambda d: d["generation_servers"].update(urls=[f"{NOT_HERE}:9162"]),
+            f"generation_servers.urls: '{NOT_HERE}:9162': '{NOT_HERE}' is not an address of this machine; "
+            "shmdisagg launch starts its executors on this machine",
+        ),
     ],
 )
-def test_check_config_and_launch_refuse_addresses_this_machine_cannot_use(tmp_path: Path, shm_prefix: str, edit, expected: str) -> None:
+def test_check_config_and_launch_refuse_addresses_this_machine_cannot_use(
+    tmp_path: Path, shm_prefix: str, edit, expected: str
+) -> None:
     """Before: check-config said ok; launch failed with exit 1 ("cannot resolve", or for an
     address of another machine "already in use ... is another deployment running?")."""
     data = _config(tmp_path, shm_prefix)
@@ -218,12 +257,16 @@ def test_check_config_and_launch_refuse_addresses_this_machine_cannot_use(tmp_pa
     assert not (tmp_path / "coord.sock").exists()
 
 
-def test_serve_refuses_unresolvable_hosts_but_takes_executors_on_other_machines(tmp_path: Path, shm_prefix: str) -> None:
+def test_serve_refuses_unresolvable_hosts_but_takes_executors_on_other_machines(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     data = _config(tmp_path, shm_prefix)
     del data["shmdisagg"]["executors"]
     data["context_servers"]["urls"] = [f"{NO_SUCH_HOST}:9611"]
     line = _one_line(_run("serve", "-c", str(_write(tmp_path, data))))
-    assert line.startswith(f"shmdisagg: config error: {tmp_path / 'cfg.yaml'}: context_servers.urls: '{NO_SUCH_HOST}:9611': cannot resolve"), line
+    assert line.startswith(
+        f"shmdisagg: config error: {tmp_path / 'cfg.yaml'}: context_servers.urls: '{NO_SUCH_HOST}:9611': cannot resolve"
+    ), line
     data["context_servers"]["urls"] = [f"{NOT_HERE}:9611"]  # serve runs no executor: elsewhere is fine
     out = _run("check-config", "-c", str(_write(tmp_path, data)))
     assert out.returncode == 0, out
@@ -237,7 +280,9 @@ def test_the_launcher_says_an_executor_address_is_not_on_this_machine(tmp_path: 
     data["context_servers"]["urls"] = [f"{NOT_HERE}:9611"]
     path = _write(tmp_path, data)
     dep = Deployment(load_config(path), str(path), str(tmp_path / "logs"))
-    with pytest.raises(LaunchError, match=rf"^executor address not on this machine: {NOT_HERE}:9611 \(launch starts the executors here"):
+    with pytest.raises(
+        LaunchError, match=rf"^executor address not on this machine: {NOT_HERE}:9611 \(launch starts the executors here"
+    ):
         dep.start()
     assert dep.executors == [] and not (tmp_path / "logs").exists()
 

@@ -63,7 +63,9 @@ async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> N
 
 
 @contextlib.asynccontextmanager
-async def monitoring(shm_prefix: str, n: int, **kw: Any) -> AsyncIterator[tuple[HealthMonitor, list[FakeServer], list[float], list[tuple[int, int]]]]:
+async def monitoring(
+    shm_prefix: str, n: int, **kw: Any
+) -> AsyncIterator[tuple[HealthMonitor, list[FakeServer], list[float], list[tuple[int, int]]]]:
     """`n` servers (slot 0 context, the rest generation) under a running monitor whose
     answered-legs reader returns `answered[slot]`; `marks` gets (slot, that server's probe count)
     each time a server is marked unhealthy."""
@@ -71,7 +73,9 @@ async def monitoring(shm_prefix: str, n: int, **kw: Any) -> AsyncIterator[tuple[
     for s in servers:
         await s.start()
     table = ControlTable.create(shm_prefix)
-    executors = [Executor(i, ROLE_CONTEXT if i == 0 else ROLE_GENERATION, "127.0.0.1", s.port) for i, s in enumerate(servers)]
+    executors = [
+        Executor(i, ROLE_CONTEXT if i == 0 else ROLE_GENERATION, "127.0.0.1", s.port) for i, s in enumerate(servers)
+    ]
     mon = HealthMonitor(table, executors, kw.pop("interval_s", 0.05), **kw)
     answered = [0.0] * n
     marks: list[tuple[int, int]] = []
@@ -131,7 +135,12 @@ def test_health_check_failures_is_the_number_of_failed_probes_in_a_row(shm_prefi
 def test_health_check_timeout_is_how_long_a_probe_may_take(shm_prefix: str) -> None:
     async def run() -> None:
         # 1.3 s probes pass a 2 s timeout (the bound here was max(2 x interval, 1 s) = 1 s)
-        async with monitoring(shm_prefix, 1, interval_s=0.1, timeout_s=2.0, failures=1) as (mon, [srv], answered, marks):
+        async with monitoring(shm_prefix, 1, interval_s=0.1, timeout_s=2.0, failures=1) as (
+            mon,
+            [srv],
+            answered,
+            marks,
+        ):
             srv.delay_s = 1.3
             start = srv.hits
             await until(lambda: srv.hits >= start + 3, 10, "two slow probes answered")

@@ -45,8 +45,11 @@ class Script:
     def __call__(self, env: dict[str, str], fds: Sequence[int]) -> subprocess.Popen[bytes]:
         ready, code, linger = self.runs[len(self.envs)] if len(self.envs) < len(self.runs) else (False, 3, 0.0)
         self.envs.append(env)
-        proc = subprocess.Popen([sys.executable, "-c", FAKE, "1" if ready else "0", str(code), str(linger)],
-                                env={**os.environ, **env}, pass_fds=tuple(fds))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", FAKE, "1" if ready else "0", str(code), str(linger)],
+            env={**os.environ, **env},
+            pass_fds=tuple(fds),
+        )
         self.pids.append(proc.pid)
         return proc
 
@@ -124,8 +127,11 @@ def test_replacements_that_keep_failing_end_the_deployment(config, caplog: pytes
     assert keeper.restarts == keeper_mod.MAX_FAILED_RESTARTS
     # the give-up line names the death that started it, not only the last replacement's exit
     gave_up = [r.getMessage() for r in caplog.records if "keep failing" in r.getMessage()]
-    assert gave_up == [f"coordinator restarts keep failing: the coordinator (pid {script.pids[0]}) that served died (killed by SIGKILL), "
-                       f"then {keeper_mod.MAX_FAILED_RESTARTS} replacements in a row never became ready (the last: exit 1): stopping the deployment"]
+    assert gave_up == [
+        f"coordinator restarts keep failing: the coordinator (pid {script.pids[0]}) that served died "
+        f"(killed by SIGKILL), then {keeper_mod.MAX_FAILED_RESTARTS} replacements in a row never became ready "
+        "(the last: exit 1): stopping the deployment"
+    ]
 
 
 def test_one_that_serves_again_resets_the_failure_count(config) -> None:  # type: ignore[no-untyped-def]

@@ -25,8 +25,14 @@ class Rig:
         self.row = memoryview(bytearray(8 * LAYOUT.words)).cast("d")
         self.restarted: list[int] = []
         self.key_changes: list[int] = []
-        self.ing = KvEventIngestor(index, [Executor(0, ROLE_CONTEXT, "127.0.0.1", 1), Executor(1, ROLE_CONTEXT, "127.0.0.1", 2)],
-                                   keys, row=self.row, on_restart=self.restarted.append, on_key_change=self.key_changes.append)
+        self.ing = KvEventIngestor(
+            index,
+            [Executor(0, ROLE_CONTEXT, "127.0.0.1", 1), Executor(1, ROLE_CONTEXT, "127.0.0.1", 2)],
+            keys,
+            row=self.row,
+            on_restart=self.restarted.append,
+            on_key_change=self.key_changes.append,
+        )
 
     def feed(self, slot: int, events: list[dict[str, Any]], fast: bool = True) -> None:
         if fast:
@@ -53,19 +59,38 @@ def rig(shm_prefix: str) -> Iterator[Rig]:
         with BlockIndex.create(table) as index:
             keys = RoutingKeys({ROLE_CONTEXT: ("context", None)})
             for slot in (0, 1):
-                assert keys.admit(slot, ROLE_CONTEXT, f"127.0.0.1:{slot + 1}", {"kv_cache_hash_algo": "v1_block_key", "tokens_per_block": 32}, True) is None
+                assert (
+                    keys.admit(
+                        slot,
+                        ROLE_CONTEXT,
+                        f"127.0.0.1:{slot + 1}",
+                        {"kv_cache_hash_algo": "v1_block_key", "tokens_per_block": 32},
+                        True,
+                    )
+                    is None
+                )
             yield Rig(table, index, keys)
             index.unlink()
         table.unlink()
 
 
 def created(i: int | None, window: int | None = 4096, **extra: Any) -> dict[str, Any]:
-    return {"event_id": i, "data": {"type": "created", "num_blocks_per_cache_level": [100, 0]}, "window_size": window, **extra}
+    return {
+        "event_id": i,
+        "data": {"type": "created", "num_blocks_per_cache_level": [100, 0]},
+        "window_size": window,
+        **extra,
+    }
 
 
 def stored(i: int | None, hashes: list[Any], window: int | None = 4096, **extra: Any) -> dict[str, Any]:
     blocks = [{"type": "stored_block", "block_hash": h, "tokens": [], "cache_level": 0, "priority": 35} for h in hashes]
-    return {"event_id": i, "data": {"type": "stored", "parent_hash": None, "blocks": blocks}, "window_size": window, **extra}
+    return {
+        "event_id": i,
+        "data": {"type": "stored", "parent_hash": None, "blocks": blocks},
+        "window_size": window,
+        **extra,
+    }
 
 
 def removed(i: int | None, hashes: list[Any], window: int | None = 4096, **extra: Any) -> dict[str, Any]:
@@ -104,7 +129,9 @@ def test_holes_in_a_stream_not_known_complete_are_counted_but_clear_nothing(rig:
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["typed", "tolerant"])
-def test_an_event_id_that_goes_back_is_a_restart_clearing_the_server_and_reading_its_server_info_again(rig: Rig, fast: bool) -> None:
+def test_an_event_id_that_goes_back_is_a_restart_clearing_the_server_and_reading_its_server_info_again(
+    rig: Rig, fast: bool
+) -> None:
     rig.feed(0, [created(0), stored(1, [11]), stored(2, [12])], fast)
     # restarted on the same port between two health polls: its new stream begins again
     rig.feed(0, [created(0), stored(1, [41])], fast)
@@ -133,8 +160,13 @@ def test_only_the_largest_attention_window_s_events_are_applied(rig: Rig) -> Non
 
 
 def test_attention_dp_ranks_number_their_events_apart(rig: Rig) -> None:
-    events = [created(0, attention_dp_rank=0), created(0, attention_dp_rank=1),
-              stored(1, [11], attention_dp_rank=1), stored(1, [12], attention_dp_rank=0), stored(2, [13], attention_dp_rank=1)]
+    events = [
+        created(0, attention_dp_rank=0),
+        created(0, attention_dp_rank=1),
+        stored(1, [11], attention_dp_rank=1),
+        stored(1, [12], attention_dp_rank=0),
+        stored(2, [13], attention_dp_rank=1),
+    ]
     rig.feed(0, events)
     assert rig.ing.event_gaps == 0 and rig.ing.restarts == 0
     assert all(rig.bits(h) == (True, False) for h in (11, 12, 13))
@@ -145,7 +177,15 @@ def test_v2_sha256_hex_keys_and_v2_sha256_64_ints_land_on_the_keys_the_router_ha
     prompt = list(range(1000, 1100))
     want = struct.unpack(f"<{len(prompt) // 32 + 1}Q", block_hashes_for("v2_sha256", prompt, 32))
     hexes = [k.hex() for k in block_keys_v2(prompt, 32)]
-    rig.feed(0, [created(0, hash_algo="v2_sha256"), stored(1, hexes[:2], hash_algo="v2_sha256"), removed(2, hexes[1:2], hash_algo="v2_sha256")], fast)
+    rig.feed(
+        0,
+        [
+            created(0, hash_algo="v2_sha256"),
+            stored(1, hexes[:2], hash_algo="v2_sha256"),
+            removed(2, hexes[1:2], hash_algo="v2_sha256"),
+        ],
+        fast,
+    )
     assert rig.bits(want[0]) == (True, False) and rig.bits(want[1]) == (False, False)
     assert rig.keys is not None and rig.keys.configs()["context"]["kv_cache_hash_algo"] == "v2_sha256"
     assert rig.key_changes == [0]  # the role moved from the claimed v1_block_key: workers re-read it
@@ -155,14 +195,31 @@ def test_v2_sha256_hex_keys_and_v2_sha256_64_ints_land_on_the_keys_the_router_ha
 
 
 def test_events_of_an_algorithm_the_router_cannot_compute_or_with_bad_hashes_are_dropped(rig: Rig) -> None:
-    rig.feed(0, [created(0), stored(1, [11], hash_algo="v3_sha512"), stored(2, ["0x0011223344556677"]), stored(3, ["abcd"]),
-                 removed(4, [True]), stored(5, [12])])
+    rig.feed(
+        0,
+        [
+            created(0),
+            stored(1, [11], hash_algo="v3_sha512"),
+            stored(2, ["0x0011223344556677"]),
+            stored(3, ["abcd"]),
+            removed(4, [True]),
+            stored(5, [12]),
+        ],
+    )
     assert rig.ing.dropped_events == 4 and rig.bits(11) == (False, False) and rig.bits(12) == (True, False)
     assert rig.ing.event_gaps == 0  # a dropped event still counts for the stream
 
 
 def test_updated_events_change_nothing_as_upstream(rig: Rig) -> None:
-    upd = {"event_id": 2, "data": {"type": "updated", "block_hash": 11, "cache_level": {"type": "event_diff", "new_value": 1, "old_value": 0},
-                                   "priority": {"type": "event_diff", "new_value": 35, "old_value": 35}}, "window_size": 4096}
+    upd = {
+        "event_id": 2,
+        "data": {
+            "type": "updated",
+            "block_hash": 11,
+            "cache_level": {"type": "event_diff", "new_value": 1, "old_value": 0},
+            "priority": {"type": "event_diff", "new_value": 35, "old_value": 35},
+        },
+        "window_size": 4096,
+    }
     rig.feed(0, [created(0), stored(1, [11]), upd])
     assert rig.bits(11) == (True, False) and rig.ing.dropped_events == 0 and rig.ing.applied_events == 3

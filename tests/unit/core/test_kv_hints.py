@@ -142,11 +142,13 @@ def test_a_launcher_that_started_no_coordinator_leaves_the_socket_paths_alone(tm
     from shmdisagg.config import parse_config
     from shmdisagg.launch import Deployment
 
-    config = parse_config({
-        "context_servers": {"urls": ["127.0.0.1:2"]},
-        "generation_servers": {"urls": ["127.0.0.1:1"]},
-        "shmdisagg": {"shm": {"prefix": shm_prefix}, "coordinator_socket": str(tmp_path / "coord.sock")},
-    })
+    config = parse_config(
+        {
+            "context_servers": {"urls": ["127.0.0.1:2"]},
+            "generation_servers": {"urls": ["127.0.0.1:1"]},
+            "shmdisagg": {"shm": {"prefix": shm_prefix}, "coordinator_socket": str(tmp_path / "coord.sock")},
+        }
+    )
     assert config.kv_hint_socket == str(tmp_path / "coord.sock.kvhint")
     for path in (config.coordinator_socket, config.kv_hint_socket):
         Path(path).write_text("not this launcher's")

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from shmdisagg.node_ids import ENV_NODE_ID, ENV_NODE_ID_FD, NodeIdError, claim_node_id, claim_or_inherit, inherited_claim
+from shmdisagg.node_ids import (
+    ENV_NODE_ID,
+    ENV_NODE_ID_FD,
+    NodeIdError,
+    claim_node_id,
+    claim_or_inherit,
+    inherited_claim,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 CHILD = """
@@ -27,10 +34,19 @@ sys.stdin.readline()  # hold it until the test closes stdin
 
 
 @contextmanager
-def holder(*args: str, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def holder(
+    *args: str, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """A process holding a node id (its own claim, or an inherited one) until the block ends."""
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, pass_fds=pass_fds)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, *args],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        pass_fds=pass_fds,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -102,12 +118,20 @@ def test_a_child_uses_the_claim_it_was_handed_and_refuses_variables_that_name_no
             inherited_claim({ENV_NODE_ID: "9", ENV_NODE_ID_FD: "987"})  # no such fd
 
 
-def test_the_coordinator_refuses_to_start_on_a_node_id_another_deployment_holds(tmp_path: Path, shm_prefix: str) -> None:
+def test_the_coordinator_refuses_to_start_on_a_node_id_another_deployment_holds(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     from shmdisagg.config import parse_config
     from shmdisagg.coordinator.main import Coordinator, StartupError
 
     with claim_node_id(None) as held:  # another deployment on this host (here: this process)
-        cfg = parse_config({"context_servers": {"urls": ["127.0.0.1:1"]}, "generation_servers": {"urls": ["127.0.0.1:2"]},
-                            "node_id": held.node_id, "shmdisagg": {"shm": {"prefix": shm_prefix}}})
+        cfg = parse_config(
+            {
+                "context_servers": {"urls": ["127.0.0.1:1"]},
+                "generation_servers": {"urls": ["127.0.0.1:2"]},
+                "node_id": held.node_id,
+                "shmdisagg": {"shm": {"prefix": shm_prefix}},
+            }
+        )
         with pytest.raises(StartupError, match=f"^node_id {held.node_id} is in use by another deployment on this host"):
             Coordinator(cfg, str(tmp_path / "config.yaml"))

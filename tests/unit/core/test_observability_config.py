@@ -33,7 +33,11 @@ def _cfg(**top: Any) -> dict[str, Any]:
 
 
 def test_the_keys_are_typed_and_an_unknown_otlp_key_is_refused() -> None:
-    cfg = parse_config(_cfg(perf_metrics_output_dir="/tmp/perf", otlp_config={"otlp_traces_endpoint": "http://collector:4318/v1/traces"}))
+    cfg = parse_config(
+        _cfg(
+            perf_metrics_output_dir="/tmp/perf", otlp_config={"otlp_traces_endpoint": "http://collector:4318/v1/traces"}
+        )
+    )
     assert cfg.perf_metrics_output_dir == "/tmp/perf" and cfg.otlp_config is not None
     assert cfg.otlp_config.otlp_traces_endpoint == "http://collector:4318/v1/traces"
     assert "otlp_config" not in (cfg.model_extra or {}) and "perf_metrics_output_dir" not in (cfg.model_extra or {})
@@ -43,7 +47,9 @@ def test_the_keys_are_typed_and_an_unknown_otlp_key_is_refused() -> None:
 
 def test_otlp_needs_a_known_protocol_and_its_exporter() -> None:
     assert otlp_problem({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}) is None  # installed by the test extra
-    assert "'http/json' is not one of grpc, http/protobuf" in (otlp_problem({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}) or "")
+    assert "'http/json' is not one of grpc, http/protobuf" in (
+        otlp_problem({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}) or ""
+    )
     import importlib.util
 
     grpc = importlib.util.find_spec("opentelemetry.exporter.otlp.proto.grpc") is not None
@@ -55,7 +61,9 @@ def test_otlp_needs_a_known_protocol_and_its_exporter() -> None:
 
 def test_a_real_otlp_exporter_is_built_for_the_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
-    obs = Observability.from_config(parse_config(_cfg(otlp_config={"otlp_traces_endpoint": "http://127.0.0.1:9/v1/traces"})), environ={})
+    obs = Observability.from_config(
+        parse_config(_cfg(otlp_config={"otlp_traces_endpoint": "http://127.0.0.1:9/v1/traces"})), environ={}
+    )
     assert obs.tracing is not None and obs.enabled
     processor = obs.tracing.provider._active_span_processor._span_processors[0]
     assert type(processor).__name__ == "BatchSpanProcessor"
@@ -74,7 +82,14 @@ def test_nothing_is_observed_without_the_keys() -> None:
 def _check(tmp_path: Path, env: dict[str, str] | None = None, **top: Any) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(_cfg(**top)))
-    return subprocess.run([sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(path)], cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def test_check_config_refuses_what_a_worker_could_not_honour(tmp_path: Path) -> None:
@@ -83,12 +98,19 @@ def test_check_config_refuses_what_a_worker_could_not_honour(tmp_path: Path) -> 
     afile = tmp_path / "afile"
     afile.write_text("")
     out = _check(tmp_path, perf_metrics_output_dir=str(afile))
-    assert out.returncode == 2 and out.stderr.strip().endswith(f"perf_metrics_output_dir: {afile} exists and is not a directory"), out.stderr
+    assert out.returncode == 2 and out.stderr.strip().endswith(
+        f"perf_metrics_output_dir: {afile} exists and is not a directory"
+    ), out.stderr
     out = _check(tmp_path, env={**os.environ, "TRTLLM_REQUEST_TRACE_DIR": str(afile)})
-    assert out.returncode == 2 and out.stderr.strip().endswith(f"TRTLLM_REQUEST_TRACE_DIR: {afile} exists and is not a directory"), out.stderr
+    assert out.returncode == 2 and out.stderr.strip().endswith(
+        f"TRTLLM_REQUEST_TRACE_DIR: {afile} exists and is not a directory"
+    ), out.stderr
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "zipkin"}
     out = _check(tmp_path, env=env, otlp_config={"otlp_traces_endpoint": "http://127.0.0.1:4317"})
-    assert out.returncode == 2 and "otlp_config.otlp_traces_endpoint: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='zipkin'" in out.stderr, out.stderr
+    assert (
+        out.returncode == 2
+        and "otlp_config.otlp_traces_endpoint: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='zipkin'" in out.stderr
+    ), out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
     ok = _check(tmp_path, perf_metrics_output_dir=str(tmp_path / "new" / "perf"))
     assert ok.returncode == 0, ok.stderr
@@ -97,7 +119,12 @@ def test_check_config_refuses_what_a_worker_could_not_honour(tmp_path: Path) -> 
 def test_check_machine_accepts_usable_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRTLLM_REQUEST_TRACE_DIR", str(tmp_path / "trace"))
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
-    check_machine(parse_config(_cfg(perf_metrics_output_dir=str(tmp_path), otlp_config={"otlp_traces_endpoint": "http://127.0.0.1:4318"})), False)
+    check_machine(
+        parse_config(
+            _cfg(perf_metrics_output_dir=str(tmp_path), otlp_config={"otlp_traces_endpoint": "http://127.0.0.1:4318"})
+        ),
+        False,
+    )
 
 
 @pytest.mark.parametrize("top", [{"return_perf_metrics": True}, {"perf_metrics_output_dir": "/tmp/perf"}])

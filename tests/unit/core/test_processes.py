@@ -69,4 +69,3 @@ own.stdin.close(); own.wait()
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "False", "None"]  # the orphan reaped, our own child untouched
-

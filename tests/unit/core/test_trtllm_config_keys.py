@@ -54,13 +54,24 @@ def _problems(data: dict[str, Any]) -> list[str]:
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
-    return subprocess.run([sys.executable, "-m", "shmdisagg.cli", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "shmdisagg.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_unknown_keys_are_each_named_in_a_warning_and_llm_arguments_are_not() -> None:
-    data = _base(warp_factor=9, otlp_config={"otlp_traces_endpoint": "http://x:4317"}, internal_request_auth_key="k",
-                 print_iter_log=True, cuda_graph_config={"enable_padding": True}, free_gpu_memory_fraction=0.8)
+    data = _base(
+        warp_factor=9,
+        otlp_config={"otlp_traces_endpoint": "http://x:4317"},
+        internal_request_auth_key="k",
+        print_iter_log=True,
+        cuda_graph_config={"enable_padding": True},
+        free_gpu_memory_fraction=0.8,
+    )
     data["context_servers"]["kv_cache_config"] = {"enable_block_reuse": True}
     data["context_servers"]["moe_config"] = {"backend": "CUTLASS"}
     data["context_servers"]["flux_capacitor"] = True
@@ -69,7 +80,9 @@ def test_unknown_keys_are_each_named_in_a_warning_and_llm_arguments_are_not() ->
     assert len(warnings) == 3, warnings
     assert warnings[0].startswith("warp_factor: unknown key (no TensorRT-LLM disaggregated-config key or LLM argument")
     assert warnings[1].startswith("context_servers.flux_capacitor: unknown key (")
-    assert warnings[2].startswith("generation_servers.tensor_paralel_size: unknown key, did you mean tensor_parallel_size?")
+    assert warnings[2].startswith(
+        "generation_servers.tensor_paralel_size: unknown key, did you mean tensor_parallel_size?"
+    )
 
 
 def test_check_config_prints_every_warning_and_still_passes(tmp_path: Path) -> None:
@@ -89,7 +102,9 @@ def test_the_epd_example_is_refused_naming_multimodal_servers(tmp_path: Path) ->
     out = _cli("check-config", "-c", str(path))
     assert out.returncode == 2, out
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"shmdisagg: config error: {path}: multimodal_servers: multimodal encoder servers (EPD) are not supported")
+    assert len(lines) == 1 and lines[0].startswith(
+        f"shmdisagg: config error: {path}: multimodal_servers: multimodal encoder servers (EPD) are not supported"
+    )
     assert "context_servers" not in lines[0].split("multimodal_servers:", 1)[0]
     assert "missing" not in out.stderr
 
@@ -97,13 +112,30 @@ def test_the_epd_example_is_refused_naming_multimodal_servers(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("top", "expected"),
     [
-        ({"multimodal_servers": {"urls": ["localhost:8005"]}}, "multimodal_servers: multimodal encoder servers (EPD) are not supported"),
-        ({"conversation_affinity_header_for_subagents": "X-Dynamo-Parent-Session-ID"},
-         "conversation_affinity_header_for_subagents: sub-agent parent-session affinity is not supported"),
-        ({"subagent_affinity_scope": "both"}, "subagent_affinity_scope: sub-agent parent-session affinity is not supported"),
-        ({"bind_host": "0.0.0.0"}, "bind_host: a bind address apart from the advertised hostname is not supported; set hostname"),
-        ({"disagg_cluster": {"cluster_uri": "http://localhost:8000"}}, "disagg_cluster: dynamic service discovery is not supported"),
-        ({"disagg_coordinator_url": "http://host:8332"}, "disagg_coordinator_url: an external coordinator is not supported"),
+        (
+            {"multimodal_servers": {"urls": ["localhost:8005"]}},
+            "multimodal_servers: multimodal encoder servers (EPD) are not supported",
+        ),
+        (
+            {"conversation_affinity_header_for_subagents": "X-Dynamo-Parent-Session-ID"},
+            "conversation_affinity_header_for_subagents: sub-agent parent-session affinity is not supported",
+        ),
+        (
+            {"subagent_affinity_scope": "both"},
+            "subagent_affinity_scope: sub-agent parent-session affinity is not supported",
+        ),
+        (
+            {"bind_host": "0.0.0.0"},
+            "bind_host: a bind address apart from the advertised hostname is not supported; set hostname",
+        ),
+        (
+            {"disagg_cluster": {"cluster_uri": "http://localhost:8000"}},
+            "disagg_cluster: dynamic service discovery is not supported",
+        ),
+        (
+            {"disagg_coordinator_url": "http://host:8332"},
+            "disagg_coordinator_url: an external coordinator is not supported",
+        ),
         ({"node_id": "7"}, "node_id: Input should be a valid integer"),
         ({"node_id": 256}, "node_id: Input should be less than 256"),
         ({"port": 0, "num_workers": 2}, "port: 0 (a port the kernel picks) needs num_workers: 1, not 2"),
@@ -126,9 +158,11 @@ def test_more_than_64_executors_are_refused_in_check_config_and_serve_in_one_lin
         assert out.returncode == 2, (command, out)
         assert "Traceback" not in out.stderr
         lines = out.stderr.strip().splitlines()
-        assert lines == [f"shmdisagg: config error: {path}: context_servers.urls/generation_servers.urls: 65 executors "
-                         "(40 context + 25 generation), more than the 64 one deployment can route to (the width of the shared "
-                         "table's server sets); split them over deployments"], (command, out.stderr)
+        assert lines == [
+            f"shmdisagg: config error: {path}: context_servers.urls/generation_servers.urls: 65 executors "
+            "(40 context + 25 generation), more than the 64 one deployment can route to (the width of the shared "
+            "table's server sets); split them over deployments"
+        ], (command, out.stderr)
     data["generation_servers"]["urls"].pop()
     assert len(parse_config(data).generation_servers.urls) == 24  # 64 load
 
@@ -139,14 +173,20 @@ def test_check_config_lists_every_problem_of_a_file(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(data))
     out = _cli("check-config", "-c", str(path))
     assert out.returncode == 2, out
-    keys = [line.removeprefix(f"shmdisagg: config error: {path}: ").split(":")[0] for line in out.stderr.strip().splitlines()]
+    keys = [
+        line.removeprefix(f"shmdisagg: config error: {path}: ").split(":")[0]
+        for line in out.stderr.strip().splitlines()
+    ]
     assert keys == ["multimodal_servers", "bind_host", "port", "num_workers"], out.stderr
 
 
 def test_port_0_and_the_trtllm_log_level_names_load() -> None:
     cfg = parse_config(_base(port=0, num_workers=1, shmdisagg={"log_level": "verbose"}))
     assert cfg.port == 0 and cfg.shmdisagg.log_level == "verbose"
-    assert any(w.startswith("port: 0 lets the kernel pick the port; only shmdisagg serve --report_addr") for w in config_warnings(cfg))
+    assert any(
+        w.startswith("port: 0 lets the kernel pick the port; only shmdisagg serve --report_addr")
+        for w in config_warnings(cfg)
+    )
     assert parse_config(_base(node_id=0)).node_id == 0 and parse_config(_base(node_id=255)).node_id == 255
 
 
@@ -160,17 +200,48 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
     (tmp_path / "tensorrt_llm/commands").mkdir(parents=True)
     (tmp_path / "tensorrt_llm/llmapi/llm_args.py").write_text(
         "class KvCacheConfig:\n    tokens_per_block: int = 32\n"
-        "class BaseLlmArgs:\n    model_config = None\n    model: str\n    _hidden: int = 0\n    max_batch_size: int = 2048\n"
+        "class BaseLlmArgs:\n    model_config = None\n    model: str\n    _hidden: int = 0\n    max_batch_size: "
+        "int = 2048\n"
         "_TORCH_LLMARGS_REMOVED_ARG_CHECKS: dict = {'sampler_type': print}\n"
         "class TorchLlmArgs(BaseLlmArgs):\n    print_iter_log: bool = False\n"
-        "def update_llm_args_with_extra_dict(llm_args, llm_args_dict):\n    if 'hf_revision' in llm_args_dict:\n        pass\n")
-    (tmp_path / "tensorrt_llm/commands/serve.py").write_text("def get_llm_args(model, free_gpu_memory_fraction=0.9, **rest):\n    pass\n")
-    out = subprocess.run([sys.executable, "scripts/gen_trtllm_llm_args.py", str(tmp_path), "abc123"], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[3], check=True)
+        "def update_llm_args_with_extra_dict(llm_args, llm_args_dict):\n    if 'hf_revision' in llm_args_dict:\n "
+        "       pass\n"
+    )
+    (tmp_path / "tensorrt_llm/commands/serve.py").write_text(
+        "def get_llm_args(model, free_gpu_memory_fraction=0.9, **rest):\n    pass\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "scripts/gen_trtllm_llm_args.py", str(tmp_path), "abc123"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+        check=True,
+    )
     namespace: dict[str, Any] = {}
     exec(compile(out.stdout, "generated", "exec"), namespace)
-    assert namespace["LLM_ARG_NAMES"] == {"model", "max_batch_size", "sampler_type", "print_iter_log", "hf_revision", "free_gpu_memory_fraction"}
+    assert namespace["LLM_ARG_NAMES"] == {
+        "model",
+        "max_batch_size",
+        "sampler_type",
+        "print_iter_log",
+        "hf_revision",
+        "free_gpu_memory_fraction",
+    }
     assert "commit abc123" in out.stdout
-    assert {"kv_cache_config", "cache_transceiver_config", "tensor_parallel_size", "moe_expert_parallel_size", "enable_attention_dp",
-            "cuda_graph_config", "speculative_config", "disable_overlap_scheduler", "print_iter_log", "backend", "model",
-            "free_gpu_memory_fraction", "max_seq_len", "trust_remote_code", "stream_interval"} <= LLM_ARG_NAMES
+    assert {
+        "kv_cache_config",
+        "cache_transceiver_config",
+        "tensor_parallel_size",
+        "moe_expert_parallel_size",
+        "enable_attention_dp",
+        "cuda_graph_config",
+        "speculative_config",
+        "disable_overlap_scheduler",
+        "print_iter_log",
+        "backend",
+        "model",
+        "free_gpu_memory_fraction",
+        "max_seq_len",
+        "trust_remote_code",
+        "stream_interval",
+    } <= LLM_ARG_NAMES

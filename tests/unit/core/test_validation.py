@@ -7,13 +7,11 @@ from enum import IntEnum
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from shmdisagg._native import token_ids_int32, token_ids_ok
 from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.orchestrator.validation import parse_body, prompt_load_tokens, validate
-
 
 
 def _check(body: bytes, chat: bool = False, want_ids: bool = False) -> dict:
@@ -45,7 +43,9 @@ def _check(body: bytes, chat: bool = False, want_ids: bool = False) -> dict:
     ],
 )
 @pytest.mark.parametrize("want_ids", [False, True])
-def test_bad_requests_are_400_with_openai_error_body(body: bytes, chat: bool, param: str | None, want_ids: bool) -> None:
+def test_bad_requests_are_400_with_openai_error_body(
+    body: bytes, chat: bool, param: str | None, want_ids: bool
+) -> None:
     with pytest.raises(RequestError) as info:
         _check(body, chat, want_ids)
     err = info.value
@@ -86,12 +86,20 @@ def test_any_model_name_is_served_as_trtllm_serve_serves_it() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("disaggregated_params", b'{"request_type":"generation_only","ctx_request_id":1}'), ("prompt_token_ids_b64", b'"AQAAAA=="'), ("ctx_usage", b"{}")],
+    [
+        ("disaggregated_params", b'{"request_type":"generation_only","ctx_request_id":1}'),
+        ("prompt_token_ids_b64", b'"AQAAAA=="'),
+        ("ctx_usage", b"{}"),
+    ],
 )
 def test_fields_only_the_orchestrator_sets_are_refused_by_name(field: str, value: bytes) -> None:
     with pytest.raises(RequestError) as info:
         _check(b'{"model":"m","prompt":"hi","' + field.encode() + b'":' + value + b"}")
-    assert info.value.status == 400 and info.value.param == field and "set by the disaggregated orchestrator" in info.value.message
+    assert (
+        info.value.status == 400
+        and info.value.param == field
+        and "set by the disaggregated orchestrator" in info.value.message
+    )
 
 
 def test_a_chats_own_prompt_token_ids_are_kept_and_checked() -> None:
@@ -106,7 +114,10 @@ def test_single_prompt_batches_are_unwrapped_and_counted() -> None:
     assert _check(b'{"model":"m","prompt":[[5,6,7]]}')["prompt"] == [5, 6, 7]
     assert _check(b'{"model":"m","prompt":["abc"]}')["prompt"] == "abc"
     assert prompt_load_tokens(_check(b'{"model":"m","prompt":[1,2,3,4]}'), False) == 4
-    chat = _check(b'{"model":"m","messages":[{"role":"user","content":"hello"},{"role":"user","content":[{"type":"text","text":"ab"}]}]}', True)
+    chat = _check(
+        b'{"model":"m","messages":[{"role":"user","content":"hello"},{"role":"user","content":[{"type":"text","text":"ab"}]}]}',
+        True,
+    )
     assert prompt_load_tokens(chat, True) == 7
 
 
@@ -126,7 +137,10 @@ _item = st.one_of(
 
 
 @settings(max_examples=400, deadline=None)
-@given(items=st.lists(st.integers(0, 2**31 - 1), max_size=40), bad=st.lists(st.tuples(st.integers(0, 40), _item), max_size=3))
+@given(
+    items=st.lists(st.integers(0, 2**31 - 1), max_size=40),
+    bad=st.lists(st.tuples(st.integers(0, 40), _item), max_size=3),
+)
 def test_token_id_checks_agree_with_python(items: list[int], bad: list[tuple[int, object]]) -> None:
     """token_ids_ok and token_ids_int32 accept exactly the non-empty lists of exact ints in
     [0, 2**31), whatever the position of an offending item (the native loop reads four at a time)."""

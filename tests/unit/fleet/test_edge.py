@@ -19,12 +19,24 @@ import pytest
 import uvicorn
 import uvloop
 
-from shmdisagg.fleet.edge import FD_RESERVE, FDS_PER_CONNECTION, MAX_HEAD_BYTES, EdgeLimits, edge_protocol, fit_connections
+from shmdisagg.fleet.edge import (
+    FD_RESERVE,
+    FDS_PER_CONNECTION,
+    MAX_HEAD_BYTES,
+    EdgeLimits,
+    edge_protocol,
+    fit_connections,
+)
 from shmdisagg.serving import EmbeddedServer
 
 DEADLINE_S = 0.3
 READ_TIMEOUT_S = 10.0  # bounds every read: a server that never answers fails the test here
-LIMITS = EdgeLimits(client_header_timeout_s=DEADLINE_S, client_body_timeout_s=DEADLINE_S, max_request_body_bytes=2048, worker_connections=64)
+LIMITS = EdgeLimits(
+    client_header_timeout_s=DEADLINE_S,
+    client_body_timeout_s=DEADLINE_S,
+    max_request_body_bytes=2048,
+    worker_connections=64,
+)
 POST_HEAD = b"POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
 
 
@@ -35,7 +47,13 @@ async def app(scope: dict[str, Any], receive: Callable[[], Any], send: Callable[
     if scope["type"] != "http":
         return
     if scope["path"] == "/early":
-        await send({"type": "http.response.start", "status": 415, "headers": [(b"content-type", b"application/json"), (b"content-length", b"2")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 415,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"2")],
+            }
+        )
         await send({"type": "http.response.body", "body": b"{}"})
         return
     size, more = 0, True
@@ -48,15 +66,29 @@ async def app(scope: dict[str, Any], receive: Callable[[], Any], send: Callable[
     if scope["path"] == "/slow":
         await asyncio.sleep(1.0)  # the app's own work, longer than every deadline of the test
     body = orjson.dumps({"received": size})
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
 @contextlib.asynccontextmanager
 async def serving(port: int, limits: EdgeLimits = LIMITS, keep_alive_s: float = 5.0) -> AsyncIterator[EmbeddedServer]:
     """uvicorn on 127.0.0.1:`port` configured as a fleet worker configures it (fleet/worker.py)."""
-    config = uvicorn.Config(app, loop="none", http=edge_protocol(limits), lifespan="off", access_log=False, log_level="warning",
-                            timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=1)  # type: ignore[arg-type]  # a float works
+    config = uvicorn.Config(
+        app,
+        loop="none",
+        http=edge_protocol(limits),
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        timeout_keep_alive=keep_alive_s,
+        timeout_graceful_shutdown=1,
+    )  # type: ignore[arg-type]  # a float works
     server = EmbeddedServer(config)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -119,7 +151,7 @@ async def trickle(writer: asyncio.StreamWriter, data: bytes, every_s: float = 0.
     """Send `data` a byte at a time (a slow client), until the server closes."""
     with contextlib.suppress(ConnectionError):
         for i in range(len(data)):
-            writer.write(data[i:i + 1])
+            writer.write(data[i : i + 1])
             await writer.drain()
             await asyncio.sleep(every_s)  # the client's pace, not a synchronisation
 
@@ -153,7 +185,9 @@ def test_the_head_deadline_restarts_with_each_request_of_a_keep_alive_connection
         async with serving(port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(request(b"a") + request(b"bb") + request(b"ccc"))  # pipelined: one write, three requests
-            assert [(await one_response(reader))[::2] for _ in range(3)] == [(200, b'{"received":%d}' % n) for n in (1, 2, 3)]
+            assert [(await one_response(reader))[::2] for _ in range(3)] == [
+                (200, b'{"received":%d}' % n) for n in (1, 2, 3)
+            ]
             # the connection now outlives one head deadline, idle (keep-alive is 5 s): poll that
             # it stays open by reading with a timeout longer than the deadline
             with contextlib.suppress(TimeoutError):
@@ -207,7 +241,9 @@ def test_a_trickled_body_gets_408_and_the_connection_closes(port: int) -> None:
             await trickle(writer, b"x" * 8)  # 0.4 s
             served = (await one_response(reader))[::2]
             writer.close()
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)  # the head deadline passes while the app works
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port
+            )  # the head deadline passes while the app works
             writer.write(request(b"slow").replace(b"/v1/completions", b"/slow"))  # 1 s of work
             slow = (await one_response(reader))[::2]
             writer.close()
@@ -233,7 +269,10 @@ def test_the_rest_of_a_body_answered_early_is_dropped_under_the_body_deadline(po
 
     async def main() -> tuple[bytes, tuple[int, bytes], bytes]:
         async with serving(port):
-            early = b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-type: text/plain\r\ncontent-length: 1000\r\n\r\n" + b"x" * 10
+            early = (
+                b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-type: text/plain\r\ncontent-length: 1000\r\n\r\n"
+                + b"x" * 10
+            )
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(early)
             async with asyncio.timeout(READ_TIMEOUT_S):
@@ -250,7 +289,9 @@ def test_the_rest_of_a_body_answered_early_is_dropped_under_the_body_deadline(po
     first, reused, abandoned = run(main())
     assert first.startswith(b"HTTP/1.1 415 ") and first.endswith(b"\r\n\r\n{}"), first
     assert reused == (200, b'{"received":4}')
-    assert abandoned.startswith(b"HTTP/1.1 415 ") and abandoned.endswith(b"\r\n\r\n{}"), abandoned  # one answer, then the close
+    assert abandoned.startswith(b"HTTP/1.1 415 ") and abandoned.endswith(b"\r\n\r\n{}"), (
+        abandoned
+    )  # one answer, then the close
 
 
 @pytest.mark.parametrize("expect", [False, True], ids=["plain", "expect-100-continue"])
@@ -260,7 +301,9 @@ def test_a_declared_length_over_the_limit_gets_413_before_the_body(port: int, ex
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(request(b"x" * 2048))  # at the limit: served, on the same connection as what follows
             assert (await one_response(reader))[::2] == (200, b'{"received":2048}')
-            writer.write(POST_HEAD + b"content-length: 2049\r\n" + (b"expect: 100-continue\r\n" if expect else b"") + b"\r\n")  # no body
+            writer.write(
+                POST_HEAD + b"content-length: 2049\r\n" + (b"expect: 100-continue\r\n" if expect else b"") + b"\r\n"
+            )  # no body
             raw = await until_eof(reader)
             writer.close()
             return raw
@@ -275,7 +318,12 @@ def test_a_chunked_body_gets_413_as_soon_as_it_passes_the_limit(port: int) -> No
     async def main() -> bytes:
         async with serving(port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(POST_HEAD + b"transfer-encoding: chunked\r\n\r\n" + (b"3e8\r\n" + b"x" * 1000 + b"\r\n") * 2 + b"0\r\n\r\n")
+            writer.write(
+                POST_HEAD
+                + b"transfer-encoding: chunked\r\n\r\n"
+                + (b"3e8\r\n" + b"x" * 1000 + b"\r\n") * 2
+                + b"0\r\n\r\n"
+            )
             assert (await one_response(reader))[::2] == (200, b'{"received":2000}')  # within the limit: served
             writer.write(POST_HEAD + b"transfer-encoding: chunked\r\n\r\n")
             for _ in range(3):  # 3000 bytes, no terminating chunk: the 413 must not wait for it
@@ -325,15 +373,19 @@ def test_the_connection_cap_answers_503_keeps_the_others_and_frees_a_place(port:
     assert status == 200
 
 
-@pytest.mark.parametrize("garbage, reason", [
-    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\xaa" * 64, "Invalid method"),  # TLS to a plain-HTTP port
-    (b"hello there\r\n\r\n", "Invalid method"),
-    (b"GET / HTTP/1.1\r\nbad header name: x\r\n\r\n", "header"),
-    (b"GET / HTTP/1.1\r\nhost: x\x01\r\n\r\n", "header value"),
-    (POST_HEAD + b"transfer-encoding: chunked\r\n\r\nzz\r\n", "chunk size"),
-    (POST_HEAD + b"content-length: 1\r\ncontent-length: 2\r\n\r\n", "Content-Length"),
-    (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/2"),
-], ids=["tls", "garbage", "header-name", "header-value", "chunk-size", "two-lengths", "http2-preface"])
+@pytest.mark.parametrize(
+    "garbage, reason",
+    [
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\xaa" * 64, "Invalid method"),  # TLS to a plain-HTTP port
+        (b"hello there\r\n\r\n", "Invalid method"),
+        (b"GET / HTTP/1.1\r\nbad header name: x\r\n\r\n", "header"),
+        (b"GET / HTTP/1.1\r\nhost: x\x01\r\n\r\n", "header value"),
+        (POST_HEAD + b"transfer-encoding: chunked\r\n\r\nzz\r\n", "chunk size"),
+        (POST_HEAD + b"content-length: 1\r\ncontent-length: 2\r\n\r\n", "Content-Length"),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/2"),
+    ],
+    ids=["tls", "garbage", "header-name", "header-value", "chunk-size", "two-lengths", "http2-preface"],
+)
 def test_what_the_parser_refuses_gets_400_in_the_openai_shape(port: int, garbage: bytes, reason: str) -> None:
     async def main() -> bytes:
         async with serving(port):
@@ -356,7 +408,10 @@ def test_an_upgrade_is_refused_with_a_body_and_ignored_without(port: int) -> Non
     async def main() -> tuple[tuple[int, bytes], bytes]:
         async with serving(port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n")
+            writer.write(
+                b"GET / HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: "
+                b"h2c\r\nhttp2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n"
+            )
             served = (await one_response(reader))[::2]
             writer.write(POST_HEAD + b"connection: upgrade\r\nupgrade: foo\r\ncontent-length: 2\r\n\r\n{}")
             raw = await until_eof(reader)
@@ -386,13 +441,20 @@ def test_a_head_over_the_size_limit_gets_431(port: int) -> None:
     assert "head" in body["message"]
 
 
-@pytest.mark.parametrize("head", [
-    b"GET /" + b"a" * (MAX_HEAD_BYTES + 10) + b" HTTP/1.1\r\nhost: t\r\n\r\n",
-    POST_HEAD + b"".join(b"x-filler-%d: %s\r\n" % (i, b"a" * 1000) for i in range(70)) + b"content-length: 2\r\n\r\n{}",
-], ids=["target", "headers"])
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /" + b"a" * (MAX_HEAD_BYTES + 10) + b" HTTP/1.1\r\nhost: t\r\n\r\n",
+        POST_HEAD
+        + b"".join(b"x-filler-%d: %s\r\n" % (i, b"a" * 1000) for i in range(70))
+        + b"content-length: 2\r\n\r\n{}",
+    ],
+    ids=["target", "headers"],
+)
 def test_a_head_over_the_size_limit_in_one_write_gets_431(port: int, head: bytes) -> None:
     """The limit counts the head as parsed, so a head that arrives in one read is held to it
     too (a count of the reads after the first let ~140-200 KB through)."""
+
     async def main() -> bytes:
         async with serving(port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -409,7 +471,11 @@ def test_a_head_just_under_the_size_limit_is_served(port: int) -> None:
     async def main() -> tuple[int, bytes]:
         async with serving(port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(POST_HEAD + b"".join(b"x-filler-%02d: %s\r\n" % (i, b"a" * 1000) for i in range(60)) + b"content-length: 2\r\n\r\n{}")
+            writer.write(
+                POST_HEAD
+                + b"".join(b"x-filler-%02d: %s\r\n" % (i, b"a" * 1000) for i in range(60))
+                + b"content-length: 2\r\n\r\n{}"
+            )
             got = (await one_response(reader))[::2]
             writer.close()
             return got
@@ -417,16 +483,23 @@ def test_a_head_just_under_the_size_limit_is_served(port: int) -> None:
     assert run(main()) == (200, b'{"received":2}')
 
 
-@pytest.mark.parametrize("refused, status", [
-    (b"hello there\r\n\r\n", 400),
-    (b"GET /" + b"a" * (MAX_HEAD_BYTES + 10) + b" HTTP/1.1\r\nhost: t\r\n\r\n", 431),
-    (request(b"x" * 4000), 413),
-    (POST_HEAD + b"transfer-encoding: chunked\r\n\r\n" + (b"3e8\r\n" + b"x" * 1000 + b"\r\n") * 3, 413),
-], ids=["garbage", "head-too-large", "declared-too-large", "chunked-too-large"])
+@pytest.mark.parametrize(
+    "refused, status",
+    [
+        (b"hello there\r\n\r\n", 400),
+        (b"GET /" + b"a" * (MAX_HEAD_BYTES + 10) + b" HTTP/1.1\r\nhost: t\r\n\r\n", 431),
+        (request(b"x" * 4000), 413),
+        (POST_HEAD + b"transfer-encoding: chunked\r\n\r\n" + (b"3e8\r\n" + b"x" * 1000 + b"\r\n") * 3, 413),
+    ],
+    ids=["garbage", "head-too-large", "declared-too-large", "chunked-too-large"],
+)
 @pytest.mark.parametrize("before", [1, 2], ids=["one-before", "two-before"])
-def test_requests_pipelined_before_refused_bytes_are_answered_first(port: int, refused: bytes, status: int, before: int) -> None:
+def test_requests_pipelined_before_refused_bytes_are_answered_first(
+    port: int, refused: bytes, status: int, before: int
+) -> None:
     """Valid requests sent in the same write as bytes that are refused get their answers, in
     order, then the refusal, then the close (nothing the client sent whole is lost)."""
+
     async def main() -> tuple[list[tuple[int, bytes]], bytes]:
         async with serving(port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -444,6 +517,7 @@ def test_requests_pipelined_before_refused_bytes_are_answered_first(port: int, r
 def test_a_request_answered_slowly_is_answered_before_the_refusal_of_the_next(port: int) -> None:
     """Bytes refused while a response is being worked on (`/slow`) do not cancel it: its answer,
     then the refusal."""
+
     async def main() -> tuple[tuple[int, bytes], bytes]:
         async with serving(port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -460,10 +534,14 @@ def test_a_request_answered_slowly_is_answered_before_the_refusal_of_the_next(po
     assert_error(raw, 400, "BadRequestError")
 
 
-@pytest.mark.parametrize("head, reason", [
-    (b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\n\r\n", "CONNECT is not served on this port"),
-    (b"GET http://[::1 HTTP/1.1\r\nhost: t\r\n\r\n", "the request target is not a valid URL"),
-], ids=["connect", "bad-target"])
+@pytest.mark.parametrize(
+    "head, reason",
+    [
+        (b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\n\r\n", "CONNECT is not served on this port"),
+        (b"GET http://[::1 HTTP/1.1\r\nhost: t\r\n\r\n", "the request target is not a valid URL"),
+    ],
+    ids=["connect", "bad-target"],
+)
 def test_a_request_target_that_is_not_a_url_gets_400_with_the_reason(port: int, head: bytes, reason: str) -> None:
     async def main() -> bytes:
         async with serving(port):
@@ -496,8 +574,10 @@ def test_a_worker_raises_its_descriptor_limit_and_clamps_the_cap_once(tmp_path: 
         "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')\n"
         "from shmdisagg.config import DisaggConfig\n"
         "from shmdisagg.fleet.edge import EdgeLimits\n"
-        "c = DisaggConfig.model_validate({'context_servers': {'urls': ['127.0.0.1:1']}, 'generation_servers': {'urls': ['127.0.0.1:2']}})\n"
-        "print('cap', EdgeLimits.for_worker(c).worker_connections, 'soft', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "c = DisaggConfig.model_validate({'context_servers': {'urls': ['127.0.0.1:1']}, 'generation_servers': "
+        "{'urls': ['127.0.0.1:2']}})\n"
+        "print('cap', EdgeLimits.for_worker(c).worker_connections, 'soft', "
+        "resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["cap", str((2048 - FD_RESERVE) // FDS_PER_CONNECTION), "soft", "2048"], out

@@ -9,8 +9,7 @@ from array import array
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from shmdisagg import _native, hashing
 
@@ -73,10 +72,16 @@ def test_v1_worked_values_are_pinned() -> None:
     # algorithm, the block boundaries or the salt handling changes them.
     tokens = list(range(1, 18))  # 17 tokens: the last is excluded, so 4 blocks of 4
     assert hashing.block_hashes(tokens, 4) == [
-        924206229973855, 2728178455351807326, 10011707017105896989, 12596687955593816051,
+        924206229973855,
+        2728178455351807326,
+        10011707017105896989,
+        12596687955593816051,
     ]
     assert hashing.block_hashes(tokens, 4, hashing.cache_salt_id("tenant-a")) == [
-        8961321873627678067, 10690226908068462878, 12736046421681379436, 4393812645555001672,
+        8961321873627678067,
+        10690226908068462878,
+        12736046421681379436,
+        4393812645555001672,
     ]
     assert hashing.block_hashes([0, 151643, 2**31 - 1, 7], 2) == [174159052286, 8813395606694926965]
 
@@ -131,8 +136,9 @@ def test_bad_arguments_raise(tokens: object, tpb: int, salt: object, error: type
 
 
 def test_keyword_arguments_work() -> None:
-    assert _native.block_hashes_v1(tokens=[1, 2, 3], tokens_per_block=2, salt_id=5) == \
-        _native.block_hashes_v1([1, 2, 3], 2, 5)
+    assert _native.block_hashes_v1(tokens=[1, 2, 3], tokens_per_block=2, salt_id=5) == _native.block_hashes_v1(
+        [1, 2, 3], 2, 5
+    )
     with pytest.raises(TypeError):
         _native.block_hashes_v1([1, 2, 3], 2, nope=1)
 
@@ -141,10 +147,16 @@ def test_keyword_arguments_work() -> None:
 
 
 @settings(max_examples=120, deadline=None)
-@given(tokens=tokens_st, tpb=tpb_st, salt=salt_st,
-       lora=st.none() | st.integers(min_value=0, max_value=U64), token_bytes=st.sampled_from([4, 8]))
-def test_native_v2_equals_the_reference(tokens: list[int], tpb: int, salt: int | None, lora: int | None,
-                                        token_bytes: int) -> None:
+@given(
+    tokens=tokens_st,
+    tpb=tpb_st,
+    salt=salt_st,
+    lora=st.none() | st.integers(min_value=0, max_value=U64),
+    token_bytes=st.sampled_from([4, 8]),
+)
+def test_native_v2_equals_the_reference(
+    tokens: list[int], tpb: int, salt: int | None, lora: int | None, token_bytes: int
+) -> None:
     ref = hashing.block_keys_v2_py(tokens, tpb, salt, lora, token_bytes)
     assert hashing.block_keys_v2(tokens, tpb, salt, lora, token_bytes) == ref
     assert hashing.block_hashes_v2_64(tokens, tpb, salt, lora, token_bytes) == [
@@ -173,10 +185,14 @@ def test_v2_worked_values_are_pinned() -> None:
         "756b1d258c63ccc0cbd6284ab33b043c81175086163f9d2821f5764079efb75c",
     ]
     assert hashing.block_hashes_v2_64(list(range(1, 18)), 4) == [
-        16443243144690205867, 8460888372051954880, 13011690816579977038, 16132492864216926403,
+        16443243144690205867,
+        8460888372051954880,
+        13011690816579977038,
+        16132492864216926403,
     ]
     assert hashing.block_hashes_v2_64(list(range(1, 10)), 4, token_bytes=8) == [
-        15438395711626328209, 13406813981758916444,
+        15438395711626328209,
+        13406813981758916444,
     ]
 
 

@@ -7,8 +7,7 @@ import random
 from array import array
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from shmdisagg import _native, hashing
 from shmdisagg.hashing import PrefixHashCache
@@ -21,7 +20,8 @@ ops_st = st.lists(
         st.sampled_from([None, 1, 1 << 63]),  # salt
         st.sampled_from(["list", "int32", "int64", "unaligned int32"]),  # how the tokens come
     ),
-    min_size=1, max_size=25,
+    min_size=1,
+    max_size=25,
 )
 
 
@@ -39,10 +39,15 @@ def _as(form: str, prompt: list[int]) -> object:
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=ops_st, tpb=st.sampled_from([1, 3, 16, 32]), max_blocks=st.sampled_from([16, 64, 1 << 12]),
-       seed=st.integers(0, 2**64 - 1))
-def test_cached_keys_always_equal_the_direct_ones(ops: list[tuple[int, int, int, int | None, str]],
-                                                  tpb: int, max_blocks: int, seed: int) -> None:
+@given(
+    ops=ops_st,
+    tpb=st.sampled_from([1, 3, 16, 32]),
+    max_blocks=st.sampled_from([16, 64, 1 << 12]),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_cached_keys_always_equal_the_direct_ones(
+    ops: list[tuple[int, int, int, int | None, str]], tpb: int, max_blocks: int, seed: int
+) -> None:
     rng = random.Random(seed)
     cache = PrefixHashCache(tpb, max_blocks=max_blocks, seed=seed)
     prompts: list[list[int]] = [[rng.randrange(0, 1 << 31) for _ in range(700)]]

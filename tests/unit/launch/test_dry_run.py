@@ -17,7 +17,8 @@ from tests.fakes.trtllm_shim import EXAMPLE_8GPU, REPO, small_config
 def test_the_8gpu_example_dry_run_prints_every_instance_and_writes_nothing(tmp_path: Path) -> None:
     log_dir = tmp_path / "never"
     proc = subprocess.run(
-        [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(EXAMPLE_8GPU), "--dry-run", "--log-dir", str(log_dir)],
+        [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(EXAMPLE_8GPU), "--dry-run",
+         "--log-dir", str(log_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -42,7 +43,9 @@ def _write(tmp_path: Path, cfg: dict) -> str:  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize("dry_run", [True, False])
-def test_a_missing_transceiver_backend_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str], dry_run: bool) -> None:
+def test_a_missing_transceiver_backend_exits_2_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dry_run: bool
+) -> None:
     cfg = small_config()
     del cfg["generation_servers"]["cache_transceiver_config"]
     path = _write(tmp_path, cfg)
@@ -50,7 +53,9 @@ def test_a_missing_transceiver_backend_exits_2_naming_the_key(tmp_path: Path, ca
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1
-    assert err.startswith(f"shmdisagg: config error: {path}: generation_servers.cache_transceiver_config.backend: not set")
+    assert err.startswith(
+        f"shmdisagg: config error: {path}: generation_servers.cache_transceiver_config.backend: not set"
+    )
 
 
 def test_gpus_that_do_not_add_up_exit_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

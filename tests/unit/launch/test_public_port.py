@@ -52,14 +52,23 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("shmdisagg:")]
 
 
-def test_launch_refuses_a_busy_public_port_before_starting_anything(tmp_path: Path, shm_prefix: str, busy_port: int) -> None:
+def test_launch_refuses_a_busy_public_port_before_starting_anything(
+    tmp_path: Path, shm_prefix: str, busy_port: int
+) -> None:
     path, executor_ports = _config(tmp_path, shm_prefix, busy_port)
     logs = tmp_path / "logs"
-    out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(logs)],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(logs)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1, out
-    assert _errors(out.stderr) == [f"shmdisagg: launch failed: public address 127.0.0.1:{busy_port} already in use "
-                                   "(is another deployment or server running there?)"], out.stderr
+    assert _errors(out.stderr) == [
+        f"shmdisagg: launch failed: public address 127.0.0.1:{busy_port} already in use "
+        "(is another deployment or server running there?)"
+    ], out.stderr
     assert "Traceback" not in out.stderr
     assert not list(logs.glob("*.log")), "an executor was started"
     assert "started" not in out.stderr
@@ -67,21 +76,43 @@ def test_launch_refuses_a_busy_public_port_before_starting_anything(tmp_path: Pa
 
 def test_serve_refuses_a_busy_public_port(tmp_path: Path, shm_prefix: str, busy_port: int) -> None:
     path, _ = _config(tmp_path, shm_prefix, busy_port)
-    out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "serve", "-c", str(path)],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "shmdisagg.cli", "serve", "-c", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1, out
-    assert _errors(out.stderr) == [f"shmdisagg: coordinator failed to start: public address 127.0.0.1:{busy_port} already in use "
-                                   "(is another deployment or server running there?)"], out.stderr
+    assert _errors(out.stderr) == [
+        f"shmdisagg: coordinator failed to start: public address 127.0.0.1:{busy_port} already in use "
+        "(is another deployment or server running there?)"
+    ], out.stderr
     assert "fleet worker" not in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "coord.sock").exists()
 
 
-@pytest.mark.parametrize(("hostname", "url"), [("localhost", "http://localhost:8000"), ("0.0.0.0", "http://127.0.0.1:8000"), ("::1", "http://[::1]:8000"), ("::", "http://127.0.0.1:8000")])
+@pytest.mark.parametrize(
+    ("hostname", "url"),
+    [
+        ("localhost", "http://localhost:8000"),
+        ("0.0.0.0", "http://127.0.0.1:8000"),
+        ("::1", "http://[::1]:8000"),
+        ("::", "http://127.0.0.1:8000"),
+    ],
+)
 def test_the_launchers_url_of_the_public_address(hostname: str, url: str) -> None:
     from shmdisagg.config import parse_config
     from shmdisagg.launch import public_url
 
-    cfg = parse_config({"hostname": hostname, "port": 8000, "context_servers": {"urls": ["localhost:8001"]}, "generation_servers": {"urls": ["localhost:8002"]}})
+    cfg = parse_config(
+        {
+            "hostname": hostname,
+            "port": 8000,
+            "context_servers": {"urls": ["localhost:8001"]},
+            "generation_servers": {"urls": ["localhost:8002"]},
+        }
+    )
     assert public_url(cfg) == url
 
 
@@ -94,11 +125,18 @@ def test_a_second_launch_while_the_first_is_starting_is_refused_at_once(tmp_path
     first._claim()  # the first launch, between its checks and its executors
     try:
         logs = tmp_path / "logs2"
-        out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(logs)],
-                             cwd=REPO, capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(logs)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 1, out
-        assert _errors(out.stderr) == [f"shmdisagg: launch failed: another launch of this deployment (shared-memory prefix "
-                                       f"{shm_prefix}) is starting or running"], out.stderr
+        assert _errors(out.stderr) == [
+            f"shmdisagg: launch failed: another launch of this deployment (shared-memory prefix "
+            f"{shm_prefix}) is starting or running"
+        ], out.stderr
         assert not list(logs.glob("*.log")), "an executor was started"
     finally:
         first.stop()
@@ -107,32 +145,43 @@ def test_a_second_launch_while_the_first_is_starting_is_refused_at_once(tmp_path
     second.stop()
 
 
-def test_a_launch_refused_for_a_busy_executor_port_leaves_no_log_directory(tmp_path: Path, shm_prefix: str, busy_port: int) -> None:
+def test_a_launch_refused_for_a_busy_executor_port_leaves_no_log_directory(
+    tmp_path: Path, shm_prefix: str, busy_port: int
+) -> None:
     path = tmp_path / "config.yaml"
     cfg = yaml.safe_load(_config(tmp_path, shm_prefix, free_port())[0].read_text())
     cfg["context_servers"]["urls"] = [f"127.0.0.1:{busy_port}"]
     path.write_text(yaml.safe_dump(cfg))
     logs = tmp_path / "logs"
-    out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(logs)],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(logs)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1 and f"executor address already in use: 127.0.0.1:{busy_port}" in out.stderr, out
     assert not logs.exists()
 
 
-def test_check_config_names_the_process_on_a_busy_public_port(tmp_path: Path, shm_prefix: str, busy_port: int,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_names_the_process_on_a_busy_public_port(
+    tmp_path: Path, shm_prefix: str, busy_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shmdisagg.cli import main
 
     path, _ = _config(tmp_path, shm_prefix, busy_port)
     assert main(["check-config", "-c", str(path)]) == 1  # launch and serve would fail now (exit 1 too)
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
-    assert err.startswith(f"shmdisagg: {path}: public address 127.0.0.1:{busy_port} already in use by pid {os.getpid()} (")
+    assert err.startswith(
+        f"shmdisagg: {path}: public address 127.0.0.1:{busy_port} already in use by pid {os.getpid()} ("
+    )
     assert err.rstrip().endswith("; launch and serve need it free")
 
 
-def test_check_config_on_its_own_running_deployment_is_ok_and_says_it_runs(tmp_path: Path, shm_prefix: str, busy_port: int,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_on_its_own_running_deployment_is_ok_and_says_it_runs(
+    tmp_path: Path, shm_prefix: str, busy_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shmdisagg.cli import main
     from shmdisagg.shm.table import ControlTable, process_starttime
 
@@ -146,12 +195,15 @@ def test_check_config_on_its_own_running_deployment_is_ok_and_says_it_runs(tmp_p
         coord.close()
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and ": ok — " in lines[0]
-    assert lines[1] == (f"{path}: public address 127.0.0.1:{busy_port} is served by this deployment, which runs now "
-                        f"(coordinator pid {os.getpid()}); launch and serve refuse a second one while it runs")
+    assert lines[1] == (
+        f"{path}: public address 127.0.0.1:{busy_port} is served by this deployment, which runs now "
+        f"(coordinator pid {os.getpid()}); launch and serve refuse a second one while it runs"
+    )
 
 
-def test_check_config_names_another_deployment_on_its_public_port(tmp_path: Path, shm_prefix: str,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_names_another_deployment_on_its_public_port(
+    tmp_path: Path, shm_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A fleet worker of another config listens there (its command line and SHMDISAGG_CONFIG are
     what a coordinator gives its workers)."""
     import select
@@ -160,10 +212,17 @@ def test_check_config_names_another_deployment_on_its_public_port(tmp_path: Path
 
     other = tmp_path / "other.yaml"
     other.write_text("# another deployment's config\n")
-    code = ("import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-            "print(s.getsockname()[1], flush=True); sys.stdin.read()")
-    worker = subprocess.Popen([sys.executable, "-c", code, "-m", "shmdisagg.fleet.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              env={**os.environ, "SHMDISAGG_CONFIG": str(other)}, text=True)
+    code = (
+        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", code, "-m", "shmdisagg.fleet.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "SHMDISAGG_CONFIG": str(other)},
+        text=True,
+    )
     try:
         assert worker.stdout is not None
         ready, _, _ = select.select([worker.stdout], [], [], 30)

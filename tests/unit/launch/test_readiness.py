@@ -76,12 +76,15 @@ def test_a_command_that_cannot_run_fails_the_launch_and_leaves_nothing(tmp_path:
         dep.start()
     assert dep.executors == [] and dep.coordinator is None
     # the option file was written before the attempt; the log names the command line
-    assert yaml.safe_load((tmp_path / "logs" / "context-0.yaml").read_text())["cache_transceiver_config"] == {"backend": "UCX"}
+    assert yaml.safe_load((tmp_path / "logs" / "context-0.yaml").read_text())["cache_transceiver_config"] == {
+        "backend": "UCX"
+    }
     assert "CUDA_VISIBLE_DEVICES=0 " in (tmp_path / "logs" / "context-0.log").read_text()
 
 
 def test_the_launchers_log_lines_name_an_instance_by_its_address(
-        tmp_path: Path, health_server: ThreadingHTTPServer, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, health_server: ThreadingHTTPServer, caplog: pytest.LogCaptureFixture
+) -> None:
     import logging
     import subprocess
     import sys

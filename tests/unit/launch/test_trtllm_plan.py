@@ -66,7 +66,8 @@ def test_generated_options_carry_what_disaggregation_and_kv_events_need() -> Non
     assert ctx is not None and gen is not None
     assert ctx["cache_transceiver_config"] == gen["cache_transceiver_config"] == {"backend": "NIXL"}
     assert ctx["kv_cache_config"] == {
-        "enable_block_reuse": True, "event_buffer_max_size": 4096, "tokens_per_block": 32, "free_gpu_memory_fraction": 0.85,
+        "enable_block_reuse": True, "event_buffer_max_size": 4096, "tokens_per_block": 32,
+        "free_gpu_memory_fraction": 0.85,
     }  # fmt: skip
     assert (ctx["max_batch_size"], ctx["max_num_tokens"]) == (16, 16384)
     assert (gen["max_batch_size"], gen["max_num_tokens"]) == (256, 8192)
@@ -85,7 +86,8 @@ def test_generated_defaults_fill_what_a_minimal_section_leaves_out() -> None:
     ctx = plan.instances[0].options
     assert ctx is not None
     assert ctx["kv_cache_config"] == {
-        "enable_block_reuse": True, "event_buffer_max_size": 4096, "tokens_per_block": 32, "free_gpu_memory_fraction": 0.9,
+        "enable_block_reuse": True, "event_buffer_max_size": 4096, "tokens_per_block": 32,
+        "free_gpu_memory_fraction": 0.9,
     }  # fmt: skip
     assert (ctx["max_batch_size"], ctx["max_num_tokens"]) == (2048, 8192)
     # a section that sets one kv_cache_config key keeps the other generated ones
@@ -105,9 +107,17 @@ def test_config_values_win_over_generated_ones() -> None:
 
 
 def test_extra_options_and_environment_reach_every_instance() -> None:
-    cfg = small_config(executors={"trtllm": {"extra_llm_api_options": {"sim": {"speedup": 5.0}, "kv_cache_config": {"tokens_per_block": 64}},
-                                             "env": {"NCCL_DEBUG": "WARN"}, "extra_args": ["--trust_remote_code"],
-                                             "command": ["/opt/bin/trtllm-serve"], "log_level": "warning"}})
+    cfg = small_config(
+        executors={
+            "trtllm": {
+                "extra_llm_api_options": {"sim": {"speedup": 5.0}, "kv_cache_config": {"tokens_per_block": 64}},
+                "env": {"NCCL_DEBUG": "WARN"},
+                "extra_args": ["--trust_remote_code"],
+                "command": ["/opt/bin/trtllm-serve"],
+                "log_level": "warning",
+            }
+        }
+    )
     plan = plan_of(cfg)
     for inst in plan.instances:
         assert inst.options is not None
@@ -162,8 +172,10 @@ def test_without_a_gpu_list_the_launchers_cuda_visible_devices_is_the_pool() -> 
 
 
 def test_pipeline_and_context_parallel_sizes_count_toward_an_instances_gpus() -> None:
-    cfg = small_config(generation_servers={"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "context_parallel_size": 1},
-                       executors={"gpus": list(range(5))})
+    cfg = small_config(
+        generation_servers={"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "context_parallel_size": 1},
+        executors={"gpus": list(range(5))},
+    )
     gen = plan_of(cfg).instances[1]
     assert gen.gpus == ("1", "2", "3", "4")
     assert gen.argv[gen.argv.index("--pp_size") + 1] == "2"
@@ -183,7 +195,9 @@ def test_top_level_llm_arguments_are_inherited_and_may_not_conflict() -> None:
     plan = plan_of(cfg)
     assert all(i.options and i.options["disable_overlap_scheduler"] is True for i in plan.instances)
     cfg["generation_servers"]["disable_overlap_scheduler"] = False
-    assert refusal(cfg).startswith("generation_servers.disable_overlap_scheduler: differs from the top-level disable_overlap_scheduler")
+    assert refusal(cfg).startswith(
+        "generation_servers.disable_overlap_scheduler: differs from the top-level disable_overlap_scheduler"
+    )
 
 
 def test_the_model_comes_from_the_executors_section_or_the_top_level() -> None:
@@ -197,7 +211,9 @@ def test_the_model_comes_from_the_executors_section_or_the_top_level() -> None:
 
 
 def test_the_kv_cache_aware_router_needs_kv_events() -> None:
-    cfg = small_config(context_servers={"router": {"type": "kv_cache_aware"}, "kv_cache_config": {"event_buffer_max_size": 0}})
+    cfg = small_config(
+        context_servers={"router": {"type": "kv_cache_aware"}, "kv_cache_config": {"event_buffer_max_size": 0}}
+    )
     assert refusal(cfg).startswith("context_servers.kv_cache_config.event_buffer_max_size: 0 turns KV events off")
 
 
@@ -210,7 +226,10 @@ def test_a_section_without_urls_cannot_be_launched() -> None:
     # refused by the config's validation (check-config says the same), before any plan
     cfg = small_config()
     del cfg["context_servers"]["urls"]
-    with pytest.raises(ConfigError, match=r"^cfg.yaml: context_servers.urls: none listed; a deployment needs at least one context executor"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^cfg.yaml: context_servers.urls: none listed; a deployment needs at least one context executor",
+    ):
         plan_of(cfg)
 
 
@@ -219,7 +238,10 @@ def test_the_simulator_backend_plan_is_the_simulator_command_line() -> None:
     config = parse_config(cfg, "cfg.yaml")
     plan = build_plan(config, RUN, {})
     assert plan.backend == "sim"
-    assert [(i.name, i.options, i.gpus) for i in plan.instances] == [("context-0", None, ()), ("generation-0", None, ())]
+    assert [(i.name, i.options, i.gpus) for i in plan.instances] == [
+        ("context-0", None, ()),
+        ("generation-0", None, ()),
+    ]
     spec = config.shmdisagg.executors
     assert spec is not None
     flags = sim_llm_flags(config, "context_servers", config.context_servers)
@@ -233,26 +255,43 @@ def test_without_an_executors_section_nothing_is_planned() -> None:
     assert plan.instances == () and plan.backend == ""
 
 
-def test_check_config_runs_the_plan_checks_that_launch_runs(tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str) -> None:
+def test_check_config_runs_the_plan_checks_that_launch_runs(
+    tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str
+) -> None:
     """A config the trtllm plan refuses is refused by `check-config` too, in the same one line,
     instead of 'ok' there and a failure only at `launch`."""
     import subprocess
     import sys
 
-    router = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}  # the executors' tokenizer (loaded by check-config)
+    router = {
+        "type": "kv_cache_aware",
+        "tokenizer_dir": hf_tokenizer_dir,
+    }  # the executors' tokenizer (loaded by check-config)
     cfg = small_config(context_servers={"router": router, "kv_cache_config": {"event_buffer_max_size": 0}})
     cfg["shmdisagg"].update(shm={"prefix": shm_prefix}, coordinator_socket=str(tmp_path / "coord.sock"))
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    expected = f"shmdisagg: config error: {path}: context_servers.kv_cache_config.event_buffer_max_size: 0 turns KV events off"
+    expected = (
+        f"shmdisagg: config error: {path}: context_servers.kv_cache_config.event_buffer_max_size: 0 turns KV events off"
+    )
     for command in ("check-config", "launch"):
-        out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", command, "-c", str(path)], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "shmdisagg.cli", command, "-c", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 2, (command, out)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(expected), (command, out.stderr)
     cfg["context_servers"]["kv_cache_config"]["event_buffer_max_size"] = 64
     path.write_text(yaml.safe_dump(cfg))
-    out = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "shmdisagg.cli", "check-config", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and ": ok" in out.stdout, out
 
 
@@ -269,7 +308,13 @@ def test_the_simulator_gets_the_roles_trtllm_options_with_trtllm_defaults() -> N
     plain = _sim_argv(small_config())
     assert plain[plain.index("--event-buffer-max-size") + 1] == "256"  # small_config sets it
     assert "--enable-block-reuse" in plain and "--no-enable-chunked-prefill" in plain
-    cfg = small_config(context_servers={"kv_cache_config": {"enable_block_reuse": False}, "enable_chunked_prefill": True, "max_seq_len": 4096})
+    cfg = small_config(
+        context_servers={
+            "kv_cache_config": {"enable_block_reuse": False},
+            "enable_chunked_prefill": True,
+            "max_seq_len": 4096,
+        }
+    )
     ctx, gen = _sim_argv(cfg, 0), _sim_argv(cfg, 1)
     assert "--no-enable-block-reuse" in ctx and "--enable-chunked-prefill" in ctx
     assert ctx[ctx.index("--max-seq-len") + 1] == "4096" and "--max-seq-len" not in gen
@@ -284,11 +329,24 @@ def test_the_simulator_gets_the_roles_trtllm_options_with_trtllm_defaults() -> N
 @pytest.mark.parametrize(
     ("section", "expected"),
     [
-        ({"router": {"type": "kv_cache_aware"}, "kv_cache_config": {"event_buffer_max_size": 0}}, "context_servers.kv_cache_config.event_buffer_max_size: 0 turns KV events off"),
-        ({"kv_cache_config": {"enable_block_reuse": "no"}}, "context_servers.kv_cache_config.enable_block_reuse: must be true or false, got 'no'"),
+        (
+            {"router": {"type": "kv_cache_aware"}, "kv_cache_config": {"event_buffer_max_size": 0}},
+            "context_servers.kv_cache_config.event_buffer_max_size: 0 turns KV events off",
+        ),
+        (
+            {"kv_cache_config": {"enable_block_reuse": "no"}},
+            "context_servers.kv_cache_config.enable_block_reuse: must be true or false, got 'no'",
+        ),
         ({"enable_chunked_prefill": 1}, "context_servers.enable_chunked_prefill: must be true or false, got 1"),
-        ({"kv_cache_config": {"event_buffer_max_size": -1}}, "context_servers.kv_cache_config.event_buffer_max_size: must be an integer >= 0, got -1"),
-        ({"kv_cache_config": {"kv_cache_event_hash_algo": "v3"}}, "context_servers.kv_cache_config.kv_cache_event_hash_algo: must be one of auto, v1_block_key, v2_sha256, v2_sha256_64, got 'v3'"),
+        (
+            {"kv_cache_config": {"event_buffer_max_size": -1}},
+            "context_servers.kv_cache_config.event_buffer_max_size: must be an integer >= 0, got -1",
+        ),
+        (
+            {"kv_cache_config": {"kv_cache_event_hash_algo": "v3"}},
+            "context_servers.kv_cache_config.kv_cache_event_hash_algo: must be one of auto, v1_block_key, "
+            "v2_sha256, v2_sha256_64, got 'v3'",
+        ),
     ],
 )
 def test_the_simulator_plan_refuses_what_trtllm_would(section: dict[str, Any], expected: str) -> None:
@@ -318,6 +376,9 @@ def test_the_internal_auth_key_reaches_each_executor_in_its_private_option_file_
 
 
 def test_the_simulator_hashes_blocks_with_the_section_s_kv_cache_event_hash_algo() -> None:
-    ctx, gen = (_sim_argv(small_config(context_servers={"kv_cache_config": {"kv_cache_event_hash_algo": "v2_sha256"}}), r) for r in (0, 1))
+    ctx, gen = (
+        _sim_argv(small_config(context_servers={"kv_cache_config": {"kv_cache_event_hash_algo": "v2_sha256"}}), r)
+        for r in (0, 1)
+    )
     assert ctx[ctx.index("--kv-cache-event-hash-algo") + 1] == "v2_sha256"
     assert "--kv-cache-event-hash-algo" not in gen  # the simulator's own default (auto) there

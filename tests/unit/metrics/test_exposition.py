@@ -56,7 +56,15 @@ def test_a_scrape_sums_every_worker_and_reads_the_table(deployment) -> None:  # 
 
     s = samples(render(FleetCollector(coord, segment, {"context": "load_balancing", "generation": "round_robin"})))
     assert s[("total_requests_total", ())] == 5
-    assert s[("shmdisagg_routing_decisions_total", (("outcome", "no_server"), ("role", "generation"), ("router", "round_robin")))] == 1
+    assert (
+        s[
+            (
+                "shmdisagg_routing_decisions_total",
+                (("outcome", "no_server"), ("role", "generation"), ("router", "round_robin")),
+            )
+        ]
+        == 1
+    )
     assert s[("shmdisagg_server_cached_tokens_total", (("server", "127.0.0.1:1001"),))] == 64
     assert s[("queue_latency_seconds_bucket", (("le", "0.001"),))] == 0
     assert s[("queue_latency_seconds_bucket", (("le", "0.005"),))] == 1

@@ -20,22 +20,48 @@ KEEP = 10_000  # perf_metrics_max_requests: 0 keeps nothing
 
 def record(rid: int, ctx_slot: int = 0, gen_slot: int = 2, **kw: Any) -> list[Any]:
     values = {
-        "disagg_request_id": rid, "arrival": 1000.0, "ctx_dispatch": 1000.001, "ctx_done": 1000.02,
-        "gen_dispatch": 1000.021, "first_token": 1000.05, "last_token": 1000.25, "ctx_slot": ctx_slot,
-        "gen_slot": gen_slot, "prompt_tokens": 300, "cached_tokens": 64, "retries": 0, "status": 200,
-        "error_code": "", "stream": True, **kw,
+        "disagg_request_id": rid,
+        "arrival": 1000.0,
+        "ctx_dispatch": 1000.001,
+        "ctx_done": 1000.02,
+        "gen_dispatch": 1000.021,
+        "first_token": 1000.05,
+        "last_token": 1000.25,
+        "ctx_slot": ctx_slot,
+        "gen_slot": gen_slot,
+        "prompt_tokens": 300,
+        "cached_tokens": 64,
+        "retries": 0,
+        "status": 200,
+        "error_code": "",
+        "stream": True,
+        **kw,
     }
     return [values[f] for f in RECORD_FIELDS]
 
 
-def executor_record(rid: int, first_iter: int = 1, last_iter: int = 11, first: float = 5.0, last: float = 5.5) -> dict[str, Any]:
-    return {"request_id": 7, "ctx_request_id": rid, "perf_metrics": {"first_iter": first_iter, "last_iter": last_iter,
-            "timing_metrics": {"first_token_time": first, "last_token_time": last}}}
+def executor_record(
+    rid: int, first_iter: int = 1, last_iter: int = 11, first: float = 5.0, last: float = 5.5
+) -> dict[str, Any]:
+    return {
+        "request_id": 7,
+        "ctx_request_id": rid,
+        "perf_metrics": {
+            "first_iter": first_iter,
+            "last_iter": last_iter,
+            "timing_metrics": {"first_token_time": first, "last_token_time": last},
+        },
+    }
 
 
 def test_worker_records_get_names_servers_and_the_monotonic_timebase() -> None:
     store = PerfStore(SERVERS, KEEP)
-    assert store.add_batch({"worker": 1, "monotonic_minus_wall": -900.0, "records": [record(11, gen_slot=-1, gen_dispatch=0.0)]}) == 1
+    assert (
+        store.add_batch(
+            {"worker": 1, "monotonic_minus_wall": -900.0, "records": [record(11, gen_slot=-1, gen_dispatch=0.0)]}
+        )
+        == 1
+    )
     store.join()
     (rec,) = asyncio.run(store.read())
     assert rec["disagg_request_id"] == 11 and rec["ctx_server"] == "127.0.0.1:1001" and rec["gen_server"] is None
@@ -51,7 +77,9 @@ def test_both_sides_are_joined_by_ctx_request_id_and_feed_per_token_latency() ->
     store._store("127.0.0.1:2001", [executor_record(11, 1, 11, 5.0, 5.5)])
     store.join()
     (rec,) = asyncio.run(store.read())
-    assert rec["ctx_perf_metrics"]["ctx_request_id"] == 11 and rec["gen_perf_metrics"]["perf_metrics"]["last_iter"] == 11
+    assert (
+        rec["ctx_perf_metrics"]["ctx_request_id"] == 11 and rec["gen_perf_metrics"]["perf_metrics"]["last_iter"] == 11
+    )
     name = "gen_per_token_latency_seconds"
     assert row[LAYOUT.hist[name] + len(LAYOUT.bounds[name]) + 1] == 0.05  # 0.5 s over 10 steps
 

@@ -19,11 +19,12 @@ def worker_record() -> dict:
         "request_id": "42",
         "status": "complete",
         "phases": {"server": {
-            "timing_metrics": {"arrival_time": 1.0, "first_scheduled_time": 1.01, "first_token_time": 1.02, "last_token_time": 1.05,
-                               "kv_cache_transfer_start": None, "kv_cache_transfer_end": None},
+            "timing_metrics": {"arrival_time": 1.0, "first_scheduled_time": 1.01, "first_token_time": 1.02,
+                               "last_token_time": 1.05, "kv_cache_transfer_start": None, "kv_cache_transfer_end": None},
             "time_breakdown_metrics": {
-                "step_metrics": [{"iter": 3, "forward_start_time": 2.0, "forward_end_time": 2.002, "sample_start_time": 2.002,
-                                  "sample_end_time": 2.003, "gpu_forward_time": 1.5, "gpu_sample_time": 0.5}],
+                "step_metrics": [{"iter": 3, "forward_start_time": 2.0, "forward_end_time": 2.002,
+                                  "sample_start_time": 2.002, "sample_end_time": 2.003, "gpu_forward_time": 1.5,
+                                  "gpu_sample_time": 0.5}],
                 "ctx_chunk_metrics": [{"forward_start_time": 1.0, "forward_end_time": 1.004, "sample_start_time": 1.004,
                                        "sample_end_time": 1.005, "gpu_forward_time": 3.0, "gpu_sample_time": 0.25}],
             },
@@ -48,9 +49,12 @@ def test_a_combined_record_lists_each_phase_once_and_round_trips_to_jsonl() -> N
     ctx = pr.record_from_headers(worker, "ctx", "42")
     gen = pr.record_from_headers(worker, "gen", "42")
     assert ctx is not None and gen is not None
-    assert ctx["phases"]["ctx"]["timing_metrics"] == pytest.approx({"arrival_time": 1.0, "last_token_time": 1.05, "first_scheduled_time": 1.01, "first_token_time": 1.02})
+    assert ctx["phases"]["ctx"]["timing_metrics"] == pytest.approx(
+        {"arrival_time": 1.0, "last_token_time": 1.05, "first_scheduled_time": 1.01, "first_token_time": 1.02}
+    )
     disagg = {"ctx_server": "ctx:8000", "gen_server": "gen:8000", "timing_metrics": {
-        "arrival_time": 0.99, "last_token_time": 1.1, "server_arrival_time": 0.99, "ctx_dispatch_time": 1.0, "server_first_token_time": 1.03}}  # fmt: skip
+        "arrival_time": 0.99, "last_token_time": 1.1, "server_arrival_time": 0.99, "ctx_dispatch_time": 1.0,
+        "server_first_token_time": 1.03}}  # fmt: skip
     record = pr.combine("42", disagg, ctx, gen, disagg_request_id=42)
     assert set(record["phases"]) == {"disagg", "ctx", "gen"}
     headers = pr.metrics_headers([record])
@@ -76,20 +80,28 @@ def test_metrics_over_the_budget_keep_only_timing_and_stamps() -> None:
     kept = dict(pr.header_pairs(pr.metrics_headers([record])))
     assert set(kept) == {b"Server-Timing", b"X-TRTLLM-Start-End-Time"}
     event = pr.sse_event(pr.metrics_headers([record]))
-    assert event.startswith(b"event: trtllm.perf_metrics\ndata: ") and set(pr.parse_sse_event(event) or {}) == {"Server-Timing", "X-TRTLLM-Start-End-Time"}
+    assert event.startswith(b"event: trtllm.perf_metrics\ndata: ") and set(pr.parse_sse_event(event) or {}) == {
+        "Server-Timing",
+        "X-TRTLLM-Start-End-Time",
+    }
 
 
 def test_no_metric_headers_make_no_phase() -> None:
     assert pr.record_from_headers({}, "ctx") is None
     assert pr.metric_headers_from_pairs([(b"content-type", b"application/json")]) == {}
-    assert pr.metric_headers_from_pairs([(b"server-timing", b"server_queue;dur=1")]) == {"Server-Timing": "server_queue;dur=1"}
+    assert pr.metric_headers_from_pairs([(b"server-timing", b"server_queue;dur=1")]) == {
+        "Server-Timing": "server_queue;dur=1"
+    }
 
 
 EVENT = b"event: trtllm.perf_metrics\ndata: " + orjson.dumps({"Server-Timing": "server_queue;dur=1.000000"}) + b"\n\n"
 STREAM = b'data: {"a":1}\n\ndata: {"a":2}\n\ndata: [DONE]\n\n'
 
 
-@pytest.mark.parametrize("cuts", [(), (len(STREAM),), (len(STREAM) + 5,), (3, 20, len(STREAM) + 12), tuple(range(1, len(STREAM) + len(EVENT)))])
+@pytest.mark.parametrize(
+    "cuts",
+    [(), (len(STREAM),), (len(STREAM) + 5,), (3, 20, len(STREAM) + 12), tuple(range(1, len(STREAM) + len(EVENT)))],
+)
 def test_the_filter_relays_the_stream_and_keeps_the_event_however_it_is_split(cuts: tuple[int, ...]) -> None:
     data = STREAM + EVENT
     bounds = [0, *cuts, len(data)]
@@ -104,5 +116,5 @@ def test_the_filter_passes_a_stream_without_an_event_and_whole_events_at_once() 
     f = MetricsEventFilter()
     assert f.feed(b'data: {"a":1}\n\n') == b'data: {"a":1}\n\n'  # a whole event is not held back
     assert f.feed(b'data: {"a"') == b""
-    assert f.feed(b':2}\n\ndata: [DONE]\n\n') == b'data: {"a":2}\n\ndata: [DONE]\n\n'
+    assert f.feed(b":2}\n\ndata: [DONE]\n\n") == b'data: {"a":2}\n\ndata: [DONE]\n\n'
     assert f.finish() == (b"", b"")

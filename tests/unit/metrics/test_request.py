@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.metrics.request import NOTE, RECORD_FIELDS, CountingAdmission, CountingPolicy, RequestMetrics
 from shmdisagg.metrics.schema import LAYOUT
+from shmdisagg.orchestrator.exchange import Exchange
 
 C = LAYOUT.counter
 
@@ -58,7 +58,15 @@ def run_one(metrics: RequestMetrics, handle: Any) -> None:
     asyncio.run(metrics.serve(handle, {}, None, _noop_send, False))  # type: ignore[arg-type]
 
 
-def disagg_handle(metrics: RequestMetrics, ctx: CountingPolicy, gen: CountingPolicy, *, ctx_picks: int = 1, code: str = "", stream: bool = False) -> Any:
+def disagg_handle(
+    metrics: RequestMetrics,
+    ctx: CountingPolicy,
+    gen: CountingPolicy,
+    *,
+    ctx_picks: int = 1,
+    code: str = "",
+    stream: bool = False,
+) -> Any:
     """A context-first request: arrival 100.0, context 100.001-100.021, generation picked at
     100.0215, first token 100.05, last 100.25 (wall-clock seconds)."""
 
@@ -83,11 +91,26 @@ def test_a_completed_disaggregated_request_counts_every_leg_and_latency() -> Non
     m = RequestMetrics(row, records)
     ctx, gen = CountingPolicy(FakePolicy([0]), False), CountingPolicy(FakePolicy([2]), True)
     run_one(m, disagg_handle(m, ctx, gen))
-    for name in ("total_requests", "nonstream_requests", "total_responses", "ctx_total_requests", "ctx_completed_requests",
-                 "gen_total_requests", "gen_completed_requests"):
+    for name in (
+        "total_requests",
+        "nonstream_requests",
+        "total_responses",
+        "ctx_total_requests",
+        "ctx_completed_requests",
+        "gen_total_requests",
+        "gen_completed_requests",
+    ):
         assert row[C[name]] == 1, name
-    for name in ("stream_requests", "validation_exceptions", "http_exceptions", "internal_errors", "ctx_error_requests",
-                 "gen_error_requests", "ctx_retry_requests", "shmdisagg_admission_rejections"):
+    for name in (
+        "stream_requests",
+        "validation_exceptions",
+        "http_exceptions",
+        "internal_errors",
+        "ctx_error_requests",
+        "gen_error_requests",
+        "ctx_retry_requests",
+        "shmdisagg_admission_rejections",
+    ):
         assert row[C[name]] == 0, name
     assert row[LAYOUT.routing[("context", "routed")]] == 1 and row[LAYOUT.routing[("generation", "routed")]] == 1
     assert hist_sum(row, "queue_latency_seconds") == pytest.approx(0.001)

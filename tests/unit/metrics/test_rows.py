@@ -86,7 +86,9 @@ def test_folding_a_row_equal_to_another_keeps_the_other_releasable(segment: Metr
     segment.close()  # must not raise
 
 
-def test_requests_in_flight_on_a_dead_worker_are_counted_lost_so_in_flight_returns_to_zero(segment: MetricsSegment) -> None:
+def test_requests_in_flight_on_a_dead_worker_are_counted_lost_so_in_flight_returns_to_zero(
+    segment: MetricsSegment,
+) -> None:
     # pins a bug: after kill -9, `shmdisagg stats` showed the dead worker's 7 requests in flight forever
     c = LAYOUT.counter
     row = segment.row(worker_row(0))

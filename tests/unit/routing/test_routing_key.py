@@ -6,8 +6,7 @@ from __future__ import annotations
 import random
 from array import array
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from shmdisagg import hashing
 from shmdisagg.config import RouterConfig
@@ -27,8 +26,9 @@ def _ids32(ids: list[int]) -> bytes:
     from_validation=st.booleans(),
     seed=st.integers(0, 2**32),
 )
-def test_block_hashes_equal_the_list_hashes(turns: list[tuple[int, int, int]], tpb: int, salt: int | None,
-                                            from_validation: bool, seed: int) -> None:
+def test_block_hashes_equal_the_list_hashes(
+    turns: list[tuple[int, int, int]], tpb: int, salt: int | None, from_validation: bool, seed: int
+) -> None:
     """Conversations (a prompt extending an earlier one), repeats and new prompts, whichever
     path the ids took (validation's int32 bytes, or a tokenizer's list)."""
     rng = random.Random(seed)
@@ -55,7 +55,9 @@ def test_keys_without_usable_int32_ids_hash_the_list() -> None:
 def test_process_caches_are_bounded_and_reused() -> None:
     prompt = list(range(1000, 1000 + 32 * 100 + 1))  # 100 blocks of 32
     for tpb in (3, 5, 7, 9, 11, 32):
-        assert RoutingKey(len(prompt), prompt, ids32=_ids32(prompt)).block_hashes(tpb) == hashing.block_hashes_bytes(prompt, tpb)
+        assert RoutingKey(len(prompt), prompt, ids32=_ids32(prompt)).block_hashes(tpb) == hashing.block_hashes_bytes(
+            prompt, tpb
+        )
     assert len(hashing._process_caches) <= hashing._PROCESS_CACHES_MAX
     cache = hashing._process_caches[32]
     before = cache.stats["blocks_reused"]

@@ -30,7 +30,9 @@ CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user"
 def test_sim_tokenizer_matches_what_the_simulator_executes(chat: bool, size: int) -> None:
     text = ("hello there, friend! " * (size // 20 + 1))[:size]
     body = {"model": "m", "messages": [{"role": "user", "content": text}]} if chat else {"model": "m", "prompt": text}
-    executor_ids = parse_request(orjson.dumps(body), chat, Tokenizer(), Limits(vocab_size=Tokenizer.vocab_size, max_seq_len=1 << 20)).prompt
+    executor_ids = parse_request(
+        orjson.dumps(body), chat, Tokenizer(), Limits(vocab_size=Tokenizer.vocab_size, max_seq_len=1 << 20)
+    ).prompt
     req = dict(body)
     ids = asyncio.run(prompt_token_ids(SimTokenizer(), req, chat))
     assert ids == executor_ids
@@ -44,7 +46,9 @@ def test_token_id_prompts_are_used_as_given() -> None:
 
 
 @pytest.mark.parametrize("add_special_tokens", [None, True, False])
-def test_a_completion_prompt_is_tokenized_as_the_worker_does_and_written_back(tok: Any, add_special_tokens: bool | None) -> None:
+def test_a_completion_prompt_is_tokenized_as_the_worker_does_and_written_back(
+    tok: Any, add_special_tokens: bool | None
+) -> None:
     """The worker's DefaultInputProcessor: encode(prompt, add_special_tokens=request's, default true)."""
     req: dict[str, Any] = {"prompt": "hello world"}
     if add_special_tokens is not None:
@@ -80,11 +84,17 @@ def test_the_legacy_switch_is_read_from_the_environment(tok: Any, monkeypatch: p
     assert not HFTokenizer(tok).legacy
 
 
-@pytest.mark.parametrize("extra, model_type", [
-    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, None),  # the worker appends a tool-call prefix
-    ({"truncate_prompt_tokens": 4}, None),
-    ({}, "kimi_k3"),  # a serving extension rewrites the chat
-])
+@pytest.mark.parametrize(
+    "extra, model_type",
+    [
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            None,
+        ),  # the worker appends a tool-call prefix
+        ({"truncate_prompt_tokens": 4}, None),
+        ({}, "kimi_k3"),  # a serving extension rewrites the chat
+    ],
+)
 def test_estimated_chat_ids_are_never_written_back(tok: Any, extra: dict[str, Any], model_type: str | None) -> None:
     req = {**copy.deepcopy(CHAT), **extra}
     assert asyncio.run(prompt_token_ids(HFTokenizer(tok, model_type, legacy=True), req, True))

@@ -22,7 +22,9 @@ from tests.conftest import free_port
 from tests.fakes.trtllm_shim import REPO
 
 
-def _config(ctx_router: dict[str, Any] | None = None, gen_router: dict[str, Any] | None = None, **top: Any) -> dict[str, Any]:
+def _config(
+    ctx_router: dict[str, Any] | None = None, gen_router: dict[str, Any] | None = None, **top: Any
+) -> dict[str, Any]:
     return {
         "context_servers": {"urls": ["127.0.0.1:9001"], "router": ctx_router or {"type": "kv_cache_aware"}},
         "generation_servers": {"urls": ["127.0.0.1:9002"], "router": gen_router or {"type": "round_robin"}},
@@ -55,7 +57,9 @@ def test_real_executors_without_a_tokenizer_are_refused_naming_the_key(ctx_route
         assert msg.startswith("context_servers.router.tokenizer_dir: ") and "not simulators" in msg
 
 
-@pytest.mark.parametrize("where", ["tokenizer_dir", "model_path", "section model", "executors model", "top-level model"])
+@pytest.mark.parametrize(
+    "where", ["tokenizer_dir", "model_path", "section model", "executors model", "top-level model"]
+)
 def test_the_executors_tokenizer_comes_from_the_first_key_set(hf_tokenizer_dir: str, where: str) -> None:
     router: dict[str, Any] = {"type": "kv_cache_aware"}
     data = _config(router)
@@ -81,35 +85,53 @@ def test_tokenizer_dir_wins_over_the_model(hf_tokenizer_dir: str, tmp_path: Path
     assert routing_source(parse_config(data)).key == "context_servers.router.tokenizer_dir"
 
 
-@pytest.mark.parametrize("router, expected", [
-    ({"custom_tokenizer": "deepseek_v32"}, "context_servers.router.custom_tokenizer: "),
-    ({"use_harmony": True}, "context_servers.router.use_harmony: "),
-])
-def test_settings_the_router_cannot_honour_are_refused_by_name(hf_tokenizer_dir: str, router: dict[str, Any], expected: str) -> None:
+@pytest.mark.parametrize(
+    "router, expected",
+    [
+        ({"custom_tokenizer": "deepseek_v32"}, "context_servers.router.custom_tokenizer: "),
+        ({"use_harmony": True}, "context_servers.router.use_harmony: "),
+    ],
+)
+def test_settings_the_router_cannot_honour_are_refused_by_name(
+    hf_tokenizer_dir: str, router: dict[str, Any], expected: str
+) -> None:
     assert _error(_config({"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir, **router})).startswith(expected)
 
 
-def test_a_gpt_oss_checkpoint_renders_with_harmony_so_it_is_refused_unless_use_harmony_is_false(hf_tokenizer_dir: str, tmp_path: Path) -> None:
+def test_a_gpt_oss_checkpoint_renders_with_harmony_so_it_is_refused_unless_use_harmony_is_false(
+    hf_tokenizer_dir: str, tmp_path: Path
+) -> None:
     ckpt = tmp_path / "gpt-oss"
     shutil.copytree(hf_tokenizer_dir, ckpt)
     (ckpt / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
     msg = _error(_config({"type": "kv_cache_aware", "tokenizer_dir": str(ckpt)}))
     assert msg.startswith("context_servers.router.use_harmony: ") and "gpt_oss" in msg
-    tok = load_routing_tokenizer(parse_config(_config({"type": "kv_cache_aware", "tokenizer_dir": str(ckpt), "use_harmony": False})))
+    tok = load_routing_tokenizer(
+        parse_config(_config({"type": "kv_cache_aware", "tokenizer_dir": str(ckpt), "use_harmony": False}))
+    )
     assert isinstance(tok, HFTokenizer) and tok.model_type == "gpt_oss"
     legacy = HFTokenizer(tok.tokenizer, tok.model_type, legacy=True)
     assert legacy.encode_chat({"messages": [{"role": "user", "content": "hi"}]}).write_back is False  # an estimate
 
 
 def test_simulator_executors_refuse_a_tokenizer_they_would_not_use(hf_tokenizer_dir: str) -> None:
-    msg = _error(_config({"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}, shmdisagg={"executors": {"backend": "sim"}}))
+    msg = _error(
+        _config(
+            {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}, shmdisagg={"executors": {"backend": "sim"}}
+        )
+    )
     assert msg.startswith("context_servers.router.tokenizer_dir: the executors are simulators")
 
 
 def test_two_roles_on_different_tokenizers_are_refused(hf_tokenizer_dir: str, tmp_path: Path) -> None:
     other = tmp_path / "other"
     shutil.copytree(hf_tokenizer_dir, other)
-    msg = _error(_config({"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir}, {"type": "kv_cache_aware", "tokenizer_dir": str(other)}))
+    msg = _error(
+        _config(
+            {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir},
+            {"type": "kv_cache_aware", "tokenizer_dir": str(other)},
+        )
+    )
     assert msg.startswith("generation_servers.router.tokenizer_dir: ")
 
 
@@ -130,7 +152,11 @@ def _cli_config(tmp_path: Path, shm_prefix: str, router: dict[str, Any], **top: 
         "port": free_port(),
         "context_servers": {"urls": [f"127.0.0.1:{free_port()}"], "router": router},
         "generation_servers": {"urls": [f"127.0.0.1:{free_port()}"]},
-        "shmdisagg": {"shm": {"prefix": shm_prefix}, "coordinator_socket": str(tmp_path / "coord.sock"), "server_start_timeout_s": 5},
+        "shmdisagg": {
+            "shm": {"prefix": shm_prefix},
+            "coordinator_socket": str(tmp_path / "coord.sock"),
+            "server_start_timeout_s": 5,
+        },
         **top,
     }
     path = tmp_path / "cfg.yaml"
@@ -139,11 +165,19 @@ def _cli_config(tmp_path: Path, shm_prefix: str, router: dict[str, Any], **top: 
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shmdisagg.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "shmdisagg.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
-def test_check_config_and_serve_refuse_a_bad_tokenizer_in_one_line_before_anything_starts(tmp_path: Path, shm_prefix: str) -> None:
+def test_check_config_and_serve_refuse_a_bad_tokenizer_in_one_line_before_anything_starts(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     """Before: check-config said ok, and every fleet worker crash-looped on the ConfigError."""
     path = _cli_config(tmp_path, shm_prefix, {"type": "kv_cache_aware", "tokenizer_dir": str(tmp_path / "nope")})
     for command in ("check-config", "serve"):
@@ -151,7 +185,9 @@ def test_check_config_and_serve_refuse_a_bad_tokenizer_in_one_line_before_anythi
         assert out.returncode == 2, (command, out)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-        assert lines[0].startswith(f"shmdisagg: config error: {path}: context_servers.router.tokenizer_dir: cannot load"), lines
+        assert lines[0].startswith(
+            f"shmdisagg: config error: {path}: context_servers.router.tokenizer_dir: cannot load"
+        ), lines
     assert not list(Path("/dev/shm").glob(f"{shm_prefix}*"))  # nothing started
 
 

@@ -78,8 +78,7 @@ class IndexModel:
                 out[s] = d
         return out
 
-    def jump_depths(self, hashes: list[int], candidates: int, jump: int,
-                    events_only: bool = False) -> dict[int, int]:
+    def jump_depths(self, hashes: list[int], candidates: int, jump: int, events_only: bool = False) -> dict[int, int]:
         """pick_kv's jump walk, each server on its own (native/picks.c, `jump_walk`): probe the
         last block of every window of `jump` blocks; at the first probe g a server lacks, bisect
         [window start, g] for a block it lacks whose predecessor it holds (or the window start).
@@ -91,7 +90,7 @@ class IndexModel:
 
             def holds(j: int) -> bool:
                 m = self.slots.get(table_key(hashes[j]))
-                return m is not None and bool((m[0] if events_only else m[0] | m[1]) >> s & 1)
+                return m is not None and bool((m[0] if events_only else m[0] | m[1]) >> s & 1)  # noqa: B023 (called only in this iteration)
 
             lo, n, depth = 0, len(hashes), len(hashes)
             while lo < n:

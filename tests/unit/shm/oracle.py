@@ -71,7 +71,8 @@ class TableModel:
 
     def _candidates(self, role: int, exclude: int) -> list[int]:
         return [
-            s for s in range(N)
+            s
+            for s in range(N)
             if self.flags[s] & 1 and self.flags[s] & 2 and (self.flags[s] >> 8) == role and s != exclude
         ]
 
@@ -123,8 +124,10 @@ class TableModel:
 
     # -- stats
     def load(self, slot: int) -> tuple[int, int]:
-        return (sum(r.active_req[slot] for r in self.rows.values()),
-                sum(r.active_tok[slot] for r in self.rows.values()))
+        return (
+            sum(r.active_req[slot] for r in self.rows.values()),
+            sum(r.active_tok[slot] for r in self.rows.values()),
+        )
 
     def routed(self, slot: int) -> int:
         return self.retired_routed[slot] + sum(r.routed[slot] for r in self.rows.values())

@@ -87,7 +87,9 @@ def test_a_server_record_left_odd_by_the_dead_writer_is_removed_and_the_config_r
     _die(table)
     adopted = ControlTable.adopt(shm_prefix, 8)
     try:
-        assert [(s.slot, s.healthy) for s in adopted.servers()] == [(0, True)]  # readable again, slot 1 to register anew
+        assert [(s.slot, s.healthy) for s in adopted.servers()] == [
+            (0, True)
+        ]  # readable again, slot 1 to register anew
     finally:
         adopted.unlink()
         adopted.close()

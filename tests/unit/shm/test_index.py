@@ -29,8 +29,16 @@ class Worker:
         self.row = self.table.claim_row(PID, 1)
         self.index = BlockIndex.attach(self.table)
 
-    def kv(self, hashes: bytes, *, role: int = ROLE_CONTEXT, exclude: int = -1, tokens: int = 100,
-           release: bool = True, **kw: object) -> tuple[int, int]:
+    def kv(
+        self,
+        hashes: bytes,
+        *,
+        role: int = ROLE_CONTEXT,
+        exclude: int = -1,
+        tokens: int = 100,
+        release: bool = True,
+        **kw: object,
+    ) -> tuple[int, int]:
         slot, matched = self.index.pick_kv(self.row, role, exclude, hashes, tokens, **kw)  # type: ignore[arg-type]
         if release and slot >= 0:
             self.table.release(self.row, slot, tokens)
@@ -45,8 +53,9 @@ class Worker:
 def coord(shm_prefix: str) -> Iterator[ControlTable]:
     table = ControlTable.create(shm_prefix, max_workers=8)
     for slot in range(4):
-        table.publish_server(slot, f"127.0.0.1:{9000 + slot}", ROLE_CONTEXT, True,
-                             max_batch_size=4, tokens_per_block=32)
+        table.publish_server(
+            slot, f"127.0.0.1:{9000 + slot}", ROLE_CONTEXT, True, max_batch_size=4, tokens_per_block=32
+        )
     table.publish_server(8, "127.0.0.1:9100", ROLE_GENERATION, True, max_batch_size=4)
     yield table
     table.unlink()
@@ -101,8 +110,9 @@ def test_stored_blocks_are_visible_to_a_worker_at_once(index: BlockIndex, worker
         ({0: [0, 1], 1: [0, 1, 2], 2: [0, 1, 2, 3]}, {0: 2, 1: 3, 2: 4, 3: 0}),
     ],
 )
-def test_match_depth_counts_leading_blocks_only(index: BlockIndex, worker: Worker,
-                                                held: dict[int, list[int]], want: dict[int, int]) -> None:
+def test_match_depth_counts_leading_blocks_only(
+    index: BlockIndex, worker: Worker, held: dict[int, list[int]], want: dict[int, int]
+) -> None:
     blocks = chain(2, 4)
     for slot, which in held.items():
         index.apply_stored(slot, [blocks[i] for i in which])
@@ -123,15 +133,16 @@ def test_prompts_around_the_jump_stride_match_exactly(index: BlockIndex, worker:
     for k in sorted({0, 1, n // 2, n - 1, n}):
         blocks = chain(1000 * n + k, n)
         index.apply_stored(2, blocks[:k])
-        index.apply_stored(1, blocks[:max(k - 1, 0)])
+        index.apply_stored(1, blocks[: max(k - 1, 0)])
         want = {0: 0, 1: max(k - 1, 0), 2: k, 3: 0}
         assert depths(worker, blocks, jump=True) == depths(worker, blocks, jump=False) == want
         slot, matched = worker.kv(P(blocks), track_routed=False)
         assert matched == k and (k == 0 or slot == 2)
 
 
-def test_servers_dropping_out_at_different_depths_in_one_window(coord: ControlTable, index: BlockIndex,
-                                                                 worker: Worker) -> None:
+def test_servers_dropping_out_at_different_depths_in_one_window(
+    coord: ControlTable, index: BlockIndex, worker: Worker
+) -> None:
     blocks = chain(51, 3 * J)
     held = {0: J + 1, 1: J + 5, 2: J + 6, 3: 2 * J - 1}  # all inside the window [J, 2J - 1]
     for slot, k in held.items():
@@ -242,8 +253,7 @@ def load_on(coord: ControlTable, other: Worker) -> Iterator[object]:
         other.table.release(other.row, slot, tokens)
 
 
-def test_load_weight_trades_matched_blocks_against_active_requests(index: BlockIndex, worker: Worker,
-                                                                   load_on) -> None:  # type: ignore[no-untyped-def]
+def test_load_weight_trades_matched_blocks_against_active_requests(index: BlockIndex, worker: Worker, load_on) -> None:  # type: ignore[no-untyped-def]
     blocks = chain(6, 8)
     index.apply_stored(0, blocks[:2])
     load_on(0, 5)  # score of 0: 2 - 0.25 * 5 = 0.75 > 0
@@ -254,8 +264,7 @@ def test_load_weight_trades_matched_blocks_against_active_requests(index: BlockI
     assert worker.kv(P(blocks), load_weight=0.0, track_routed=False) == (0, 2)
 
 
-def test_use_tokens_counts_load_in_blocks_of_active_tokens(index: BlockIndex, worker: Worker,
-                                                           load_on) -> None:  # type: ignore[no-untyped-def]
+def test_use_tokens_counts_load_in_blocks_of_active_tokens(index: BlockIndex, worker: Worker, load_on) -> None:  # type: ignore[no-untyped-def]
     blocks = chain(7, 8)
     index.apply_stored(1, blocks[:3])
     load_on(1, 1, tokens=32 * 20)  # 20 blocks of tokens (tokens_per_block 32): 3 - 0.25 * 20 < 0
@@ -264,8 +273,9 @@ def test_use_tokens_counts_load_in_blocks_of_active_tokens(index: BlockIndex, wo
     assert slot != 1
 
 
-def test_load_cap_excludes_servers_at_capacity_unless_all_are(coord: ControlTable, index: BlockIndex,
-                                                              worker: Worker, load_on) -> None:  # type: ignore[no-untyped-def]
+def test_load_cap_excludes_servers_at_capacity_unless_all_are(
+    coord: ControlTable, index: BlockIndex, worker: Worker, load_on
+) -> None:  # type: ignore[no-untyped-def]
     blocks = chain(8, 4)
     index.apply_stored(2, blocks)
     load_on(2, 2)  # 2 / max_batch_size 4 = 0.5
@@ -283,8 +293,9 @@ def test_ties_rotate_instead_of_favouring_the_first_server(index: BlockIndex, wo
 
 
 @pytest.mark.parametrize("how", ["unhealthy", "removed", "excluded", "other_role"])
-def test_a_non_candidate_servers_blocks_never_attract(coord: ControlTable, index: BlockIndex,
-                                                      worker: Worker, how: str) -> None:
+def test_a_non_candidate_servers_blocks_never_attract(
+    coord: ControlTable, index: BlockIndex, worker: Worker, how: str
+) -> None:
     blocks = chain(10, 4)
     holder = 8 if how == "other_role" else 1
     index.apply_stored(holder, blocks)
@@ -310,8 +321,9 @@ def test_cleared_servers_stop_attracting(index: BlockIndex, worker: Worker, op: 
     assert dict(worker.index.match(P(blocks)))[3] == 0
 
 
-def test_a_routed_request_counts_for_every_worker_before_any_event(index: BlockIndex, worker: Worker,
-                                                                   other: Worker) -> None:
+def test_a_routed_request_counts_for_every_worker_before_any_event(
+    index: BlockIndex, worker: Worker, other: Worker
+) -> None:
     blocks = chain(12, 10)
     first, matched = worker.kv(P(blocks))
     assert matched == 0
@@ -354,8 +366,12 @@ def test_bad_hash_buffers_are_refused(worker: Worker) -> None:
 
 
 def test_workers_cannot_write_events_or_maintain(worker: Worker) -> None:
-    for call in (lambda: worker.index.apply_stored(0, [1]), lambda: worker.index.clear_server(0),
-                 lambda: worker.index.sweep(), lambda: worker.index.resize()):
+    for call in (
+        lambda: worker.index.apply_stored(0, [1]),
+        lambda: worker.index.clear_server(0),
+        lambda: worker.index.sweep(),
+        lambda: worker.index.resize(),
+    ):
         with pytest.raises(ShmError):
             call()
 
@@ -380,8 +396,7 @@ def test_sweep_expires_routed_bits_after_the_ttl_but_keeps_event_bits(index: Blo
 # -- conversations ---------------------------------------------------------------------------------
 
 
-def test_an_explicit_conversation_is_sticky_across_workers(index: BlockIndex, worker: Worker,
-                                                           other: Worker) -> None:
+def test_an_explicit_conversation_is_sticky_across_workers(index: BlockIndex, worker: Worker, other: Worker) -> None:
     key = hashing.conversation_key("conv-a")
     first = worker.index.conv_pick_explicit(worker.row, ROLE_CONTEXT, -1, key, 100)
     for w in (other, worker, other):
@@ -394,8 +409,9 @@ def test_new_conversations_go_to_the_fewest_active_tokens(index: BlockIndex, wor
     assert worker.index.conv_pick_explicit(worker.row, ROLE_CONTEXT, -1, 1, 10) == 2
 
 
-def test_a_session_reroutes_when_its_server_is_no_longer_a_candidate(coord: ControlTable, index: BlockIndex,
-                                                                     worker: Worker, other: Worker) -> None:
+def test_a_session_reroutes_when_its_server_is_no_longer_a_candidate(
+    coord: ControlTable, index: BlockIndex, worker: Worker, other: Worker
+) -> None:
     key = hashing.conversation_key("conv-b")
     first = worker.index.conv_pick_explicit(worker.row, ROLE_CONTEXT, -1, key, 1)
     coord.set_healthy(first, False)
@@ -446,6 +462,7 @@ def test_implicit_entries_beyond_max_implicit_are_evicted_oldest_first(coord: Co
             w.index.conv_pick_implicit(w.row, ROLE_CONTEXT, -1, P(new), 1, 0.75)
             census = index.sweep()
             assert (census["implicit_entries"], census["evicted"]) == (6, 2)
+
             def alive(h: int) -> bool:
                 got = w.index._ix.lookup(h, 2, ROLE_CONTEXT)
                 return got is not None and got[1] != 0
@@ -458,8 +475,7 @@ def test_implicit_entries_beyond_max_implicit_are_evicted_oldest_first(coord: Co
         index.close()
 
 
-def test_implicit_matching_follows_the_prefix_above_the_threshold(index: BlockIndex, worker: Worker,
-                                                                  load_on) -> None:  # type: ignore[no-untyped-def]
+def test_implicit_matching_follows_the_prefix_above_the_threshold(index: BlockIndex, worker: Worker, load_on) -> None:  # type: ignore[no-untyped-def]
     a = chain(20, 4)
     first, depth = worker.index.conv_pick_implicit(worker.row, ROLE_CONTEXT, -1, P(a), 10, 0.75)
     assert depth == 0
@@ -509,8 +525,9 @@ def test_a_full_index_refuses_inserts_counts_them_and_keeps_what_it_has(coord: C
 # -- generations -----------------------------------------------------------------------------------
 
 
-def test_resize_keeps_live_keys_drops_dead_ones_and_workers_follow(coord: ControlTable, index: BlockIndex,
-                                                                   worker: Worker) -> None:
+def test_resize_keeps_live_keys_drops_dead_ones_and_workers_follow(
+    coord: ControlTable, index: BlockIndex, worker: Worker
+) -> None:
     keep, drop = chain(40, 5), chain(41, 5)
     index.apply_stored(2, keep)
     index.apply_stored(1, drop)
@@ -598,7 +615,15 @@ def test_metrics_count_events_blocks_drops_and_lag(index: BlockIndex, worker: Wo
 
 def test_lag_bucket_edges_are_log_linear_and_tile_every_u64() -> None:
     assert [lag_bucket_edges(b) for b in (0, 3, 4, 7, 8, 11, 12, 15)] == [
-        (0, 1), (3, 4), (4, 4), (4, 4), (4, 5), (7, 8), (8, 10), (14, 16)]
+        (0, 1),
+        (3, 4),
+        (4, 4),
+        (4, 4),
+        (4, 5),
+        (7, 8),
+        (8, 10),
+        (14, 16),
+    ]
     assert lag_bucket_edges(88) == (4_194_304, 5_242_880)  # 2**22 ns: 4.19 .. 5.24 ms
     assert lag_bucket_edges(89) == (5_242_880, 6_291_456)
     assert lag_bucket_edges(255) == (7 << 61, 1 << 64)
@@ -614,7 +639,7 @@ def test_a_lag_lands_in_its_sub_bucket(index: BlockIndex) -> None:
     """Each event's recorded lag (the lag_sum_ns step) falls in the one bucket it incremented;
     lags of seconds are placed with 2 s to spare, so the bucket is known before the event."""
     octave = 1 << 33  # 8.6 s: sub-buckets 2.1 s wide
-    cases = [(-10**12, 0)] + [((4 + s) * (octave >> 2) + 10**8, 132 + s) for s in range(4)]
+    cases = [(-(10**12), 0)] + [((4 + s) * (octave >> 2) + 10**8, 132 + s) for s in range(4)]
     cases += [(5_000_000, None)]  # ~5 ms: its bucket depends on how late the clock is read
     for lag, want in cases:
         before = index.stats()
@@ -646,7 +671,14 @@ def test_lag_quantiles_are_sub_bucket_upper_edges(index: BlockIndex) -> None:
     hist[88], hist[89], hist[101] = 60, 30, 10
     synthetic = dataclasses.replace(s, lag_hist=tuple(hist))
     assert [synthetic.lag_quantile_ns(q) for q in (0.0, 0.5, 0.6, 0.61, 0.9, 0.91, 1.0)] == [
-        5_242_880, 5_242_880, 5_242_880, 6_291_456, 6_291_456, 50_331_648, 50_331_648]
+        5_242_880,
+        5_242_880,
+        5_242_880,
+        6_291_456,
+        6_291_456,
+        50_331_648,
+        50_331_648,
+    ]
     assert dataclasses.replace(s, lag_hist=(0,) * len(s.lag_hist)).lag_quantile_ns(0.5) == 0
 
 
@@ -671,8 +703,15 @@ def test_check_index_refuses_foreign_bytes_and_waits_for_building_ones(coord: Co
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"capacity": 1000}, {"capacity": 8}, {"max_capacity": 1 << 40}, {"capacity": 1 << 12, "max_capacity": 1 << 10},
-     {"max_load": 1.0}, {"grow_at": 0.7}, {"routed_ttl_s": -1}],
+    [
+        {"capacity": 1000},
+        {"capacity": 8},
+        {"max_capacity": 1 << 40},
+        {"capacity": 1 << 12, "max_capacity": 1 << 10},
+        {"max_load": 1.0},
+        {"grow_at": 0.7},
+        {"routed_ttl_s": -1},
+    ],
 )
 def test_bad_index_settings_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):

@@ -10,8 +10,7 @@ from __future__ import annotations
 import time
 from array import array
 
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shmdisagg import _native
@@ -65,7 +64,6 @@ class _IndexMachine(RuleBasedStateMachine):
 
 
 class IndexMatchesModel(_IndexMachine):
-
     def teardown(self) -> None:
         self.ix.release()
         self.ctl.release()
@@ -89,13 +87,14 @@ class IndexMatchesModel(_IndexMachine):
             self._publish(self.ix)
         cand = CANDIDATES & ~(1 << exclude if exclude >= 0 else 0)
         depths = self.model.jump_depths(hashes, cand, JUMP)
-        slot, matched = self.ix.pick_kv(self.row, ROLE_CONTEXT, exclude, pack(hashes), 10, 0.25,
-                                         float("inf"), False, True)
+        slot, matched = self.ix.pick_kv(
+            self.row, ROLE_CONTEXT, exclude, pack(hashes), 10, 0.25, float("inf"), False, True
+        )
         self.ctl.complete(self.row, slot, 10)  # loads stay 0, so the score is the depth alone
         assert matched == depths[slot] == max(depths.values())
         # routed bits only past the winner's event-only depth (jump walk, at most its match)
         events = self.model.jump_depths(hashes, 1 << slot, JUMP, events_only=True)[slot]
-        self.model.routed(slot, hashes[min(events, matched):])
+        self.model.routed(slot, hashes[min(events, matched) :])
 
     @rule(expire=st.booleans())
     def sweep(self, expire: bool) -> None:
@@ -162,14 +161,15 @@ class PrefixClosedMatchesLinear(_IndexMachine):
         self.ix.release()
         self.ctl.release()
 
-    @initialize(trunk=st.integers(1, 3 * JUMP + 2),
-                branches=st.lists(st.tuples(st.integers(0, 3 * JUMP + 2), st.integers(1, JUMP + 2)),
-                                  max_size=3))
+    @initialize(
+        trunk=st.integers(1, 3 * JUMP + 2),
+        branches=st.lists(st.tuples(st.integers(0, 3 * JUMP + 2), st.integers(1, JUMP + 2)), max_size=3),
+    )
     def tree(self, trunk: int, branches: list[tuple[int, int]]) -> None:
         fresh = iter(range(1, 1 << 20))  # hash 0 is stored under 1: never use both
         self.chains = [[next(fresh) << 8 for _ in range(trunk)]]
         for at, length in branches:
-            self.chains.append(self.chains[0][:min(at, trunk)] + [next(fresh) << 8 for _ in range(length)])
+            self.chains.append(self.chains[0][: min(at, trunk)] + [next(fresh) << 8 for _ in range(length)])
 
     def _prefix(self, data: st.DataObject) -> tuple[list[int], int]:
         chain = data.draw(st.sampled_from(self.chains))
@@ -202,8 +202,9 @@ class PrefixClosedMatchesLinear(_IndexMachine):
         cand = CANDIDATES & ~(1 << exclude if exclude >= 0 else 0)
         linear = self.model.depths(hashes, cand)
         assert self.model.jump_depths(hashes, cand, JUMP) == linear
-        slot, matched = self.ix.pick_kv(self.row, ROLE_CONTEXT, exclude, pack(hashes), 10, 0.25,
-                                         float("inf"), False, track)
+        slot, matched = self.ix.pick_kv(
+            self.row, ROLE_CONTEXT, exclude, pack(hashes), 10, 0.25, float("inf"), False, track
+        )
         self.ctl.complete(self.row, slot, 10)
         assert matched == linear[slot] == max(linear.values())
         if track:

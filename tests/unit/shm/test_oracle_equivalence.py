@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from shmdisagg import _native
@@ -54,8 +53,14 @@ class RegionMatchesOracle(RuleBasedStateMachine):
     def reclaim(self, row: int) -> None:
         assert self.region.reclaim_row(row) == self.model.reclaim_row(row)
 
-    @rule(row=st.integers(0, MAX_WORKERS - 1), role=ROLES, exclude=EXCLUDES, tokens=TOKENS,
-          least=st.booleans(), use_tokens=st.booleans())
+    @rule(
+        row=st.integers(0, MAX_WORKERS - 1),
+        role=ROLES,
+        exclude=EXCLUDES,
+        tokens=TOKENS,
+        least=st.booleans(),
+        use_tokens=st.booleans(),
+    )
     def pick(self, row: int, role: int, exclude: int, tokens: int, least: bool, use_tokens: bool) -> None:
         try:
             if least:

@@ -110,8 +110,13 @@ def test_read_only_region_reads_but_never_writes() -> None:
     ro = _native.Region(bytes(buf), writable=False)
     assert ro.check_control()
     assert ro.read_server(0)[-1] == b"a:1"
-    for call in (lambda: ro.claim_row(1, 1), lambda: ro.set_coord(1, 2, 3), lambda: ro.reclaim_row(0),
-                 lambda: ro.write_server(0, 1, 0, 0, 0, b""), lambda: ro.pick_round_robin(0, 0, -1, 1)):
+    for call in (
+        lambda: ro.claim_row(1, 1),
+        lambda: ro.set_coord(1, 2, 3),
+        lambda: ro.reclaim_row(0),
+        lambda: ro.write_server(0, 1, 0, 0, 0, b""),
+        lambda: ro.pick_round_robin(0, 0, -1, 1),
+    ):
         with pytest.raises(_native.ShmError, match="read-only"):
             call()
 

@@ -20,9 +20,9 @@ from shmdisagg.shm import (
     ShmError,
     cleanup_stale,
     layout,
+    segment as segment_mod,
     segment_names,
 )
-from shmdisagg.shm import segment as segment_mod
 
 
 def shm_path(name: str) -> str:

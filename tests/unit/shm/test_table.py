@@ -43,8 +43,9 @@ def three_context_servers(coord: ControlTable) -> None:
 
 def test_published_servers_read_back_consistently(coord: ControlTable, worker: ControlTable) -> None:
     v0 = worker.servers_version()
-    coord.publish_server(3, "10.0.0.1:9000", ROLE_GENERATION, False, max_batch_size=64,
-                         tokens_per_block=32, max_num_tokens=8192)
+    coord.publish_server(
+        3, "10.0.0.1:9000", ROLE_GENERATION, False, max_batch_size=64, tokens_per_block=32, max_num_tokens=8192
+    )
     assert worker.servers() == [ServerInfo(3, "10.0.0.1:9000", ROLE_GENERATION, True, False, 1, 64, 32, 8192)]
     assert worker.servers_version() == v0 + 1
     coord.set_healthy(3, True)

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from shmdisagg.executors.sim.block_keys import extension_blocks
 from shmdisagg.executors.sim.block_pool import BlockPool

@@ -9,9 +9,24 @@ from shmdisagg.executors.sim.errors import ConfigError
 
 def test_own_flags_are_derived_from_the_config_fields():
     cfg = parse_args(
-        ["--port", "9001", "--role", "context", "--tokens-per-block", "16", "--num-blocks", "100",
-         "--speedup", "10", "--fault", "slow:factor=2", "--fault", "hang:after=3", "--no-enable-block-reuse",
-         "--disable-overlap-scheduler"]
+        [
+            "--port",
+            "9001",
+            "--role",
+            "context",
+            "--tokens-per-block",
+            "16",
+            "--num-blocks",
+            "100",
+            "--speedup",
+            "10",
+            "--fault",
+            "slow:factor=2",
+            "--fault",
+            "hang:after=3",
+            "--no-enable-block-reuse",
+            "--disable-overlap-scheduler",
+        ]
     )
     assert (cfg.port, cfg.role, cfg.tokens_per_block, cfg.num_blocks, cfg.speedup) == (9001, "context", 16, 100, 10.0)
     assert cfg.faults == ("slow:factor=2", "hang:after=3")
@@ -23,8 +38,15 @@ def test_own_flags_are_derived_from_the_config_fields():
 
 @pytest.mark.parametrize(
     "argv",
-    [["--role", "prefill"], ["--speedup", "0"], ["--profile", "tpu"], ["--fault", "explode"], ["--tokens-per-block", "0"],
-     ["--bogus"], ["--port", "x"]],
+    [
+        ["--role", "prefill"],
+        ["--speedup", "0"],
+        ["--profile", "tpu"],
+        ["--fault", "explode"],
+        ["--tokens-per-block", "0"],
+        ["--bogus"],
+        ["--port", "x"],
+    ],
 )
 def test_bad_flags_raise_config_error_and_main_exits_2(argv, capsys):
     with pytest.raises(ConfigError):
@@ -43,8 +65,12 @@ def test_serve_honours_the_extra_llm_api_options_yaml(tmp_path):
     extra = write_yaml(
         tmp_path,
         {
-            "kv_cache_config": {"tokens_per_block": 64, "enable_block_reuse": True, "event_buffer_max_size": 512,
-                                "free_gpu_memory_fraction": 0.5},
+            "kv_cache_config": {
+                "tokens_per_block": 64,
+                "enable_block_reuse": True,
+                "event_buffer_max_size": 512,
+                "free_gpu_memory_fraction": 0.5,
+            },
             "max_batch_size": 32,
             "max_num_tokens": 4096,
             "cache_transceiver_config": {"backend": "UCX", "kv_transfer_timeout_ms": 5000},
@@ -56,9 +82,26 @@ def test_serve_honours_the_extra_llm_api_options_yaml(tmp_path):
             "sim": {"speedup": 20.0, "num_blocks": 300, "faults": ["slow:factor=2"]},
         },
     )
-    cfg = parse_args(["serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1", "--port", "8123",
-                      "--backend", "pytorch", "--tp_size", "1", "--pp_size", "1", "--extra_llm_api_options", extra,
-                      "--log_level", "info"])
+    cfg = parse_args(
+        [
+            "serve",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "8123",
+            "--backend",
+            "pytorch",
+            "--tp_size",
+            "1",
+            "--pp_size",
+            "1",
+            "--extra_llm_api_options",
+            extra,
+            "--log_level",
+            "info",
+        ]
+    )
     assert cfg.tokens_per_block == 64 and cfg.event_buffer_max_size == 512
     assert (cfg.max_batch_size, cfg.max_num_tokens) == (32, 4096)
     assert cfg.disagg_enabled and cfg.kv_transfer_timeout == 5.0
@@ -109,8 +152,10 @@ def test_missing_yaml_and_unknown_serve_flags_are_errors(tmp_path):
         parse_args(["serve", "m", "--warp_drive", "1"])
 
 
-@pytest.mark.parametrize("argv, usage", [(["sim", "--help"], "usage: shmdisagg sim ["),
-                                         (["sim", "serve", "--help"], "usage: shmdisagg sim serve [")])
+@pytest.mark.parametrize(
+    "argv, usage",
+    [(["sim", "--help"], "usage: shmdisagg sim ["), (["sim", "serve", "--help"], "usage: shmdisagg sim serve [")],
+)
 def test_help_through_the_shmdisagg_cli_names_shmdisagg_sim(argv, usage, capsys):
     from shmdisagg.cli import main as shmdisagg_main
 
@@ -132,7 +177,9 @@ def test_help_of_the_module_still_names_the_module(capsys):
 
 
 def test_the_simulators_own_flags_take_the_auth_key_and_perf_metrics_options():
-    cfg = parse_args(["--internal-request-auth-key", "k3y", "--perf-metrics-max-requests", "0", "--no-return-perf-metrics"])
+    cfg = parse_args(
+        ["--internal-request-auth-key", "k3y", "--perf-metrics-max-requests", "0", "--no-return-perf-metrics"]
+    )
     assert cfg.internal_request_auth_key == "k3y" and cfg.perf_metrics_max_requests == 0 and not cfg.return_perf_metrics
     assert "k3y" not in repr(cfg)  # a secret
     with pytest.raises(ConfigError, match="internal_request_auth_key"):

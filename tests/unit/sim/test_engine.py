@@ -18,12 +18,24 @@ TPB = 4
 ENDPOINT = "127.0.0.1:1"
 
 
-def make_engine(num_blocks: int = 64, max_batch_size: int = 8, max_num_tokens: int = 64, chunked: bool = True,
-                events: KvEventBuffer | None = None) -> Engine:
+def make_engine(
+    num_blocks: int = 64,
+    max_batch_size: int = 8,
+    max_num_tokens: int = 64,
+    chunked: bool = True,
+    events: KvEventBuffer | None = None,
+) -> Engine:
     pool = BlockPool(num_blocks, TPB, reuse=True, events=events)
     return Engine(
-        get_profile("h100-sxm-llama-3.1-8b"), pool, max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
-        chunked_prefill=chunked, overlap_scheduler=True, speedup=1e5, transfer_timeout_s=2.0, own_endpoint=ENDPOINT,
+        get_profile("h100-sxm-llama-3.1-8b"),
+        pool,
+        max_batch_size=max_batch_size,
+        max_num_tokens=max_num_tokens,
+        chunked_prefill=chunked,
+        overlap_scheduler=True,
+        speedup=1e5,
+        transfer_timeout_s=2.0,
+        own_endpoint=ENDPOINT,
     )
 
 
@@ -32,8 +44,14 @@ _ids = iter(range(1, 1_000_000))
 
 def seq(prompt: list[int], max_tokens: int = 4, kind: Kind = Kind.LOCAL, **kw: Any) -> Sequence:
     return Sequence(
-        request_id=next(_ids), kind=kind, prompt=prompt, prompt_seed=prompt_seed(prompt), max_tokens=max_tokens,
-        block_hashes=block_hashes(prompt, TPB), channel=TokenChannel(streaming=True), **kw,
+        request_id=next(_ids),
+        kind=kind,
+        prompt=prompt,
+        prompt_seed=prompt_seed(prompt),
+        max_tokens=max_tokens,
+        block_hashes=block_hashes(prompt, TPB),
+        channel=TokenChannel(streaming=True),
+        **kw,
     )
 
 
@@ -206,8 +224,14 @@ def test_context_then_generation_in_one_engine_continues_the_same_tokens():
         await collect(ctx)
         assert ctx.phase is Phase.PINNED and ctx.finish_reason == "length"
         assert engine.transfers.num_pinned == 1
-        gen = seq(prompt, max_tokens=6, kind=Kind.GENERATION_ONLY, ctx_request_id=77,
-                  first_gen_tokens=list(ctx.output), ctx_endpoint=ENDPOINT)
+        gen = seq(
+            prompt,
+            max_tokens=6,
+            kind=Kind.GENERATION_ONLY,
+            ctx_request_id=77,
+            first_gen_tokens=list(ctx.output),
+            ctx_endpoint=ENDPOINT,
+        )
         engine.submit(gen)
         batches = await collect(gen)
         assert engine.transfers.num_pinned == 0 and engine.transfers.completed == 1

@@ -23,8 +23,17 @@ def test_cli_fault_syntax_parses_kind_and_typed_parameters():
 
 @pytest.mark.parametrize(
     "text",
-    ["explode", "error:status=200", "error:rate=2", "slow:factor=0", "crash:after=-1", "error:count=0",
-     "error:bogus=1", "error:status", "error:status=abc"],
+    [
+        "explode",
+        "error:status=200",
+        "error:rate=2",
+        "slow:factor=0",
+        "crash:after=-1",
+        "error:count=0",
+        "error:bogus=1",
+        "error:status",
+        "error:status=abc",
+    ],
 )
 def test_bad_fault_specs_raise_config_error(text):
     with pytest.raises(ConfigError):

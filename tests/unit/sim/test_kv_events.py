@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 import orjson
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from shmdisagg.executors.sim.kv_events import KvEventBuffer
 
@@ -137,4 +136,12 @@ def test_events_carry_no_timestamp_unless_asked_as_tensorrt_llm_s_serializer():
     buf.stored(None, [(5, [1, 2])])
     events = orjson.loads(buf.drain_json())
     assert [sorted(e) for e in events] == [["data", "event_id", "window_size"]] * 2
-    assert sorted(events[1]["data"]["blocks"][0]) == ["block_hash", "cache_level", "lora_id", "mm_keys", "priority", "tokens", "type"]
+    assert sorted(events[1]["data"]["blocks"][0]) == [
+        "block_hash",
+        "cache_level",
+        "lora_id",
+        "mm_keys",
+        "priority",
+        "tokens",
+        "type",
+    ]

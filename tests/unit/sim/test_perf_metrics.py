@@ -29,7 +29,10 @@ def test_headers_use_servers_metric_list_syntax():
 
 def test_missing_times_are_left_out():
     headers = metrics_headers(finished(first_token_time=0.0, last_token_time=None))  # type: ignore[arg-type]
-    assert headers == {"Server-Timing": "server_queue;dur=10.000000", "X-TRTLLM-Start-End-Time": "server-start;ts=1.000000000"}
+    assert headers == {
+        "Server-Timing": "server_queue;dur=10.000000",
+        "X-TRTLLM-Start-End-Time": "server-start;ts=1.000000000",
+    }
 
 
 def test_the_sse_event_and_the_request_header():
@@ -50,9 +53,17 @@ def test_perf_metrics_records_and_their_ring():
     first, second = buf.drain()  # the oldest was dropped
     assert len(buf) == 0 and first["ctx_request_id"] == 5 and second["ctx_request_id"] == 6
     timing = first["perf_metrics"]["timing_metrics"]
-    assert list(timing) == ["server_arrival_time", "arrival_time", "first_scheduled_time", "first_token_time",
-                            "server_first_token_time", "last_token_time", "kv_cache_size", "kv_cache_transfer_start",
-                            "kv_cache_transfer_end"]
+    assert list(timing) == [
+        "server_arrival_time",
+        "arrival_time",
+        "first_scheduled_time",
+        "first_token_time",
+        "server_first_token_time",
+        "last_token_time",
+        "kv_cache_size",
+        "kv_cache_transfer_start",
+        "kv_cache_transfer_end",
+    ]
     assert timing["kv_cache_size"] == 600  # (100 - 40) tokens x 10 bytes
     json.dumps(first)  # JSON-safe
     nothing = PerfMetricsBuffer(0, 10.0)

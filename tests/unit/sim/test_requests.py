@@ -69,8 +69,15 @@ def test_stream_options_include_usage_defaults_to_true_as_in_tensorrt_llm():
 
 
 def test_stop_words_are_stop_token_ids_then_tokenized_stop_strings_with_their_reasons():
-    req = parse({"prompt": "x", "stop_token_ids": [7, 8], "stop": [" the end", ""], "min_tokens": 2,
-                 "include_stop_str_in_output": True})
+    req = parse(
+        {
+            "prompt": "x",
+            "stop_token_ids": [7, 8],
+            "stop": [" the end", ""],
+            "min_tokens": 2,
+            "include_stop_str_in_output": True,
+        }
+    )
     assert req.stops == (((7,), 7), ((8,), 8), (tuple(TOK.encode(" the end")), " the end"))
     assert req.min_tokens == 2 and req.include_stop
     assert parse({"prompt": "x", "stop": " once"}).stops == ((tuple(TOK.encode(" once")), " once"),)
@@ -96,29 +103,64 @@ def test_logprobs_how_many_per_token():
         ({"model": "m", "prompt": 5}, False, "prompt"),
         ({"model": "m", "prompt": ["a", 1]}, False, "prompt"),
         ({"model": "m", "prompt": "x", "stream": "maybe"}, False, "stream"),
-        ({"model": "m", "prompt": "x", "stream_options": {"include_usage": True}}, False, "only be defined when stream"),
+        (
+            {"model": "m", "prompt": "x", "stream_options": {"include_usage": True}},
+            False,
+            "only be defined when stream",
+        ),
         ({"model": "m", "prompt": "x", "stream": True, "stream_options": {"x": 1}}, False, "unknown field `x`"),
         ({"model": "m", "prompt": "x", "suffix": "tail"}, False, "suffix"),
         ({"model": "m", "prompt": "x", "logprobs": 21}, False, "<= 20"),
         ({"model": "m", "prompt": "x", "priority": 1.5}, False, "priority"),
         ({"model": "m", "prompt": "x", "truncate_prompt_tokens": 0}, False, "truncate_prompt_tokens"),
         ({"model": "m", "prompt": "x", "response_format": {"type": "yaml"}}, False, "response_format"),
-        ({"model": "m", "prompt": "x", "disaggregated_params": {"request_type": "context_only", "bogus": 1}}, False,
-         "unknown field `bogus`"),
+        (
+            {"model": "m", "prompt": "x", "disaggregated_params": {"request_type": "context_only", "bogus": 1}},
+            False,
+            "unknown field `bogus`",
+        ),
         ({"model": "m", "prompt": "x", "disaggregated_params": {}}, False, "request_type"),
-        ({"model": "m", "prompt": "x", "disaggregated_params": {"request_type": "context_only",
-                                                               "ctx_info_endpoint": ["h:1"]}}, False, "ctx_info_endpoint"),
-        ({"model": "m", "prompt": "x", "disaggregated_params": {"request_type": "generation_only",
-                                                               "schedule_style": 2}}, False, "schedule_style"),
-        ({"model": "m", "prompt": "x", "disaggregated_params": {"request_type": "generation_only", "ctx_usage": {
-            "prompt_tokens": 3, "bogus": 1}}}, False, "unknown field `bogus`"),
+        (
+            {
+                "model": "m",
+                "prompt": "x",
+                "disaggregated_params": {"request_type": "context_only", "ctx_info_endpoint": ["h:1"]},
+            },
+            False,
+            "ctx_info_endpoint",
+        ),
+        (
+            {
+                "model": "m",
+                "prompt": "x",
+                "disaggregated_params": {"request_type": "generation_only", "schedule_style": 2},
+            },
+            False,
+            "schedule_style",
+        ),
+        (
+            {
+                "model": "m",
+                "prompt": "x",
+                "disaggregated_params": {
+                    "request_type": "generation_only",
+                    "ctx_usage": {"prompt_tokens": 3, "bogus": 1},
+                },
+            },
+            False,
+            "unknown field `bogus`",
+        ),
         ({"model": "m", "messages": "hi"}, True, "messages"),
         ({"model": "m", "messages": [{"content": "hi"}]}, True, "role"),
         ({"model": "m", "messages": MESSAGES, "top_logprobs": 2}, True, "logprobs must be true"),
         ({"model": "m", "messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, True, "<= 20"),
         ({"model": "m", "messages": MESSAGES, "tool_choice": "required"}, True, "tools"),
         ({"model": "m", "messages": MESSAGES, "cache_salt": ""}, True, "cache_salt"),
-        ({"model": "m", "messages": MESSAGES, "max_tokens": 2, "max_completion_tokens": 2}, True, "max_completion_tokens"),
+        (
+            {"model": "m", "messages": MESSAGES, "max_tokens": 2, "max_completion_tokens": 2},
+            True,
+            "max_completion_tokens",
+        ),
         ({"model": "m", "messages": MESSAGES, "detokenize": False}, True, "unknown field `detokenize`"),
         ({"model": "m", "messages": [{"role": "user", "content": "x", "tools": []}]}, True, "system messages"),
     ],
@@ -161,10 +203,20 @@ def test_bad_json_and_a_non_object_body_fail_validation():
         ({"prompt": "x", "disaggregated_params": {"request_type": "prefill"}}, False, "Unknown request type: prefill"),
         ({"messages": []}, True, "messages must not be empty"),
         ({"messages": MESSAGES, "chat_template": "{{ x }}"}, True, "chat_template cannot be supplied"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, True,
-         "only text content parts"),
-        ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}],
-          "tool_choice": {"type": "function", "function": {"name": "f"}}}, True, "tool_choice naming a function"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            True,
+            "only text content parts",
+        ),
+        (
+            {
+                "messages": MESSAGES,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            True,
+            "tool_choice naming a function",
+        ),
         ({"messages": [], "prompt_token_ids_b64": "!!"}, True, "base64"),
     ],
 )
@@ -180,18 +232,38 @@ def test_a_prompt_longer_than_max_num_tokens_is_refused_without_chunked_prefill(
     refused({"model": "m", "prompt": list(range(1, 10))}, r"prompt length \(9.0\), query length \(0\) should not "
             r"exceed max_num_tokens \(8\)", limits=limits)  # fmt: skip
     assert parse({"prompt": list(range(1, 9))}, limits=limits).prompt == list(range(1, 9))
-    params = {"request_type": "generation_only", "ctx_request_id": 1, "first_gen_tokens": [5], "ctx_info_endpoint": "h:1"}
-    assert parse({"prompt": list(range(1, 10)), "disaggregated_params": params}, limits=limits).kind is Kind.GENERATION_ONLY
+    params = {
+        "request_type": "generation_only",
+        "ctx_request_id": 1,
+        "first_gen_tokens": [5],
+        "ctx_info_endpoint": "h:1",
+    }
+    assert (
+        parse({"prompt": list(range(1, 10)), "disaggregated_params": params}, limits=limits).kind
+        is Kind.GENERATION_ONLY
+    )
 
 
 def test_a_context_only_request_keeps_its_disagg_request_id_and_may_stream():
-    req = parse({"prompt": "x", "stream": True, "disaggregated_params": {"request_type": "CONTEXT_ONLY",
-                                                                        "disagg_request_id": 7}})
+    req = parse(
+        {
+            "prompt": "x",
+            "stream": True,
+            "disaggregated_params": {"request_type": "CONTEXT_ONLY", "disagg_request_id": 7},
+        }
+    )
     assert req.kind is Kind.CONTEXT_ONLY and req.stream and req.disagg_request_id == 7 and req.auth_fields is None
-    req = parse({"messages": MESSAGES, "disaggregated_params": {"request_type": "context_only",
-                                                                "return_prompt_token_ids_b64": True}}, chat=True)
+    req = parse(
+        {
+            "messages": MESSAGES,
+            "disaggregated_params": {"request_type": "context_only", "return_prompt_token_ids_b64": True},
+        },
+        chat=True,
+    )
     assert req.return_prompt_b64
-    req = parse({"prompt": "x", "disaggregated_params": {"request_type": "context_only", "return_prompt_token_ids_b64": True}})
+    req = parse(
+        {"prompt": "x", "disaggregated_params": {"request_type": "context_only", "return_prompt_token_ids_b64": True}}
+    )
     assert not req.return_prompt_b64  # completions answer with the id list (openai_server.py: chat only)
 
 
@@ -211,19 +283,41 @@ def test_generation_only_reads_its_handoff_fields_and_echoes_them_as_the_worker_
     req = parse({"prompt": [1, 2, 3], "disaggregated_params": params})
     assert req.kind is Kind.GENERATION_ONLY and req.ctx_request_id == 42 and req.first_gen_tokens == [11]
     assert req.ctx_endpoint == "127.0.0.1:9000"
-    assert req.ctx_usage == {"prompt_tokens": 3, "total_tokens": 0, "completion_tokens": 0,
-                             "prompt_tokens_details": {"cached_tokens": 1}}  # UsageInfo's defaults filled in
+    assert req.ctx_usage == {
+        "prompt_tokens": 3,
+        "total_tokens": 0,
+        "completion_tokens": 0,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }  # UsageInfo's defaults filled in
     assert req.auth_fields == {"encoded_opaque_state": None, "ctx_info_endpoint": "http://127.0.0.1:9000/"}
     echo = req.disagg_echo
-    assert list(echo) == ["request_type", "first_gen_tokens", "first_gen_log_probs", "first_gen_logits", "ctx_request_id",
-                          "encoded_opaque_state", "draft_tokens", "disagg_request_id", "ctx_dp_rank", "ctx_info_endpoint",
-                          "schedule_style", "ctx_usage", "return_prompt_token_ids_b64", "resolved_thinking"]
+    assert list(echo) == [
+        "request_type",
+        "first_gen_tokens",
+        "first_gen_log_probs",
+        "first_gen_logits",
+        "ctx_request_id",
+        "encoded_opaque_state",
+        "draft_tokens",
+        "disagg_request_id",
+        "ctx_dp_rank",
+        "ctx_info_endpoint",
+        "schedule_style",
+        "ctx_usage",
+        "return_prompt_token_ids_b64",
+        "resolved_thinking",
+    ]
     assert echo["ctx_usage"] == req.ctx_usage and echo["return_prompt_token_ids_b64"] is False
 
 
 def test_generation_first_may_omit_first_gen_tokens_and_find_the_context_executor_in_the_opaque_state():
     state = base64.b64encode(json.dumps({"ctx_info_endpoint": "127.0.0.1:9100"}).encode()).decode()
-    params = {"request_type": "generation_only", "ctx_request_id": 1, "encoded_opaque_state": state, "schedule_style": 1}
+    params = {
+        "request_type": "generation_only",
+        "ctx_request_id": 1,
+        "encoded_opaque_state": state,
+        "schedule_style": 1,
+    }
     req = parse({"prompt": [1, 2], "disaggregated_params": params})
     assert req.first_gen_tokens == [] and req.ctx_endpoint == "127.0.0.1:9100"
 
@@ -235,7 +329,8 @@ def test_generation_first_may_omit_first_gen_tokens_and_find_the_context_executo
          "ctx_request_id"),
         ({"request_type": "generation_only", "ctx_request_id": 1, "ctx_info_endpoint": "h:1"}, LIMITS,
          "first_gen_tokens"),
-        ({"request_type": "generation_only", "ctx_request_id": 1, "first_gen_tokens": [1]}, LIMITS, "ctx_info_endpoint"),
+        ({"request_type": "generation_only", "ctx_request_id": 1, "first_gen_tokens": [1]}, LIMITS,
+         "ctx_info_endpoint"),
         ({"request_type": "generation_only", "ctx_request_id": 1, "first_gen_tokens": [1, 2, 3, 4, 5],
           "ctx_info_endpoint": "h:1"}, LIMITS, "longer than max_tokens"),
         ({"request_type": "context_only"}, Limits(128256, 4096, role="generation"), "generation role"),
@@ -256,7 +351,9 @@ def test_a_msgpack_body_is_validated_as_json_is():
     raw = msgspec.msgpack.encode({"model": "m", "prompt": [5, 6], "max_tokens": 2})
     assert parse_request(raw, False, TOK, LIMITS, msgpack=True).prompt == [5, 6]
     with pytest.raises(ValidationFailed, match="bogus"):
-        parse_request(msgspec.msgpack.encode({"model": "m", "prompt": "x", "bogus": 1}), False, TOK, LIMITS, msgpack=True)
+        parse_request(
+            msgspec.msgpack.encode({"model": "m", "prompt": "x", "bogus": 1}), False, TOK, LIMITS, msgpack=True
+        )
     with pytest.raises(UnreadableBody) as info:
         parse_request(b"\xc1", False, TOK, LIMITS, msgpack=True)
     assert error_body(info.value) == {"detail": "There was an error parsing the body"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shmdisagg.executors.sim.profiles import PROFILES, get_profile, guess_profile
 from shmdisagg.executors.sim.errors import ConfigError
+from shmdisagg.executors.sim.profiles import PROFILES, get_profile, guess_profile
 from shmdisagg.executors.sim.timing import iteration_seconds, itl_seconds, transfer_seconds, ttft_seconds
 
 H100_8B = get_profile("h100-sxm-llama-3.1-8b")
@@ -46,7 +46,8 @@ def test_an_iteration_costs_at_least_its_prefill_and_its_decode_alone():
 
 
 def test_h100_8b_lands_in_llm_d_inference_sim_reference_band():
-    # llm-d-inference-sim's docs/latency-profiles.md: a 7-8B model on H100: TTFT 60-120 ms at 256 prompt tokens, ITL 10-15 ms.
+    # llm-d-inference-sim's docs/latency-profiles.md: a 7-8B model on H100: TTFT 60-120 ms at
+    # 256 prompt tokens, ITL 10-15 ms.
     for overlap in (True, False):
         assert 0.060 <= ttft_seconds(H100_8B, 256, overlap_scheduler=overlap) <= 0.120
         assert 0.010 <= itl_seconds(H100_8B, 1, 256, overlap_scheduler=overlap) <= 0.015

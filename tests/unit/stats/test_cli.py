@@ -56,8 +56,12 @@ def _watch_until(shm_prefix: str, end: Callable[[ControlTable, Callable[[bytes],
     coord = ControlTable.create(shm_prefix, max_workers=2)
     seg = MetricsSegment.create(shm_prefix, 1)
     coord.set_coordinator(os.getpid(), process_starttime(os.getpid()), 1)
-    proc = subprocess.Popen([sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--interval", "0.05"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "120"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "120"},
+    )
 
     def wait_for(text: bytes) -> None:
         assert proc.stdout is not None
@@ -142,8 +146,12 @@ def test_a_piped_snapshot_is_not_cut_to_80_columns(shm_prefix: str) -> None:
     coord, seg = _serving_table(shm_prefix)
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE")}
     try:
-        proc = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--once", "--interval", "0.01"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--once", "--interval", "0.01"],
+            capture_output=True,
+            env=env,
+            timeout=60,
+        )
     finally:
         seg.close()
         coord.unlink()
@@ -155,7 +163,9 @@ def test_a_piped_snapshot_is_not_cut_to_80_columns(shm_prefix: str) -> None:
     assert max(len(line) for line in out.splitlines()) > 80  # the table is wider than rich's default
 
 
-def test_a_piped_snapshot_respects_columns(shm_prefix: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_piped_snapshot_respects_columns(
+    shm_prefix: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("COLUMNS", "70")
     for var in ("FORCE_COLOR", "TTY_COMPATIBLE"):
         monkeypatch.delenv(var, raising=False)
@@ -183,7 +193,8 @@ def _dead_pid() -> tuple[int, int]:
 
 @pytest.mark.parametrize("as_json", [True, False])
 def test_once_on_the_segments_of_a_killed_deployment_says_stale_and_exits_1(
-        shm_prefix: str, as_json: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    shm_prefix: str, as_json: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
     coord, seg = _serving_table(shm_prefix)  # servers published healthy, as a kill -9 leaves them
     try:
         coord.set_coord_state(1)  # "running"
@@ -195,7 +206,10 @@ def test_once_on_the_segments_of_a_killed_deployment_says_stale_and_exits_1(
         coord.unlink()
         coord.close()
     out, err = capsys.readouterr()
-    reason = f"coordinator pid {pid} is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` of this deployment removes them"
+    reason = (
+        f"coordinator pid {pid} is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` "
+        "of this deployment removes them"
+    )
     assert rc == 1 and reason in err
     if as_json:
         snap = orjson.loads(out)
@@ -212,8 +226,12 @@ def test_the_live_view_of_a_killed_deployment_says_stale_and_exits_1(shm_prefix:
     pid, starttime = _dead_pid()
     coord.set_coordinator(pid, starttime, 7)
     try:
-        proc = subprocess.run([sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--interval", "0.05"],
-                              capture_output=True, timeout=60, env={**os.environ, "COLUMNS": "120"})
+        proc = subprocess.run(
+            [sys.executable, "-m", "shmdisagg.cli", "stats", "--prefix", shm_prefix, "--interval", "0.05"],
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "120"},
+        )
     finally:
         seg.close()
         coord.unlink()
@@ -229,8 +247,15 @@ def test_the_prefix_error_states_the_configs_rule(capsys: pytest.CaptureFixture[
     assert main(["stats", "--prefix", too_long, "--once"]) == 2
     assert "use 1-24 letters" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="shm.prefix"):  # what the config refuses too
-        parse_config({"port": 8000, "context_servers": {"urls": ["127.0.0.1:1"]}, "generation_servers": {"urls": ["127.0.0.1:2"]},
-                      "shmdisagg": {"shm": {"prefix": too_long}}}, "cfg.yaml")
+        parse_config(
+            {
+                "port": 8000,
+                "context_servers": {"urls": ["127.0.0.1:1"]},
+                "generation_servers": {"urls": ["127.0.0.1:2"]},
+                "shmdisagg": {"shm": {"prefix": too_long}},
+            },
+            "cfg.yaml",
+        )
     # the default prefix of a config without one (a large uid makes it longer) is still accepted
     assert main(["stats", "--prefix", "shmdisagg-4294967294-65535", "--once"]) == 1
     assert "no running deployment" in capsys.readouterr().err

@@ -119,8 +119,15 @@ def test_cancelled_requests_are_counted_and_the_parts_add_up_to_the_total(live, 
     with StatsReader(shm_prefix) as reader:
         req = snapshot(None, reader.sample(), shm_prefix)["requests"]
     assert req["cancelled"] == 3 and req["failed"] == 0 and req["lost"] == 0 and req["in_flight"] == 0
-    parts = ("in_flight", "total_responses", "cancelled", "failed", "validation_exceptions",
-             "shmdisagg_admission_rejections", "lost")
+    parts = (
+        "in_flight",
+        "total_responses",
+        "cancelled",
+        "failed",
+        "validation_exceptions",
+        "shmdisagg_admission_rejections",
+        "lost",
+    )
     assert sum(req[p] for p in parts) == req["total_requests"] == 168
 
 
@@ -160,7 +167,11 @@ def test_a_dead_coordinator_makes_the_snapshot_stale(live, shm_prefix: str) -> N
         coord.set_coordinator(dead, starttime, 0xABD)
         snap = snapshot(None, reader.sample(), shm_prefix)
         assert snap["state"] == snap["coordinator"]["state"] == "stale" and snap["coordinator"]["alive"] is False
-        assert snap["stale_reason"] == f"coordinator pid {dead} is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` of this deployment removes them"
+        assert (
+            snap["stale_reason"]
+            == f"coordinator pid {dead} is gone: stale segments; the next `shmdisagg launch` or `shmdisagg "
+            "serve` of this deployment removes them"
+        )
 
         coord.set_coordinator(PID, process_starttime(PID) + 1, 0xABE)  # the pid, reused by another process
         snap = snapshot(None, reader.sample(), shm_prefix)

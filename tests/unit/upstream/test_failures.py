@@ -15,7 +15,16 @@ from shmdisagg.upstream import (
     UpstreamTimeout,
 )
 from tests.conftest import free_port
-from tests.unit.upstream._server import Request, ScriptedServer, chunk, chunked_head, echo, response, until, wait_for_eof
+from tests.unit.upstream._server import (
+    Request,
+    ScriptedServer,
+    chunk,
+    chunked_head,
+    echo,
+    response,
+    until,
+    wait_for_eof,
+)
 from tests.unit.upstream.conftest import Run
 
 HOST = "127.0.0.1"

@@ -30,7 +30,12 @@ def test_request_head_carries_host_content_length_and_caller_headers(run: Run[No
     async def main() -> None:
         async with ScriptedServer(echo) as srv, UpstreamPool() as pool:
             resp = await pool.request(
-                HOST, srv.port, "POST", "/p", b"hello", headers=[(b"content-type", b"application/json"), (b"x-id", b"7")]
+                HOST,
+                srv.port,
+                "POST",
+                "/p",
+                b"hello",
+                headers=[(b"content-type", b"application/json"), (b"x-id", b"7")],
             )
             await resp.read()
             resp = await pool.request(HOST, srv.port, "GET", "/health")
@@ -105,7 +110,7 @@ def test_http11_body_without_length_is_read_until_close(run: Run[None]) -> None:
 def test_sse_chunks_arrive_one_by_one_without_buffering(run: Run[None]) -> None:
     # The server sends event i only after the client received event i-1: a client that waited
     # for more bytes before yielding would deadlock (and fail on the test deadline).
-    events = [b"data: {\"i\": %d}\n\n" % i for i in range(16)]
+    events = [b'data: {"i": %d}\n\n' % i for i in range(16)]
 
     async def main() -> None:
         gates = [asyncio.Event() for _ in events]

@@ -79,14 +79,20 @@ def block_hashes_v1(tokens: Tokens, tokens_per_block: int, salt_id: int | None =
     ValueError: tokens_per_block not in 1..2**20, salt_id not a u64."""
 
 def block_hashes_v2(
-    tokens: Tokens, tokens_per_block: int, salt_id: int | None = None, lora_id: int | None = None,
+    tokens: Tokens,
+    tokens_per_block: int,
+    salt_id: int | None = None,
+    lora_id: int | None = None,
     token_bytes: int = 4,
 ) -> bytes:
     """KV cache manager V2 SHA-256 block keys, 32 bytes each. ValueError: a token id that does not
     fit token_bytes (4: 0..2**32-1), token_bytes not 4 or 8."""
 
 def block_hashes_v2_64(
-    tokens: Tokens, tokens_per_block: int, salt_id: int | None = None, lora_id: int | None = None,
+    tokens: Tokens,
+    tokens_per_block: int,
+    salt_id: int | None = None,
+    lora_id: int | None = None,
     token_bytes: int = 4,
 ) -> bytes:
     """v2_sha256_64: each V2 key's first 8 bytes read big-endian, packed u64 LE."""
@@ -107,7 +113,7 @@ class PrefixHashCache:
     def tokens_per_block(self) -> int: ...
     @property
     def stats(self) -> dict[str, int]:
-        """"calls", "full_hits", "blocks_reused", "blocks_hashed" (process-local)."""
+        """ "calls", "full_hits", "blocks_reused", "blocks_hashed" (process-local)."""
     def block_hashes(self, tokens: Tokens, salt_id: int | None = None) -> bytes: ...
     def clear(self) -> None: ...
 
@@ -269,9 +275,18 @@ class Index:
         implicit prefix hash (2), or None."""
     # -- picks (workers; RowLost if the row is not ours)
     def pick_kv(
-        self, row: int, role: int, exclude_slot: int, hashes: Buffer, num_tokens: int,
-        load_weight: float, load_cap: float, use_tokens: bool, track_routed: bool,
-        max_batch_size: int = 0, /,
+        self,
+        row: int,
+        role: int,
+        exclude_slot: int,
+        hashes: Buffer,
+        num_tokens: int,
+        load_weight: float,
+        load_cap: float,
+        use_tokens: bool,
+        track_routed: bool,
+        max_batch_size: int = 0,
+        /,
     ) -> tuple[int, int] | None:
         """(slot, matched_blocks) | (-1, 0) | None (generation changed). `max_batch_size`: the
         load_cap denominator of every candidate (0: each server's record). See the README."""
@@ -283,8 +298,14 @@ class Index:
     ) -> int | None:
         """Sticky by conversation key across processes; -1 if no candidate; None: remap."""
     def conv_pick_implicit(
-        self, row: int, role: int, exclude_slot: int, hashes: Buffer, num_tokens: int,
-        match_threshold: float, /,
+        self,
+        row: int,
+        role: int,
+        exclude_slot: int,
+        hashes: Buffer,
+        num_tokens: int,
+        match_threshold: float,
+        /,
     ) -> tuple[int, int] | None:
         """(slot, depth) by the deepest routed prefix above the threshold, else least loaded."""
 
