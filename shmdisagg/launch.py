@@ -348,9 +348,19 @@ class Deployment:
         self.keeper.start()
         assert self.coordinator is not None
         self._wait_ready([self.coordinator], self.config.shmdisagg.server_start_timeout_s + 30)
-        # the coordinator reports ready on its pipe before the fleet's /health can answer 200
-        deadline = time.monotonic() + 5.0
-        while self.keeper.check() is None and not self.keeper.served and time.monotonic() < deadline:
+        # /health answers once one fleet worker listens; the coordinator reports ready on its pipe
+        # once every worker does. Only then is the deployment ready, and only a coordinator that
+        # reported ready is restarted when it dies (keeper.py)
+        budget = self.config.shmdisagg.server_start_timeout_s + 30
+        deadline = time.monotonic() + budget
+        while not self.keeper.served:
+            final = self.keeper.check()
+            if final is not None:
+                raise LaunchError(
+                    f"coordinator ended during start-up (exit status {final}){self._log_hint(self.coordinator)}"
+                )
+            if time.monotonic() > deadline:
+                raise LaunchError(f"coordinator did not report ready within {budget:g} s")
             time.sleep(0.01)
         self._keeping = threading.Thread(target=self._keep, name="coordinator-keeper", daemon=True)
         self._keeping.start()
