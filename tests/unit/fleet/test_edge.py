@@ -156,6 +156,20 @@ async def trickle(writer: asyncio.StreamWriter, data: bytes, every_s: float = 0.
             await asyncio.sleep(every_s)  # the client's pace, not a synchronisation
 
 
+def answer_to(port: int, data: bytes) -> bytes:
+    """Everything a server on `port` sends back to `data`, sent in one write, until it closes."""
+
+    async def main() -> bytes:
+        async with serving(port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(data)
+            raw = await until_eof(reader)
+            writer.close()
+            return raw
+
+    return run(main())
+
+
 def request(body: bytes = b"{}") -> bytes:
     return POST_HEAD + b"content-length: %d\r\n\r\n%s" % (len(body), body)
 
@@ -387,15 +401,7 @@ def test_the_connection_cap_answers_503_keeps_the_others_and_frees_a_place(port:
     ids=["tls", "garbage", "header-name", "header-value", "chunk-size", "two-lengths", "http2-preface"],
 )
 def test_what_the_parser_refuses_gets_400_in_the_openai_shape(port: int, garbage: bytes, reason: str) -> None:
-    async def main() -> bytes:
-        async with serving(port):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(garbage)
-            raw = await until_eof(reader)
-            writer.close()
-            return raw
-
-    body = assert_error(run(main()), 400, "BadRequestError")
+    body = assert_error(answer_to(port, garbage), 400, "BadRequestError")
     assert reason.lower() in body["message"].lower(), body
     assert len(body["message"]) < 200
 
@@ -455,15 +461,7 @@ def test_a_head_over_the_size_limit_in_one_write_gets_431(port: int, head: bytes
     """The limit counts the head as parsed, so a head that arrives in one read is held to it
     too (a count of the reads after the first let ~140-200 KB through)."""
 
-    async def main() -> bytes:
-        async with serving(port):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(head)
-            raw = await until_eof(reader)
-            writer.close()
-            return raw
-
-    body = assert_error(run(main()), 431, "BadRequestError")
+    body = assert_error(answer_to(port, head), 431, "BadRequestError")
     assert body["message"] == f"the request head is larger than {MAX_HEAD_BYTES} bytes"
 
 
@@ -543,15 +541,7 @@ def test_a_request_answered_slowly_is_answered_before_the_refusal_of_the_next(po
     ids=["connect", "bad-target"],
 )
 def test_a_request_target_that_is_not_a_url_gets_400_with_the_reason(port: int, head: bytes, reason: str) -> None:
-    async def main() -> bytes:
-        async with serving(port):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(head)
-            raw = await until_eof(reader)
-            writer.close()
-            return raw
-
-    body = assert_error(run(main()), 400, "BadRequestError")
+    body = assert_error(answer_to(port, head), 400, "BadRequestError")
     assert reason in body["message"], body
     assert b"example.com" not in orjson.dumps(body)  # the input is not echoed
 
