@@ -262,11 +262,13 @@ class CoordinatorKeeper:
         if self._ready is None or self.served:
             return
         try:
-            got = os.read(self._ready, 1)
+            got = os.read(self._ready, 2)
         except BlockingIOError:
             return
         if got:
-            self.served = self.ever_served = True
+            self.ever_served = True  # b"F": its fleet started, so a death from now on is restarted
+        if b"R" in got:  # ready: every fleet worker listens
+            self.served = True
             if self.config.port == 0 and self.adopt_port is None:
                 self.adopt_port = _reported_port(self.report_addr)
             if self.restarts:

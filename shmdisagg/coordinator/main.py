@@ -343,6 +343,7 @@ class Coordinator:
                 await self._wait_ready()
             self.table.set_coord_state(COORD_RUNNING)
             self.supervisor.start()
+            notify_fleet_started(self.options.ready_fd)
             listening = self.config.num_workers if self.adopted else await self._wait_fleet_listening()
             if self.options.report_addr:  # the port is bound (or held) by now; readers poll /health next
                 publish_address(self.options.report_addr, self.config.hostname, self.config.port)
@@ -392,6 +393,15 @@ class Coordinator:
         self.table.unlink()
         self.table.close()
         self.node_claim.close()  # free once the fleet workers holding it exited too
+
+
+def notify_fleet_started(fd: int | None) -> None:
+    """Tell the supervisor the fleet is started (b"F" on its pipe): every start-up check passed,
+    so a coordinator that dies from here on is restarted, even before its fleet all listens and
+    it reports ready (clients may be served by the workers that listen already)."""
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(fd, b"F")
 
 
 def notify_ready(fd: int | None) -> None:

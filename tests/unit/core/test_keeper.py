@@ -22,11 +22,11 @@ from tests.integration.harness import write_config
 # A stand-in coordinator: reports ready (or not), then exits with the code it is told.
 FAKE = r"""
 import os, sys, time
-ready, code, linger = sys.argv[1] == "1", int(sys.argv[2]), float(sys.argv[3])
+ready, code, linger = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 if "SHMDISAGG_STANDBY_FD" in os.environ and not os.read(int(os.environ["SHMDISAGG_STANDBY_FD"]), 1):
     sys.exit(0)  # a standby the keeper let go
-if ready:
-    os.write(int(os.environ["SHMDISAGG_READY_FD"]), b"R")
+if ready != "0":  # "1": fleet started and ready; "F": fleet started, never ready
+    os.write(int(os.environ["SHMDISAGG_READY_FD"]), b"FR" if ready == "1" else b"F")
 time.sleep(linger)
 sys.exit(code)
 """
@@ -37,7 +37,7 @@ class Script:
     (ready, exit code, seconds before it exits); records the env and the pid. A standby started
     after the last run is never promoted."""
 
-    def __init__(self, runs: list[tuple[bool, int, float]]) -> None:
+    def __init__(self, runs: list[tuple[bool | str, int, float]]) -> None:
         self.runs = runs
         self.envs: list[dict[str, str]] = []
         self.pids: list[int] = []
@@ -46,7 +46,14 @@ class Script:
         ready, code, linger = self.runs[len(self.envs)] if len(self.envs) < len(self.runs) else (False, 3, 0.0)
         self.envs.append(env)
         proc = subprocess.Popen(
-            [sys.executable, "-c", FAKE, "1" if ready else "0", str(code), str(linger)],
+            [
+                sys.executable,
+                "-c",
+                FAKE,
+                ready if isinstance(ready, str) else "1" if ready else "0",
+                str(code),
+                str(linger),
+            ],
             env={**os.environ, **env},
             pass_fds=tuple(fds),
         )
@@ -91,6 +98,15 @@ def test_a_warm_standby_is_promoted_when_the_coordinator_dies(config) -> None:  
     assert script.envs[1]["SHMDISAGG_ADOPT"] == "1" and "SHMDISAGG_STANDBY_FD" in script.envs[1]
     assert keeper.proc is not None and keeper.proc.pid == script.pids[1]  # the standby took over, no new process
     assert all(p is None or p.poll() is not None for p in (keeper.standby,))
+
+
+def test_a_coordinator_that_dies_after_its_fleet_started_but_before_ready_is_restarted(config) -> None:  # type: ignore[no-untyped-def]
+    # its workers may serve already (the ones that listen): the deployment goes on
+    script = Script([("F", -9, 0.0), (True, 0, 0.0)])
+    keeper = CoordinatorKeeper(script, config)
+    keeper.start()
+    assert _run(keeper) == 0 and keeper.restarts == 1
+    assert script.envs[1].get("SHMDISAGG_ADOPT") == "1"
 
 
 def test_a_coordinator_that_fails_to_start_is_not_restarted(config) -> None:  # type: ignore[no-untyped-def]
