@@ -49,7 +49,7 @@ from shmdisagg.coordinator.keeper import CoordinatorKeeper, coordinator_stop_tim
 from shmdisagg.executors.plan import LaunchPlan, PlanError, build_plan
 from shmdisagg.node_ids import NodeIdClaim, NodeIdError, claim_or_inherit
 from shmdisagg.processes import describe_exit, reap_orphans
-from shmdisagg.procutil import STOP_SIGNALS, die_with_parent, public_port_problem
+from shmdisagg.procutil import STOP_SIGNALS, die_with_parent, listens_on, public_port_problem
 from shmdisagg.shm.segment import cleanup_stale
 
 log = logging.getLogger("shmdisagg.launch")
@@ -94,12 +94,15 @@ class Probe:
 
     status: int | None
     state: str | None = None
+    foreign: bool = False  # the answer came from a process that is not the child (procutil.listens_on)
 
     @property
     def ready(self) -> bool:
-        return self.status == 200
+        return self.status == 200 and not self.foreign
 
     def describe(self) -> str:
+        if self.foreign:
+            return f"HTTP {self.status} from another process: the port was taken after launch found it free"
         if self.status is None:
             return "no answer (connection refused or timed out)"
         if self.state:
@@ -402,8 +405,10 @@ class Deployment:
             time.sleep(POLL_INTERVAL_S)
 
     def _wait_ready(self, children: list[Child], timeout_s: float) -> None:
-        """Poll every child's health URL until each answers 200. Raise LaunchError as soon as one
-        exits, or when `timeout_s` passes, naming what the first unready one last answered."""
+        """Poll every child's health URL until each answers 200, an executor's from its own
+        listener: a 200 from a process that took its port in the moment between launch's port
+        check and its bind is not its answer. Raise LaunchError as soon as one exits, or when
+        `timeout_s` passes, naming what the first unready one last answered."""
         deadline = time.monotonic() + timeout_s
         report_at = time.monotonic() + WAIT_REPORT_S
         pending = list(children)
@@ -416,6 +421,12 @@ class Deployment:
                         f"{child.name} ended during start-up ({describe_exit(code)}){self._log_hint(child)}"
                     )
                 p = probe(child.health_url)
+                if p.ready and child.addr and not listens_on(child.proc.pid, int(child.addr.rpartition(":")[2])):
+                    # another process took the port between our check and the child's bind: its 200
+                    # is not this executor's, which will fail to bind and exit (reported above)
+                    p = Probe(p.status, p.state, foreign=True)
+                    if not (child.name in last and last[child.name].foreign):
+                        log.warning("%s: %s", child.label, p.describe())
                 if p.ready:
                     pending.remove(child)
                     log.info("%s is ready", child.label)

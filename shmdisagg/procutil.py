@@ -1,5 +1,6 @@
 """Process helpers: parent-death signal, SO_REUSEPORT socket binding (and a check that it can), who
-listens on a port, a reserved port for `port: 0` and the `--report_addr` file."""
+listens on a port (and whether a given process does), a reserved port for `port: 0` and the
+`--report_addr` file."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import signal
 import socket
 from dataclasses import dataclass, field
+
+import psutil
 
 _PR_SET_PDEATHSIG = 1
 
@@ -23,6 +26,25 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 
 
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})  # what stops a command: Ctrl-C, kill, timeout
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process `pid`, or a process it started, has a TCP socket listening on `port`
+    (any address). False if `pid` is gone. A trtllm-serve's listener may sit in a child it
+    spawned, hence the descendants. Read through psutil (/proc/<pid>/fd and /proc/net/tcp*)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp")
+        except psutil.Error:  # ended meanwhile, or not ours to read
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
+            return True
+    return False
 
 
 def listen_addr(host: str, port: int) -> tuple[socket.AddressFamily, tuple[object, ...]]:
@@ -179,10 +201,21 @@ def _reuseport_socket(host: str, port: int) -> socket.socket:
 
 def reserve_port(host: str) -> socket.socket:
     """A socket bound, not listening, to a port the kernel picks on `host` (`port: 0`), with
-    SO_REUSEADDR and SO_REUSEPORT: the fleet workers' listeners (`bind_reuseport`) join it on
-    that port, while no other user's socket can take the port, and it accepts no connection
-    itself (only listening sockets get them). Close it when the deployment stops."""
-    return _reuseport_socket(host, 0)
+    SO_REUSEPORT: the fleet workers' listeners (`bind_reuseport`) join it on that port, and it
+    accepts no connection itself (only listening sockets get them). Without SO_REUSEADDR, which
+    would let any SO_REUSEADDR listener (uvicorn's, another trtllm-serve's) bind the port beside
+    a socket that is not listening, and the fleet then fail to: no other process can take the
+    port (only SO_REUSEPORT sockets of this user join). Close it when the deployment stops."""
+    family, addr = listen_addr(host, 0)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(addr)
+        sock.set_inheritable(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def publish_address(path: str, host: str, port: int) -> None:

@@ -130,7 +130,10 @@ def request_json(
         c.request(method, path, body=data, headers={"content-type": "application/json"} if data else {})
         r = c.getresponse()
         raw = r.read()
-        return r.status, (orjson.loads(raw) if raw else None)
+        try:
+            return r.status, (orjson.loads(raw) if raw else None)
+        except orjson.JSONDecodeError as e:  # name what came back: a bare decode error says nothing
+            raise AssertionError(f"{method} {path} on {host}:{port}: {r.status}, not JSON: {raw[:200]!r}") from e
     finally:
         if own:
             c.close()

@@ -3,6 +3,9 @@ cannot run."""
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,7 +15,7 @@ import pytest
 import yaml
 
 from shmdisagg.config import load_config
-from shmdisagg.launch import Deployment, LaunchError, Probe, probe
+from shmdisagg.launch import Child, Deployment, LaunchError, Probe, probe
 from tests.conftest import free_port
 from tests.fakes.trtllm_shim import small_config
 
@@ -82,20 +85,33 @@ def test_a_command_that_cannot_run_fails_the_launch_and_leaves_nothing(tmp_path:
     assert "CUDA_VISIBLE_DEVICES=0 " in (tmp_path / "logs" / "context-0.log").read_text()
 
 
-def test_the_launchers_log_lines_name_an_instance_by_its_address(
-    tmp_path: Path, health_server: ThreadingHTTPServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    import logging
-    import subprocess
-    import sys
+# A child that serves GET /health 200 on the port in argv[1] until its stdin closes.
+_SERVING_CHILD = """
+import sys, threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+server = HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+sys.stdin.read()
+"""
 
-    from shmdisagg.launch import Child
 
+def _deployment(tmp_path: Path) -> Deployment:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(small_config()))
-    dep = Deployment(load_config(path), str(path), str(tmp_path / "logs"))
-    addr = f"127.0.0.1:{health_server.server_address[1]}"
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    return Deployment(load_config(path), str(path), str(tmp_path / "logs"))
+
+
+def test_the_launchers_log_lines_name_an_instance_by_its_address(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dep = _deployment(tmp_path)
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-c", _SERVING_CHILD, str(port)], stdin=subprocess.PIPE)
     try:
         child = Child("context-0", proc, None, health_url=f"http://{addr}/health", addr=addr)
         with caplog.at_level(logging.INFO, logger="shmdisagg.launch"):
@@ -103,3 +119,23 @@ def test_the_launchers_log_lines_name_an_instance_by_its_address(
     finally:
         proc.communicate(b"")
     assert f"context-0 ({addr}) is ready" in caplog.messages
+
+
+def test_a_200_from_another_process_on_the_executors_port_is_not_its_readiness(
+    tmp_path: Path, health_server: ThreadingHTTPServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process that took the executor's port after launch found it free answers /health
+    200, while the executor (here one that never binds) is not up: launch must not call it
+    ready (it would route the deployment's legs to a stranger) and says what answered."""
+    dep = _deployment(tmp_path)
+    addr = f"127.0.0.1:{health_server.server_address[1]}"
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        child = Child("generation-0", proc, None, health_url=f"http://{addr}/health", addr=addr)
+        with caplog.at_level(logging.INFO, logger="shmdisagg.launch"), pytest.raises(LaunchError) as err:
+            dep._wait_ready([child], timeout_s=1)
+    finally:
+        proc.communicate(b"")
+    assert "HTTP 200 from another process" in str(err.value)
+    assert f"generation-0 ({addr}) is ready" not in caplog.messages
+    assert any("from another process" in m for m in caplog.messages)  # said at once, not at the timeout
