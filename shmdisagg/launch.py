@@ -136,10 +136,13 @@ def public_url(config: DisaggConfig) -> str:
     return f"http://{host}:{config.port}"
 
 
-def _waiting(child: Child, last: Probe) -> str:
+def _waiting(child: Child, last: Probe, fleet_started: bool = False) -> str:
     """What a still-unready child last answered; the coordinator's public /health is served by
-    its fleet, which it starts only once every executor is healthy (its own lines say which)."""
+    its fleet, which it starts only once every executor is healthy (its own lines say which).
+    `fleet_started`: the coordinator said so on its ready pipe (keeper.py's F)."""
     if child.name == "coordinator" and last.status is None:
+        if fleet_started:
+            return "fleet started, its workers not listening yet"
         return "fleet not started yet (the coordinator starts it once every executor is healthy)"
     return last.describe()
 
@@ -442,7 +445,11 @@ class Deployment:
                 log.info(
                     "still waiting (%.0f s left) for /health to answer 200: %s",
                     max(0.0, deadline - now),
-                    "; ".join(f"{c.label}: {_waiting(c, last[c.name])}" for c in pending if c.name in last),
+                    "; ".join(
+                        f"{c.label}: {_waiting(c, last[c.name], self._fleet_started())}"
+                        for c in pending
+                        if c.name in last
+                    ),
                 )
             if now > deadline:
                 child = pending[0]
@@ -452,6 +459,13 @@ class Deployment:
                     f"{last[child.name].describe()}{others}{self._log_hint(child)}"
                 )
             time.sleep(POLL_INTERVAL_S)
+
+    def _fleet_started(self) -> bool:
+        """Whether the coordinator has said its fleet started (read from its ready pipe now)."""
+        if self.keeper is None:
+            return False
+        self.keeper.read_ready()
+        return self.keeper.ever_served
 
     @staticmethod
     def _log_hint(child: Child) -> str:

@@ -145,6 +145,7 @@ class CoordinatorKeeper:
         finally:
             os.close(go_read)
         self._standby_go = go_write
+        log.info("warm standby coordinator started (pid %d): it takes over at once if this one dies", self.standby.pid)
 
     def _promote(self) -> bool:
         """Make the standby the coordinator; False when there is none alive."""
@@ -187,7 +188,7 @@ class CoordinatorKeeper:
                 self.restarts += 1
                 self.start(adopt=True)
             return None
-        self._read_ready()
+        self.read_ready()
         assert self.proc is not None
         code = self.proc.poll()
         if code is None:
@@ -195,7 +196,7 @@ class CoordinatorKeeper:
                 self.stop_standby()  # reaps one that died
                 self._start_standby()
             return None
-        self._read_ready()  # a byte written just before it died still counts
+        self.read_ready()  # a byte written just before it died still counts
         self._close_ready()
         if self.stopping or code == 0 or not self.ever_served:
             self.final = exit_status(code)  # stopped, or failed to start: not a crash to restart
@@ -218,10 +219,12 @@ class CoordinatorKeeper:
             self.stop_standby()
             return self.final
         delay = RESTART_BACKOFF_S[min(self.failed_in_row, len(RESTART_BACKOFF_S) - 1)]
+        warm = self.standby is not None and self.standby.poll() is None
         log.warning(
-            "coordinator (pid %d) died (%s); the fleet keeps serving; starting a new one in %.1f s",
+            "coordinator (pid %d) died (%s); the fleet keeps serving; %s in %.1f s",
             self.proc.pid,
             why,
+            f"its warm standby (pid {self.standby.pid}) takes over" if warm and self.standby else "starting a new one",
             delay,
         )
         self._restart_at = time.monotonic() + delay
@@ -258,7 +261,9 @@ class CoordinatorKeeper:
                 return True
         return False
 
-    def _read_ready(self) -> None:
+    def read_ready(self) -> None:
+        """Take what the coordinator wrote on its ready pipe: F sets `ever_served` (its fleet
+        started), R `served` too (every worker listens). Non-blocking; `check` calls it."""
         if self._ready is None or self.served:
             return
         try:
