@@ -226,6 +226,7 @@ class FleetSupervisor:
     def _start_standby(self) -> None:
         if not self._stopping and (self._standby is None or self._standby.poll() is not None):
             self._standby = self._popen("standby", stdin=subprocess.PIPE)
+            log.info("warm standby fleet worker started (pid %d): it replaces a worker that dies", self._standby.pid)
 
     def _take_standby(self, index: int) -> subprocess.Popen[bytes] | None:
         """Hand `index` to the warm standby process; None if there is none alive."""
