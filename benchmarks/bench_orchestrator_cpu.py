@@ -1,29 +1,37 @@
 #!/usr/bin/env python
-"""Orchestrator CPU per request: shmdisagg (one fleet worker) against a TensorRT-LLM-style stack.
+"""Orchestrator CPU per request: shmdisagg at one or more fleet sizes against a TensorRT-LLM-style
+stack and any other router, side by side in one run.
 
-Both orchestrators run at once against the same recording fake executors
-(`tests/fakes/executor.py`, one process per server):
+Every system runs at once against the same recording fake executors (`tests/fakes/executor.py`,
+one process per server, zero latency: each answers as soon as it has read the request):
 
-- **shmdisagg**: `num_workers: 1`, started through its own launcher and coordinator
-  (`tests/integration/harness.py`: `write_config` + `deployment`); the fleet worker's pid comes
-  from `GET /cluster_info` (`fleet_pids`). Its proxy CPU is that worker's alone; the
-  coordinator's is reported in its own column (it receives the worker's per-request records).
+- **shmdisagg**, one deployment per `--fleet` size (`num_workers`), started through its own
+  launcher and coordinator (`tests/integration/harness.py`: `write_config` + `deployment`); the
+  fleet workers' pids come from `GET /cluster_info` (`fleet_pids`). Its proxy CPU is the sum of
+  its workers'; the coordinator's is reported in its own column (it receives the workers'
+  per-request records).
 - **baseline**: `benchmarks/baseline_trtllm_orchestrator.py`, one process rebuilding TensorRT-LLM's
   `OpenAIDisaggServer` request path (FastAPI + pydantic models + aiohttp client, context-first).
+- **direct**: the load sent to the generation fake itself, one hop and no router: the latency
+  floor that the "added" column subtracts (a disaggregated request makes two such hops).
+- **--vs [NAME=]URL**: any other router on this machine, started beforehand (or within
+  `--vs-wait` seconds of the fakes' line) against the fakes this run prints; its CPU is that of
+  the process listening on URL's port (psutil).
 
 A load generator runs in its own process (aiohttp on uvloop, bounded concurrency). A cell is one
 system in one mode: a warm-up, then N measured requests. Every response is checked: status 200,
 non-streaming JSON with `choices`, streams with exactly chunks+1 `data:` events ending in
 `data: [DONE]`. CPU is utime+stime from `/proc/<pid>/stat` (10 ms ticks) before and after the
 measured part, divided by N; the ns column sums `/proc/<pid>/task/*/schedstat` over threads.
-Rounds cycle through every mode and alternate which system goes first, so drift hits both alike;
+Rounds cycle through every mode and alternate which system goes first, so drift hits all alike;
 the tables show the median round (min-max in brackets).
 
 Modes: `nonstream`; `stream16` (16 SSE chunks + [DONE], sent back to back); `stream16_paced5ms`
 (the same, 5 ms apart, one write per chunk, as an engine paces tokens).
 
     .venv/bin/python benchmarks/bench_orchestrator_cpu.py [--n 2000] [--warmup 300] [--concurrency 32]
-        [--rounds 3] [--modes nonstream,stream16,stream16_paced5ms] [--prompt-tokens 0] [--json out.json]
+        [--rounds 3] [--modes nonstream,stream16,stream16_paced5ms] [--fleet 1,2,4]
+        [--systems shmdisagg,baseline,direct] [--vs NAME=URL ...] [--prompt-tokens 0] [--json out.json]
 """
 
 from __future__ import annotations
@@ -256,6 +264,29 @@ def median_row(rows: list[dict[str, Any]], key: str) -> tuple[float, float, floa
 # -- the run -----------------------------------------------------------------------------------
 
 
+def listener_pid(url: str) -> int:
+    """The pid of the process listening on `url`'s port on this machine (a `--vs` router's)."""
+    import urllib.parse
+
+    import psutil
+
+    port = urllib.parse.urlsplit(url).port
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in proc.net_connections("tcp")):
+                return proc.pid
+    raise RuntimeError(f"no process on this machine listens on {url}'s port (--vs measures local routers)")
+
+
+def parse_vs(specs: list[str]) -> dict[str, str]:
+    """`NAME=URL` (or a bare URL, named vs1, vs2, ...) -> {name: base url}."""
+    out = {}
+    for k, spec in enumerate(specs, 1):
+        name, _, url = spec.rpartition("=") if "=" in spec.split("://")[0] else ("", "", spec)
+        out[name or f"vs{k}"] = url.rstrip("/")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="measured requests per cell")
@@ -263,7 +294,21 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="nonstream,stream16,stream16_paced5ms")
-    ap.add_argument("--systems", default="shmdisagg,baseline")
+    ap.add_argument("--fleet", default="1", help="fleet sizes (num_workers) to run side by side, e.g. 1,2,4")
+    ap.add_argument(
+        "--systems",
+        default="shmdisagg,baseline",
+        help="of shmdisagg (one per --fleet size), baseline, direct (the generation fake alone: one hop, no router)",
+    )
+    ap.add_argument(
+        "--vs",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL",
+        help="another router on this machine, already serving against the fakes this run prints (repeatable); "
+        "its CPU is the process listening on URL's port",
+    )
+    ap.add_argument("--vs-wait", type=float, default=0.0, help="seconds to wait after printing the fakes, for --vs")
     ap.add_argument("--ctx-servers", type=int, default=1)
     ap.add_argument("--gen-servers", type=int, default=1)
     ap.add_argument(
@@ -284,16 +329,26 @@ def main() -> int:
     from tests.integration.harness import deployment, write_config
 
     modes = [m for m in args.modes.split(",") if m]
-    systems = [s for s in args.systems.split(",") if s]
     for m in modes:
         if m not in MODES:
             ap.error(f"unknown mode {m}")
+    fleet_sizes = [int(f) for f in args.fleet.split(",") if f]
+    kinds = [s for s in args.systems.split(",") if s]
+    for kind in kinds:
+        if kind not in ("shmdisagg", "baseline", "direct"):
+            ap.error(f"unknown system {kind}")
+    vs = parse_vs(args.vs)
+    systems = [
+        *(_shm_name(f, fleet_sizes) for f in fleet_sizes if "shmdisagg" in kinds),
+        *(k for k in ("baseline", "direct") if k in kinds),
+        *vs,
+    ]
     py = sys.executable
     fakes: list[tuple[str, int, subprocess.Popen[bytes]]] = []
     baseline: subprocess.Popen[bytes] | None = None
     loadgen: subprocess.Popen[bytes] | None = None
     tmp = Path(tempfile.mkdtemp(prefix="bench-orch-"))
-    shm_prefix = f"shmdisagg-b{uuid.uuid4().hex[:10]}"
+    shm_prefixes: list[str] = []
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
         for role, count in (("ctx", args.ctx_servers), ("gen", args.gen_servers)):
@@ -309,38 +364,54 @@ def main() -> int:
             wait_health(f"http://127.0.0.1:{port}/health", proc, f"fake {role} :{port}")
         ctx_urls = [f"127.0.0.1:{p}" for r, p, _ in fakes if r == "ctx"]
         gen_urls = [f"127.0.0.1:{p}" for r, p, _ in fakes if r == "gen"]
+        print(f"# fakes: context {' '.join(ctx_urls)}; generation {' '.join(gen_urls)}", flush=True)
+        if vs and args.vs_wait > 0:
+            time.sleep(args.vs_wait)  # for a --vs router started against the fakes just printed
 
-        cfg = write_config(
-            tmp,
-            shm_prefix,
-            ctx_urls,
-            gen_urls,
-            num_workers=1,
-            shmdisagg={"health_check_interval_s": 0.5, "request_timeout_s": 180},
-        )
-        with deployment(cfg) as dep:
-            shm_url = dep.url
-            status, info = http_json("GET", f"{shm_url}/cluster_info")
-            if status != 200 or not info.get("fleet_pids"):
-                raise RuntimeError(f"shmdisagg /cluster_info answered {status}: {info}")
-            fleet_pid, coord_pid = info["fleet_pids"][0], info["coordinator_pid"]
-
-            base_port = free_port()
-            argv = [
-                py,
-                str(REPO / "scripts" / "baseline_trtllm_orchestrator.py"),
-                "--port",
-                str(base_port),
-                "--log-level",
-                args.baseline_log_level,
-            ]
-            for u in ctx_urls:
-                argv += ["--ctx", u]
-            for u in gen_urls:
-                argv += ["--gen", u]
-            baseline = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL)
-            base_url = f"http://127.0.0.1:{base_port}"
-            wait_health(f"{base_url}/health", baseline, "baseline")
+        targets: dict[str, dict[str, Any]] = {}
+        with contextlib.ExitStack() as stack:
+            for size in fleet_sizes if "shmdisagg" in kinds else []:
+                shm_prefix = f"shmdisagg-b{uuid.uuid4().hex[:10]}"
+                shm_prefixes.append(shm_prefix)
+                cfg = write_config(
+                    tmp / f"f{size}",
+                    shm_prefix,
+                    ctx_urls,
+                    gen_urls,
+                    num_workers=size,
+                    shmdisagg={"health_check_interval_s": 0.5, "request_timeout_s": 180},
+                )
+                dep = stack.enter_context(deployment(cfg))
+                status, info = http_json("GET", f"{dep.url}/cluster_info")
+                if status != 200 or len(info.get("fleet_pids") or ()) != size:
+                    raise RuntimeError(f"shmdisagg /cluster_info answered {status}: {info}")
+                targets[_shm_name(size, fleet_sizes)] = {
+                    "url": f"{dep.url}/v1/completions",
+                    "pids": {"proxy": list(info["fleet_pids"]), "coord": [info["coordinator_pid"]]},
+                }
+            if "baseline" in kinds:
+                base_port = free_port()
+                argv = [
+                    py,
+                    str(REPO / "benchmarks" / "baseline_trtllm_orchestrator.py"),
+                    "--port",
+                    str(base_port),
+                    "--log-level",
+                    args.baseline_log_level,
+                ]
+                for u in ctx_urls:
+                    argv += ["--ctx", u]
+                for u in gen_urls:
+                    argv += ["--gen", u]
+                baseline = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL)
+                base_url = f"http://127.0.0.1:{base_port}"
+                wait_health(f"{base_url}/health", baseline, "baseline")
+                targets["baseline"] = {"url": f"{base_url}/v1/completions", "pids": {"proxy": [baseline.pid]}}
+            if "direct" in kinds:  # the generation fake answers a plain request itself: one hop
+                targets["direct"] = {"url": f"http://{gen_urls[0]}/v1/completions", "pids": {}}
+            for name, url in vs.items():
+                wait_health(f"{url}/health", None, name)
+                targets[name] = {"url": f"{url}/v1/completions", "pids": {"proxy": [listener_pid(url)]}}
 
             loadgen = subprocess.Popen(
                 [py, str(Path(__file__).resolve()), "--loadgen"],
@@ -350,15 +421,11 @@ def main() -> int:
                 text=True,
             )
             assert loadgen.stdin is not None and loadgen.stdout is not None
-
-            targets = {
-                "shmdisagg": {"url": f"{shm_url}/v1/completions", "pids": {"proxy": [fleet_pid], "coord": [coord_pid]}},
-                "baseline": {"url": f"{base_url}/v1/completions", "pids": {"proxy": [baseline.pid]}},
-            }
             backend_pids = [p.pid for _, _, p in fakes]
             print(
-                f"# fakes ctx={ctx_urls} gen={gen_urls}; shmdisagg fleet pid {fleet_pid}, coordinator pid "
-                f"{coord_pid}; baseline pid {baseline.pid}; loadgen pid {loadgen.pid}",
+                "# "
+                + "; ".join(f"{name}: {t['url']} pids {t['pids']}" for name, t in targets.items())
+                + f"; loadgen pid {loadgen.pid}",
                 flush=True,
             )
 
@@ -374,54 +441,8 @@ def main() -> int:
                             raise RuntimeError(f"fake :{fk[1]} refused /_script ({s})")
                     order = systems if rnd % 2 == 0 else list(reversed(systems))
                     for system in order:
-                        t = targets[system]
-                        pids = {**t["pids"], "backends": backend_pids, "client": [loadgen.pid]}
-                        loadgen.stdin.write(
-                            json.dumps(
-                                {
-                                    "url": t["url"],
-                                    "mode": mode,
-                                    "n": args.n,
-                                    "warmup": args.warmup,
-                                    "concurrency": args.concurrency,
-                                    "prompt_tokens": args.prompt_tokens,
-                                }
-                            )
-                            + "\n"
-                        )
-                        loadgen.stdin.flush()
-                        warm = json.loads(loadgen.stdout.readline())
-                        before = sample(pids)
-                        loadgen.stdin.write("go\n")
-                        loadgen.stdin.flush()
-                        done = json.loads(loadgen.stdout.readline())
-                        after = sample(pids)
-                        n = done["n"]
-                        row: dict[str, Any] = {
-                            "round": rnd,
-                            "system": system,
-                            "mode": mode,
-                            "n": n,
-                            "bad": done["bad"] + warm["bad"],
-                            "bad_samples": done["bad_samples"] + warm["bad_samples"],
-                            "req_s": n / done["wall_s"],
-                            "p50_ms": done["p50_ms"],
-                            "p99_ms": done["p99_ms"],
-                            "client_cpu_ms": done["client_cpu_s"] * 1000 / n,
-                        }
-                        for k in pids:
-                            row[f"{k}_ms"] = (after[k][0] - before[k][0]) * 1000 / CLK_TCK / n
-                            row[f"{k}_ns_ms"] = (after[k][1] - before[k][1]) / 1e6 / n
-                            row[f"{k}_sys_ms"] = (after[k][2] - before[k][2]) * 1000 / CLK_TCK / n
+                        row = run_cell(loadgen, targets[system], system, mode, rnd, backend_pids, args)
                         results.setdefault((system, mode), []).append(row)
-                        print(
-                            f"round {rnd} {mode:<18} {system:<9}  proxy {row['proxy_ms']:.3f} ms/req (ns "
-                            f"{row['proxy_ns_ms']:.3f}, kernel {row['proxy_sys_ms']:.3f})"
-                            + (f"  coord {row['coord_ms']:.3f}" if "coord_ms" in row else "")
-                            + f"  {row['req_s']:.0f} req/s  p50 {row['p50_ms']:.1f}  p99 {row['p99_ms']:.1f} ms  "
-                            f"bad {row['bad']}" + (f"  e.g. {row['bad_samples'][0]}" if row["bad_samples"] else ""),
-                            flush=True,
-                        )
             loadgen.stdin.write("\n")
             loadgen.stdin.flush()
             loadgen.wait(timeout=30)
@@ -431,15 +452,80 @@ def main() -> int:
         stop_proc(baseline)
         for _, _, proc in fakes:
             stop_proc(proc)
-        for path in glob.glob(f"/dev/shm/{shm_prefix}*"):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        for prefix in shm_prefixes:
+            for path in glob.glob(f"/dev/shm/{prefix}*"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     report(results, modes, systems, args)
     if args.json:
         Path(args.json).write_text(json.dumps([r for rows in results.values() for r in rows], indent=1))
     bad = sum(r["bad"] for rows in results.values() for r in rows)
     return 1 if bad else 0
+
+
+def _shm_name(size: int, sizes: list[int]) -> str:
+    return "shmdisagg" if sizes == [1] else f"shmdisagg-f{size}"
+
+
+def run_cell(
+    loadgen: subprocess.Popen[str],
+    target: dict[str, Any],
+    system: str,
+    mode: str,
+    rnd: int,
+    backend_pids: list[int],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """One system in one mode: warm-up, then the measured requests with CPU sampled around them."""
+    assert loadgen.stdin is not None and loadgen.stdout is not None
+    pids = {**target["pids"], "backends": backend_pids, "client": [loadgen.pid]}
+    cell = {
+        "url": target["url"],
+        "mode": mode,
+        "n": args.n,
+        "warmup": args.warmup,
+        "concurrency": args.concurrency,
+        "prompt_tokens": args.prompt_tokens,
+    }
+    loadgen.stdin.write(json.dumps(cell) + "\n")
+    loadgen.stdin.flush()
+    warm = json.loads(loadgen.stdout.readline())
+    before = sample(pids)
+    loadgen.stdin.write("go\n")
+    loadgen.stdin.flush()
+    done = json.loads(loadgen.stdout.readline())
+    after = sample(pids)
+    n = done["n"]
+    row: dict[str, Any] = {
+        "round": rnd,
+        "system": system,
+        "mode": mode,
+        "n": n,
+        "bad": done["bad"] + warm["bad"],
+        "bad_samples": done["bad_samples"] + warm["bad_samples"],
+        "req_s": n / done["wall_s"],
+        "p50_ms": done["p50_ms"],
+        "p99_ms": done["p99_ms"],
+        "client_cpu_ms": done["client_cpu_s"] * 1000 / n,
+    }
+    for k in pids:
+        row[f"{k}_ms"] = (after[k][0] - before[k][0]) * 1000 / CLK_TCK / n
+        row[f"{k}_ns_ms"] = (after[k][1] - before[k][1]) / 1e6 / n
+        row[f"{k}_sys_ms"] = (after[k][2] - before[k][2]) * 1000 / CLK_TCK / n
+    proxy = (
+        f"proxy {row['proxy_ms']:.3f} ms/req (ns {row['proxy_ns_ms']:.3f}, kernel {row['proxy_sys_ms']:.3f})"
+        if "proxy_ms" in row
+        else "no proxy"
+    )
+    print(
+        f"round {rnd} {mode:<18} {system:<12}  {proxy}"
+        + (f"  coord {row['coord_ms']:.3f}" if "coord_ms" in row else "")
+        + f"  {row['req_s']:.0f} req/s  p50 {row['p50_ms']:.1f}  p99 {row['p99_ms']:.1f} ms  "
+        f"bad {row['bad']}" + (f"  e.g. {row['bad_samples'][0]}" if row["bad_samples"] else ""),
+        flush=True,
+    )
+    return row
 
 
 def report(
@@ -455,43 +541,71 @@ def report(
     print()
     print(
         "| system | mode | proxy CPU ms/req (/proc ticks) | of which kernel | proxy CPU ms/req (ns) | "
-        "coordinator ms/req | req/s | p50 ms | p99 ms | backends CPU ms/req | client CPU ms/req | bad |"
+        "coordinator ms/req | req/s | p50 ms | p99 ms | added p50 / p99 ms | backends CPU ms/req | "
+        "client CPU ms/req | bad |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mode in modes:
+        direct = results.get(("direct", mode))
         for system in systems:
             rows = results.get((system, mode))
             if not rows:
                 continue
-            cpu, lo, hi = median_row(rows, "proxy_ms")
-            ns, nlo, nhi = median_row(rows, "proxy_ns_ms")
-            coord = f"{median_row(rows, 'coord_ms')[0]:.3f}" if "coord_ms" in rows[0] else "–"
-            print(
-                f"| {system} | {mode} | {cpu:.3f} ({lo:.3f}–{hi:.3f}) | "
-                f"{median_row(rows, 'proxy_sys_ms')[0]:.3f} | {ns:.3f} ({nlo:.3f}–{nhi:.3f}) | {coord} | "
-                f"{median_row(rows, 'req_s')[0]:.0f} | {median_row(rows, 'p50_ms')[0]:.1f} | "
-                f"{median_row(rows, 'p99_ms')[0]:.1f} | "
-                f"{median_row(rows, 'backends_ms')[0]:.3f} | {median_row(rows, 'client_cpu_ms')[0]:.3f} | "
-                f"{sum(r['bad'] for r in rows)} |"
+            if "proxy_ms" in rows[0]:
+                cpu, lo, hi = median_row(rows, "proxy_ms")
+                ns, nlo, nhi = median_row(rows, "proxy_ns_ms")
+                proxy = (
+                    f"{cpu:.3f} ({lo:.3f}–{hi:.3f}) | {median_row(rows, 'proxy_sys_ms')[0]:.3f} | "
+                    f"{ns:.3f} ({nlo:.3f}–{nhi:.3f})"
+                )
+            else:
+                proxy = "– | – | –"
+            coord = f"{median_row(rows, 'coord_ns_ms')[0]:.3f}" if "coord_ms" in rows[0] else "–"
+            p50, p99 = median_row(rows, "p50_ms")[0], median_row(rows, "p99_ms")[0]
+            added = (
+                f"{p50 - median_row(direct, 'p50_ms')[0]:.1f} / {p99 - median_row(direct, 'p99_ms')[0]:.1f}"
+                if direct and system != "direct"
+                else "–"
             )
-    if set(systems) >= {"shmdisagg", "baseline"}:
+            print(
+                f"| {system} | {mode} | {proxy} | {coord} | {median_row(rows, 'req_s')[0]:.0f} | {p50:.1f} | "
+                f"{p99:.1f} | {added} | {median_row(rows, 'backends_ms')[0]:.3f} | "
+                f"{median_row(rows, 'client_cpu_ms')[0]:.3f} | {sum(r['bad'] for r in rows)} |"
+            )
+    ours = [s for s in systems if s.startswith("shmdisagg")]
+    others = [s for s in systems if s not in ours and s != "direct"]
+    for other in others:
         print()
         print(
-            "| mode | baseline / shmdisagg, proxy CPU (ns) | same, shmdisagg worker + coordinator | baseline / "
-            "shmdisagg, req/s |"
+            f"| mode | shmdisagg | {other} / shmdisagg, proxy CPU (ns) | same, shmdisagg worker(s) + coordinator | "
+            f"{other} / shmdisagg, req/s |"
         )
+        print("|---|---|---|---|---|")
+        for mode in modes:
+            b = results.get((other, mode))
+            for ours_name in ours:
+                s = results.get((ours_name, mode))
+                if not b or not s:
+                    continue
+                bc, sc = median_row(b, "proxy_ns_ms")[0], median_row(s, "proxy_ns_ms")[0]
+                sct = statistics.median(r["proxy_ns_ms"] + r["coord_ns_ms"] for r in s)
+                print(
+                    f"| {mode} | {ours_name} | {bc / sc:.2f}× ({bc:.3f} / {sc:.3f}) | {bc / sct:.2f}× ({bc:.3f} / "
+                    f"{sct:.3f}) | {median_row(b, 'req_s')[0] / median_row(s, 'req_s')[0]:.2f} |"
+                )
+    if len(ours) > 1:  # the fleet's scaling: CPU per request of each size against the first's
+        print()
+        print(f"| mode | fleet | proxy + coordinator CPU ms/req (ns) | / {ours[0]} |")
         print("|---|---|---|---|")
         for mode in modes:
-            b, s = results.get(("baseline", mode)), results.get(("shmdisagg", mode))
-            if not b or not s:
-                continue
-            bc = median_row(b, "proxy_ns_ms")[0]
-            sc = median_row(s, "proxy_ns_ms")[0]
-            sct = statistics.median(r["proxy_ns_ms"] + r["coord_ns_ms"] for r in s)
-            print(
-                f"| {mode} | {bc / sc:.2f}× ({bc:.3f} / {sc:.3f}) | {bc / sct:.2f}× ({bc:.3f} / {sct:.3f}) | "
-                f"{median_row(b, 'req_s')[0] / median_row(s, 'req_s')[0]:.2f} |"
-            )
+            first = results.get((ours[0], mode))
+            for name in ours:
+                rows = results.get((name, mode))
+                if not rows or not first:
+                    continue
+                total = statistics.median(r["proxy_ns_ms"] + r["coord_ns_ms"] for r in rows)
+                base = statistics.median(r["proxy_ns_ms"] + r["coord_ns_ms"] for r in first)
+                print(f"| {mode} | {name} | {total:.3f} | {total / base:.2f}× |")
 
 
 if __name__ == "__main__":
