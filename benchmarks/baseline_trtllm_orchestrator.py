@@ -879,10 +879,10 @@ class OpenAIHttpClient:
                 return False
 
         ready = await asyncio.gather(*[check_server_ready(s) for s in self._router.servers])
-        ok = [s for s, r in zip(self._router.servers, ready) if r]
+        ok = [s for s, r in zip(self._router.servers, ready, strict=True) if r]
         if ok:
             await self._router.prepare_servers(self._session)
-        return ok, [s for s, r in zip(self._router.servers, ready) if not r]
+        return ok, [s for s, r in zip(self._router.servers, ready, strict=True) if not r]
 
     async def shutdown(self) -> None:
         await self._session.close()
