@@ -547,7 +547,7 @@ class RoundRobinRouter:
                 async with session.get(f"http://{server}/server_info") as response:
                     self._server_info[server] = await response.json()
                 self._prepared_ready_servers.add(server)
-            except Exception as e:  # noqa: BLE001 - swallowed like TensorRT-LLM; retried later
+            except Exception as e:  # swallowed like TensorRT-LLM; retried later
                 logger.warning("Error preparing server %s: %s", server, e)
 
     def _get_next_server(self) -> str:
@@ -875,7 +875,7 @@ class OpenAIHttpClient:
             try:
                 async with self._session.get(f"http://{server}/health") as response:
                     return response.status == 200
-            except Exception:  # noqa: BLE001
+            except Exception:
                 return False
 
         ready = await asyncio.gather(*[check_server_ready(s) for s in self._router.servers])

@@ -40,7 +40,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shmdisagg.fleet.edge import EdgeLimits, edge_protocol  # noqa: E402
+from shmdisagg.fleet.edge import EdgeLimits, edge_protocol
 
 BODY = (
     b'{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful '

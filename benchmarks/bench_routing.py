@@ -46,13 +46,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import orjson  # noqa: E402
+import orjson
 
-from shmdisagg import _native, hashing  # noqa: E402
-from shmdisagg.orchestrator.validation import validate  # noqa: E402
-from shmdisagg.routing.policy import RoutingKey  # noqa: E402
-from shmdisagg.shm import ROLE_CONTEXT, ControlTable  # noqa: E402
-from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes  # noqa: E402
+from shmdisagg import _native, hashing
+from shmdisagg.orchestrator.validation import validate
+from shmdisagg.routing.policy import RoutingKey
+from shmdisagg.shm import ROLE_CONTEXT, ControlTable
+from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes
 
 WARMUP = 100
 MODELS = frozenset({"m"})
