@@ -547,7 +547,7 @@ class RoundRobinRouter:
                 async with session.get(f"http://{server}/server_info") as response:
                     self._server_info[server] = await response.json()
                 self._prepared_ready_servers.add(server)
-            except Exception as e:  # noqa: BLE001 - swallowed like TensorRT-LLM; retried later
+            except Exception as e:  # swallowed like TensorRT-LLM; retried later
                 logger.warning("Error preparing server %s: %s", server, e)
 
     def _get_next_server(self) -> str:
@@ -875,14 +875,14 @@ class OpenAIHttpClient:
             try:
                 async with self._session.get(f"http://{server}/health") as response:
                     return response.status == 200
-            except Exception:  # noqa: BLE001
+            except Exception:
                 return False
 
         ready = await asyncio.gather(*[check_server_ready(s) for s in self._router.servers])
-        ok = [s for s, r in zip(self._router.servers, ready) if r]
+        ok = [s for s, r in zip(self._router.servers, ready, strict=True) if r]
         if ok:
             await self._router.prepare_servers(self._session)
-        return ok, [s for s, r in zip(self._router.servers, ready) if not r]
+        return ok, [s for s, r in zip(self._router.servers, ready, strict=True) if not r]
 
     async def shutdown(self) -> None:
         await self._session.close()

@@ -27,11 +27,11 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shmdisagg.anthropic.convert import chat_request  # noqa: E402
-from shmdisagg.anthropic.protocol import MessagesRequest, parse  # noqa: E402
-from shmdisagg.anthropic.stream import StreamReframer  # noqa: E402
-from shmdisagg.orchestrator.answers import StreamGuard  # noqa: E402
-from shmdisagg.orchestrator.validation import validate  # noqa: E402
+from shmdisagg.anthropic.convert import chat_request
+from shmdisagg.anthropic.protocol import MessagesRequest, parse
+from shmdisagg.anthropic.stream import StreamReframer
+from shmdisagg.orchestrator.answers import StreamGuard
+from shmdisagg.orchestrator.validation import validate
 
 
 def claude_code_request() -> bytes:

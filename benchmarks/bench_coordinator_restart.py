@@ -31,10 +31,10 @@ import aiohttp
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shmdisagg.config import load_config  # noqa: E402
-from shmdisagg.launch import Deployment  # noqa: E402
-from shmdisagg.shm.layout import COORD_RUNNING  # noqa: E402
-from shmdisagg.shm.table import ControlTable  # noqa: E402
+from shmdisagg.config import load_config
+from shmdisagg.launch import Deployment
+from shmdisagg.shm.layout import COORD_RUNNING
+from shmdisagg.shm.table import ControlTable
 
 MODEL = "sim-llama-3.1-8b"
 

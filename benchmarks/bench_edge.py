@@ -40,7 +40,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shmdisagg.fleet.edge import EdgeLimits, edge_protocol  # noqa: E402
+from shmdisagg.fleet.edge import EdgeLimits, edge_protocol
 
 BODY = (
     b'{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful '
@@ -178,7 +178,7 @@ async def main(args: argparse.Namespace) -> None:
         for name, t in times.items():
             print(f"  {shape:10s} {name:26s} min {min(t):7.0f}  median {statistics.median(t):7.0f}")
         base, edge = times.values()
-        diffs = sorted(e - b for b, e in zip(base, edge))
+        diffs = sorted(e - b for b, e in zip(base, edge, strict=True))
         q1, q3 = diffs[len(diffs) // 4], diffs[3 * len(diffs) // 4]
         print(
             f"  {shape:10s} {'EdgeProtocol - uvicorn':26s} min {min(edge) - min(base):+7.0f}  median of paired "

@@ -30,13 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_routing import WARMUP, Deployment, pct  # noqa: E402
+from bench_routing import WARMUP, Deployment, pct
 
-from shmdisagg import _native  # noqa: E402
-from shmdisagg.config import RouterConfig  # noqa: E402
-from shmdisagg.routing import make_policy  # noqa: E402
-from shmdisagg.routing.policy import RoutingKey  # noqa: E402
-from shmdisagg.shm import ROLE_CONTEXT  # noqa: E402
+from shmdisagg import _native
+from shmdisagg.config import RouterConfig
+from shmdisagg.routing import make_policy
+from shmdisagg.routing.policy import RoutingKey
+from shmdisagg.shm import ROLE_CONTEXT
 
 
 def policy_for(dep: Deployment, tpb: int, algo: str):  # type: ignore[no-untyped-def]

@@ -30,7 +30,7 @@ import orjson
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shmdisagg.orchestrator.answers import StreamGuard  # noqa: E402
+from shmdisagg.orchestrator.answers import StreamGuard
 
 
 def chat_chunk(i: int, last: bool) -> bytes:

@@ -46,13 +46,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import orjson  # noqa: E402
+import orjson
 
-from shmdisagg import _native, hashing  # noqa: E402
-from shmdisagg.orchestrator.validation import validate  # noqa: E402
-from shmdisagg.routing.policy import RoutingKey  # noqa: E402
-from shmdisagg.shm import ROLE_CONTEXT, ControlTable  # noqa: E402
-from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes  # noqa: E402
+from shmdisagg import _native, hashing
+from shmdisagg.orchestrator.validation import validate
+from shmdisagg.routing.policy import RoutingKey
+from shmdisagg.shm import ROLE_CONTEXT, ControlTable
+from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes
 
 WARMUP = 100
 MODELS = frozenset({"m"})
@@ -151,7 +151,7 @@ def parts(families: list[list[int]], size: int, reps: int, tpb: int, rng: random
         assert cached == direct
         if record:
             out[first].append(t1 - t0)
-            for k, v in zip(list(out)[2:], (t3 - t2, t4 - t3, t5 - t4, t6 - t5)):
+            for k, v in zip(list(out)[2:], (t3 - t2, t4 - t3, t5 - t4, t6 - t5), strict=True):
                 out[k].append(v)
         del tokens, ids, direct, view, cached, req  # freed here, not inside the next timed call
     return out
@@ -216,7 +216,7 @@ def decisions(
                 times = paths[i](deps[i], req, args.tpb)
                 del req  # the request's objects die with it, untimed
                 if record:
-                    for k, v in zip(ROWS, times):
+                    for k, v in zip(ROWS, times, strict=True):
                         out[i][k].append(v)
         cache = hashing._process_caches.get(args.tpb)  # none below CACHE_MIN_BLOCKS blocks
         stats = cache.stats if cache is not None else {"blocks_reused": 0, "blocks_hashed": 0}

@@ -30,7 +30,7 @@ import uvloop
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shmdisagg.upstream import UpstreamPool  # noqa: E402
+from shmdisagg.upstream import UpstreamPool
 
 HOST = "127.0.0.1"
 JSON_PATH = "/v1/completions"

@@ -58,7 +58,7 @@ def run(value: str, n: int) -> str:
     ports = free_port(), free_port()
     sims = [
         SimProcess(["--port", str(p), "--role", role, "--speedup", "1000", "--model", "m"], p)
-        for p, role in zip(ports, ("context", "generation"))
+        for p, role in zip(ports, ("context", "generation"), strict=True)
     ]
     for s in sims:
         s.start()

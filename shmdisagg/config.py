@@ -177,7 +177,7 @@ class ServerSection(BaseModel):
 
     def endpoints(self) -> list[tuple[str, tuple[str, int]]]:
         """(url, normalised host:port) of each url, for telling two urls of one listener."""
-        return [(url, _endpoint(host, port)) for url, (host, port) in zip(self.urls, self.addresses())]
+        return [(url, _endpoint(host, port)) for url, (host, port) in zip(self.urls, self.addresses(), strict=True)]
 
     def addresses(self) -> list[tuple[str, int]]:
         """The section's executors as (host, port), scheme stripped."""
@@ -848,7 +848,7 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
         problems.append(f"hostname: {problem}; the fleet listens there")
     for key in ("context_servers", "generation_servers"):
         section = getattr(config, key)
-        for url, (host, _) in zip(section.urls, section.addresses()):
+        for url, (host, _) in zip(section.urls, section.addresses(), strict=True):
             problem = _host_problem(host, local=executors_here)
             if problem and problem.startswith("cannot resolve"):
                 problems.append(f"{key}.urls: {url!r}: {problem}")

@@ -61,7 +61,7 @@ def _binned(ends: list[float], weights: list[float], width: float) -> tuple[list
         return [], []
     nbins = int(max(ends) // width) + 1
     sums = [0.0] * nbins
-    for t, w in zip(ends, weights):
+    for t, w in zip(ends, weights, strict=True):
         sums[int(t // width)] += w
     return [(i + 0.5) * width for i in range(nbins)], [s / width for s in sums]
 
@@ -132,10 +132,11 @@ def draw(runs: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], list[s
     fig_h, ax_h = plt.subplots(figsize=(8, 3.8))
     for label, summary in runs:
         req = summary["timeline"]["requests"]
+        # columns of a summary file read back (maybe edited or older): plot the rows they share, not raise
         done = [
             (e, o or 0, p or 0, c)
             for e, ok, o, p, c in zip(
-                req["end_s"], req["ok"], req["output_tokens"], req["prompt_tokens"], req["cached_tokens"]
+                req["end_s"], req["ok"], req["output_tokens"], req["prompt_tokens"], req["cached_tokens"], strict=False
             )
             if ok and e is not None
         ]
@@ -156,7 +157,7 @@ def draw(runs: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], list[s
         ends_h = [d[0] for d in reported]
         xs, cached = _binned(ends_h, [float(d[3]) for d in reported], width)
         _, prompt = _binned(ends_h, [float(d[2]) for d in reported], width)
-        points = [(x, 100.0 * c / p) for x, c, p in zip(xs, cached, prompt) if p > 0]
+        points = [(x, 100.0 * c / p) for x, c, p in zip(xs, cached, prompt, strict=True) if p > 0]
         # unclipped: a marker at 0 % or 100 % is drawn whole over the axes' edge, not cut in half
         ax_h.plot([x for x, _ in points], [y for _, y in points], label=label, marker=".", clip_on=False)
     ax_r.set_ylabel("completed requests/s")
@@ -187,7 +188,7 @@ def draw(runs: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], list[s
             )
     if loaded:
         fig, axes = plt.subplots(len(loaded), 1, figsize=(8, 3.2 * len(loaded)), squeeze=False)
-        for ax, (label, load) in zip(axes[:, 0], loaded):
+        for ax, (label, load) in zip(axes[:, 0], loaded, strict=True):
             for server, series in load["servers"].items():
                 role = series.get("role", "")
                 ax.plot(

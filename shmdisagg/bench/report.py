@@ -151,7 +151,7 @@ def _latency_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         return "  ".join(c.rjust(width) for c in row)
 
     return [("[cyan]Latency (ms)", line(_LATENCY_STATS))] + [
-        (label, line(row)) for (label, _), row in zip(_LATENCY, cells)
+        (label, line(row)) for (label, _), row in zip(_LATENCY, cells, strict=True)
     ]
 
 

@@ -74,7 +74,7 @@ class FleetCollector(Collector):
             counts = total[base : base + len(h.buckets) + 1]
             running = 0.0
             buckets = []
-            for bound, n in zip([*map(_fmt, h.buckets), "+Inf"], counts):
+            for bound, n in zip([*map(_fmt, h.buckets), "+Inf"], counts, strict=True):
                 running += n
                 buckets.append((bound, running))
             hist = HistogramMetricFamily(h.name, h.help)

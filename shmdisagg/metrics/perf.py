@@ -107,7 +107,7 @@ class PerfStore:
         for values in payload.get("records") or ():
             if len(values) != len(RECORD_FIELDS):
                 continue
-            r = dict(zip(RECORD_FIELDS, values))
+            r = dict(zip(RECORD_FIELDS, values, strict=True))
             rec: dict[str, Any] = {
                 "disagg_request_id": r["disagg_request_id"],
                 "ctx_server": self.servers.get(r["ctx_slot"]),
@@ -144,7 +144,7 @@ class PerfStore:
             now = time.monotonic()
             addrs = [a for a in self.servers.values() if self._unsupported.get(a, 0.0) <= now]
             results = await asyncio.gather(*(self._fetch(session, a) for a in addrs), return_exceptions=True)
-            for addr, got in zip(addrs, results):
+            for addr, got in zip(addrs, results, strict=True):
                 if isinstance(got, list):
                     self._store(addr, got)
 

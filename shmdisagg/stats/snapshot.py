@@ -372,7 +372,7 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
 def _sum(rows: list[list[float]]) -> list[float]:
     total = [0.0] * LAYOUT.words
     for r in rows:
-        total = [a + b for a, b in zip(total, r)]
+        total = [a + b for a, b in zip(total, r, strict=True)]
     return total
 
 

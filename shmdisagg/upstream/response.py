@@ -147,7 +147,7 @@ class UpstreamResponse:
             self._conn = None
             try:
                 conn.abort("response was dropped unfinished")
-            except Exception:  # noqa: BLE001 -- the loop may already be closed at interpreter exit
+            except Exception:  # the loop may already be closed at interpreter exit
                 pass
 
     def __repr__(self) -> str:

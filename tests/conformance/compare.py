@@ -129,7 +129,7 @@ def diff(direct: Any, via: Any, path: str = "$") -> list[str]:
     if isinstance(direct, list) and isinstance(via, list):
         if len(direct) != len(via):
             return [f"{path}: {len(via)} elements, direct {len(direct)} (direct {_short(direct)}, via {_short(via)})"]
-        return [d for i, (a, b) in enumerate(zip(direct, via)) for d in diff(a, b, f"{path}[{i}]")]
+        return [d for i, (a, b) in enumerate(zip(direct, via, strict=True)) for d in diff(a, b, f"{path}[{i}]")]
     if type(direct) is not type(via) or direct != via:
         return [f"{path}: via shmdisagg {_short(via)}, direct {_short(direct)}"]
     return []

@@ -85,9 +85,9 @@ def main() -> None:
     sys.path.insert(0, os.path.join(root, "src"))
     # What serve_worker.main() imports, loaded once here.
     import serve_worker  # noqa: F401
-    import tensorrt_llm.llmapi.disagg_utils  # noqa: F401
-    import tensorrt_llm.llmapi.llm  # noqa: F401
-    import tensorrt_llm.logger  # noqa: F401
+    import tensorrt_llm.llmapi.disagg_utils
+    import tensorrt_llm.llmapi.llm
+    import tensorrt_llm.logger
     import tensorrt_llm.serve.openai_server  # noqa: F401
 
     children: set[int] = set()

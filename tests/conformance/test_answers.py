@@ -173,8 +173,8 @@ def test_repeated_prompt_reuses_the_kv_cache(dep: Deployed, path: str, pool: Poo
     direct = [pool.reference.post(path, body) for _ in range(2)]
     via = [dep.post(path, body) for _ in range(2)]
     assert direct[1].json["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, direct[1].raw
-    for d, v in zip(direct, via):  # the cache first: what this test is about
+    for d, v in zip(direct, via, strict=True):  # the cache first: what this test is about
         assert v.status == 200, v.raw
         assert v.json["usage"] == d.json["usage"], (v.json["usage"], d.json["usage"])
-    for d, v in zip(direct, via):
+    for d, v in zip(direct, via, strict=True):
         _check(dep, d, v)

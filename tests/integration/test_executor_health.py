@@ -94,7 +94,7 @@ def test_requests_right_after_every_server_of_a_role_died_get_the_roles_503(
             bodies = [{**COMPLETION, "stream": s} for s in (False, True, False, True, False, True)]
             results = _send_all(dep, bodies)
             addrs = [f"127.0.0.1:{f.port}" for f in (c0, c1, g0, g1)]
-            for (status, raw), body in zip(results, bodies):
+            for (status, raw), body in zip(results, bodies, strict=True):
                 assert status == 503, (body, raw)
                 err = orjson.loads(raw)  # nothing was sent yet: a JSON body, streaming or not
                 assert err["object"] == "error" and err["code"] == 503 and err["type"] == "ServiceUnavailableError"

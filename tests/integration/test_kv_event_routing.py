@@ -286,7 +286,7 @@ def trtllm_workers(tmp_path: Path) -> Iterator[list[str]]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        for p, role in zip(ports, ("context", "generation"))
+        for p, role in zip(ports, ("context", "generation"), strict=True)
     ]
     try:
         for proc in starts:

@@ -228,7 +228,7 @@ def test_spans_a_request_span_under_the_clients_trace_with_a_child_per_leg(
     )
     legs = [s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id]
     assert [(s.name, s.kind) for s in legs] == [("context", SpanKind.CLIENT), ("generation", SpanKind.CLIENT)]
-    for leg, fake in zip(legs, fakes):
+    for leg, fake in zip(legs, fakes, strict=True):
         assert (leg.attributes["server.address"], leg.attributes["server.port"]) == ("127.0.0.1", fake.port)
         assert leg.attributes["http.response.status_code"] == 200 and leg.end_time >= leg.start_time
     assert legs[0].end_time <= legs[1].start_time

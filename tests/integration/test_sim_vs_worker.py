@@ -109,7 +109,7 @@ def assert_same_shape(ours: Any, theirs: Any, where: str = "$") -> None:
         assert len(ours) == len(theirs), (
             f"{where}: {len(ours)} element shapes != worker's {len(theirs)}: {ours} / {theirs}"
         )
-        for i, (a, b) in enumerate(zip(ours, theirs)):
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             assert_same_shape(a, b, f"{where}[{i}]")
     else:
         assert ours == theirs, f"{where}: {ours} != worker's {theirs}"

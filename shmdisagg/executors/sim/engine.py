@@ -421,7 +421,7 @@ class Engine:
             raise
         except SimError as exc:
             error = exc
-        except Exception as exc:  # noqa: BLE001 - any pull failure fails this one request
+        except Exception as exc:  # any pull failure fails this one request
             log.exception("KV pull failed")
             error = TransferError(f"KV pull failed: {exc!r}")
         self.transferring.pop(s, None)

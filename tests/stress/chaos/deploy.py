@@ -62,7 +62,7 @@ class Layout:
     @property
     def kv_roles(self) -> set[str]:
         roles = set()
-        for role, spec in zip(("context", "generation"), self.routers):
+        for role, spec in zip(("context", "generation"), self.routers, strict=True):
             if (spec if isinstance(spec, str) else spec["type"]) == "kv_cache_aware":
                 roles.add(role)
         return roles

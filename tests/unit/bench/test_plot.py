@@ -115,7 +115,7 @@ def test_server_load_is_parsed_from_an_exposition() -> None:
 def _hit_rates(cached: list[int]) -> dict[str, Any]:
     """A run whose i-th request (one per second) found `cached[i]` of its 100 prompt tokens cached."""
     recs = records(len(cached), 0.1)
-    for r, c in zip(recs, cached):
+    for r, c in zip(recs, cached, strict=True):
         r.end = r.send + 1.0
         r.cached_tokens = c
     return {"label": "hits", "timeline": timeline(recs, 10.0, None)}

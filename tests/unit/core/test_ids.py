@@ -11,7 +11,7 @@ def test_ids_are_positive_int64_above_worker_local_range_and_increasing() -> Non
     gen = DisaggIdGenerator(node_id=7, process_id=3)
     ids = [gen.next_id() for _ in range(5000)]  # > 1024 per ms forces the counter to wrap
     assert all(2**40 <= i < 2**63 - 1 for i in ids)
-    assert all(a < b for a, b in zip(ids, ids[1:]))
+    assert all(a < b for a, b in zip(ids, ids[1:], strict=False))
 
 
 def test_workers_never_mint_the_same_id() -> None:

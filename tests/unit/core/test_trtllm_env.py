@@ -102,7 +102,9 @@ def test_each_variable_means_what_it_means_in_tensorrt_llm(
 )
 def test_variables_that_cannot_be_honoured_are_refused_by_name(variables: dict[str, str], expected: list[str]) -> None:
     problems = _problems(variables)
-    assert len(problems) == len(expected) and all(p.startswith(e) for p, e in zip(problems, expected)), problems
+    assert len(problems) == len(expected) and all(p.startswith(e) for p, e in zip(problems, expected, strict=True)), (
+        problems
+    )
 
 
 @pytest.mark.parametrize(

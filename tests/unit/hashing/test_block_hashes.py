@@ -111,7 +111,7 @@ def test_the_last_token_is_excluded_and_a_final_partial_block_is_kept() -> None:
 def test_salt_changes_only_what_it_should() -> None:
     tokens = list(range(100))
     plain, salted = hashing.block_hashes(tokens, 16), hashing.block_hashes(tokens, 16, 7)
-    assert all(a != b for a, b in zip(plain, salted))  # the salt reaches every block via the chain
+    assert all(a != b for a, b in zip(plain, salted, strict=True))  # the salt reaches every block via the chain
     assert hashing.block_hashes(tokens, 16, 7) == salted
 
 

@@ -23,7 +23,7 @@ from tests.fakes.trtllm_shim import small_config
 class _Health(BaseHTTPRequestHandler):
     answer: tuple[int, dict[str, str]] = (200, {})
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:  # http.server's naming
         status, headers = self.server.answer  # type: ignore[attr-defined]
         body = b'{"error": {"code": "starting"}}' if status != 200 else b""
         self.send_response(status)

@@ -101,7 +101,7 @@ def test_the_index_lag_histogram_has_four_buckets_per_octave_from_1us_to_69s(dep
     le = {float(dict(labels)["le"]): v for (n, labels), v in s.items() if n == name}
     edges = sorted(le)
     assert edges[0] == 1.024e-06 and edges[-2] == 68.719476736 and edges[-1] == float("inf")
-    assert len(edges) == 106 and all(1.0 < b / a <= 1.25 for a, b in zip(edges[:-2], edges[1:-1]))
+    assert len(edges) == 106 and all(1.0 < b / a <= 1.25 for a, b in zip(edges[:-2], edges[1:-1], strict=True))
     assert {0.004194304, 0.00524288, 0.006291456, 0.007340032, 0.008388608} <= set(edges)
     # (the ~5 ms event is counted by 67 ms whatever the delay before the clock read)
     assert (le[1.024e-06], le[0.004194304], le[0.067108864], le[68.719476736], le[float("inf")]) == (1, 1, 2, 2, 3)

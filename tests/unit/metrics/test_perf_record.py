@@ -106,7 +106,7 @@ def test_the_filter_relays_the_stream_and_keeps_the_event_however_it_is_split(cu
     data = STREAM + EVENT
     bounds = [0, *cuts, len(data)]
     f = MetricsEventFilter()
-    out = b"".join(f.feed(data[a:b]) for a, b in zip(bounds, bounds[1:]))
+    out = b"".join(f.feed(data[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
     tail, event = f.finish()
     assert out + tail == STREAM and event == EVENT
     assert pr.parse_sse_event(event) == {"Server-Timing": "server_queue;dur=1.000000"}

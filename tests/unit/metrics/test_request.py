@@ -125,7 +125,7 @@ def test_a_completed_disaggregated_request_counts_every_leg_and_latency() -> Non
     assert row[LAYOUT.per_server["shmdisagg_server_prompt_tokens"] + 0] == 300
     assert row[LAYOUT.per_server["shmdisagg_server_cached_tokens"] + 0] == 128
     (rec,) = records.items
-    fields = dict(zip(RECORD_FIELDS, rec))
+    fields = dict(zip(RECORD_FIELDS, rec, strict=True))
     assert fields["disagg_request_id"] == 1234 and fields["ctx_slot"] == 0 and fields["gen_slot"] == 2
     assert fields["gen_dispatch"] == 100.0215 and fields["retries"] == 0 and fields["error_code"] == ""
 
@@ -145,7 +145,7 @@ def test_a_context_retry_is_counted_as_a_retry_decision() -> None:
     run_one(m, disagg_handle(m, ctx, gen, ctx_picks=2))
     assert row[C["ctx_total_requests"]] == 2 and row[C["ctx_retry_requests"]] == 1
     assert row[LAYOUT.routing[("context", "routed")]] == 1 and row[LAYOUT.routing[("context", "retry")]] == 1
-    assert dict(zip(RECORD_FIELDS, records.items[0]))["retries"] == 1
+    assert dict(zip(RECORD_FIELDS, records.items[0], strict=True))["retries"] == 1
 
 
 def test_no_eligible_server_counts_a_no_server_decision_and_an_http_exception() -> None:

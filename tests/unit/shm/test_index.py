@@ -628,7 +628,7 @@ def test_lag_bucket_edges_are_log_linear_and_tile_every_u64() -> None:
     assert lag_bucket_edges(89) == (5_242_880, 6_291_456)
     assert lag_bucket_edges(255) == (7 << 61, 1 << 64)
     used = [lag_bucket_edges(b) for b in (*range(4), *range(8, 256))]
-    assert used[0][0] == 0 and all(hi == lo for (_, hi), (lo, _) in zip(used, used[1:]))
+    assert used[0][0] == 0 and all(hi == lo for (_, hi), (lo, _) in zip(used, used[1:], strict=False))
     assert all(4 * (hi - lo) <= lo for lo, hi in used[4:])  # each at most 25 % wide
     for bad in (-1, 256):
         with pytest.raises(ValueError):
@@ -645,7 +645,7 @@ def test_a_lag_lands_in_its_sub_bucket(index: BlockIndex) -> None:
         before = index.stats()
         index.apply_stored(0, chain(60, 1), time.time_ns() - lag)
         after = index.stats()
-        steps = [(b, a - c) for b, (a, c) in enumerate(zip(after.lag_hist, before.lag_hist)) if a != c]
+        steps = [(b, a - c) for b, (a, c) in enumerate(zip(after.lag_hist, before.lag_hist, strict=True)) if a != c]
         assert len(steps) == 1 and steps[0][1] == 1
         b, recorded = steps[0][0], after.lag_sum_ns - before.lag_sum_ns
         lo, hi = lag_bucket_edges(b)
