@@ -34,7 +34,7 @@ try:  # a Ctrl-C while the modules load (right after the command is typed) ends 
 
     from shmdisagg.config import ConfigError, DisaggConfig, check_machine, config_warnings, load_config
     from shmdisagg.procutil import STOP_SIGNALS
-    from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env
+    from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_level
 except KeyboardInterrupt:
     print("shmdisagg: interrupted (SIGINT)", file=sys.stderr)
     raise SystemExit(130) from None
@@ -205,7 +205,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         return 2
     config = _load(args.config)
-    _check_env()  # refuses a bad variable, shows the warnings (the coordinator does not repeat them)
+    env = _check_env()  # refuses a bad variable, shows the warnings (the coordinator does not repeat them)
+    # this process supervises the coordinator (keeper.py): its own lines follow -l as the coordinator's do
+    logging.getLogger("shmdisagg").setLevel(
+        LOG_LEVELS[resolve_log_level(env, args.log_level, config.shmdisagg.log_level)]
+    )
     if args.report_addr is not None and config.num_workers > 1:
         # the same refusal as TensorRT-LLM's (test_disaggregated_rejects_a_worker_fleet, test id 57374853910)
         print(
