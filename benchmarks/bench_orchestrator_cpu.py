@@ -373,6 +373,7 @@ def main() -> int:
             for size in fleet_sizes if "shmdisagg" in kinds else []:
                 shm_prefix = f"shmdisagg-b{uuid.uuid4().hex[:10]}"
                 shm_prefixes.append(shm_prefix)
+                (tmp / f"f{size}").mkdir()
                 cfg = write_config(
                     tmp / f"f{size}",
                     shm_prefix,
