@@ -13,7 +13,10 @@ one process per server, zero latency: each answers as soon as it has read the re
 - **baseline**: `benchmarks/baseline_trtllm_orchestrator.py`, one process rebuilding TensorRT-LLM's
   `OpenAIDisaggServer` request path (FastAPI + pydantic models + aiohttp client, context-first).
 - **direct**: the load sent to the generation fake itself, one hop and no router: the latency
-  floor that the "added" column subtracts (a disaggregated request makes two such hops).
+  floor that the "p50 / p99 − direct's" column subtracts (a disaggregated request makes two such
+  hops). At `--concurrency` c the load is a closed loop, so latency is about c / throughput and
+  that difference is mostly queueing behind the slower system; `--concurrency 1` measures the
+  latency each request adds.
 - **--vs [NAME=]URL**: any other router on this machine, started beforehand (or within
   `--vs-wait` seconds of the fakes' line) against the fakes this run prints; its CPU is that of
   the process listening on URL's port (psutil).
@@ -290,10 +293,10 @@ def parse_vs(specs: list[str]) -> dict[str, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="measured requests per cell")
-    ap.add_argument("--warmup", type=int, default=300)
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--modes", default="nonstream,stream16,stream16_paced5ms")
+    ap.add_argument("--warmup", type=int, default=300, help="unmeasured requests before each cell (default 300)")
+    ap.add_argument("--concurrency", type=int, default=32, help="requests in flight, closed loop (default 32)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over every mode and system (default 3)")
+    ap.add_argument("--modes", default="nonstream,stream16,stream16_paced5ms", help=f"of {', '.join(MODES)}")
     ap.add_argument("--fleet", default="1", help="fleet sizes (num_workers) to run side by side, e.g. 1,2,4")
     ap.add_argument(
         "--systems",
@@ -542,7 +545,7 @@ def report(
     print()
     print(
         "| system | mode | proxy CPU ms/req (/proc ticks) | of which kernel | proxy CPU ms/req (ns) | "
-        "coordinator ms/req | req/s | p50 ms | p99 ms | added p50 / p99 ms | backends CPU ms/req | "
+        "coordinator ms/req | req/s | p50 ms | p99 ms | p50 / p99 − direct's, ms | backends CPU ms/req | "
         "client CPU ms/req | bad |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -152,7 +152,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     # the launcher is the deployment's supervisor: the fleet workers a dead coordinator leaves
     # are re-parented here (and reaped by wait()), not to init
     become_subreaper()
-    dep = Deployment(config, args.config, args.log_dir)
+    dep = Deployment(config, args.config, args.log_dir, request_timeout=args.request_timeout)
     try:
         dep.start()
     except LaunchError as err:
@@ -318,6 +318,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run",
         action="store_true",
         help="print the plan (commands, environment, option files, ports, GPUs) and start nothing",
+    )
+    p.add_argument(
+        "-r",
+        "--request_timeout",
+        type=_non_negative_int,
+        default=180,
+        metavar="SECONDS",
+        help="timeout of each leg, a call to one executor, as serve's -r and TensorRT-LLM's; 0: none "
+        "(default 180). The whole request's deadline is shmdisagg.request_timeout_s",
     )
     p.set_defaults(func=cmd_launch)
 

@@ -151,9 +151,17 @@ class Deployment:
     """A running single-node deployment. Use as a context manager or call start()/stop()."""
 
     def __init__(
-        self, config: DisaggConfig, config_path: str, log_dir: str | None = None, *, background: bool = False
+        self,
+        config: DisaggConfig,
+        config_path: str,
+        log_dir: str | None = None,
+        *,
+        background: bool = False,
+        request_timeout: int | None = None,
     ) -> None:
         self.config = config
+        # `request_timeout`: each leg's timeout in seconds, the coordinator's -r (None: its default, 180; 0: none)
+        self.request_timeout = request_timeout
         # `background`: run under another command that stops it itself (`bench --launch`): the
         # coordinator and its fleet log to <log dir>/coordinator.log instead of the terminal. (They
         # run in their own session either way, so a Ctrl-C, or `timeout`'s SIGTERM, to the
@@ -359,20 +367,32 @@ class Deployment:
         # reported ready is restarted when it dies (keeper.py)
         budget = self.config.shmdisagg.server_start_timeout_s + 30
         deadline = time.monotonic() + budget
+        report_at = time.monotonic() + WAIT_REPORT_S
         while not self.keeper.served:
             final = self.keeper.check()
             if final is not None:
                 raise LaunchError(
                     f"coordinator ended during start-up (exit status {final}){self._log_hint(self.coordinator)}"
                 )
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise LaunchError(f"coordinator did not report ready within {budget:g} s")
+            if now >= report_at:
+                report_at = now + WAIT_REPORT_S
+                log.info(
+                    "still waiting (%.0f s left) for every fleet worker to listen (the coordinator reports "
+                    "ready once all do; a worker that dies meanwhile is replaced)",
+                    deadline - now,
+                )
             time.sleep(0.01)
+        log.info("coordinator is ready: every fleet worker listens")
         self._keeping = threading.Thread(target=self._keep, name="coordinator-keeper", daemon=True)
         self._keeping.start()
 
     def _spawn_coordinator(self, env: dict[str, str], fds: Sequence[int]) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "shmdisagg.coordinator", "-c", self.config_path]
+        if self.request_timeout is not None:
+            argv += ["-r", str(self.request_timeout)]
         # Always its own session: a terminal's Ctrl-C reaches the launcher alone, which stops
         # the coordinator (and so its fleet) in order, never one caught in the middle of its imports.
         # SHMDISAGG_LAUNCHED: an interrupted start-up is reported by the launcher, not twice
@@ -432,7 +452,10 @@ class Deployment:
                         log.warning("%s: %s", child.label, p.describe())
                 if p.ready:
                     pending.remove(child)
-                    log.info("%s is ready", child.label)
+                    if child.addr:
+                        log.info("%s is ready", child.label)
+                    else:  # the coordinator: /health is one fleet worker's; ready is when all listen
+                        log.info("%s answers /health (a fleet worker listens)", child.label)
                     continue
                 if p.state and (child.name not in last or last[child.name].state != p.state):
                     log.info("%s is %s", child.label, p.state)

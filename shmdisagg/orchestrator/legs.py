@@ -65,7 +65,9 @@ def no_servers_error(role: str) -> RequestError:
 def leg_timeout_error(role: str, timeout_s: float | None) -> RequestError:
     """The 504 of a leg that ran past `request_timeout` (the `-r` flag)."""
     return RequestError(
-        504, f"the {role} executor did not finish within {timeout_s:g} s (request_timeout)", "leg_timeout"
+        504,
+        f"the {role} executor did not finish within {timeout_s:g} s (-r/--request_timeout, each leg's limit)",
+        "leg_timeout",
     )
 
 

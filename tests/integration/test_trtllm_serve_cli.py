@@ -327,7 +327,9 @@ def test_r_bounds_each_leg_and_a_leg_past_it_is_a_504_never_replayed(tmp_path: P
             ctx.script(delay_s=4.0)
             status, _, err = call(host, port, "POST", "/v1/completions", body)
             assert (
-                status == 504 and err["code"] == 504 and "did not finish within 2 s (request_timeout)" in err["message"]
+                status == 504
+                and err["code"] == 504
+                and "did not finish within 2 s (-r/--request_timeout, each leg's limit)" in err["message"]
             )
             assert len(ctx.recorded()) == 2  # the timed-out leg was not replayed on a retry
             ctx.script(delay_s=0.0)
@@ -345,4 +347,22 @@ def test_r_bounds_each_leg_and_a_leg_past_it_is_a_504_never_replayed(tmp_path: P
             assert events[-1] == b"[DONE]" and orjson.loads(events[-2])["error"]["code"] == 504
         finally:
             gen.release()
+            assert cmd.stop() == 0, cmd.output()
+
+
+def test_launch_takes_r_as_serve_does(tmp_path: Path, shm_prefix: str) -> None:
+    """`shmdisagg launch -r N` bounds each leg as `serve -r N` does (a config whose
+    request_timeout_s is longer than 180 s needs it: the legs are cut at -r first)."""
+    from tests.integration.harness import fake_executors
+
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = config(tmp_path, shm_prefix, [ctx.addr], [gen.addr])
+        host, port = "127.0.0.1", yaml.safe_load(cfg.read_text())["port"]
+        cmd = Command(["launch", "-c", str(cfg), "-r", "1"], tmp_path / "launch.log")
+        try:
+            serving(cmd, host, port)
+            ctx.script(delay_s=2.0)
+            status, _, err = call(host, port, "POST", "/v1/completions", {"model": "fake-model", "prompt": "hi"})
+            assert status == 504 and "did not finish within 1 s (-r/--request_timeout" in err["message"], err
+        finally:
             assert cmd.stop() == 0, cmd.output()
