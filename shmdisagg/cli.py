@@ -259,6 +259,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if port is not None and not port.ours:
         print(f"shmdisagg: {args.config}: {port.problem}; launch and serve need it free", file=sys.stderr)
         return 1
+    busy = _busy_executor_addresses(config) if port is None else []  # not while this deployment runs
+    if busy:
+        print(
+            f"shmdisagg: {args.config}: executor address already in use: {', '.join(busy)}; launch starts the "
+            "executors there and needs them free",
+            file=sys.stderr,
+        )
+        return 1
     n_ctx, n_gen = len(config.context_servers.urls), len(config.generation_servers.urls)
     print(
         f"{args.config}: ok — {n_ctx} context and {n_gen} generation server{'' if n_gen == 1 else 's'}, "
@@ -269,6 +277,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if port is not None:
         print(f"{args.config}: {port.problem}; launch and serve refuse a second one while it runs")
     return 0
+
+
+def _busy_executor_addresses(config: DisaggConfig) -> list[str]:
+    """The executor addresses something listens on now, when launch would start the executors
+    (a `shmdisagg.executors` section): launch refuses them (`launch._bind_error`)."""
+    if config.shmdisagg.executors is None:
+        return []
+    from shmdisagg.executors.plan import build_plan
+    from shmdisagg.launch import _bind_error
+
+    return [inst.addr for inst in build_plan(config, None).instances if _bind_error(inst.addr) is not None]
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -207,7 +207,9 @@ class Deployment:
         # readiness check).
         problem = public_port_problem(self.config.hostname, self.config.port)
         if problem:
-            raise LaunchError(problem)
+            # who holds it, as check-config says (portuser.py); the plain line if that cannot tell
+            user = _public_port_user(self.config, self.config_path)
+            raise LaunchError(user or problem)
         self._claim()
         try:
             self._start_executors()
@@ -634,6 +636,18 @@ def _signal(child: Child, sig: int) -> None:
             os.killpg(child.proc.pid, sig)
         elif child.proc.poll() is None:
             child.proc.send_signal(sig)
+
+
+def _public_port_user(config: DisaggConfig, config_path: str) -> str | None:
+    """`portuser.public_port_user`'s line for a taken public port, or None (free again, or the
+    host no longer resolves)."""
+    from shmdisagg.portuser import public_port_user
+
+    try:
+        user = public_port_user(config, config_path)
+    except (OSError, UnicodeError):
+        return None
+    return user.problem if user is not None else None
 
 
 def _resolvable(addr: str) -> bool:

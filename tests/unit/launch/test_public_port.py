@@ -65,10 +65,10 @@ def test_launch_refuses_a_busy_public_port_before_starting_anything(
         timeout=120,
     )
     assert out.returncode == 1, out
-    assert _errors(out.stderr) == [
-        f"shmdisagg: launch failed: public address 127.0.0.1:{busy_port} already in use "
-        "(is another deployment or server running there?)"
-    ], out.stderr
+    errors = _errors(out.stderr)  # names the holder, as check-config does: this test's process
+    assert len(errors) == 1 and errors[0].startswith(
+        f"shmdisagg: launch failed: public address 127.0.0.1:{busy_port} already in use by pid {os.getpid()} ("
+    ), out.stderr
     assert "Traceback" not in out.stderr
     assert not list(logs.glob("*.log")), "an executor was started"
     assert "started" not in out.stderr
@@ -177,6 +177,28 @@ def test_check_config_names_the_process_on_a_busy_public_port(
         f"shmdisagg: {path}: public address 127.0.0.1:{busy_port} already in use by pid {os.getpid()} ("
     )
     assert err.rstrip().endswith("; launch and serve need it free")
+
+
+def test_check_config_refuses_a_busy_executor_port_that_launch_would_refuse(
+    tmp_path: Path, shm_prefix: str, busy_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a `shmdisagg.executors` section launch starts the executors on their addresses, so
+    check-config says "ok" only when they are free (it said ok, then launch failed)."""
+    from shmdisagg.cli import main
+
+    path = tmp_path / "config.yaml"
+    cfg = yaml.safe_load(_config(tmp_path, shm_prefix, free_port())[0].read_text())
+    cfg["generation_servers"]["urls"] = [f"127.0.0.1:{busy_port}"]
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["check-config", "-c", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"shmdisagg: {path}: executor address already in use: 127.0.0.1:{busy_port}; launch starts the "
+        "executors there and needs them free\n"
+    )
+    del cfg["shmdisagg"]["executors"]  # executors started elsewhere (serve, or launch without them): not ours to check
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["check-config", "-c", str(path)]) == 0
 
 
 def test_check_config_on_its_own_running_deployment_is_ok_and_says_it_runs(
