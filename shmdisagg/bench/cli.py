@@ -144,8 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plots.add_argument("--label", help="this run's name in the plots (default: the --json file name, else 'run')")
 
 
-def _workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
-    """The requests to send and the source's description."""
+def workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
+    """The requests to send and the source's description. Raises BenchError for a bad option
+    or trace (`bench --launch` calls it before it starts anything)."""
     if args.num_requests is not None and args.num_requests < 1:
         raise BenchError("--num-requests must be >= 1")
     if args.concurrency is not None and args.concurrency < 1:
@@ -189,7 +190,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
     the summary covers the finished ones (`was_cancelled: true`)."""
     compare = load_runs(args.compare) if getattr(args, "compare", None) else []
     slo = _slo(args.goodput or [])
-    requests, source = _workload(args)
+    requests, source = workload(args)
     low, high = args.vocab_range
     # A fresh seed by default: the same prompts again would find the previous run's KV blocks
     # still cached in a long-running deployment and measure a warm cache (a fresh --launch

@@ -123,7 +123,15 @@ def run_launched(args: argparse.Namespace, load_config: Callable[[str], Any]) ->
     if not args.config:
         print("shmdisagg bench: --launch needs -c/--config", file=sys.stderr)
         return 2
+    from shmdisagg.bench import BenchError
+    from shmdisagg.bench.cli import workload
     from shmdisagg.launch import Deployment
+
+    try:  # the options and the trace first: a bad one must not cost a deployment's start and stop
+        workload(args)
+    except BenchError as err:
+        print(f"shmdisagg bench: error: {err}", file=sys.stderr)
+        return 2
 
     signals: list[int] = []
 

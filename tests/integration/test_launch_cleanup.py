@@ -182,9 +182,14 @@ def test_a_refused_second_launch_leaves_the_live_deployments_sockets(
                 )
                 assert out.returncode == 1, out
                 assert "launch failed" in out.stderr, out.stderr
-                if second == cfg:  # refused at once, before it started anything
-                    assert f"public address 127.0.0.1:{dep.config.port} already in use" in out.stderr
-                    assert "coordinator" not in out.stderr
+                if (
+                    second == cfg
+                ):  # refused at once, naming the deployment that serves there, before it started anything
+                    assert (
+                        f"public address 127.0.0.1:{dep.config.port} is served by this deployment, which runs now "
+                        f"(coordinator pid {dep.coordinator.proc.pid})" in out.stderr
+                    ), out.stderr
+                    assert out.stderr.count("\n") == 1, out.stderr  # that line alone: nothing started
                 for path in sockets:
                     assert stat.S_ISSOCK(os.stat(path).st_mode), f"{path} removed by the launch of {second}"
                 assert _coordinator_answers(dep.config.coordinator_socket)

@@ -48,3 +48,18 @@ def test_a_moved_config_that_does_not_fit_exits_2_naming_the_option(
     assert main(["bench", "--launch", "-c", str(REPO / "examples" / "demo.yaml"), "--port", "65500"]) == 2
     err = capsys.readouterr().err
     assert "--port 65500 moves context_servers url 127.0.0.1:8101 to port 65601" in err and "Traceback" not in err
+
+
+def test_a_bad_option_with_launch_exits_2_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad --num-requests is refused before the deployment starts (it was refused after a
+    whole start and stop), so the config's executors are never started: nothing is logged."""
+    raw = yaml.safe_load((REPO / "examples" / "demo.yaml").read_text())
+    raw["shmdisagg"]["executors"]["log_dir"] = str(tmp_path / "logs")
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["bench", "--launch", "-c", str(path), "--num-requests", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --num-requests must be >= 1" in err and "launching" not in err
+    assert not (tmp_path / "logs").exists()
