@@ -11,7 +11,7 @@ directory, each serving process appends two JSONL shards per UTC hour::
   ISO-8601), "server_arrival_time" (steady-clock seconds), "route", "status": "accepted",
   "headers": [[name, value], ...] (credential values `[redacted]`), "body"}` (the client's JSON;
   text plus `body_parse_error` when it did not parse). A request refused before it was routed
-  (bad input, unknown model, too large, overloaded) has `status: "rejected_<code>"` and
+  (bad input, too large, overloaded) has `status: "rejected_<code>"` and
   `validation_errors: [{"loc", "type", "msg"}]`, and no response line, as upstream records a
   request its validation refused.
 - response line: `{"event": "response", "trace_id", "session", "finished_at", "status"

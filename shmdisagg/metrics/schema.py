@@ -107,7 +107,7 @@ COUNTERS = (
     Counter("total_requests", "Requests received on the completion routes (including rejected ones)"),
     Counter("stream_requests", "Routed requests with stream=true"),
     Counter("nonstream_requests", "Routed requests with stream=false"),
-    Counter("validation_exceptions", "Requests refused with a 4xx before routing (bad body, unknown model, too large)"),
+    Counter("validation_exceptions", "Requests refused with a 4xx before routing (bad body, too large, content type)"),
     Counter("http_exceptions", "Routed requests that ended with an error answer (executor error, timeout, no server)"),
     Counter("internal_errors", "Routed requests that failed inside the orchestrator (HTTP 500)"),
     Counter("total_responses", "Requests answered completely"),

@@ -3,8 +3,8 @@
 What the client sees (the lifecycle guarantees, also in the README):
 - bad input: a 4xx error body before anything is routed (400 invalid, also for a request-level
   `chat_template` unless `allow_request_chat_template`, as TensorRT-LLM's orchestrator gates it;
-  404 unknown model, 413 body too large, 415 a non-JSON content type, 429 with `Retry-After` when
-  the deployment is at `max_inflight_requests`);
+  413 body too large, 415 a non-JSON content type, 429 with `Retry-After` when the deployment is
+  at `max_inflight_requests`; the model name is not checked, as in TensorRT-LLM);
 - an executor's 4xx: relayed with its status and body, never retried;
 - a failure before any byte was sent: retried on another server where that is safe (see
   `legs.py`), else 502/503 with an error body;
