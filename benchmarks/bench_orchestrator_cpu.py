@@ -19,7 +19,7 @@ one process per server, zero latency: each answers as soon as it has read the re
   latency each request adds.
 - **--vs [NAME=]URL**: any other router on this machine, started beforehand (or within
   `--vs-wait` seconds of the fakes' line) against the fakes this run prints; its CPU is that of
-  the process listening on URL's port (psutil).
+  the process listening on URL's port (`procutil.listeners`).
 
 A load generator runs in its own process (aiohttp on uvloop, bounded concurrency). A cell is one
 system in one mode: a warm-up, then N measured requests. Every response is checked: status 200,
@@ -271,14 +271,13 @@ def listener_pid(url: str) -> int:
     """The pid of the process listening on `url`'s port on this machine (a `--vs` router's)."""
     import urllib.parse
 
-    import psutil
+    from shmdisagg.procutil import listeners
 
     port = urllib.parse.urlsplit(url).port
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in proc.net_connections("tcp")):
-                return proc.pid
-    raise RuntimeError(f"no process on this machine listens on {url}'s port (--vs measures local routers)")
+    pids = [x.pid for x in listeners(port or 0) if x.pid is not None]
+    if not pids:
+        raise RuntimeError(f"no process of this user listens on {url}'s port (--vs measures local routers)")
+    return pids[0]
 
 
 def parse_vs(specs: list[str]) -> dict[str, str]:

@@ -9,7 +9,7 @@ fi
 if ! "$VENV/bin/python" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=77"
 fi
-if ! "$VENV/bin/python" -c "import shmdisagg._native, pytest, xdist, prometheus_client, matplotlib, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, ruff, mypy, psutil" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import shmdisagg._native, pytest, xdist, prometheus_client, matplotlib, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, ruff, mypy" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q -e ".[test]"
 else
   # Keep the extension in step with native/ when the sources changed.

@@ -247,7 +247,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     config = _load(args.config)
     _check_env()  # the variables the commands that start a deployment would refuse
     try:  # the launch plan's own checks too (trtllm options, GPUs), as `launch` runs them here
-        build_plan(config, None)
+        plan = build_plan(config, None)
     except ConfigError as err:
         print(f"shmdisagg: config error: {args.config}: {err}", file=sys.stderr)
         return 2
@@ -259,7 +259,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if port is not None and not port.ours:
         print(f"shmdisagg: {args.config}: {port.problem}; launch and serve need it free", file=sys.stderr)
         return 1
-    busy = _busy_executor_addresses(config) if port is None else []  # not while this deployment runs
+    busy = []  # what launch, which starts the executors there, would refuse; not while this deployment runs
+    if port is None and config.shmdisagg.executors is not None:
+        from shmdisagg.launch import address_bind_error
+
+        busy = [inst.addr for inst in plan.instances if address_bind_error(inst.addr) is not None]
     if busy:
         print(
             f"shmdisagg: {args.config}: executor address already in use: {', '.join(busy)}; launch starts the "
@@ -277,17 +281,6 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if port is not None:
         print(f"{args.config}: {port.problem}; launch and serve refuse a second one while it runs")
     return 0
-
-
-def _busy_executor_addresses(config: DisaggConfig) -> list[str]:
-    """The executor addresses something listens on now, when launch would start the executors
-    (a `shmdisagg.executors` section): launch refuses them (`launch._bind_error`)."""
-    if config.shmdisagg.executors is None:
-        return []
-    from shmdisagg.executors.plan import build_plan
-    from shmdisagg.launch import _bind_error
-
-    return [inst.addr for inst in build_plan(config, None).instances if _bind_error(inst.addr) is not None]
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

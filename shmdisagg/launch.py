@@ -7,8 +7,9 @@ instance's option file, starts every instance with its own log file (`<log dir>/
 headed by its command line) and waits for all of them at once until each answers `/health`
 with 200. While an instance loads it may answer 503 with `x-trtllm-server-state: starting`, or
 refuse connections: both mean "keep waiting", but only while its process is alive and only
-until `shmdisagg.executors.startup_timeout_s`. Then it starts the coordinator and waits until
-the public port answers `/health` with 200. Any failure on the way stops everything already
+until `shmdisagg.executors.startup_timeout_s`; a 200 counts only from the instance's own
+process (`procutil.listens_on`). Then it starts the coordinator and waits until it reports ready
+on its pipe (every fleet worker listens; `coordinator/keeper.py`). Any failure on the way stops everything already
 started and raises `LaunchError` naming the instance, its log and what it last answered; an
 interrupt (whatever the caller's SIGINT/SIGTERM handlers raise) stops it all the same. Every
 10 s of waiting it logs what is not ready yet.
@@ -136,15 +137,12 @@ def public_url(config: DisaggConfig) -> str:
     return f"http://{host}:{config.port}"
 
 
-def _waiting(child: Child, last: Probe, fleet_started: bool = False) -> str:
-    """What a still-unready child last answered; the coordinator's public /health is served by
-    its fleet, which it starts only once every executor is healthy (its own lines say which).
-    `fleet_started`: the coordinator said so on its ready pipe (keeper.py's F)."""
-    if child.name == "coordinator" and last.status is None:
-        if fleet_started:
-            return "fleet started, its workers not listening yet"
-        return "fleet not started yet (the coordinator starts it once every executor is healthy)"
-    return last.describe()
+def coordinator_stage(fleet_started: bool) -> str:
+    """Where a coordinator that has not reported ready is: `fleet_started` when it said so on its
+    ready pipe (keeper.py's F)."""
+    if fleet_started:
+        return "fleet started, its workers not listening yet"
+    return "fleet not started yet (the coordinator starts it once every executor is healthy)"
 
 
 class Deployment:
@@ -325,7 +323,7 @@ class Deployment:
         unresolved = [inst.addr for inst in self.plan.instances if not _resolvable(inst.addr)]
         if unresolved:
             raise LaunchError(f"cannot resolve executor address: {', '.join(unresolved)}")
-        bind_errors = {inst.addr: _bind_error(inst.addr) for inst in self.plan.instances}
+        bind_errors = {inst.addr: address_bind_error(inst.addr) for inst in self.plan.instances}
         foreign = [addr for addr, e in bind_errors.items() if e == errno.EADDRNOTAVAIL]
         if foreign:
             raise LaunchError(
@@ -363,10 +361,17 @@ class Deployment:
         self.keeper = CoordinatorKeeper(self._spawn_coordinator, self.config, node_claim=self.node_claim)
         self.keeper.start()
         assert self.coordinator is not None
-        self._wait_ready([self.coordinator], self.config.shmdisagg.server_start_timeout_s + 30)
-        # /health answers once one fleet worker listens; the coordinator reports ready on its pipe
-        # once every worker does. Only then is the deployment ready, and only a coordinator that
-        # reported ready is restarted when it dies (keeper.py)
+        self._wait_coordinator_ready()
+        log.info("coordinator is ready: every fleet worker listens")
+        self._keeping = threading.Thread(target=self._keep, name="coordinator-keeper", daemon=True)
+        self._keeping.start()
+
+    def _wait_coordinator_ready(self) -> None:
+        """Until the coordinator reports ready on its pipe (keeper.py's R: every fleet worker
+        listens); the public /health answers as soon as one does, so it is not the signal. A
+        coordinator that dies after its fleet started (F) is restarted meanwhile; one that dies
+        before, or a wait past `server_start_timeout_s` + 30 s, ends the launch."""
+        assert self.keeper is not None and self.coordinator is not None
         budget = self.config.shmdisagg.server_start_timeout_s + 30
         deadline = time.monotonic() + budget
         report_at = time.monotonic() + WAIT_REPORT_S
@@ -382,14 +387,11 @@ class Deployment:
             if now >= report_at:
                 report_at = now + WAIT_REPORT_S
                 log.info(
-                    "still waiting (%.0f s left) for every fleet worker to listen (the coordinator reports "
-                    "ready once all do; a worker that dies meanwhile is replaced)",
+                    "still waiting (%.0f s left) for the coordinator: %s",
                     deadline - now,
+                    coordinator_stage(self.keeper.ever_served),
                 )
             time.sleep(0.01)
-        log.info("coordinator is ready: every fleet worker listens")
-        self._keeping = threading.Thread(target=self._keep, name="coordinator-keeper", daemon=True)
-        self._keeping.start()
 
     def _spawn_coordinator(self, env: dict[str, str], fds: Sequence[int]) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "shmdisagg.coordinator", "-c", self.config_path]
@@ -407,7 +409,6 @@ class Deployment:
             pass_fds=fds,
             standby="SHMDISAGG_STANDBY_FD" in env,
         )
-        child.health_url = f"{self.url}/health"
         return child.proc
 
     def _keep(self) -> None:
@@ -446,7 +447,7 @@ class Deployment:
                         f"{child.name} ended during start-up ({describe_exit(code)}){self._log_hint(child)}"
                     )
                 p = probe(child.health_url)
-                if p.ready and child.addr and not listens_on(child.proc.pid, int(child.addr.rpartition(":")[2])):
+                if p.ready and not listens_on(child.proc.pid, int(child.addr.rpartition(":")[2])):
                     # another process took the port between our check and the child's bind: its 200
                     # is not this executor's, which will fail to bind and exit (reported above)
                     p = Probe(p.status, p.state, foreign=True)
@@ -454,10 +455,7 @@ class Deployment:
                         log.warning("%s: %s", child.label, p.describe())
                 if p.ready:
                     pending.remove(child)
-                    if child.addr:
-                        log.info("%s is ready", child.label)
-                    else:  # the coordinator: /health is one fleet worker's; ready is when all listen
-                        log.info("%s answers /health (a fleet worker listens)", child.label)
+                    log.info("%s is ready", child.label)
                     continue
                 if p.state and (child.name not in last or last[child.name].state != p.state):
                     log.info("%s is %s", child.label, p.state)
@@ -470,11 +468,7 @@ class Deployment:
                 log.info(
                     "still waiting (%.0f s left) for /health to answer 200: %s",
                     max(0.0, deadline - now),
-                    "; ".join(
-                        f"{c.label}: {_waiting(c, last[c.name], self._fleet_started())}"
-                        for c in pending
-                        if c.name in last
-                    ),
+                    "; ".join(f"{c.label}: {last[c.name].describe()}" for c in pending if c.name in last),
                 )
             if now > deadline:
                 child = pending[0]
@@ -484,13 +478,6 @@ class Deployment:
                     f"{last[child.name].describe()}{others}{self._log_hint(child)}"
                 )
             time.sleep(POLL_INTERVAL_S)
-
-    def _fleet_started(self) -> bool:
-        """Whether the coordinator has said its fleet started (read from its ready pipe now)."""
-        if self.keeper is None:
-            return False
-        self.keeper.read_ready()
-        return self.keeper.ever_served
 
     @staticmethod
     def _log_hint(child: Child) -> str:
@@ -660,7 +647,7 @@ def _resolvable(addr: str) -> bool:
     return True
 
 
-def _bind_error(addr: str) -> int | None:
+def address_bind_error(addr: str) -> int | None:
     """None if host:port can be bound right now (nothing listens there), else why not: the
     errno, EADDRNOTAVAIL when the host is no address of this machine, EADDRINUSE when taken."""
     host, _, port = addr.rpartition(":")

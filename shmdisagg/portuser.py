@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 
 from shmdisagg.config import DisaggConfig
-from shmdisagg.procutil import Listener, bind_error, listeners
+from shmdisagg.procutil import Listener, bind_error, listeners, parent_pid
 
 _FLEET_MODULE = "shmdisagg.fleet.worker"
 _ARGV_CHARS = 80
@@ -49,7 +49,7 @@ def public_port_user(config: DisaggConfig, config_path: str) -> PortUser | None:
     found = listeners(config.port)
     ours = [x for x in found if _same_file(_config_of(x), config_path)]
     if ours:  # its coordinator is starting or stopping: the segment is not there yet or any more
-        who = f"by this deployment's fleet (coordinator pid {_ppid(ours[0].pid)}), starting or stopping"
+        who = f"by this deployment's fleet (coordinator pid {parent_pid(ours[0].pid)}), starting or stopping"
         return PortUser(True, who, f"public address {where} is served {who}")
     who = _describe(found)
     return PortUser(False, who, f"public address {where} already in use {who}")
@@ -81,7 +81,7 @@ def _describe(found: list[Listener]) -> str:
         return f"by a process of uid {first.uid} (not visible to this user)"
     if _FLEET_MODULE in first.argv:
         config = _config_of(first) or "?"
-        return f"by another shmdisagg deployment (config {config}, coordinator pid {_ppid(first.pid)})"
+        return f"by another shmdisagg deployment (config {config}, coordinator pid {parent_pid(first.pid)})"
     line = " ".join(first.argv) or "?"
     if len(line) > _ARGV_CHARS:
         line = line[: _ARGV_CHARS - 3] + "..."
@@ -108,11 +108,3 @@ def _same_file(path: str | None, other: str) -> bool:
         return os.path.samefile(path, other)
     except OSError:
         return False
-
-
-def _ppid(pid: int | None) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None

@@ -11,8 +11,6 @@ import signal
 import socket
 from dataclasses import dataclass, field
 
-import psutil
-
 _PR_SET_PDEATHSIG = 1
 
 
@@ -26,25 +24,6 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 
 
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})  # what stops a command: Ctrl-C, kill, timeout
-
-
-def listens_on(pid: int, port: int) -> bool:
-    """Whether process `pid`, or a process it started, has a TCP socket listening on `port`
-    (any address). False if `pid` is gone. A trtllm-serve's listener may sit in a child it
-    spawned, hence the descendants. Read through psutil (/proc/<pid>/fd and /proc/net/tcp*)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return False
-    for proc in procs:
-        try:
-            conns = proc.net_connections(kind="tcp")
-        except psutil.Error:  # ended meanwhile, or not ours to read
-            continue
-        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
-            return True
-    return False
 
 
 def listen_addr(host: str, port: int) -> tuple[socket.AddressFamily, tuple[object, ...]]:
@@ -100,6 +79,28 @@ class Listener:
 
 _TCP_LISTEN = "0A"
 _ENV_KEYS = ("SHMDISAGG_CONFIG", "SHMDISAGG_WORKER_INDEX")
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process `pid`, or a process it started, has a TCP socket listening on `port`
+    (any address): a trtllm-serve's listener may sit in a child it spawned. False if `pid` is
+    gone. From `listeners` and the parent links in /proc."""
+    for listener in listeners(port):
+        p = listener.pid
+        while p is not None and p > 1:
+            if p == pid:
+                return True
+            p = parent_pid(p)
+    return False
+
+
+def parent_pid(pid: int | None) -> int | None:
+    """The parent of process `pid` (/proc/<pid>/stat), or None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def listeners(port: int) -> list[Listener]:

@@ -188,7 +188,7 @@ class CoordinatorKeeper:
                 self.restarts += 1
                 self.start(adopt=True)
             return None
-        self.read_ready()
+        self._read_ready()
         assert self.proc is not None
         code = self.proc.poll()
         if code is None:
@@ -196,7 +196,7 @@ class CoordinatorKeeper:
                 self.stop_standby()  # reaps one that died
                 self._start_standby()
             return None
-        self.read_ready()  # a byte written just before it died still counts
+        self._read_ready()  # a byte written just before it died still counts
         self._close_ready()
         if self.stopping or code == 0 or not self.ever_served:
             self.final = exit_status(code)  # stopped, or failed to start: not a crash to restart
@@ -261,9 +261,9 @@ class CoordinatorKeeper:
                 return True
         return False
 
-    def read_ready(self) -> None:
+    def _read_ready(self) -> None:
         """Take what the coordinator wrote on its ready pipe: F sets `ever_served` (its fleet
-        started), R `served` too (every worker listens). Non-blocking; `check` calls it."""
+        started), R `served` too (every worker listens). Non-blocking."""
         if self._ready is None or self.served:
             return
         try:

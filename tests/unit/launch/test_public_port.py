@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -46,6 +47,15 @@ def _config(tmp_path: Path, shm_prefix: str, port: int) -> tuple[Path, list[int]
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, executor_ports
+
+
+def _config_on(tmp_path: Path, shm_prefix: str, section: str, port: int) -> tuple[Path, dict[str, Any]]:
+    """`_config` on a free public port with `section`'s one executor on 127.0.0.1:`port`."""
+    path = tmp_path / "config.yaml"
+    cfg = yaml.safe_load(_config(tmp_path, shm_prefix, free_port())[0].read_text())
+    cfg[section]["urls"] = [f"127.0.0.1:{port}"]
+    path.write_text(yaml.safe_dump(cfg))
+    return path, cfg
 
 
 def _errors(stderr: str) -> list[str]:
@@ -148,10 +158,7 @@ def test_a_second_launch_while_the_first_is_starting_is_refused_at_once(tmp_path
 def test_a_launch_refused_for_a_busy_executor_port_leaves_no_log_directory(
     tmp_path: Path, shm_prefix: str, busy_port: int
 ) -> None:
-    path = tmp_path / "config.yaml"
-    cfg = yaml.safe_load(_config(tmp_path, shm_prefix, free_port())[0].read_text())
-    cfg["context_servers"]["urls"] = [f"127.0.0.1:{busy_port}"]
-    path.write_text(yaml.safe_dump(cfg))
+    path, _ = _config_on(tmp_path, shm_prefix, "context_servers", busy_port)
     logs = tmp_path / "logs"
     out = subprocess.run(
         [sys.executable, "-m", "shmdisagg.cli", "launch", "-c", str(path), "--log-dir", str(logs)],
@@ -186,10 +193,7 @@ def test_check_config_refuses_a_busy_executor_port_that_launch_would_refuse(
     check-config says "ok" only when they are free (it said ok, then launch failed)."""
     from shmdisagg.cli import main
 
-    path = tmp_path / "config.yaml"
-    cfg = yaml.safe_load(_config(tmp_path, shm_prefix, free_port())[0].read_text())
-    cfg["generation_servers"]["urls"] = [f"127.0.0.1:{busy_port}"]
-    path.write_text(yaml.safe_dump(cfg))
+    path, cfg = _config_on(tmp_path, shm_prefix, "generation_servers", busy_port)
     assert main(["check-config", "-c", str(path)]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err == (
