@@ -8,6 +8,7 @@ of pooling policy: it calls back into its pool when it is made, lost or finished
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import httptools
@@ -46,8 +47,11 @@ class Connection(asyncio.Protocol):
 
     # per-request
     busy: a request was written and its response not yet handed back or abandoned.
-    head_fut: resolved when the response head is parsed; None once resolved or failed.
-    timer: the call_at handle bounding the wait for the head (None without a timeout).
+    head_fut: resolved when the response head is parsed (`whole`: when the response is complete);
+        None once resolved or failed.
+    timer: the call_at handle bounding the wait for the head, or with `total` for the whole
+        response (None without a timeout).
+    whole, total: the request waits for the complete response; its deadline bounds the body too.
     no_body: the request was HEAD, so the response ends at its head.
     expect: no response has begun yet for the request in flight.
     status, headers: the response's status code and raw headers (names lower-cased).
@@ -57,14 +61,17 @@ class Connection(asyncio.Protocol):
     error: why this response failed (raised to the consumer after the buffered bytes).
     waiter: a future the consumer sleeps on; woken by body, completion or error.
     collect: the consumer reads the whole body (`read()`): don't pause, don't wake per chunk.
+    sink, pipe_fut: a consumer that takes each body piece as it is parsed (`pipe`), and the
+        future resolved when the response ends (or fails: with `sink_error` if the sink raised).
     paused: reading from the transport is paused because `buffered` passed `high_water`.
     """
 
     __slots__ = (
         "pool", "host", "loop", "transport", "parser", "max_body", "high_water",
         "closed", "served", "pooled", "idle_since",
-        "busy", "head_fut", "timer", "no_body", "expect", "status", "headers", "chunks", "buffered",
+        "busy", "head_fut", "timer", "whole", "total", "no_body", "expect", "status", "headers", "chunks", "buffered",
         "body_total", "rx_bytes", "complete", "keep_alive", "error", "waiter", "collect", "paused",
+        "sink", "pipe_fut", "sink_error",
     )  # fmt: skip
 
     def __init__(self, pool: UpstreamPool, host: _Host, loop: asyncio.AbstractEventLoop) -> None:
@@ -84,6 +91,8 @@ class Connection(asyncio.Protocol):
         self.busy = False
         self.head_fut: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.whole = False
+        self.total = False
         self.no_body = False
         self.expect = False
         self.status = 0
@@ -98,17 +107,26 @@ class Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.collect = False
         self.paused = False
+        self.sink: Callable[[bytes], None] | None = None
+        self.pipe_fut: asyncio.Future[None] | None = None
+        self.sink_error: BaseException | None = None
 
     # -- driven by the pool and the response ------------------------------------------------
 
-    def start(self, data: bytes, no_body: bool, deadline: float | None) -> asyncio.Future[None]:
-        """Write one request (head and body already joined) and return the head future.
+    def start(
+        self, data: bytes, no_body: bool, deadline: float | None, whole: bool = False, total: bool = False
+    ) -> asyncio.Future[None]:
+        """Write one request (head and body already joined) and return the head future (with
+        `whole`, resolved once the response is complete, its body collected).
 
-        `deadline` is in loop.time() seconds; past it the exchange fails with `UpstreamTimeout`.
+        `deadline` is in loop.time() seconds; past it the exchange fails with `UpstreamTimeout`:
+        a response without its head, or with `whole` or `total` one not complete by then.
         """
         fut: asyncio.Future[None] = self.loop.create_future()
         self.head_fut = fut
         self.busy = True
+        self.whole = whole
+        self.total = whole or total
         self.no_body = no_body
         self.expect = True
         self.status = 0
@@ -117,7 +135,7 @@ class Connection(asyncio.Protocol):
         self.rx_bytes = 0
         self.complete = False
         self.keep_alive = False
-        self.collect = False
+        self.collect = whole
         if deadline is not None:
             self.timer = self.loop.call_at(deadline, self._on_timeout)
         self.transport.write(data)  # type: ignore[union-attr]  # set by connection_made
@@ -143,6 +161,8 @@ class Connection(asyncio.Protocol):
     def release(self) -> None:
         """The response was consumed to its end: pool the connection if it may be reused, else close."""
         self.busy = False
+        if self.timer is not None:
+            self._cancel_timer()
         if self.paused:
             self.resume()
         if self.keep_alive and not self.closed:
@@ -177,6 +197,22 @@ class Connection(asyncio.Protocol):
             self.closed = True
             if self.transport is not None:
                 self.transport.abort()
+
+    def pipe(self, sink: Callable[[bytes], None]) -> asyncio.Future[None]:
+        """Hand every body piece to `sink` as it is parsed, from the read callback (the pieces
+        buffered so far at once, here), until the response ends; the future resolves then, or
+        fails with the response's error (the sink's own exception if it raised)."""
+        fut: asyncio.Future[None] = self.loop.create_future()
+        if self.chunks:
+            sink(self.take())
+        if self.error is not None:
+            fut.set_exception(self.error)
+        elif self.complete:
+            fut.set_result(None)
+        else:
+            self.sink = sink
+            self.pipe_fut = fut
+        return fut
 
     def wait(self) -> asyncio.Future[None]:
         """A future resolved at the next body bytes (unless collecting), completion or error."""
@@ -217,18 +253,23 @@ class Connection(asyncio.Protocol):
         if not self.busy or self.error is not None or self.complete:
             return
         fut = self.head_fut
-        if fut is not None:
+        if self.status >= 200 and exc is None and self._reads_until_close():
+            self.complete = True  # a body framed by EOF (HTTP/1.0, or no length and not chunked)
+            if fut is not None:  # `whole`: it is complete now
+                self.head_fut = None
+                if not fut.done():
+                    fut.set_result(None)
+        elif fut is not None:
             self.head_fut = None
             if self.rx_bytes == 0 and self.served > 0:
                 error: Exception = StaleConnection()
             else:
+                where = "mid-body" if self.status >= 200 else "before the response head"
                 error = self.error = UpstreamDisconnected(
-                    f"{self.host.authority} closed the connection before the response head", self.rx_bytes
+                    f"{self.host.authority} closed the connection {where}", self.rx_bytes
                 )
             if not fut.done():
                 fut.set_exception(error)
-        elif exc is None and self._reads_until_close():
-            self.complete = True  # a body framed by EOF (HTTP/1.0, or no length and not chunked)
         else:
             self.error = UpstreamDisconnected(f"{self.host.authority} closed the connection mid-body", self.rx_bytes)
         self._wake()
@@ -248,9 +289,12 @@ class Connection(asyncio.Protocol):
         status = self.status = self.parser.get_status_code()
         if status < 200:
             return  # interim 1xx; on_message_complete resets for the final response
-        self._cancel_timer()
         if self.no_body:
             self.complete = True  # HEAD: the parser would wait for a body; never reuse the socket
+        elif self.whole:
+            return  # resolved once the response is complete
+        if not self.total or self.complete:
+            self._cancel_timer()  # else the deadline bounds the body too
         fut = self.head_fut
         if fut is not None:
             self.head_fut = None
@@ -263,6 +307,14 @@ class Connection(asyncio.Protocol):
         if total > self.max_body:
             raise _Stop(UpstreamProtocolError(f"response body from {self.host.authority} over {self.max_body} bytes"))
         self.body_total = total
+        sink = self.sink
+        if sink is not None:
+            try:
+                sink(body)
+            except Exception as exc:  # the consumer's fault: end the response with it
+                self.sink_error = exc
+                raise _Stop(UpstreamDisconnected("the response's consumer failed", self.rx_bytes)) from exc
+            return
         self.chunks.append(body)
         self.buffered += n
         if not self.collect:
@@ -281,6 +333,13 @@ class Connection(asyncio.Protocol):
             return
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
+        if self.total:
+            self._cancel_timer()
+            fut = self.head_fut
+            if fut is not None:  # `whole`: the response is complete
+                self.head_fut = None
+                if not fut.done():
+                    fut.set_result(None)
         self._wake()
 
     # -- helpers --------------------------------------------------------------------------
@@ -291,6 +350,14 @@ class Connection(asyncio.Protocol):
             self.waiter = None
             if not w.done():
                 w.set_result(None)
+        p = self.pipe_fut
+        if p is not None and (self.complete or self.error is not None):
+            self.pipe_fut = self.sink = None
+            if not p.done():
+                if self.error is None:
+                    p.set_result(None)
+                else:
+                    p.set_exception(self.sink_error or self.error)
 
     def _cancel_timer(self) -> None:
         t = self.timer
@@ -300,8 +367,10 @@ class Connection(asyncio.Protocol):
 
     def _on_timeout(self) -> None:
         self.timer = None
-        if self.head_fut is not None:
+        if self.head_fut is not None and self.status < 200:
             self.fail(UpstreamTimeout(f"no response head from {self.host.authority} before the deadline"))
+        elif self.busy and not self.complete:
+            self.fail(UpstreamTimeout(f"the response from {self.host.authority} did not complete before the deadline"))
 
     def _reads_until_close(self) -> bool:
         for name, _ in self.headers:

@@ -136,8 +136,11 @@ class UpstreamPool:
         *,
         headers: Sequence[tuple[bytes, bytes]] = (),
         timeout_s: float | None = None,
+        whole: bool = False,
+        total: bool = False,
     ) -> UpstreamResponse:
-        """Send one request and return as soon as the response status line and headers are parsed.
+        """Send one request and return as soon as the response status line and headers are parsed
+        (with `whole`, once the whole response is in: `UpstreamResponse.body()` has it).
 
         The body follows through the response: `read()`, `async for`, or `abort()`; one of them
         must be used (see `UpstreamResponse`). A reused connection that turns out closed by the
@@ -152,13 +155,18 @@ class UpstreamPool:
             body: sent with Content-Length in the same write as the head.
             headers: extra raw header pairs (no Host or Content-Length; no CR/LF inside).
             timeout_s: bound on the whole exchange up to the parsed head (connect included),
-                seconds; None for no bound. Bound the body with `asyncio.timeout`.
+                seconds; None for no bound. With `whole` or `total` it bounds the body too (a body
+                past it fails with `UpstreamTimeout`, from here or from the response's reads);
+                else bound the body with `asyncio.timeout`.
+            whole: return once the response is complete, its body collected.
+            total: `timeout_s` bounds the body, read as it comes (a stream), too.
 
         Raises:
             UpstreamConnectError: refused, unresolvable, connect timed out, or the pool is closed;
                 nothing was sent.
             UpstreamDisconnected: the connection dropped after the request was written.
-            UpstreamTimeout: `timeout_s` passed before the head arrived; the connection is closed.
+            UpstreamTimeout: `timeout_s` passed before the head arrived (with `whole`, before the
+                response was complete); the connection is closed.
             UpstreamProtocolError: the executor's response head was malformed or too large.
             ValueError: a malformed method or path.
         """
@@ -177,7 +185,7 @@ class UpstreamPool:
         while True:
             if conn is None:
                 conn = await self._connect(h, loop, deadline)
-            fut = conn.start(data, no_body, deadline)
+            fut = conn.start(data, no_body, deadline, whole, total)
             try:
                 await fut
             except StaleConnection:

@@ -11,6 +11,7 @@ One consumer at a time: don't `read()` and iterate the same response from two ta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shmdisagg.upstream.errors import UpstreamDisconnected, UpstreamError
@@ -49,6 +50,25 @@ class UpstreamResponse:
         """Whether Content-Type is text/event-stream (an SSE body)."""
         ctype = self.header(b"content-type")
         return ctype is not None and ctype.lower().startswith(b"text/event-stream")
+
+    def body(self) -> bytes:
+        """The whole body of a response requested with `whole=True` (complete when it was
+        returned); then the connection goes back to the pool. b"" once consumed.
+
+        Raises:
+            RuntimeError: the response is not complete (not requested with `whole`).
+        """
+        conn = self._conn
+        if conn is None:
+            if self._error is not None:
+                raise self._error
+            return b""
+        if not conn.complete:
+            raise RuntimeError("body() of a response still arriving: use read()")
+        data = conn.take()
+        self._conn = None
+        conn.release()
+        return data
 
     async def read(self) -> bytes:
         """The whole (de-chunked) body; then the connection goes back to the pool if keep-alive.
@@ -124,6 +144,44 @@ class UpstreamResponse:
             self._conn = None
             conn.release()
         return data
+
+    async def pipe(self, sink: Callable[[bytes], None]) -> None:
+        """Hand the body to `sink` piece by piece as it arrives, called from the connection's read
+        callback (no task wakes up per piece), and return once it ended; then the connection
+        goes back to the pool. The consumer of a slow client pauses the executor's socket with
+        `pause_reading` and resumes it with `resume_reading`.
+
+        Raises:
+            UpstreamDisconnected, UpstreamProtocolError, UpstreamTimeout: as `read()`.
+            Exception: whatever `sink` raised (the connection is closed then).
+            asyncio.CancelledError: re-raised after the connection is closed.
+        """
+        conn = self._conn
+        if conn is None:
+            if self._error is not None:
+                raise self._error
+            return
+        try:
+            await conn.pipe(sink)
+        except UpstreamError as err:
+            raise self._fail(conn, err) from None
+        except BaseException:
+            self.abort()
+            raise
+        self._conn = None
+        conn.release()
+
+    def pause_reading(self) -> None:
+        """Stop reading the executor's socket (its sender then blocks on a full window)."""
+        conn = self._conn
+        if conn is not None and not conn.paused and not conn.closed and conn.transport is not None:
+            conn.paused = True
+            conn.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        conn = self._conn
+        if conn is not None and conn.paused:
+            conn.resume()
 
     def abort(self) -> None:
         """Close the connection now (client went away, cancellation). Idempotent; a no-op once the
