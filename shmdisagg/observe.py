@@ -187,6 +187,8 @@ class RequestObservation:
         body: bytes,
         headers: Sequence[tuple[bytes, bytes]] = (),
         timeout_s: float | None = None,
+        whole: bool = False,
+        total: bool = False,
     ) -> Any:
         now = time.monotonic()
         if role == "context" and not self.ctx_dispatch:
@@ -197,7 +199,15 @@ class RequestObservation:
         span = tracing.start_leg(role, host, port) if tracing is not None else None
         try:
             resp = await upstream.request(
-                host, port, "POST", path, body, headers=[*headers, *self.leg_headers], timeout_s=timeout_s
+                host,
+                port,
+                "POST",
+                path,
+                body,
+                headers=[*headers, *self.leg_headers],
+                timeout_s=timeout_s,
+                whole=whole,
+                total=total,
             )
         except BaseException as err:
             if span is not None:
@@ -395,6 +405,16 @@ class ObservedLeg:
         if self.span is not None:
             self.obs.o.tracing.end_leg(self.span, err if isinstance(err, str) else f"{type(err).__name__}: {err}")  # type: ignore[union-attr]  # a span implies tracing
 
+    def body(self) -> bytes:
+        try:
+            body = self.resp.body()
+        except BaseException as err:
+            self._failed(err)
+            raise
+        if not self._done:
+            self._finished()
+        return body
+
     async def read(self) -> bytes:
         try:
             body = await self.resp.read()
@@ -487,6 +507,8 @@ def send_leg(
     body: bytes,
     headers: Sequence[tuple[bytes, bytes]] = (),
     timeout_s: float | None = None,
+    whole: bool = False,
+    total: bool = False,
 ) -> Awaitable[UpstreamResponse]:
     """POST one leg with `headers` (await the result): `upstream.request`'s own coroutine for a
     request nobody observes (a plain call, so no coroutine frame is added to the hot path), else
@@ -494,5 +516,7 @@ def send_leg(
     interface)."""
     obs = CURRENT.get()
     if obs is None:
-        return upstream.request(host, port, "POST", path, body, headers=headers, timeout_s=timeout_s)
-    return obs.send_leg(upstream, role, host, port, path, body, headers, timeout_s)
+        return upstream.request(
+            host, port, "POST", path, body, headers=headers, timeout_s=timeout_s, whole=whole, total=total
+        )
+    return obs.send_leg(upstream, role, host, port, path, body, headers, timeout_s, whole, total)

@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shmdisagg import __version__
 from shmdisagg.anthropic.route import AnthropicRoutes
+from shmdisagg.fleet.hot import HotCycle, HotHandler
 from shmdisagg.orchestrator.answers import executor_error_message
 from shmdisagg.orchestrator.asgi import Receive, Scope, Send
 from shmdisagg.orchestrator.directory import ServerDirectory, split_addr
@@ -213,7 +214,9 @@ async def _documented_only() -> None:  # pragma: no cover - FleetApp intercepts 
 
 
 class FleetApp:
-    """ASGI entry: hot routes to the service, the rest to the control app."""
+    """ASGI entry: hot routes to the service, the rest to the control app. `hot_handler`: what
+    the public port's protocol runs the hot routes with when it parses them itself
+    (`fleet/hot.py`); None when they are observed (`observe.py` wraps the ASGI handler)."""
 
     def __init__(
         self, service: DisaggService, control: FastAPI, metrics: RequestMetrics | None = None, handle: Any = None
@@ -223,6 +226,12 @@ class FleetApp:
         self.metrics = metrics  # request-path counting (None: off)
         self.handle = handle or service.handle  # the service's handler, observed (shmdisagg/observe.py)
         self.anthropic = AnthropicRoutes(service, self.handle)
+        self.hot_handler: HotHandler | None = None
+        if handle is None or handle == service.handle:
+            self.hot_handler = service.hot if metrics is None else self._counted_hot
+
+    async def _counted_hot(self, cycle: HotCycle) -> None:
+        await self.metrics.serve(self.service.hot, cycle)  # type: ignore[union-attr]  # set when this is used
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -58,6 +58,7 @@ import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
+from shmdisagg.fleet.hot import HOT_TARGETS, HotCycle, HotHandler
 from shmdisagg.orchestrator.errors import error_body
 
 if TYPE_CHECKING:
@@ -142,12 +143,14 @@ def fit_connections(wanted: int, nofile: int) -> int:
     return max(1, min(wanted, (nofile - FD_RESERVE) // FDS_PER_CONNECTION))
 
 
-def edge_protocol(limits: EdgeLimits) -> type[EdgeProtocol]:
-    """The protocol class to pass as `uvicorn.Config(http=...)`, with `limits` bound."""
+def edge_protocol(limits: EdgeLimits, hot: HotHandler | None = None) -> type[EdgeProtocol]:
+    """The protocol class to pass as `uvicorn.Config(http=...)`, with `limits` bound; with `hot`,
+    the two hot routes are served as `HotCycle`s run by it (`fleet/hot.py`), not through ASGI."""
     return type(
         "EdgeProtocol",
         (EdgeProtocol,),
         {
+            "hot_handler": None if hot is None else staticmethod(hot),
             "limits": limits,
             "head_timeout_s": limits.client_header_timeout_s,
             "body_timeout_s": limits.client_body_timeout_s,
@@ -178,6 +181,9 @@ class EdgeProtocol(HttpToolsProtocol):
     an extra call), the keep-alive timeout on the connection's own timer. No timer is armed or
     cancelled per request."""
 
+    hot_handler: HotHandler | None = None  # class-wide, set by edge_protocol (a staticmethod there)
+    # uvicorn's cycle, or a hot route's (`fleet/hot.py`), which quacks as one
+    cycle: RequestResponseCycle | HotCycle  # type: ignore[assignment]
     limits: ClassVar[EdgeLimits]
     head_timeout_s: ClassVar[float]
     body_timeout_s: ClassVar[float]
@@ -365,20 +371,54 @@ class EdgeProtocol(HttpToolsProtocol):
                 if len(value) >= self.max_body_digits and int(value) > self.max_body:
                     raise _Refusal(413, f"request body is larger than {self.max_body} bytes")
                 break
-        _base_headers_complete(self)
+        chat = HOT_TARGETS.get(self.url) if self.hot_handler is not None else None
+        if chat is None or self.parser.get_method() != b"POST" or self.parser.should_upgrade():
+            _base_headers_complete(self)
+        else:
+            self._hot_headers_complete(chat)
         self._phase = _BODY
         self._body_bytes = 0
         if self.pipeline:
             self._deadline = 0.0  # queued behind a response, unread till then: its deadline starts with it
 
+    def _hot_headers_complete(self, chat: bool) -> None:
+        """uvicorn's `on_headers_complete` for a hot route: a `HotCycle`, begun now or queued
+        behind the answer in progress (pipelining, as uvicorn queues its cycles)."""
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        existing = self.cycle
+        cycle = HotCycle(self, chat, keep_alive, self.expect_100_continue)
+        self.cycle = cycle
+        if existing is None or existing.response_complete:
+            cycle.begin()
+        else:
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, self.app))  # type: ignore[arg-type]  # started by _start_asgi_task
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle | HotCycle, app: Any) -> None:
+        if isinstance(cycle, HotCycle):  # a queued hot request's turn (uvicorn's on_response_complete)
+            cycle.begin()
+        else:
+            super()._start_asgi_task(cycle, app)
+
+    def resume_writing(self) -> None:
+        """uvicorn's, and a relayed stream paused on this client's full socket goes on."""
+        self.flow.resume_writing()
+        cycle = self.cycle
+        if isinstance(cycle, HotCycle) and cycle.on_writable is not None:
+            cycle.on_writable()
+
     def on_body(self, body: bytes) -> None:
         """uvicorn's `on_body` with the body counted (its upgrade test left out: httptools stops
-        at the head of an upgrade request, and one with a body is refused)."""
+        at the head of an upgrade request, and one with a body is refused); a hot request's body
+        is kept whole (it is bounded by `max_body`, and its task starts once it is in)."""
         self._body_bytes += len(body)
         if self._body_bytes > self.max_body:  # a chunked body: a declared length was checked
             raise _Refusal(413, f"request body is larger than {self.max_body} bytes")
         cycle = self.cycle
         if cycle.response_complete:
+            return
+        if isinstance(cycle, HotCycle):
+            cycle.feed(body)
             return
         cycle.body += body
         if len(cycle.body) > HIGH_WATER_LIMIT:
@@ -394,6 +434,9 @@ class EdgeProtocol(HttpToolsProtocol):
         if cycle.response_complete:
             if self._phase == _BODY and not self.pipeline:
                 self._idle()
+            return
+        if isinstance(cycle, HotCycle):
+            cycle.body_complete()
             return
         cycle.more_body = False
         cycle.message_event.set()
@@ -457,7 +500,7 @@ class EdgeProtocol(HttpToolsProtocol):
         own answer is on the wire already is not answered twice: its connection closes after it."""
         log.debug("request refused with %d: %s", status, message)
         # the request parsed last (None before the first): the refused one while its body is unread
-        cycle: RequestResponseCycle | None = self.cycle
+        cycle: RequestResponseCycle | HotCycle | None = self.cycle
         self._phase, self._deadline = _LINGER, 0.0  # what the client sends from now on is dropped
         if cycle is not None and cycle.more_body:  # the refusal is this request's (its body)
             if self.pipeline and self.pipeline[0][0] is cycle:

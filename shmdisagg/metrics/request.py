@@ -25,7 +25,6 @@ from contextvars import ContextVar
 from typing import Any, Protocol
 
 from shmdisagg.metrics.schema import LAYOUT, MAX_SERVERS
-from shmdisagg.orchestrator.asgi import Receive, Scope, Send
 from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.orchestrator.service import Admission
 
@@ -111,9 +110,6 @@ class RecordSink(Protocol):
     def add(self, record: tuple[Any, ...]) -> None: ...
 
 
-Handler = Callable[[Scope, Receive, Send, bool], Awaitable[None]]
-
-
 class RequestMetrics:
     """Counts into one metrics row (`row`, float64 words laid out by `schema.LAYOUT`).
 
@@ -128,14 +124,15 @@ class RequestMetrics:
         self._rejections = c["shmdisagg_admission_rejections"]
         self._validation = c["validation_exceptions"]
 
-    async def serve(self, handle: Handler, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
-        """Run `handle` for one hot-route request, counting it."""
+    async def serve(self, handle: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run `handle(*args)` for one hot-route request (ASGI's `scope, receive, send, chat`, or a
+        `HotCycle`), counting it."""
         row = self.row
         row[self._total] += 1.0
         note = Note()
         token = NOTE.set(note)
         try:
-            await handle(scope, receive, send, chat)
+            await handle(*args)
         finally:
             NOTE.reset(token)
             if not note.routed:  # refused before routing: no Exchange, no sink call

@@ -1,11 +1,14 @@
 """Minimal ASGI helpers for the two hot routes: read a bounded body, send bytes, watch for a
-client disconnect. No framework objects are built on the hot path."""
+client disconnect; and `Responder`, the two calls an answer is written through, so a flow does
+not care whether it answers an ASGI `send` (`AsgiResponder`: the Anthropic adapter, the observed
+path, tests) or the public port's connection itself (`fleet/hot.py`). No framework objects are
+built on the hot path."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from shmdisagg.orchestrator.errors import RequestError
 
@@ -16,6 +19,57 @@ Send = Callable[[Message], Awaitable[None]]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+class Responder(Protocol):
+    """Where one answer goes: `start` once, then `body` until `more` is False.
+
+    `start` may hold the head back until the first `body` (so a complete answer leaves in one
+    write, with its length); `body` returns once the bytes are handed to the transport, after
+    waiting while the client's socket is not writable.
+
+    A `direct` responder also writes synchronously, from a callback: `write_chunk(chunk)` (a piece
+    of a streamed answer), `writable` (False while the client's socket is full) and
+    `on_writable` (called once it drains), which a relayed stream uses (`flows._Pipe`)."""
+
+    direct: bool
+    on_writable: Callable[[], None] | None
+
+    @property
+    def writable(self) -> bool: ...
+
+    def write_chunk(self, chunk: bytes, more: bool = True) -> None: ...
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+
+    async def body(self, chunk: bytes, more: bool) -> None: ...
+
+    def flush_head(self) -> None:
+        """Send a held head now (a stream whose first bytes may be a while)."""
+
+
+class AsgiResponder:
+    """A `Responder` over an ASGI `send` (two messages per answer); not `direct`."""
+
+    __slots__ = ("send", "on_writable")
+    direct = False
+    writable = True
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.on_writable: Callable[[], None] | None = None
+
+    def write_chunk(self, chunk: bytes, more: bool = True) -> None:
+        raise RuntimeError("an ASGI answer is written through body()")
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, chunk: bytes, more: bool) -> None:
+        await self.send({"type": "http.response.body", "body": chunk, "more_body": more})
+
+    def flush_head(self) -> None:
+        """Nothing to do: the ASGI server sends the head at `http.response.start`."""
 
 
 class ClientDisconnected(Exception):

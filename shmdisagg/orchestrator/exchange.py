@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shmdisagg.orchestrator.asgi import JSON_HEADERS, Send
+from shmdisagg.orchestrator.asgi import JSON_HEADERS, Responder
 from shmdisagg.orchestrator.errors import error_body, sse_error_event
 
 
 @dataclass(slots=True)
 class Exchange:
-    """One client exchange: once `started`, errors must go in-band (an SSE error event)."""
+    """One client exchange: once `started`, errors must go in-band (an SSE error event).
+    `out` is where the answer goes; `expired`: the request's deadline cancelled it."""
 
-    send: Send
+    out: Responder
     disagg_request_id: int
     stream: bool
     extra_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
@@ -35,19 +36,21 @@ class Exchange:
     cached_tokens: int = 0
     retries: int = 0
     error_code: str = ""
+    expired: bool = False
 
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]], eager: bool = False) -> None:
+        """Start the answer; its head may wait for the first body bytes unless `eager` (a stream)."""
         self.started = True
         self.status = status
         if status >= 400 and not self.error_code:
             self.error_code = f"http_{status}"
         rid = (b"x-disagg-request-id", str(self.disagg_request_id).encode())
-        await self.send(
-            {"type": "http.response.start", "status": status, "headers": headers + [rid] + self.extra_headers}
-        )
+        await self.out.start(status, [*headers, rid, *self.extra_headers])
+        if eager:
+            self.out.flush_head()
 
     async def body(self, chunk: bytes, more: bool) -> None:
-        await self.send({"type": "http.response.body", "body": chunk, "more_body": more})
+        await self.out.body(chunk, more)
 
     async def fail(self, status: int, message: str, code: str) -> None:
         """End the response with an error: a JSON error before any byte, an SSE error event

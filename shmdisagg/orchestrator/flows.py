@@ -69,7 +69,7 @@ from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.orchestrator.legs import LegRunner, Opened, leg_timeout_error
 from shmdisagg.orchestrator.wire import Wire
 from shmdisagg.routing import Policy, RoutingKey
-from shmdisagg.upstream import UpstreamError
+from shmdisagg.upstream import UpstreamError, UpstreamResponse, UpstreamTimeout
 
 log = logging.getLogger("shmdisagg.service")
 
@@ -169,7 +169,14 @@ class Flows:
         # reservation to release_unused().
         body, headers = self.wire.encode(gen_req)
         return await self.legs.open(
-            self.gen_policy, key, path, lambda _: body, "generation", picked=reserved.take(), headers=headers
+            self.gen_policy,
+            key,
+            path,
+            lambda _: body,
+            "generation",
+            picked=reserved.take(),
+            headers=headers,
+            whole=not gen_req.get("stream"),  # a non-streaming answer is relayed whole
         )
 
     async def generation_only(
@@ -345,26 +352,29 @@ async def relay(ex: Exchange, opened: Opened, max_tokens: int | None) -> None:
     resp = opened.response
     ex.gen_slot = opened.slot
     try:
-        async with opened.timeout():
+        if not ex.stream:  # opened whole (`_open_generation`)
+            body = resp.body()
             if resp.status != 200:
-                raw = await resp.read()
                 opened.close()
-                await relay_error(ex, resp.status, raw)
-            elif not ex.stream:
-                body = await resp.read()
-                ex.first_token = ex.last_token = time.time()
-                opened.hint_kv()
-                opened.close()  # the executor's work is done: release before the client sees the end
-                answer = _final_answer(body, max_tokens, "generation")
-                await ex.start(200, JSON_HEADERS)
-                await ex.body(answer, False)
-            else:
-                await _relay_stream(ex, opened, StreamGuard(max_tokens))
+                await relay_error(ex, resp.status, body)
+                return
+            ex.first_token = ex.last_token = time.time()
+            opened.hint_kv()
+            opened.close()  # the executor's work is done: release before the client sees the end
+            answer = _final_answer(body, max_tokens, "generation")
+            await ex.start(200, JSON_HEADERS)
+            await ex.body(answer, False)
+        elif resp.status != 200:
+            raw = await resp.read()
+            opened.close()
+            await relay_error(ex, resp.status, raw)
+        else:
+            await _relay_stream(ex, opened, StreamGuard(max_tokens))
     except ContractError as err:
         opened.close(abort=True)
         log.warning("request %d: %s (generation server %s)", ex.disagg_request_id, err, opened.label)
         await ex.fail(502, str(err), "executor_contract")
-    except TimeoutError:
+    except UpstreamTimeout:  # the leg's -r/--request_timeout, on the executor connection's timer
         opened.close(abort=True)
         timeout = leg_timeout_error(opened.role, opened.timeout_s)
         await ex.fail(timeout.status, timeout.message, timeout.code)
@@ -382,18 +392,45 @@ async def relay(ex: Exchange, opened: Opened, max_tokens: int | None) -> None:
 
 
 async def _relay_stream(ex: Exchange, opened: Opened, guard: StreamGuard) -> None:
-    await ex.start(200, SSE_HEADERS)
-    async for chunk in opened.response:
-        if not ex.first_token:
-            ex.first_token = time.time()
-            opened.hint_kv()  # its prompt blocks were stored just before the first token
-        out = guard.feed(chunk)
-        if out:
-            await ex.body(out, True)
+    await ex.start(200, SSE_HEADERS, eager=True)
+    resp = opened.response
+    if ex.out.direct and type(resp) is UpstreamResponse:
+        await resp.pipe(_Pipe(ex, opened, guard, resp))
+    else:
+        async for chunk in resp:
+            if not ex.first_token:
+                ex.first_token = time.time()
+                opened.hint_kv()  # its prompt blocks were stored just before the first token
+            out = guard.feed(chunk)
+            if out:
+                await ex.body(out, True)
     ex.last_token = time.time()
     opened.hint_kv()  # and its output blocks just before the end
     opened.close()
     await ex.body(guard.end(), False)
+
+
+class _Pipe:
+    """A generation stream's bytes, relayed from the executor connection's read callback straight
+    to the client's connection (`UpstreamResponse.pipe` into `Responder.write_chunk`): no task
+    wakes up per chunk. The executor's socket is paused while the client's is full."""
+
+    __slots__ = ("ex", "opened", "guard", "resp", "out")
+
+    def __init__(self, ex: Exchange, opened: Opened, guard: StreamGuard, resp: UpstreamResponse) -> None:
+        self.ex, self.opened, self.guard, self.resp, self.out = ex, opened, guard, resp, ex.out
+
+    def __call__(self, chunk: bytes) -> None:
+        ex = self.ex
+        if not ex.first_token:
+            ex.first_token = time.time()
+            self.opened.hint_kv()  # its prompt blocks were stored just before the first token
+        out = self.guard.feed(chunk)
+        if out:
+            self.out.write_chunk(out)
+            if not self.out.writable:
+                self.resp.pause_reading()
+                self.out.on_writable = self.resp.resume_reading
 
 
 def _final_answer(body: bytes, max_tokens: int | None, role: str) -> bytes:

@@ -11,9 +11,9 @@ Retry rules (TensorRT-LLM's `OpenAIHttpClient` in `tensorrt_llm/serve/openai_cli
 - a generation leg is retried only when nothing was sent: once a generation executor received
   the handoff it may have pulled the context KV, which cannot be pulled twice.
 - a leg that times out (`leg_timeout_s`, TensorRT-LLM's `-r/--request_timeout`: the total time
-  of one leg, connect to last byte, as upstream's aiohttp `ClientTimeout(total=...)` bounds it)
-  is never replayed: the work may be running (`UpstreamTimeout` before the head, `LegTimeout`
-  after it; both become a 504).
+  of one leg, connect to last byte, as upstream's aiohttp `ClientTimeout(total=...)` bounds it;
+  the executor connection's own timer, `UpstreamPool.request(total=True)`) is never replayed:
+  the work may be running (`UpstreamTimeout`, before the head or after it; a 504).
 - when every server of the role the table offers could not be connected to, in this leg's
   attempts or (within `REFUSAL_MEMORY_S`, same incarnation) another request's of this worker,
   the leg ends with the role's 503 (`no_context_servers` / `no_generation_servers`), as when the
@@ -80,7 +80,6 @@ class Opened:
     policy: Policy
     key: RoutingKey
     hints: KvHints | None = None
-    deadline: float | None = None  # loop.time() by which the leg must end (None: no bound)
     role: str = "generation"
     timeout_s: float | None = None
     addr: tuple[str, int] = ("", 0)
@@ -91,10 +90,6 @@ class Opened:
         """The executor's `host:port`, for log lines (never for a client)."""
         host, port = self.addr
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-    def timeout(self) -> asyncio.Timeout:
-        """The leg's deadline, for reading its body: `async with opened.timeout(): ...`."""
-        return asyncio.timeout_at(self.deadline)
 
     def hint_kv(self) -> None:
         """Tell the coordinator this leg's server has new KV events (one datagram, never blocks)."""
@@ -150,9 +145,12 @@ class LegRunner:
         picked: int = -1,
         retries: int | None = None,
         headers: Sequence[tuple[bytes, bytes]] = (),
+        whole: bool = False,
     ) -> Opened:
         """Pick (or use `picked`, whose load the caller already added), send
-        `make_body(attempt)` with `headers`, return once the response headers are in.
+        `make_body(attempt)` with `headers`, return once the response headers are in (`whole`:
+        once the whole response is, `Opened.response.body()`). The leg's `leg_timeout_s` bounds
+        all of it, the body read later included (`UpstreamTimeout` from the response).
 
         Raises `RequestError(503)` when no server of the role is eligible or every one could
         not be connected to (`_all_refused`), `RequestError(504)` when the head did not come
@@ -170,14 +168,15 @@ class LegRunner:
             timeout_s = self.leg_timeout_s
             try:
                 host, port = self.directory.address(slot)
-                deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
                 # observe.py adds its metrics request header and span when the request is observed
-                resp = await send_leg(self.upstream, role, host, port, path, make_body(attempt), headers, timeout_s)
+                resp = await send_leg(
+                    self.upstream, role, host, port, path, make_body(attempt), headers, timeout_s, whole, True
+                )
                 if self.answers is not None and resp.status < 500:
                     self.answers.add(slot)  # alive, whatever its /health says (coordinator/health.py)
                 # Only a KV-aware role routes on this server's KV events: hint for those alone.
                 hints = self.hints if policy.name == "kv_cache_aware" else None
-                opened = Opened(slot, resp, policy, key, hints, deadline, role, timeout_s, (host, port))
+                opened = Opened(slot, resp, policy, key, hints, role, timeout_s, (host, port))
             except UpstreamTimeout:
                 self.reporter.report(slot, "error")
                 policy.release(slot, key)
@@ -239,13 +238,9 @@ class LegRunner:
         self, policy: Policy, key: RoutingKey, path: str, make_body: Callable[[int], bytes], role: str, **kw: Any
     ) -> tuple[int, bytes, int]:
         """A non-streaming leg: (status, body, slot); the pick is released before returning."""
-        opened = await self.open(policy, key, path, make_body, role, **kw)
+        opened = await self.open(policy, key, path, make_body, role, whole=True, **kw)
         try:
-            async with opened.timeout():
-                body = await opened.response.read()
-        except TimeoutError:
-            opened.close(abort=True)
-            raise leg_timeout_error(role, opened.timeout_s) from None
+            body = opened.response.body()
         except BaseException:
             opened.close(abort=True)
             raise

@@ -23,12 +23,21 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from shmdisagg.config import DisaggConfig
 from shmdisagg.hashing import cache_salt_id
-from shmdisagg.orchestrator.asgi import ClientDisconnected, DisconnectWatch, Receive, Scope, Send, read_body, send_bytes
+from shmdisagg.orchestrator.asgi import (
+    AsgiResponder,
+    ClientDisconnected,
+    DisconnectWatch,
+    Receive,
+    Responder,
+    Scope,
+    Send,
+    read_body,
+)
 from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.orchestrator.flows import Flows
@@ -101,43 +110,77 @@ class DisaggService:
         return len(self.inflight)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
-        """Serve one POST to `/v1/completions` (chat=False) or `/v1/chat/completions`."""
+        """Serve one POST to `/v1/completions` (chat=False) or `/v1/chat/completions` as ASGI."""
         arrival = time.time()
+        out = AsgiResponder(send)
+        headers = scope.get("headers", [])
         try:
-            extra, session = _check_headers(scope)
-            req = parse_body(await read_body(receive, self.body_limit))
+            checked = _check_headers(headers)
+            body = await read_body(receive, self.body_limit)
+        except RequestError as err:
+            await _refuse(out, err)
+            return
+        except ClientDisconnected:
+            return
+        await self._serve(checked, headers, body, out, DisconnectWatch(receive), chat, arrival)
+
+    async def hot(self, request: HotRequest) -> None:
+        """Serve one hot-route request that the public port's protocol parsed itself
+        (`fleet/hot.py`): its body is complete, and it is its own answer's `Responder` and its
+        own disconnect watch."""
+        arrival = time.time()
+        headers = request.headers
+        try:
+            checked = _check_headers(headers)
+        except RequestError as err:
+            await _refuse(request, err)
+            return
+        await self._serve(checked, headers, request.request_body(), request, request, request.chat, arrival)
+
+    async def _serve(
+        self,
+        checked: tuple[list[tuple[bytes, bytes]], bool],
+        headers: Iterable[tuple[bytes, bytes]],
+        body: bytes,
+        out: Responder,
+        watch: Watch,
+        chat: bool,
+        arrival: float,
+    ) -> None:
+        extra, session = checked
+        try:
+            req = parse_body(body)
             if session:
-                resolve_conversation_id(req, scope)
+                resolve_conversation_id(req, headers)
             if req.get("chat_template") is not None and not self.allow_request_chat_template:
                 raise RequestError(400, CHAT_TEMPLATE_REFUSED, "chat_template_not_allowed", "chat_template")
             ids32 = validate(req, chat, want_ids=self.keys is not None and self.keys.wants_ids)
             if not self.admission.admit():
                 raise RequestError(429, "the deployment is at its in-flight request limit; retry shortly", "overloaded")
         except RequestError as err:
-            headers = [(b"retry-after", b"1")] if err.status == 429 else []
-            await send_bytes(send, err.status, err.body(), [(b"content-type", b"application/json"), *headers])
-            return
-        except ClientDisconnected:
+            await _refuse(out, err)
             return
         try:
             key = await self.keys.build(req, chat, ids32) if self.keys else RoutingKey(prompt_load_tokens(req, chat))
         except ValueError as err:  # a chat the template cannot render
-            await send_bytes(send, 400, RequestError(400, str(err), "invalid_request", "messages").body())
+            await _refuse(out, RequestError(400, str(err), "invalid_request", "messages"))
             return
-        ex = Exchange(send, self.ids.next_id(), bool(req.get("stream")), extra, chat=chat, arrival=arrival)
-        watch = DisconnectWatch(receive)
+        ex = Exchange(out, self.ids.next_id(), bool(req.get("stream")), extra, chat=chat, arrival=arrival)
         try:
             await self._run(ex, req, chat, key, watch)
         except asyncio.CancelledError:
-            if not (watch.disconnected or self.ending):
+            if not (watch.disconnected or ex.expired or self.ending):
                 raise
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]  # we cancelled ourselves (DisconnectWatch or end_inflight)
-            if not watch.disconnected:
+            # we cancelled ourselves: the client left (the watch), the deadline (_expire), end_inflight
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            if watch.disconnected:
+                pass
+            elif ex.expired:
+                await ex.fail(504, f"request did not finish within {self.timeout_s:g} s", "timeout")
+            else:
                 await ex.fail(503, SHUTTING_DOWN, "shutting_down")
         except RequestError as err:
             await ex.fail(err.status, err.message, err.code)
-        except TimeoutError:
-            await ex.fail(504, f"request did not finish within {self.timeout_s:g} s", "timeout")
         except UpstreamError as err:  # the error names the executor: the client is not told which
             log.warning("request %d: %s", ex.disagg_request_id, err)
             await ex.fail(
@@ -152,22 +195,58 @@ class DisaggService:
             for sink in self.sinks:
                 sink(ex)
 
-    async def _run(
-        self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, watch: DisconnectWatch
-    ) -> None:
-        """The request's flow under its deadline (`request_timeout_s`), its task in `inflight`
-        meanwhile so that `end_inflight` can cancel it."""
+    async def _run(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, watch: Watch) -> None:
+        """The request's flow under its deadline (`request_timeout_s`: one timer that cancels the
+        task and marks `ex.expired`), its task in `inflight` meanwhile so that `end_inflight` can
+        cancel it."""
         task = asyncio.current_task()
         assert task is not None
         self.inflight.add(task)
+        timer = task.get_loop().call_later(self.timeout_s, _expire, task, ex)
         try:
             if self.ending:
                 raise RequestError(503, SHUTTING_DOWN, "shutting_down")
             with watch:
-                async with asyncio.timeout(self.timeout_s):
-                    await self.flows.run(ex, req, chat, key, _PATHS[chat])
+                await self.flows.run(ex, req, chat, key, _PATHS[chat])
         finally:
+            timer.cancel()
             self.inflight.discard(task)
+
+
+def _expire(task: asyncio.Task[Any], ex: Exchange) -> None:
+    """The request's deadline: end its flow (as asyncio.timeout would, flagged on the exchange)."""
+    if not task.done():
+        ex.expired = True
+        task.cancel()
+
+
+async def _refuse(out: Responder, err: RequestError) -> None:
+    """A request refused before routing: its error body, with `Retry-After` on a 429."""
+    headers = [(b"content-type", b"application/json")]
+    if err.status == 429:
+        headers.append((b"retry-after", b"1"))
+    await out.start(err.status, headers)
+    await out.body(err.body(), False)
+
+
+class Watch(Protocol):
+    """What cancels a request's flow when its client leaves: `with watch:` around the flow, then
+    `disconnected` says whether it did (`asgi.DisconnectWatch`, `fleet.hot.HotCycle`)."""
+
+    disconnected: bool
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class HotRequest(Responder, Watch, Protocol):
+    """A hot-route request parsed by the public port's protocol (`fleet.hot.HotCycle`)."""
+
+    chat: bool
+    headers: list[tuple[bytes, bytes]]
+
+    def request_body(self) -> bytes: ...
 
 
 class KeyBuilder:
@@ -206,7 +285,7 @@ class KeyBuilder:
         return key
 
 
-def _check_headers(scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
+def _check_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
     """The request headers the hot routes act on, in one pass: a `content-type` that is not JSON
     is refused with 415 (TensorRT-LLM's FastAPI routes cannot parse such a body either, and
     answer it with a bare 500; no content type is read as JSON, as FastAPI does), and a client's
@@ -214,7 +293,7 @@ def _check_headers(scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
     says whether a conversation-id header (`SESSION_HEADERS`) came with it."""
     echo: list[tuple[bytes, bytes]] = []
     session = False
-    for name, value in scope.get("headers", ()):
+    for name, value in headers:
         if name == b"content-type" and not _is_json_type(value):
             shown = value[:64].decode("latin-1")
             raise RequestError(
@@ -237,7 +316,7 @@ def _check_headers(scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
     return echo, session
 
 
-def resolve_conversation_id(req: dict[str, Any], scope: Scope) -> None:
+def resolve_conversation_id(req: dict[str, Any], headers: Iterable[tuple[bytes, bytes]]) -> None:
     """Write a header's conversation id into the body, as TensorRT-LLM's serve edge does
     (`resolve_request_conversation_id`, `tensorrt_llm/serve/conversation_id.py`, which its
     disaggregated server calls on every request): the body's `conversation_params` is canonical;
@@ -245,7 +324,7 @@ def resolve_conversation_id(req: dict[str, Any], scope: Scope) -> None:
     `x-multi-turn-session-id` becomes `conversation_params.conversation_id`, so both executors
     see the conversation the client named (they never see the client's headers)."""
     if req.get("conversation_params") is None:
-        cid = header_conversation_id(scope.get("headers", []))
+        cid = header_conversation_id(headers)
         if cid is not None:
             req["conversation_params"] = {"conversation_id": cid}
 

@@ -16,6 +16,7 @@ Sessions and prefixes live in the shared index with LRU eviction (`max_sessions`
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from shmdisagg.config import RouterConfig
@@ -38,7 +39,7 @@ def conversation_id(req: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> 
     return header_conversation_id(headers)
 
 
-def header_conversation_id(headers: list[tuple[bytes, bytes]]) -> str | None:
+def header_conversation_id(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     """The first non-empty session header (`SESSION_HEADERS` order), stripped; None if none."""
     wanted: dict[bytes, bytes | None] = dict.fromkeys(SESSION_HEADERS)
     for name, value in headers:

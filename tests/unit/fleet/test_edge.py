@@ -1,7 +1,9 @@
 """The public port's connection hygiene (`shmdisagg/fleet/edge.py`), over real sockets: uvicorn
 with the fleet worker's protocol class on uvloop, in front of an app that reads the whole body
-(as every public route does) and answers how much it got. Deadlines are short (0.3 s); nothing
-waits on a sleep: a test reads its socket until the server answers or closes, bounded."""
+(as every public route does) and answers how much it got. Every test runs twice: with
+`POST /v1/completions` served through ASGI, and as a hot route the protocol parses itself
+(`fleet/hot.py`, the fleet worker's default). Deadlines are short (0.3 s); nothing waits on a
+sleep: a test reads its socket until the server answers or closes, bounded."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from shmdisagg.fleet.edge import (
     edge_protocol,
     fit_connections,
 )
+from shmdisagg.fleet.hot import HotCycle, HotHandler
 from shmdisagg.serving import EmbeddedServer
 
 DEADLINE_S = 0.3
@@ -76,13 +79,31 @@ async def app(scope: dict[str, Any], receive: Callable[[], Any], send: Callable[
     await send({"type": "http.response.body", "body": body})
 
 
+async def hot_app(cycle: HotCycle) -> None:
+    """`app`'s answer for the hot routes, written through the cycle's `Responder` calls."""
+    body = orjson.dumps({"received": len(cycle.request_body())})
+    await cycle.start(200, [(b"content-type", b"application/json")])
+    await cycle.body(body, False)
+
+
+HOT: HotHandler | None = None  # set per test by `served_as`
+
+
+@pytest.fixture(params=["asgi", "hot"], autouse=True)
+def served_as(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(sys.modules[__name__], "HOT", hot_app if request.param == "hot" else None)
+    return str(request.param)
+
+
 @contextlib.asynccontextmanager
-async def serving(port: int, limits: EdgeLimits = LIMITS, keep_alive_s: float = 5.0) -> AsyncIterator[EmbeddedServer]:
+async def serving(
+    port: int, limits: EdgeLimits = LIMITS, keep_alive_s: float = 5.0, hot: HotHandler | None = None
+) -> AsyncIterator[EmbeddedServer]:
     """uvicorn on 127.0.0.1:`port` configured as a fleet worker configures it (fleet/worker.py)."""
     config = uvicorn.Config(
         app,
         loop="none",
-        http=edge_protocol(limits),
+        http=edge_protocol(limits, hot or HOT),
         lifespan="off",
         access_log=False,
         log_level="warning",
