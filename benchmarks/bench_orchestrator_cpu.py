@@ -23,6 +23,9 @@ Systems:
 - **direct**: the load sent to the generation executor itself, one hop and no router.
 - **direct2**: the load generator doing both legs itself (context leg, then the generation leg
   with the context answer's handoff), no router: the two-hop floor of a disaggregated request.
+  Against the fakes, which check no handoff, both legs carry the request's bytes with their
+  `disaggregated_params` spliced in and the context answer is not parsed (no client-side JSON
+  work in the floor); against other executors the client parses and relays the handoff.
 - **vllm-router**, **vllm-router-1hop** (`--vllm-router auto|PATH`): vLLM's Rust router
   (`pip install vllm-router`; `benchmarks/peers/install_vllm_router.sh`), round-robin, started by
   this run against the same executors: in its prefill/decode mode (two hops: the prefill leg with
@@ -252,6 +255,8 @@ def main() -> int:
                 targets["direct2"] = {
                     "url": f"http://{gen_urls[0]}/v1/completions",
                     "ctx_url": f"http://{ctx_urls[0]}/v1/completions",
+                    # the fakes check no handoff: the client relays bytes, no JSON work of its own
+                    "relay": "bytes" if executor_kind == "fakes" else "parse",
                     "pids": {},
                     "hops": 2,
                 }
@@ -315,6 +320,7 @@ def run_cell(
     spec = {
         "url": target["url"],
         "ctx_url": target.get("ctx_url"),
+        "relay": target.get("relay"),
         **MODES[mode],
         "n": args.n,
         "warmup": args.warmup,

@@ -7,7 +7,9 @@ uvloop) and takes one cell at a time on stdin as a JSON line; `LoadGen.cell` dri
 the CPU of every process group around each phase:
 
 1. warm-up: `warmup` requests at `concurrency`, unmeasured;
-2. measured: `n` requests at `concurrency` (closed loop), CPU sampled before and after;
+2. measured: `n` requests at `concurrency` (closed loop), CPU sampled before and after; with
+   `stagger_s`, the k-th of the `concurrency` request loops starts k/concurrency of it late
+   (in both phases), so long paced streams arrive spread out rather than in one wave;
 3. latency (when `latency_n` > 0): `latency_n` requests one at a time (concurrency 1), CPU
    sampled again, each request's full latency and time to its first body byte returned: what a
    request costs and adds when nothing queues.
@@ -17,7 +19,10 @@ Every response is checked: status 200, non-streaming JSON with `choices`, stream
 cell with `ctx_url` is the client doing both legs itself (the two-hop floor, "direct2"): the
 context leg to `ctx_url` (`context_only`, non-streaming), then the generation leg to `url` with
 the context answer's `disaggregated_params` (`generation_only`) and `prompt_token_ids`, as the
-orchestrator would send it.
+orchestrator would send it; with `relay: bytes` (the recording fakes, which check no handoff)
+both legs carry the request's own bytes with their `disaggregated_params` spliced in and the
+context answer is not parsed, so the floor holds no client-side JSON work that grows with the
+prompt.
 """
 
 from __future__ import annotations
@@ -128,9 +133,21 @@ async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=cmd.get("timeout_s", 300))
     ) as session:
+        ctx_params = b'{"disaggregated_params":{"request_type":"context_only"},'
+        gen_params = b'{"disaggregated_params":{"request_type":"generation_only","ctx_request_id":1},'
 
         async def two_legs(body: bytes) -> bytes:
             """The context leg, done by the client; returns the generation leg's body."""
+            if cmd.get("relay") == "bytes":
+                # the least client work (recording fakes only): the request's bytes with the leg's
+                # disaggregated_params put first, the context answer read but not parsed. A fake
+                # answers a context_only leg with JSON whatever its stream and max_tokens, and
+                # takes any generation_only handoff.
+                async with session.post(ctx_url, data=ctx_params + body[1:], headers=headers) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"context leg {r.status}")
+                return gen_params + body[1:]
             req = orjson.loads(body)
             ctx_req = {
                 **req,
@@ -148,14 +165,16 @@ async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
                 gen["prompt"] = ctx["prompt_token_ids"]
             return orjson.dumps(gen)
 
-        async def phase(count: int, base: int, workers: int) -> dict[str, Any]:
+        async def phase(count: int, base: int, workers: int, stagger_s: float = 0.0) -> dict[str, Any]:
             lat: list[float] = []
             ttfb: list[float] = []
             bad: list[str] = []
             nxt = 0
 
-            async def worker() -> None:
+            async def worker(k: int) -> None:
                 nonlocal nxt
+                if stagger_s > 0:  # spread the first requests, so long streams do not all tick together
+                    await asyncio.sleep(k * stagger_s / workers)
                 while nxt < count:
                     i = base + nxt
                     nxt += 1
@@ -179,7 +198,7 @@ async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
                         bad.append(why)
 
             c0, t0 = time.process_time(), time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(workers)))
+            await asyncio.gather(*(worker(k) for k in range(workers)))
             return {
                 "lat": lat,
                 "ttfb": ttfb,
@@ -192,12 +211,13 @@ async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
             out.write(json.dumps(doc) + "\n")
             out.flush()
 
-        w = await phase(warmup, 10_000_000, conc)
+        stagger = cmd.get("stagger_s", 0.0)
+        w = await phase(warmup, 10_000_000, conc, stagger)
         emit({"event": "warm", "bad": len(w["bad"]), "bad_samples": w["bad"][:3]})
         go = await loop.run_in_executor(None, inp.readline)
         if not go.strip():
             return
-        m = await phase(n, 0, conc)
+        m = await phase(n, 0, conc, stagger)
         emit(
             {
                 "event": "done",
