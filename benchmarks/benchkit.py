@@ -412,7 +412,7 @@ class Executors:
         slowed so one decode step at batch 1 takes that long; 0: zero latency), any other fake
         `/_script` key as given."""
         if self.kind in ("fakes", "multiport"):
-            doc = {k: v for k, v in mode.items() if k != "stream"}
+            doc = {"record": False, **{k: v for k, v in mode.items() if k != "stream"}}
             for addr in self.all:
                 s, _ = http_json("POST", f"http://{addr}/_script", doc)
                 if s != 200:
