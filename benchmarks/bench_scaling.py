@@ -9,8 +9,8 @@ and memory of shmdisagg along three axes, each axis side by side in one run.
   port of that role (`tests/fakes/multiport.py`), so only the number of executors changes, not
   the number of processes competing for the cores.
 - **streams** (`--streams 32,128,512,2048` concurrent streams): one deployment per level, all up
-  at once. The request rate is held at `--stream-rate` (200 req/s) by pacing each stream's 16
-  chunks `C / (16 × rate)` apart (10 ms at 32 streams, 640 ms at 2,048), and the k-th of the C
+  at once. The request rate is held at `--stream-rate` (100 req/s) by pacing each stream's 16
+  chunks `C / (16 × rate)` apart (20 ms at 32 streams, 1.28 s at 2,048), and the k-th of the C
   request loops starts k/C of a stream late, so the streams arrive spread out: more open streams,
   the same work per second. Each cell runs `--waves` × C measured requests after C warm-up
   requests. Reports CPU per request, time to first byte (added: minus the two-hop floor at the
@@ -73,7 +73,7 @@ def main() -> int:
     g.add_argument("--latency-n", type=int, default=100, help="requests one at a time after each cell (default 100)")
     g = ap.add_argument_group("streams axis")
     g.add_argument("--streams", default="32,128,512,2048", help="concurrent streams, one deployment each")
-    g.add_argument("--stream-rate", type=float, default=200.0, help="requests per second held at every level")
+    g.add_argument("--stream-rate", type=float, default=100.0, help="requests per second held at every level")
     g.add_argument("--waves", type=int, default=2, help="measured requests per cell = waves x streams (default 2)")
     g.add_argument("--stream-executors", type=int, default=4, help="executors, half of each role (default 4)")
     g = ap.add_argument_group("prompt axis")

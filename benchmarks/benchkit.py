@@ -131,7 +131,10 @@ async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
     loop = asyncio.get_running_loop()
 
     async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=cmd.get("timeout_s", 300))
+        # idle pooled connections close before a server's keep-alive timeout (uvicorn's 5 s) can
+        # close them under a request being written (seen with 2,048 staggered streams)
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0),
+        timeout=aiohttp.ClientTimeout(total=cmd.get("timeout_s", 300)),
     ) as session:
         ctx_params = b'{"disaggregated_params":{"request_type":"context_only"},'
         gen_params = b'{"disaggregated_params":{"request_type":"generation_only","ctx_request_id":1},'
