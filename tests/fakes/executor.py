@@ -31,6 +31,9 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
 - `server_info`: fields merged into its `/server_info` (None removes one)
 - `health_delay_s`: `GET /health` waits this long before its 200 (a busy server's slow probe);
   completions are not slowed
+- `record`: keep each completion request for `GET /_recorded` (default true); benchmarks turn it
+  off, since kept bodies (a 128k-token prompt is megabytes of Python objects) grow the fake's
+  memory and its garbage collector's work with every request
 
 Each recorded body carries `_headers`: the request's `content-type`, `x-*` (such as
 `x-trtllm-return-metrics`, `x-trtllm-disagg-auth`) and `traceparent` headers, when sent.
@@ -83,6 +86,7 @@ def build_app(name: str, addr: str) -> Starlette:
         "perf_metrics": True,
         "event_split": 0,
         "health_delay_s": 0.0,
+        "record": True,
     }
     events: list[str] = []
     release = asyncio.Event()
@@ -141,7 +145,8 @@ def build_app(name: str, addr: str) -> Starlette:
         body["_headers"] = {
             k: v for k, v in request.headers.items() if k.startswith(("x-", "content-type", "traceparent"))
         }
-        recorded.append(body)
+        if script["record"]:
+            recorded.append(body)
         refusal = _auth_refusal(
             script["auth_key"], body.get("disaggregated_params"), request.headers.get("x-trtllm-disagg-auth")
         )
