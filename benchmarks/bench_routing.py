@@ -55,7 +55,6 @@ from shmdisagg.shm import ROLE_CONTEXT, ControlTable
 from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes
 
 WARMUP = 100
-MODELS = frozenset({"m"})
 
 
 def pct(values: list[int], q: float) -> float:
@@ -165,7 +164,7 @@ def path_before(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ..
     RoutingKey hashes the list (block_hashes_bytes, what RoutingKey.block_hashes called), pick."""
     clock = time.perf_counter_ns
     t0 = clock()
-    validate(req, False, MODELS)
+    validate(req, False)
     key = RoutingKey(len(req["prompt"]), req["prompt"])
     t1 = clock()
     hashes = hashing.block_hashes_bytes(key.token_ids, tpb)
@@ -181,7 +180,7 @@ def path_after(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ...
     RoutingKey hashes them through the process's PrefixHashCache, pick."""
     clock = time.perf_counter_ns
     t0 = clock()
-    ids32 = validate(req, False, MODELS, want_ids=True)
+    ids32 = validate(req, False, want_ids=True)
     key = RoutingKey(len(req["prompt"]), req["prompt"], ids32=ids32)
     t1 = clock()
     hashes = key.block_hashes(tpb)
