@@ -310,4 +310,8 @@ SD_HIDDEN PyObject *mod_sse_scan(PyObject *m, PyObject *const *args, Py_ssize_t 
 /* hashcache.c */
 SD_HIDDEN extern PyTypeObject PrefixHashCacheType;
 
+/* mapping.c: 2 MiB-aligned shared mappings and tmpfs huge pages for the index segments */
+SD_HIDDEN extern PyTypeObject SharedMappingType;
+SD_HIDDEN PyObject *mod_seed_huge(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
+
 #endif
