@@ -272,6 +272,10 @@ int v1_run(const Tokens *t, Py_ssize_t usable, Py_ssize_t tpb, int salted, uint6
     int ok = 1;
     if (pos >= usable)
         return 1;
+    if (t->items == NULL && t->itemsize == 4 && capture == NULL && v1_fused_ok(tpb)) {
+        v1_run_u32((const uint32_t *)t->buf, usable, tpb, salted, salt, first_block, parent, out, NULL, NULL);
+        return 1;
+    }
     if (premix_chunk == NULL)
         premix_select();
     block_end = pos + tpb < usable ? pos + tpb : usable;
@@ -324,6 +328,139 @@ int v1_run(const Tokens *t, Py_ssize_t usable, Py_ssize_t tpb, int salted, uint6
         cnt = ncnt;
     }
     return ok;
+}
+
+/* ---- v1 of u32 tokens in one loop: premix, NH fingerprints and the chain ------------------- */
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("avx2"))) static inline __m256i premix8(__m256i x)
+{
+    const __m256i h = _mm256_set1_epi32((int)HASH32), c = _mm256_set1_epi32((int)COMBINE);
+    x = _mm256_mullo_epi32(_mm256_xor_si256(_mm256_srli_epi32(x, 16), x), h);
+    x = _mm256_mullo_epi32(_mm256_xor_si256(_mm256_srli_epi32(x, 16), x), h);
+    x = _mm256_xor_si256(_mm256_srli_epi32(x, 16), x);
+    return _mm256_add_epi32(x, c);
+}
+
+/* NH of 8 tokens at block offset j (vpmuludq: even lanes of t + k times the odd ones). */
+__attribute__((target("avx2"))) static inline __m256i nh8(__m256i x, const uint32_t *k, __m256i s)
+{
+    __m256i y = _mm256_add_epi32(x, _mm256_loadu_si256((const __m256i *)k));
+    return _mm256_add_epi64(s, _mm256_mul_epu32(y, _mm256_srli_epi64(y, 32)));
+}
+
+__attribute__((target("avx2"))) static inline uint64_t hsum4(__m256i s)
+{
+    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return (uint64_t)_mm_cvtsi128_si64(h) + (uint64_t)_mm_extract_epi64(h, 1);
+}
+
+/* The whole blocks go by groups of 8 tokens (tpb is a multiple of 8): each step first does the
+ * vector work of the next group (premix into a two-group ring, NH sums, a block's fingerprint
+ * when the vector side crosses into the next block), then chains this group's 8 premixed
+ * tokens. The chain is the loop's critical path (four dependent ALU ops a token); the vector
+ * work runs on the other ports in its shadow, so premix and fingerprints cost no time: 32k
+ * tokens chain in ~41.7 us on the development VM, as the bare chain does, against ~45 us for
+ * a premix pass then the chain, plus ~7 us for a separate fingerprint pass (BENCHMARKS.md). A
+ * last partial block is chained and fingerprinted in scalar code. */
+__attribute__((target("avx2"))) static void v1_run_u32_avx2(const uint32_t *tok, Py_ssize_t usable,
+                                                             Py_ssize_t tpb, int salted, uint64_t salt,
+                                                             Py_ssize_t first_block, uint64_t parent,
+                                                             uint64_t *out, const FpArgs *fa, uint64_t *fp)
+{
+    uint32_t ring[2][8] __attribute__((aligned(32)));
+    Py_ssize_t start = first_block * tpb, last = (usable - 1) / tpb * tpb, whole_end, groups, per_block;
+    Py_ssize_t nb = first_block, nbv = first_block, g, len, i;
+    uint64_t seed, c1 = fa ? fa->c1 : 0, c2 = fa ? fa->c2 : 0, a1, a2;
+    __m256i s1 = _mm256_setzero_si256(), s2 = _mm256_setzero_si256(), x;
+    if (start >= usable)
+        return;
+    whole_end = usable - last == tpb ? usable : last; /* blocks before whole_end have tpb tokens */
+    groups = (whole_end - start) / 8;
+    per_block = tpb / 8;
+    if (groups > 0) {
+        x = _mm256_loadu_si256((const __m256i *)(tok + start));
+        if (fa != NULL) {
+            s1 = nh8(x, fa->k1, s1);
+            s2 = nh8(x, fa->k2, s2);
+        }
+        _mm256_store_si256((__m256i *)ring[0], premix8(x));
+        seed = v1_seed((uint64_t)tpb, parent, salted, salt);
+        for (g = 0; g < groups; g++) {
+            const uint32_t *v = ring[g & 1];
+            Py_ssize_t h = g + 1;
+            if (h < groups) {
+                Py_ssize_t j = h % per_block * 8;
+                x = _mm256_loadu_si256((const __m256i *)(tok + start + 8 * h));
+                if (fa != NULL) {
+                    if (j == 0) { /* the vector side enters the next block: fingerprint this one */
+                        fp_step(&c1, &c2, fa, hsum4(s1), hsum4(s2), tpb, fp + 2 * nbv++);
+                        s1 = s2 = _mm256_setzero_si256();
+                    }
+                    s1 = nh8(x, fa->k1 + j, s1);
+                    s2 = nh8(x, fa->k2 + j, s2);
+                }
+                _mm256_store_si256((__m256i *)ring[h & 1], premix8(x));
+            }
+            seed = chain_step(seed, v[0]);
+            seed = chain_step(seed, v[1]);
+            seed = chain_step(seed, v[2]);
+            seed = chain_step(seed, v[3]);
+            seed = chain_step(seed, v[4]);
+            seed = chain_step(seed, v[5]);
+            seed = chain_step(seed, v[6]);
+            seed = chain_step(seed, v[7]);
+            if (h % per_block == 0) {
+                out[nb++] = parent = seed;
+                seed = v1_seed((uint64_t)tpb, parent, salted, salt);
+            }
+        }
+        if (fa != NULL)
+            fp_step(&c1, &c2, fa, hsum4(s1), hsum4(s2), tpb, fp + 2 * nbv++);
+    }
+    if (whole_end < usable) { /* the last block, shorter than tpb */
+        uint32_t t[8];
+        len = usable - whole_end;
+        seed = v1_seed((uint64_t)len, parent, salted, salt);
+        a1 = a2 = 0;
+        for (i = 0; i < len; i += 8) {
+            Py_ssize_t n = len - i < 8 ? len - i : 8;
+            memcpy(t, (const char *)(tok + whole_end + i), (size_t)n * 4);
+            if (fa != NULL)
+                nh2_tail(t, n, fa->k1 + i, fa->k2 + i, &a1, &a2);
+            for (Py_ssize_t k = 0; k < n; k++)
+                seed = chain_step(seed, premix(t[k]));
+        }
+        out[nb] = seed;
+        if (fa != NULL)
+            fp_step(&c1, &c2, fa, a1, a2, len, fp + 2 * nbv);
+    }
+}
+#endif
+
+static int have_avx2 = -1;
+
+int v1_fused_ok(Py_ssize_t tpb)
+{
+#if defined(__x86_64__)
+    if (have_avx2 < 0) {
+        __builtin_cpu_init();
+        have_avx2 = __builtin_cpu_supports("avx2") != 0;
+    }
+    return have_avx2 && tpb % 8 == 0;
+#else
+    return 0;
+#endif
+}
+
+void v1_run_u32(const uint32_t *tok, Py_ssize_t usable, Py_ssize_t tpb, int salted, uint64_t salt,
+                Py_ssize_t first_block, uint64_t parent, uint64_t *out, const FpArgs *fa, uint64_t *fp)
+{
+#if defined(__x86_64__)
+    v1_run_u32_avx2(tok, usable, tpb, salted, salt, first_block, parent, out, fa, fp);
+#endif
 }
 
 int opt_u64(PyObject *o, const char *what, int *present, uint64_t *out)

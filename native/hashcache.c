@@ -64,29 +64,8 @@ static uint64_t splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
-/* NH sums of tokens [0, len) added to s1/s2 (an odd last token pairs with a zero token). */
-static inline void nh2_tail(const uint32_t *t, Py_ssize_t len, const uint32_t *k1, const uint32_t *k2,
-                            uint64_t *s1, uint64_t *s2)
-{
-    Py_ssize_t i = 0;
-    for (; i + 1 < len; i += 2) {
-        *s1 += (uint64_t)(uint32_t)(t[i] + k1[i]) * (uint32_t)(t[i + 1] + k1[i + 1]);
-        *s2 += (uint64_t)(uint32_t)(t[i] + k2[i]) * (uint32_t)(t[i + 1] + k2[i + 1]);
-    }
-    if (i < len) {
-        *s1 += (uint64_t)(uint32_t)(t[i] + k1[i]) * k1[i + 1];
-        *s2 += (uint64_t)(uint32_t)(t[i] + k2[i]) * k2[i + 1];
-    }
-}
-
 /* The chained fingerprints fp[2b], fp[2b+1] of every block of tok[0..usable): per block two NH
  * sums (no serial dependency), folded into two polynomial chains c = c * P + (nh ^ len). */
-typedef struct {
-    const uint32_t *k1, *k2;
-    uint64_t p1, p2, c1, c2;
-    Py_ssize_t tpb;
-} FpArgs;
-
 static void fingerprints_scalar(const uint32_t *tok, Py_ssize_t usable, const FpArgs *f, uint64_t *fp)
 {
     uint64_t c1 = f->c1, c2 = f->c2;
@@ -339,11 +318,16 @@ static PyObject *Cache_block_hashes(PrefixHashCache *self, PyObject *const *args
         goto error;
     fingerprints(tok, head_tokens, &fa, fp);
     if (cache_find(self, fp[2 * (head_blocks - 1)], fp[2 * head_blocks - 1], (uint64_t)(head_blocks - 1)) == NULL) {
-        /* A miss: hash directly (its list reads overlap the v1 chain), keeping the tokens for the
-         * fingerprints that record this prompt. */
-        if (!v1_run(&t, usable, tpb, salted, salt, 0, 0, out, own))
-            goto error;
-        fingerprints(tok, usable, &fa, fp);
+        /* A miss: hash directly. An int32 buffer is fingerprinted inside the v1 loop, for free
+         * (v1_run_u32); a list's reads overlap the chain and keep the tokens for a fingerprint
+         * pass. The fingerprints record this prompt. */
+        if (direct && v1_fused_ok(tpb)) {
+            v1_run_u32(tok, usable, tpb, salted, salt, 0, 0, out, &fa, fp);
+        } else {
+            if (!v1_run(&t, usable, tpb, salted, salt, 0, 0, out, own))
+                goto error;
+            fingerprints(tok, usable, &fa, fp);
+        }
     } else {
         if (!direct && !fill_chunk(&t, head_tokens, usable - head_tokens, own + head_tokens))
             goto error;

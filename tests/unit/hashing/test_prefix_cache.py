@@ -74,6 +74,25 @@ def test_repeats_and_extensions_reuse_cached_blocks() -> None:
     assert cache.stats["blocks_reused"] == 196
 
 
+@pytest.mark.parametrize("tpb", [8, 16, 32, 12])
+@pytest.mark.parametrize("first", ["list", "int32", "unaligned int32", "int64"])
+@pytest.mark.parametrize("then", ["list", "int32"])
+@pytest.mark.parametrize("salt", [None, 3])
+def test_a_prompt_recorded_in_any_form_is_found_in_any_form(tpb: int, first: str, then: str, salt: int | None) -> None:
+    # An int32 miss fingerprints its blocks inside the v1 loop (native/hash.c v1_run_u32), other
+    # forms in a pass of their own: both must record the fingerprints every lookup computes, or a
+    # next turn would chain its whole prompt again.
+    rng = random.Random(tpb)
+    prompt = [rng.randrange(0, 1 << 31) for _ in range(tpb * 70 + 5)]  # 70 blocks and a partial one
+    cache = PrefixHashCache(tpb, seed=11)
+    assert cache.block_hashes(_as(first, prompt), salt) == _native.block_hashes_v1(prompt, tpb, salt)
+    longer = prompt + [rng.randrange(0, 1 << 31) for _ in range(tpb * 20)]
+    assert cache.block_hashes(_as(then, longer), salt) == _native.block_hashes_v1(longer, tpb, salt)
+    assert cache.stats["blocks_reused"] == 64  # the deepest checkpoint of the first prompt (block 63)
+    assert cache.block_hashes(_as(then, prompt), salt) == _native.block_hashes_v1(prompt, tpb, salt)
+    assert cache.stats["full_hits"] == 1
+
+
 def test_a_wrapped_ring_forgets_old_prompts_but_stays_correct() -> None:
     cache = PrefixHashCache(4, max_blocks=64, seed=1)
     a = list(range(1, 4 * 40 + 2))
