@@ -1190,6 +1190,8 @@ static PyMethodDef module_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "block_hashes_v2_64(tokens, tokens_per_block, salt_id=None, lora_id=None, token_bytes=4) -> "
      "bytes of u64 LE per block (first 8 key bytes read big-endian)"},
+    {"_v1_impl", (PyCFunction)(void (*)(void))mod_v1_impl, METH_FASTCALL,
+     "_v1_impl(force_portable=None) -> 'avx2' | 'portable': the v1 and prefix-cache code in use (tests)"},
     {"_sha256_impl", (PyCFunction)(void (*)(void))mod_sha256_impl, METH_FASTCALL,
      "_sha256_impl(force=None) -> 'shani' | 'portable' (tests: force the portable code)"},
     {"seed_huge", (PyCFunction)(void (*)(void))mod_seed_huge, METH_FASTCALL,

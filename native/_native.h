@@ -299,6 +299,7 @@ SD_HIDDEN PyObject *mod_block_hashes_v2(PyObject *m, PyObject *const *args, Py_s
 SD_HIDDEN PyObject *mod_block_hashes_v2_64(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
                                            PyObject *kwnames);
 SD_HIDDEN PyObject *mod_sha256_impl(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
+SD_HIDDEN PyObject *mod_v1_impl(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
 /* sse.c: sse_scan's result bits */
 #define SSE_INTERNAL 1

@@ -193,8 +193,7 @@ static void premix_select(void)
 {
     premix_chunk = premix_scalar;
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2"))
+    if (v1_avx2())
         premix_chunk = premix_avx2;
 #endif
 }
@@ -348,47 +347,45 @@ __attribute__((target("avx2"))) static inline __m256i premix8(__m256i x)
     return _mm256_add_epi32(x, c);
 }
 
-/* NH of 8 tokens at block offset j (vpmuludq: even lanes of t + k times the odd ones). */
-__attribute__((target("avx2"))) static inline __m256i nh8(__m256i x, const uint32_t *k, __m256i s)
-{
-    __m256i y = _mm256_add_epi32(x, _mm256_loadu_si256((const __m256i *)k));
-    return _mm256_add_epi64(s, _mm256_mul_epu32(y, _mm256_srli_epi64(y, 32)));
-}
-
-__attribute__((target("avx2"))) static inline uint64_t hsum4(__m256i s)
-{
-    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    return (uint64_t)_mm_cvtsi128_si64(h) + (uint64_t)_mm_extract_epi64(h, 1);
-}
-
 /* The whole blocks go by groups of 8 tokens (tpb is a multiple of 8): each step first does the
- * vector work of the next group (premix into a two-group ring, NH sums, a block's fingerprint
- * when the vector side crosses into the next block), then chains this group's 8 premixed
- * tokens. The chain is the loop's critical path (four dependent ALU ops a token); the vector
- * work runs on the other ports in its shadow, so premix and fingerprints cost no time: 32k
- * tokens chain in ~41.7 us on the development VM, as the bare chain does, against ~45 us for
- * a premix pass then the chain, plus ~7 us for a separate fingerprint pass (BENCHMARKS.md). A
- * last partial block is chained and fingerprinted in scalar code. */
+ * vector work of the next group (premix into a two-group ring, NH lane sums, the lane chains when
+ * the vector side crosses into the next block, a fingerprint where the cache reads one), then
+ * chains this group's 8 premixed tokens. The chain is the loop's critical path (four dependent ALU
+ * ops a token); the vector work runs on the other ports in its shadow, so premix and fingerprints
+ * cost no time: 32k tokens chain in ~41.7 us on the development VM, as the bare chain does,
+ * against ~45 us for a premix pass then the chain, plus ~7 us for a separate fingerprint pass
+ * (BENCHMARKS.md). A last partial block is chained and fingerprinted in scalar code. */
 __attribute__((target("avx2"))) static void v1_run_u32_avx2(const uint32_t *tok, Py_ssize_t usable,
                                                              Py_ssize_t tpb, int salted, uint64_t salt,
                                                              Py_ssize_t first_block, uint64_t parent,
                                                              uint64_t *out, const FpArgs *fa, uint64_t *fp)
 {
     uint32_t ring[2][8] __attribute__((aligned(32)));
+    uint64_t c1[4], c2[4], s1[4], s2[4];
     Py_ssize_t start = first_block * tpb, last = (usable - 1) / tpb * tpb, whole_end, groups, per_block;
-    Py_ssize_t nb = first_block, nbv = first_block, g, len, i;
-    uint64_t seed, c1 = fa ? fa->c1 : 0, c2 = fa ? fa->c2 : 0, a1, a2;
-    __m256i s1 = _mm256_setzero_si256(), s2 = _mm256_setzero_si256(), x;
+    Py_ssize_t nb = first_block, nbv = first_block, nblocks = (usable + tpb - 1) / tpb, g, len, i;
+    uint64_t seed;
+    __m256i v1 = _mm256_setzero_si256(), v2 = _mm256_setzero_si256(), x, C1, C2, P1, P2, T1, T2;
     if (start >= usable)
         return;
     whole_end = usable - last == tpb ? usable : last; /* blocks before whole_end have tpb tokens */
     groups = (whole_end - start) / 8;
     per_block = tpb / 8;
+    if (fa != NULL) {
+        C1 = _mm256_loadu_si256((const __m256i *)fa->c1);
+        C2 = _mm256_loadu_si256((const __m256i *)fa->c2);
+        P1 = _mm256_set1_epi64x((long long)fa->p1);
+        P2 = _mm256_set1_epi64x((long long)fa->p2);
+        T1 = _mm256_set_epi64x(0, 0, 0, (long long)((uint64_t)tpb << 48));
+        T2 = _mm256_set_epi64x(0, 0, 0, (long long)((uint64_t)tpb << 40));
+    } else {
+        C1 = C2 = P1 = P2 = T1 = T2 = _mm256_setzero_si256();
+    }
     if (groups > 0) {
         x = _mm256_loadu_si256((const __m256i *)(tok + start));
         if (fa != NULL) {
-            s1 = nh8(x, fa->k1, s1);
-            s2 = nh8(x, fa->k2, s2);
+            v1 = nh8(x, fa->k1, v1);
+            v2 = nh8(x, fa->k2, v2);
         }
         _mm256_store_si256((__m256i *)ring[0], premix8(x));
         seed = v1_seed((uint64_t)tpb, parent, salted, salt);
@@ -399,12 +396,18 @@ __attribute__((target("avx2"))) static void v1_run_u32_avx2(const uint32_t *tok,
                 Py_ssize_t j = h % per_block * 8;
                 x = _mm256_loadu_si256((const __m256i *)(tok + start + 8 * h));
                 if (fa != NULL) {
-                    if (j == 0) { /* the vector side enters the next block: fingerprint this one */
-                        fp_step(&c1, &c2, fa, hsum4(s1), hsum4(s2), tpb, fp + 2 * nbv++);
-                        s1 = s2 = _mm256_setzero_si256();
+                    if (j == 0) { /* the vector side enters the next block: chain this one */
+                        lanes_step8(&C1, &C2, P1, P2, v1, v2, T1, T2);
+                        if (fp_wanted(nbv, nblocks)) {
+                            _mm256_storeu_si256((__m256i *)c1, C1);
+                            _mm256_storeu_si256((__m256i *)c2, C2);
+                            lanes_fold(c1, c2, fa, fp, nbv);
+                        }
+                        nbv++;
+                        v1 = v2 = _mm256_setzero_si256();
                     }
-                    s1 = nh8(x, fa->k1 + j, s1);
-                    s2 = nh8(x, fa->k2 + j, s2);
+                    v1 = nh8(x, fa->k1 + j, v1);
+                    v2 = nh8(x, fa->k2 + j, v2);
                 }
                 _mm256_store_si256((__m256i *)ring[h & 1], premix8(x));
             }
@@ -421,42 +424,75 @@ __attribute__((target("avx2"))) static void v1_run_u32_avx2(const uint32_t *tok,
                 seed = v1_seed((uint64_t)tpb, parent, salted, salt);
             }
         }
-        if (fa != NULL)
-            fp_step(&c1, &c2, fa, hsum4(s1), hsum4(s2), tpb, fp + 2 * nbv++);
+        if (fa != NULL) {
+            lanes_step8(&C1, &C2, P1, P2, v1, v2, T1, T2);
+            _mm256_storeu_si256((__m256i *)c1, C1);
+            _mm256_storeu_si256((__m256i *)c2, C2);
+            if (fp_wanted(nbv, nblocks))
+                lanes_fold(c1, c2, fa, fp, nbv);
+            nbv++;
+        }
+    } else if (fa != NULL) {
+        memcpy(c1, fa->c1, sizeof c1);
+        memcpy(c2, fa->c2, sizeof c2);
     }
     if (whole_end < usable) { /* the last block, shorter than tpb */
         uint32_t t[8];
         len = usable - whole_end;
         seed = v1_seed((uint64_t)len, parent, salted, salt);
-        a1 = a2 = 0;
+        memset(s1, 0, sizeof s1);
+        memset(s2, 0, sizeof s2);
         for (i = 0; i < len; i += 8) {
             Py_ssize_t n = len - i < 8 ? len - i : 8;
             memcpy(t, (const char *)(tok + whole_end + i), (size_t)n * 4);
-            if (fa != NULL)
-                nh2_tail(t, n, fa->k1 + i, fa->k2 + i, &a1, &a2);
+            if (fa != NULL) /* pairs continue their lanes: i is a multiple of 8 */
+                nh_lanes(t, 0, n, fa->k1 + i, fa->k2 + i, s1, s2);
             for (Py_ssize_t k = 0; k < n; k++)
                 seed = chain_step(seed, premix(t[k]));
         }
         out[nb] = seed;
-        if (fa != NULL)
-            fp_step(&c1, &c2, fa, a1, a2, len, fp + 2 * nbv);
+        if (fa != NULL) {
+            lanes_step(c1, c2, fa, s1, s2, len);
+            lanes_fold(c1, c2, fa, fp, nbv);
+        }
     }
 }
 #endif
 
-static int have_avx2 = -1;
+static int have_avx2 = -1, forced_portable = 0;
 
-int v1_fused_ok(Py_ssize_t tpb)
+int v1_avx2(void)
 {
 #if defined(__x86_64__)
     if (have_avx2 < 0) {
         __builtin_cpu_init();
         have_avx2 = __builtin_cpu_supports("avx2") != 0;
     }
-    return have_avx2 && tpb % 8 == 0;
+    return have_avx2 && !forced_portable;
 #else
     return 0;
 #endif
+}
+
+int v1_fused_ok(Py_ssize_t tpb) { return v1_avx2() && tpb % 8 == 0; }
+
+/* _v1_impl(force_portable=None) -> "avx2" | "portable": the v1 premix, the one-loop path and the
+ * prefix cache's fingerprints in use; True forces the portable code (tests: both must give the
+ * same keys and fingerprints), False the fastest again. */
+PyObject *mod_v1_impl(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    int force;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "_v1_impl() takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        if ((force = PyObject_IsTrue(args[0])) < 0)
+            return NULL;
+        forced_portable = force;
+        premix_chunk = NULL;
+    }
+    return PyUnicode_FromString(v1_avx2() ? "avx2" : "portable");
 }
 
 void v1_run_u32(const uint32_t *tok, Py_ssize_t usable, Py_ssize_t tpb, int salted, uint64_t salt,

@@ -101,6 +101,10 @@ def block_hashes_v2_64(
 def _sha256_impl(force_portable: bool | None = None, /) -> str:
     """The SHA-256 transform in use ("shani" or "portable"); True forces the portable one (tests)."""
 
+def _v1_impl(force_portable: bool | None = None, /) -> str:
+    """The v1 hashing and prefix-cache fingerprint code in use ("avx2" or "portable"); True forces
+    the portable code (tests: both give the same keys and fingerprints), False the fastest again."""
+
 class PrefixHashCache:
     """v1 block keys cached by prompt prefix (process-local, keeps the GIL).
 
