@@ -24,6 +24,7 @@ setup(
                 "native/index.c",
                 "native/picks.c",
                 "native/sse.c",
+                "native/mapping.c",
             ],
             depends=sorted(glob.glob("native/*.h")),  # rebuild when a header changes
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Routing decision cost and KV-event throughput of the shared block index.
 
-Usage: .venv/bin/python benchmarks/bench_routing.py [--reps 2000] [--sizes 1024,8192,32768]
+Usage: .venv/bin/python benchmarks/bench_routing.py [--reps 2000] [--sizes 1024,8192,32768,131072]
 
 Decision cost: token-id prompts of each size, parsed from a JSON body by orjson before each
 decision (as a fleet worker receives them; the parse itself is not timed), routed with one
@@ -25,6 +25,10 @@ Groups of rows:
   PrefixHashCache), pick. Every request goes through both paths (parsed once for each), each path
   on its own deployment, taking turns at going first, so both see the same prompts and the same
   interference from other load on the host.
+
+Scaling: after the groups, a table of every "after" row in us per 1k tokens (p50 and min) at each
+size, so a part whose cost grows faster than the prompt shows (issue 14: flat from 1k to 128k
+tokens except the hashing itself).
 
 KV events: `BlockIndex.apply_stored` / `apply_removed` of random block hashes in events of
 `--event-blocks` blocks (bytes ready, the C apply path), then the same from Python int lists
@@ -55,7 +59,6 @@ from shmdisagg.shm import ROLE_CONTEXT, ControlTable
 from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes
 
 WARMUP = 100
-MODELS = frozenset({"m"})
 
 
 def pct(values: list[int], q: float) -> float:
@@ -165,7 +168,7 @@ def path_before(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ..
     RoutingKey hashes the list (block_hashes_bytes, what RoutingKey.block_hashes called), pick."""
     clock = time.perf_counter_ns
     t0 = clock()
-    validate(req, False, MODELS)
+    validate(req, False)
     key = RoutingKey(len(req["prompt"]), req["prompt"])
     t1 = clock()
     hashes = hashing.block_hashes_bytes(key.token_ids, tpb)
@@ -181,7 +184,7 @@ def path_after(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ...
     RoutingKey hashes them through the process's PrefixHashCache, pick."""
     clock = time.perf_counter_ns
     t0 = clock()
-    ids32 = validate(req, False, MODELS, want_ids=True)
+    ids32 = validate(req, False, want_ids=True)
     key = RoutingKey(len(req["prompt"]), req["prompt"], ids32=ids32)
     t1 = clock()
     hashes = key.block_hashes(tpb)
@@ -234,6 +237,21 @@ def show(title: str, rows: dict[str, list[int]]) -> None:
             print(f"    {name:38} {pct(values, 0.5):>7.1f}us {pct(values, 0.99):>7.1f}us {min(values) / 1000:>7.1f}us")
 
 
+def show_scaling(scaling: dict[int, dict[str, list[int]]]) -> None:
+    """Every "after" row in us per 1k tokens (p50 / min) at each size."""
+    if len(scaling) < 2:
+        return
+    sizes = sorted(scaling)
+    print("\nus per 1k tokens, p50 / min (the after path; a row growing to the right grows faster than the prompt):")
+    print(f"    {'':38} " + " ".join(f"{s:>13}" for s in sizes))
+    for name in scaling[sizes[0]]:
+        cells = []
+        for s in sizes:
+            v = scaling[s].get(name)
+            cells.append(f"{pct(v, 0.5) * 1024 / s:6.2f}/{min(v) / 1000 * 1024 / s:<6.2f}" if v else " " * 13)
+        print(f"    {name:38} " + " ".join(cells))
+
+
 def event_rates(index: BlockIndex, blocks: int, per_event: int, rng: random.Random) -> dict[str, float]:
     hashes = [rng.getrandbits(64) for _ in range(blocks)]
     events = [array("Q", hashes[i : i + per_event]).tobytes() for i in range(0, blocks, per_event)]
@@ -265,7 +283,7 @@ def event_rates(index: BlockIndex, blocks: int, per_event: int, rng: random.Rand
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=2000)
-    ap.add_argument("--sizes", default="1024,8192,32768")
+    ap.add_argument("--sizes", default="1024,8192,32768,131072")
     ap.add_argument("--tpb", type=int, default=32, help="tokens per block")
     ap.add_argument("--capacity", type=int, default=1 << 22, help="index slots")
     ap.add_argument("--event-blocks", type=int, default=32, help="blocks per KV event")
@@ -277,13 +295,17 @@ def main() -> None:
         f"{os.getloadavg()[0]:.2f}; index {args.capacity} slots with 400k cached blocks, 8 servers, "
         f"16 claimed rows, tokens_per_block {args.tpb}, {args.reps} decisions per group\n"
     )
+    scaling: dict[int, dict[str, list[int]]] = {}
     for size in (int(x) for x in args.sizes.split(",")):
         families = [[rng.randrange(100, 150_000) for _ in range(size * 3 // 4)] for _ in range(16)]
         print(f"{size} tokens ({(size - 1 + args.tpb - 1) // args.tpb} blocks, 3/4 of them a cached family prefix):")
         print(f"    {'':38} {'p50':>9} {'p99':>9} {'min':>9}")
-        show("parts (no picks)", parts(families, size, args.reps, args.tpb, rng))
+        p = parts(families, size, args.reps, args.tpb, rng)
+        show("parts (no picks)", p)
+        scaling[size] = {k: v for k, v in p.items() if "before" not in k}
         for fresh in (False, True):
             b, a, reused = decisions(args, families, size, rng, fresh)
+            scaling[size].update({f"{'new' if fresh else 'next'}: {k}": v for k, v in a.items()})
             what = "new prompts (no shared prefix, no match)" if fresh else "next turns (3/4 a cached prefix)"
             show(f"{what}, before: validate (token_ids_ok) -> block_hashes_bytes(list) -> pick_kv", b)
             cached = (
@@ -292,6 +314,7 @@ def main() -> None:
                 else "block_hashes_bytes(int32, under CACHE_MIN_BLOCKS)"
             )
             show(f"{what}, after: validate (token_ids_int32) -> {cached} -> pick_kv", a)
+    show_scaling(scaling)
     if args.events:
         dep = Deployment(args, [])
         try:

@@ -1190,8 +1190,12 @@ static PyMethodDef module_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "block_hashes_v2_64(tokens, tokens_per_block, salt_id=None, lora_id=None, token_bytes=4) -> "
      "bytes of u64 LE per block (first 8 key bytes read big-endian)"},
+    {"_v1_impl", (PyCFunction)(void (*)(void))mod_v1_impl, METH_FASTCALL,
+     "_v1_impl(force_portable=None) -> 'avx2' | 'portable': the v1 and prefix-cache code in use (tests)"},
     {"_sha256_impl", (PyCFunction)(void (*)(void))mod_sha256_impl, METH_FASTCALL,
      "_sha256_impl(force=None) -> 'shani' | 'portable' (tests: force the portable code)"},
+    {"seed_huge", (PyCFunction)(void (*)(void))mod_seed_huge, METH_FASTCALL,
+     "seed_huge(fd, length): size a new shared-memory file and allocate one 4 KiB page per 2 MiB range, so that SharedMapping.collapse() can put it on huge pages"},
     {"sse_scan", (PyCFunction)(void (*)(void))mod_sse_scan, METH_FASTCALL,
      "sse_scan(data) -> end << 8 | flags (1 internal or error key, 2 finish_reason string, 4 usage, 8 [DONE]) of data[:end], the complete SSE events"},
     {NULL, NULL, 0, NULL},
@@ -1213,11 +1217,12 @@ PyMODINIT_FUNC PyInit__native(void)
 {
     PyObject *m = NULL, *magic = NULL;
     if (PyType_Ready(&RegionType) < 0 || PyType_Ready(&IndexType) < 0 ||
-        PyType_Ready(&PrefixHashCacheType) < 0 || (m = PyModule_Create(&moduledef)) == NULL)
+        PyType_Ready(&PrefixHashCacheType) < 0 || PyType_Ready(&SharedMappingType) < 0 || (m = PyModule_Create(&moduledef)) == NULL)
         goto fail;
     if (PyModule_AddObjectRef(m, "Region", (PyObject *)&RegionType) < 0 ||
         PyModule_AddObjectRef(m, "Index", (PyObject *)&IndexType) < 0 ||
         PyModule_AddObjectRef(m, "PrefixHashCache", (PyObject *)&PrefixHashCacheType) < 0 ||
+        PyModule_AddObjectRef(m, "SharedMapping", (PyObject *)&SharedMappingType) < 0 ||
         !add_exc(m, &ShmError, "shmdisagg._native.ShmError", NULL, "Shared-memory failure.") ||
         !add_exc(m, &LayoutMismatch, "shmdisagg._native.LayoutMismatch", ShmError,
                  "The segment header does not describe this build's layout.") ||

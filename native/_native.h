@@ -299,6 +299,7 @@ SD_HIDDEN PyObject *mod_block_hashes_v2(PyObject *m, PyObject *const *args, Py_s
 SD_HIDDEN PyObject *mod_block_hashes_v2_64(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
                                            PyObject *kwnames);
 SD_HIDDEN PyObject *mod_sha256_impl(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
+SD_HIDDEN PyObject *mod_v1_impl(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
 /* sse.c: sse_scan's result bits */
 #define SSE_INTERNAL 1
@@ -309,5 +310,9 @@ SD_HIDDEN PyObject *mod_sse_scan(PyObject *m, PyObject *const *args, Py_ssize_t 
 
 /* hashcache.c */
 SD_HIDDEN extern PyTypeObject PrefixHashCacheType;
+
+/* mapping.c: 2 MiB-aligned shared mappings and tmpfs huge pages for the index segments */
+SD_HIDDEN extern PyTypeObject SharedMappingType;
+SD_HIDDEN PyObject *mod_seed_huge(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

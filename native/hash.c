@@ -8,8 +8,11 @@
  * v1_block_key (tensorrt_llm/runtime/kv_cache_hash.py, C++ BlockKeyHasher): per block,
  *   seed = len ^ (parent * 0xBF58476D1CE4E5B9); if parent == 0 and a salt: seed = mix64(salt, seed);
  *   per token: seed ^= premix(token) + (seed << 6) + (seed >> 2)   (u64; premix is u32 math)
- * premix() depends only on the token, so it runs ahead of the serial chain: the loop below is
- * bound by the chain's four dependent ALU ops per token (about 4 cycles), measured in the README.
+ * premix() depends only on the token, so it runs ahead of the serial chain: the loops below are
+ * bound by the chain's four dependent ALU ops per token (4.1 cycles, native/README.md). int32
+ * buffers with a block size that is a multiple of 8 take one AVX2 loop that premixes
+ * (and for the prefix cache fingerprints) the next 8 tokens in the chain's shadow (v1_run_u32):
+ * the bare chain's cost; lists and other buffers premix a chunk of 256 ahead (v1_run).
  *
  * Tokens: a list of ints (compact ints are read straight from the objects) or any buffer of
  * 4- or 8-byte integers (array, numpy, memoryview). The GIL is kept: 32k tokens take tens of
@@ -193,8 +196,7 @@ static void premix_select(void)
 {
     premix_chunk = premix_scalar;
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2"))
+    if (v1_avx2())
         premix_chunk = premix_avx2;
 #endif
 }
@@ -211,20 +213,22 @@ static void premix_select(void)
 #endif
 
 #if PY_VERSION_HEX < 0x030C0000
-/* Four list items at once with one branch: if all are positive single-digit exact ints (every
- * token id below 2**30), writes their values to out (unless NULL) and returns 1; else 0. */
-static inline __attribute__((always_inline)) int four_small_ints(PyObject *const *p, uint32_t *out)
+/* Eight list items at once: if all are positive single-digit exact ints (every token id below
+ * 2**30), writes their values to out (unless NULL) and returns 1; else 0. The check ORs the
+ * items' type and size words into one word (no flag registers: setcc chains of partial-register
+ * writes made the old four-item version a serial dependency, ~4.5 cycles an item); the digits
+ * are read only once all eight are known to be ints. */
+static inline __attribute__((always_inline)) int eight_small_ints(PyObject *const *p, uint32_t *out)
 {
-    if ((Py_IS_TYPE(p[0], &PyLong_Type) & Py_IS_TYPE(p[1], &PyLong_Type) & Py_IS_TYPE(p[2], &PyLong_Type) &
-         Py_IS_TYPE(p[3], &PyLong_Type) & (Py_SIZE(p[0]) == 1) & (Py_SIZE(p[1]) == 1) &
-         (Py_SIZE(p[2]) == 1) & (Py_SIZE(p[3]) == 1)) == 0)
-        return 0;
-    if (out != NULL) {
-        out[0] = ((PyLongObject *)p[0])->ob_digit[0];
-        out[1] = ((PyLongObject *)p[1])->ob_digit[0];
-        out[2] = ((PyLongObject *)p[2])->ob_digit[0];
-        out[3] = ((PyLongObject *)p[3])->ob_digit[0];
-    }
+    const uintptr_t want = (uintptr_t)&PyLong_Type;
+#define BAD(k) (((uintptr_t)Py_TYPE(p[k]) ^ want) | ((uintptr_t)Py_SIZE(p[k]) ^ 1))
+    if ((((BAD(0) | BAD(1)) | (BAD(2) | BAD(3))) | ((BAD(4) | BAD(5)) | (BAD(6) | BAD(7)))) != 0)
+        return 0; /* a tree of ORs: no serial chain through the eight items */
+#undef BAD
+    if (out != NULL)
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            out[k] = ((PyLongObject *)p[k])->ob_digit[0];
     return 1;
 }
 #endif
@@ -238,15 +242,17 @@ int fill_chunk(const Tokens *t, Py_ssize_t start, Py_ssize_t n, uint32_t *out)
     Py_ssize_t i = 0;
     if (t->items != NULL) {
         PyObject *const *it = t->items + start;
+        while (i < n) {
 #if PY_VERSION_HEX < 0x030C0000
-        while (i + 4 <= n && four_small_ints(it + i, out + i))
-            i += 4;
+            while (i + 8 <= n && eight_small_ints(it + i, out + i))
+                i += 8;
 #endif
-        for (; i < n; i++) {
-            PyObject *o = it[i];
-            if (!LIST_FAST(o, raw) && !long_bits(o, &raw))
-                return 0;
-            out[i] = (uint32_t)raw;
+            for (Py_ssize_t stop = i + 8 < n ? i + 8 : n; i < stop; i++) {
+                PyObject *o = it[i];
+                if (!LIST_FAST(o, raw) && !long_bits(o, &raw))
+                    return 0;
+                out[i] = (uint32_t)raw;
+            }
         }
     } else if (t->itemsize == 4) { /* signed or not, the low 32 bits are the token's */
         memcpy(out, t->buf + 4 * start, (size_t)n * 4);
@@ -272,6 +278,10 @@ int v1_run(const Tokens *t, Py_ssize_t usable, Py_ssize_t tpb, int salted, uint6
     int ok = 1;
     if (pos >= usable)
         return 1;
+    if (t->items == NULL && t->itemsize == 4 && capture == NULL && v1_fused_ok(tpb)) {
+        v1_run_u32((const uint32_t *)t->buf, usable, tpb, salted, salt, first_block, parent, out, NULL, NULL);
+        return 1;
+    }
     if (premix_chunk == NULL)
         premix_select();
     block_end = pos + tpb < usable ? pos + tpb : usable;
@@ -324,6 +334,176 @@ int v1_run(const Tokens *t, Py_ssize_t usable, Py_ssize_t tpb, int salted, uint6
         cnt = ncnt;
     }
     return ok;
+}
+
+/* ---- v1 of u32 tokens in one loop: premix, NH fingerprints and the chain ------------------- */
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("avx2"))) static inline __m256i premix8(__m256i x)
+{
+    const __m256i h = _mm256_set1_epi32((int)HASH32), c = _mm256_set1_epi32((int)COMBINE);
+    x = _mm256_mullo_epi32(_mm256_xor_si256(_mm256_srli_epi32(x, 16), x), h);
+    x = _mm256_mullo_epi32(_mm256_xor_si256(_mm256_srli_epi32(x, 16), x), h);
+    x = _mm256_xor_si256(_mm256_srli_epi32(x, 16), x);
+    return _mm256_add_epi32(x, c);
+}
+
+/* The whole blocks go by groups of 8 tokens (tpb is a multiple of 8): each step first does the
+ * vector work of the next group (premix into a two-group ring, NH lane sums, the lane chains when
+ * the vector side crosses into the next block, a fingerprint where the cache reads one), then
+ * chains this group's 8 premixed tokens. The chain is the loop's critical path (four dependent ALU
+ * ops a token); the vector work runs on the other ports in its shadow, so premix and fingerprints
+ * cost no time: 32k tokens chain in ~41.7 us on the development VM, as the bare chain does,
+ * against ~45 us for a premix pass then the chain, plus ~7 us for a separate fingerprint pass
+ * (BENCHMARKS.md). A last partial block is chained and fingerprinted in scalar code. */
+__attribute__((target("avx2"))) static void v1_run_u32_avx2(const uint32_t *tok, Py_ssize_t usable,
+                                                             Py_ssize_t tpb, int salted, uint64_t salt,
+                                                             Py_ssize_t first_block, uint64_t parent,
+                                                             uint64_t *out, const FpArgs *fa, uint64_t *fp)
+{
+    uint32_t ring[2][8] __attribute__((aligned(32)));
+    uint64_t c1[4], c2[4], s1[4], s2[4];
+    Py_ssize_t start = first_block * tpb, last = (usable - 1) / tpb * tpb, whole_end, groups, per_block;
+    Py_ssize_t nb = first_block, nbv = first_block, nblocks = (usable + tpb - 1) / tpb, g, len, i;
+    uint64_t seed;
+    __m256i v1 = _mm256_setzero_si256(), v2 = _mm256_setzero_si256(), x, C1, C2, P1, P2, T1, T2;
+    if (start >= usable)
+        return;
+    whole_end = usable - last == tpb ? usable : last; /* blocks before whole_end have tpb tokens */
+    groups = (whole_end - start) / 8;
+    per_block = tpb / 8;
+    if (fa != NULL) {
+        C1 = _mm256_loadu_si256((const __m256i *)fa->c1);
+        C2 = _mm256_loadu_si256((const __m256i *)fa->c2);
+        P1 = _mm256_set1_epi64x((long long)fa->p1);
+        P2 = _mm256_set1_epi64x((long long)fa->p2);
+        T1 = _mm256_set_epi64x(0, 0, 0, (long long)((uint64_t)tpb << 48));
+        T2 = _mm256_set_epi64x(0, 0, 0, (long long)((uint64_t)tpb << 40));
+    } else {
+        C1 = C2 = P1 = P2 = T1 = T2 = _mm256_setzero_si256();
+    }
+    if (groups > 0) {
+        x = _mm256_loadu_si256((const __m256i *)(tok + start));
+        if (fa != NULL) {
+            v1 = nh8(x, fa->k1, v1);
+            v2 = nh8(x, fa->k2, v2);
+        }
+        _mm256_store_si256((__m256i *)ring[0], premix8(x));
+        seed = v1_seed((uint64_t)tpb, parent, salted, salt);
+        for (g = 0; g < groups; g++) {
+            const uint32_t *v = ring[g & 1];
+            Py_ssize_t h = g + 1;
+            if (h < groups) {
+                Py_ssize_t j = h % per_block * 8;
+                x = _mm256_loadu_si256((const __m256i *)(tok + start + 8 * h));
+                if (fa != NULL) {
+                    if (j == 0) { /* the vector side enters the next block: chain this one */
+                        lanes_step8(&C1, &C2, P1, P2, v1, v2, T1, T2);
+                        if (fp_wanted(nbv, nblocks)) {
+                            _mm256_storeu_si256((__m256i *)c1, C1);
+                            _mm256_storeu_si256((__m256i *)c2, C2);
+                            lanes_fold(c1, c2, fa, fp, nbv);
+                        }
+                        nbv++;
+                        v1 = v2 = _mm256_setzero_si256();
+                    }
+                    v1 = nh8(x, fa->k1 + j, v1);
+                    v2 = nh8(x, fa->k2 + j, v2);
+                }
+                _mm256_store_si256((__m256i *)ring[h & 1], premix8(x));
+            }
+            seed = chain_step(seed, v[0]);
+            seed = chain_step(seed, v[1]);
+            seed = chain_step(seed, v[2]);
+            seed = chain_step(seed, v[3]);
+            seed = chain_step(seed, v[4]);
+            seed = chain_step(seed, v[5]);
+            seed = chain_step(seed, v[6]);
+            seed = chain_step(seed, v[7]);
+            if (h % per_block == 0) {
+                out[nb++] = parent = seed;
+                seed = v1_seed((uint64_t)tpb, parent, salted, salt);
+            }
+        }
+        if (fa != NULL) {
+            lanes_step8(&C1, &C2, P1, P2, v1, v2, T1, T2);
+            _mm256_storeu_si256((__m256i *)c1, C1);
+            _mm256_storeu_si256((__m256i *)c2, C2);
+            if (fp_wanted(nbv, nblocks))
+                lanes_fold(c1, c2, fa, fp, nbv);
+            nbv++;
+        }
+    } else if (fa != NULL) {
+        memcpy(c1, fa->c1, sizeof c1);
+        memcpy(c2, fa->c2, sizeof c2);
+    }
+    if (whole_end < usable) { /* the last block, shorter than tpb */
+        uint32_t t[8];
+        len = usable - whole_end;
+        seed = v1_seed((uint64_t)len, parent, salted, salt);
+        memset(s1, 0, sizeof s1);
+        memset(s2, 0, sizeof s2);
+        for (i = 0; i < len; i += 8) {
+            Py_ssize_t n = len - i < 8 ? len - i : 8;
+            memcpy(t, (const char *)(tok + whole_end + i), (size_t)n * 4);
+            if (fa != NULL) /* pairs continue their lanes: i is a multiple of 8 */
+                nh_lanes(t, 0, n, fa->k1 + i, fa->k2 + i, s1, s2);
+            for (Py_ssize_t k = 0; k < n; k++)
+                seed = chain_step(seed, premix(t[k]));
+        }
+        out[nb] = seed;
+        if (fa != NULL) {
+            lanes_step(c1, c2, fa, s1, s2, len);
+            lanes_fold(c1, c2, fa, fp, nbv);
+        }
+    }
+}
+#endif
+
+static int have_avx2 = -1, forced_portable = 0;
+
+int v1_avx2(void)
+{
+#if defined(__x86_64__)
+    if (have_avx2 < 0) {
+        __builtin_cpu_init();
+        have_avx2 = __builtin_cpu_supports("avx2") != 0;
+    }
+    return have_avx2 && !forced_portable;
+#else
+    return 0;
+#endif
+}
+
+int v1_fused_ok(Py_ssize_t tpb) { return v1_avx2() && tpb % 8 == 0; }
+
+/* _v1_impl(force_portable=None) -> "avx2" | "portable": the v1 premix, the one-loop path and the
+ * prefix cache's fingerprints in use; True forces the portable code (tests: both must give the
+ * same keys and fingerprints), False the fastest again. */
+PyObject *mod_v1_impl(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    int force;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "_v1_impl() takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        if ((force = PyObject_IsTrue(args[0])) < 0)
+            return NULL;
+        forced_portable = force;
+        premix_chunk = NULL;
+    }
+    return PyUnicode_FromString(v1_avx2() ? "avx2" : "portable");
+}
+
+void v1_run_u32(const uint32_t *tok, Py_ssize_t usable, Py_ssize_t tpb, int salted, uint64_t salt,
+                Py_ssize_t first_block, uint64_t parent, uint64_t *out, const FpArgs *fa, uint64_t *fp)
+{
+#if defined(__x86_64__)
+    v1_run_u32_avx2(tok, usable, tpb, salted, salt, first_block, parent, out, fa, fp);
+#endif
 }
 
 int opt_u64(PyObject *o, const char *what, int *present, uint64_t *out)
@@ -416,27 +596,30 @@ fail:
  * The hot path's check of every token-id prompt: 32k fresh ints from orjson in about 35 us. */
 static int ids_u31(PyObject *const *items, Py_ssize_t n, uint32_t *out)
 {
-    Py_ssize_t i = 0;
+    Py_ssize_t i = 0, stop;
+    while (i < n) {
 #if PY_VERSION_HEX < 0x030C0000
-    while (i + 4 <= n && four_small_ints(items + i, out != NULL ? out + i : NULL))
-        i += 4;
+        while (i + 8 <= n && eight_small_ints(items + i, out != NULL ? out + i : NULL))
+            i += 8;
 #endif
-    for (; i < n; i++) {
-        PyObject *o = items[i];
-        long v;
-        int overflow = 0;
-        if (!PyLong_CheckExact(o))
-            return 0;
+        /* item by item up to the next group of eight (a 0, a value >= 2**30, or the end) */
+        for (stop = i + 8 < n ? i + 8 : n; i < stop; i++) {
+            PyObject *o = items[i];
+            long v;
+            int overflow = 0;
+            if (!PyLong_CheckExact(o))
+                return 0;
 #if PY_VERSION_HEX >= 0x030C0000
-        if (PyUnstable_Long_IsCompact((PyLongObject *)o))
-            v = (long)PyUnstable_Long_CompactValue((PyLongObject *)o);
-        else
+            if (PyUnstable_Long_IsCompact((PyLongObject *)o))
+                v = (long)PyUnstable_Long_CompactValue((PyLongObject *)o);
+            else
 #endif
-            v = PyLong_AsLongAndOverflow(o, &overflow); /* exact int: no Python code runs */
-        if (overflow || v < 0 || v >= (1L << 31))
-            return 0;
-        if (out != NULL)
-            out[i] = (uint32_t)v;
+                v = PyLong_AsLongAndOverflow(o, &overflow); /* exact int: no Python code runs */
+            if (overflow || v < 0 || v >= (1L << 31))
+                return 0;
+            if (out != NULL)
+                out[i] = (uint32_t)v;
+        }
     }
     return 1;
 }

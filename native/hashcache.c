@@ -5,8 +5,9 @@
  *
  * For every block the cache computes a 128-bit chained fingerprint: two NH sums of the block's
  * tokens under random per-process keys (pairs of 32-bit adds multiplied into a 64-bit sum, eight
- * tokens per AVX2 step: no per-token serial chain, about 0.25 ns a token against v1's 1.2), each
- * folded into its own polynomial chain c = c * P + nh with a random odd P. The fingerprint of
+ * tokens per AVX2 step: no per-token serial chain), each kept as four lane sums folded into four
+ * polynomial chains c = c * P + s with a random odd P, combined into 64 bits where the cache reads
+ * a fingerprint (hash.h, FpArgs: ~0.13 ns a token against v1's 1.3). The fingerprint of
  * block j therefore stands for the whole prefix 0..j, like the v1 key it replaces. Records: the
  * v1 keys of every prompt hashed are appended to a ring (`arena`); a 2-way table (buckets of two
  * entries in one cache line) maps the fingerprint of every CHECKPOINT-th block and of the last
@@ -15,12 +16,13 @@
  * hashes only the rest, then records the whole prompt. An aligned int32 buffer is read in place;
  * lists and int64 buffers are copied to u32 first.
  *
- * A false match needs both 64-bit chains to collide under keys the process drew at random
- * (NH is 2^-32-almost-universal per chain and the chains use independent keys); its only effect
- * would be one mis-scored routing decision. The cache is process-local and keeps the GIL (it is
- * a plain C structure, no shared memory). Memory: 8 bytes per cached block plus 32 bytes per
- * table entry (max_blocks / 4 entries, rounded up to a power of two), in one private mapping
- * advised for transparent huge pages (map_zeroed).
+ * A false match needs both 64-bit fingerprints to collide under keys the process drew at random
+ * (NH is 2^-32-almost-universal per lane and key set, the two key sets are independent, and the
+ * lanes are combined with random odd weights); its only effect would be one mis-scored routing
+ * decision. An int32 miss computes its fingerprints inside the v1 loop (hash.c v1_run_u32). The
+ * cache is process-local and keeps the GIL (a plain C structure, no shared memory). Memory: 8
+ * bytes per cached block plus 32 bytes per table entry (max_blocks / 4 entries, rounded up to a
+ * power of two), in one private mapping advised for transparent huge pages (map_zeroed).
  */
 #include "hash.h"
 
@@ -32,7 +34,6 @@
 #include <immintrin.h>
 #endif
 
-#define CHECKPOINT 16 /* blocks between checkpoints */
 
 typedef struct {
     uint64_t c1, c2; /* fingerprint of blocks 0..pos of the record */
@@ -44,7 +45,7 @@ typedef struct {
     PyObject_HEAD
     Py_ssize_t tpb;
     uint32_t *keys;    /* NH keys: k1[0..tpb+2) then k2[0..tpb+2) */
-    uint64_t seed1, seed2, p1, p2;
+    uint64_t lane1[4], lane2[4], p1, p2, r1[4], r2[4]; /* fingerprint keys (hash.h FpArgs) */
     uint64_t *arena;   /* ring of v1 keys */
     uint64_t arena_len, head;
     Entry *table;
@@ -64,74 +65,72 @@ static uint64_t splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
-/* NH sums of tokens [0, len) added to s1/s2 (an odd last token pairs with a zero token). */
-static inline void nh2_tail(const uint32_t *t, Py_ssize_t len, const uint32_t *k1, const uint32_t *k2,
-                            uint64_t *s1, uint64_t *s2)
-{
-    Py_ssize_t i = 0;
-    for (; i + 1 < len; i += 2) {
-        *s1 += (uint64_t)(uint32_t)(t[i] + k1[i]) * (uint32_t)(t[i + 1] + k1[i + 1]);
-        *s2 += (uint64_t)(uint32_t)(t[i] + k2[i]) * (uint32_t)(t[i + 1] + k2[i + 1]);
-    }
-    if (i < len) {
-        *s1 += (uint64_t)(uint32_t)(t[i] + k1[i]) * k1[i + 1];
-        *s2 += (uint64_t)(uint32_t)(t[i] + k2[i]) * k2[i + 1];
-    }
-}
-
-/* The chained fingerprints fp[2b], fp[2b+1] of every block of tok[0..usable): per block two NH
- * sums (no serial dependency), folded into two polynomial chains c = c * P + (nh ^ len). */
-typedef struct {
-    const uint32_t *k1, *k2;
-    uint64_t p1, p2, c1, c2;
-    Py_ssize_t tpb;
-} FpArgs;
-
+/* The fingerprints of tok[0..usable)'s blocks that the cache reads (fp_wanted: every CHECKPOINT-th
+ * block and the last), into fp[2b], fp[2b+1]: NH lane sums per block, four lane chains per key,
+ * combined where read (hash.h, FpArgs). */
 static void fingerprints_scalar(const uint32_t *tok, Py_ssize_t usable, const FpArgs *f, uint64_t *fp)
 {
-    uint64_t c1 = f->c1, c2 = f->c2;
+    Py_ssize_t nb = (usable + f->tpb - 1) / f->tpb;
+    uint64_t c1[4], c2[4];
+    memcpy(c1, f->c1, sizeof c1);
+    memcpy(c2, f->c2, sizeof c2);
     for (Py_ssize_t b = 0, start = 0; start < usable; b++, start += f->tpb) {
         Py_ssize_t len = usable - start < f->tpb ? usable - start : f->tpb;
-        uint64_t a1 = 0, a2 = 0;
-        nh2_tail(tok + start, len, f->k1, f->k2, &a1, &a2);
-        fp[2 * b] = c1 = c1 * f->p1 + (a1 ^ ((uint64_t)len << 48));
-        fp[2 * b + 1] = c2 = c2 * f->p2 + (a2 ^ ((uint64_t)len << 40));
+        uint64_t s1[4] = {0, 0, 0, 0}, s2[4] = {0, 0, 0, 0};
+        nh_lanes(tok + start, 0, len, f->k1, f->k2, s1, s2);
+        lanes_step(c1, c2, f, s1, s2, len);
+        if (fp_wanted(b, nb))
+            lanes_fold(c1, c2, f, fp, b);
     }
 }
 
 #if defined(__x86_64__)
-/* Eight tokens per step: vpmuludq multiplies the even lanes of (t + k) by the odd ones. */
+/* Eight tokens per step, their four pairs in the four lanes; no horizontal sum per block. */
 __attribute__((target("avx2"))) static void fingerprints_avx2(const uint32_t *tok, Py_ssize_t usable,
                                                               const FpArgs *f, uint64_t *fp)
 {
-    uint64_t c1 = f->c1, c2 = f->c2;
+    Py_ssize_t nb = (usable + f->tpb - 1) / f->tpb;
+    uint64_t c1[4], c2[4], s1[4], s2[4];
     const uint32_t *k1 = f->k1, *k2 = f->k2;
+    __m256i C1 = _mm256_loadu_si256((const __m256i *)f->c1), C2 = _mm256_loadu_si256((const __m256i *)f->c2);
+    __m256i P1 = _mm256_set1_epi64x((long long)f->p1), P2 = _mm256_set1_epi64x((long long)f->p2);
     for (Py_ssize_t b = 0, start = 0; start < usable; b++, start += f->tpb) {
         Py_ssize_t len = usable - start < f->tpb ? usable - start : f->tpb, i = 0;
         const uint32_t *t = tok + start;
-        __m256i s1 = _mm256_setzero_si256(), s2 = _mm256_setzero_si256(), x, y1, y2;
-        __m128i h1, h2;
-        uint64_t a1, a2;
+        __m256i v1 = _mm256_setzero_si256(), v2 = _mm256_setzero_si256();
         for (; i + 8 <= len; i += 8) {
-            x = _mm256_loadu_si256((const __m256i *)(t + i));
-            y1 = _mm256_add_epi32(x, _mm256_loadu_si256((const __m256i *)(k1 + i)));
-            y2 = _mm256_add_epi32(x, _mm256_loadu_si256((const __m256i *)(k2 + i)));
-            s1 = _mm256_add_epi64(s1, _mm256_mul_epu32(y1, _mm256_srli_epi64(y1, 32)));
-            s2 = _mm256_add_epi64(s2, _mm256_mul_epu32(y2, _mm256_srli_epi64(y2, 32)));
+            __m256i x = _mm256_loadu_si256((const __m256i *)(t + i));
+            v1 = nh8(x, k1 + i, v1);
+            v2 = nh8(x, k2 + i, v2);
         }
-        h1 = _mm_add_epi64(_mm256_castsi256_si128(s1), _mm256_extracti128_si256(s1, 1));
-        h2 = _mm_add_epi64(_mm256_castsi256_si128(s2), _mm256_extracti128_si256(s2, 1));
-        a1 = (uint64_t)_mm_cvtsi128_si64(h1) + (uint64_t)_mm_extract_epi64(h1, 1);
-        a2 = (uint64_t)_mm_cvtsi128_si64(h2) + (uint64_t)_mm_extract_epi64(h2, 1);
-        nh2_tail(t + i, len - i, k1 + i, k2 + i, &a1, &a2);
-        fp[2 * b] = c1 = c1 * f->p1 + (a1 ^ ((uint64_t)len << 48));
-        fp[2 * b + 1] = c2 = c2 * f->p2 + (a2 ^ ((uint64_t)len << 40));
+        if (i < len) { /* a tail of under 8 tokens: its pairs continue the lanes (i % 8 == 0) */
+            _mm256_storeu_si256((__m256i *)s1, v1);
+            _mm256_storeu_si256((__m256i *)s2, v2);
+            nh_lanes(t, i, len, k1, k2, s1, s2);
+            v1 = _mm256_loadu_si256((const __m256i *)s1);
+            v2 = _mm256_loadu_si256((const __m256i *)s2);
+        }
+        lanes_step8(&C1, &C2, P1, P2, v1, v2, _mm256_set_epi64x(0, 0, 0, (long long)((uint64_t)len << 48)),
+                    _mm256_set_epi64x(0, 0, 0, (long long)((uint64_t)len << 40)));
+        if (fp_wanted(b, nb)) {
+            _mm256_storeu_si256((__m256i *)c1, C1);
+            _mm256_storeu_si256((__m256i *)c2, C2);
+            lanes_fold(c1, c2, f, fp, b);
+        }
     }
 }
 #endif
 
-static void (*fingerprints)(const uint32_t *, Py_ssize_t, const FpArgs *, uint64_t *) =
-    fingerprints_scalar;
+static void fingerprints(const uint32_t *tok, Py_ssize_t usable, const FpArgs *f, uint64_t *fp)
+{
+#if defined(__x86_64__)
+    if (v1_avx2()) {
+        fingerprints_avx2(tok, usable, f, fp);
+        return;
+    }
+#endif
+    fingerprints_scalar(tok, usable, f, fp);
+}
 
 /* Zeroed private memory for the table and the arena. From 1 MiB on it is 2 MiB-aligned and
  * advised for transparent huge pages: a lookup then costs no page walk, where the 4 KiB pages of a
@@ -201,16 +200,16 @@ static int Cache_init(PrefixHashCache *self, PyObject *args, PyObject *kwds)
     self->arena = (uint64_t *)(self->table + entries);
     for (Py_ssize_t i = 0; i < 2 * (tpb + 2); i++)
         self->keys[i] = (uint32_t)splitmix64(&state);
-    self->seed1 = splitmix64(&state);
-    self->seed2 = splitmix64(&state);
+    for (int l = 0; l < 4; l++) {
+        self->lane1[l] = splitmix64(&state);
+        self->lane2[l] = splitmix64(&state);
+        self->r1[l] = splitmix64(&state) | 1; /* odd: a difference in any one lane shows */
+        self->r2[l] = splitmix64(&state) | 1;
+    }
     self->head = 0;
-    self->p1 = splitmix64(&state) | 1; /* odd multipliers: each chain step is a bijection of c */
-    self->p2 = splitmix64(&state) | 1;
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2"))
-        fingerprints = fingerprints_avx2;
-#endif
+    /* odd multipliers below 2**32 (one AVX2 multiply a lane chain): each step is a bijection of c */
+    self->p1 = (splitmix64(&state) & 0xFFFFFFFFULL) | 1;
+    self->p2 = (splitmix64(&state) & 0xFFFFFFFFULL) | 1;
     rc = 0;
 fail:
     return rc;
@@ -235,6 +234,38 @@ static inline int entry_whole(const PrefixHashCache *self, const Entry *e)
 static inline Entry *bucket_of(PrefixHashCache *self, uint64_t c1)
 {
     return &self->table[(fmix64(c1) & self->table_mask) & ~(uint64_t)1];
+}
+
+/* Prefetching what a next turn's lookup reads and its record writes. The cache's lines are cold
+ * at every decision (the pick and the request's JSON in between push them out), and a 32k-token
+ * prompt reads ~8 buckets one after the other in its binary search and records 64 buckets and
+ * 8 KiB of arena. Prefetched before the search and the v1 chain of the new blocks, they arrive
+ * meanwhile: ~1.5-2.5 us less a 32k next turn (BENCHMARKS.md). A prefetch that misses the TLB
+ * holds up retirement until its page walk is done (a chain with one prefetch a block ran 2x
+ * slower on the development VM), so a demand load first puts the table's and the arena's huge
+ * pages in the TLB. (Prefetching a miss's record ahead of its chain measured no gain.) */
+static void warm_tlb(PrefixHashCache *self)
+{
+    volatile uint64_t sink = self->table[0].pos + self->arena[self->head % self->arena_len];
+    (void)sink;
+}
+
+/* The arena lines a record of nb blocks will write (for writing). */
+static void prefetch_record(PrefixHashCache *self, Py_ssize_t nb)
+{
+    uint64_t at = self->head % self->arena_len;
+    if ((uint64_t)nb <= self->arena_len)
+        for (Py_ssize_t i = 0; i < nb; i += 8) /* eight keys a line */
+            __builtin_prefetch(self->arena + (at + (uint64_t)i) % self->arena_len, 1);
+}
+
+/* The buckets of every checkpoint and of the last block (the search reads them, the record
+ * writes them). */
+static void prefetch_buckets(PrefixHashCache *self, const uint64_t *fp, Py_ssize_t nb)
+{
+    for (Py_ssize_t b = CHECKPOINT - 1; b < nb - 1; b += CHECKPOINT)
+        __builtin_prefetch(bucket_of(self, fp[2 * b]), 1);
+    __builtin_prefetch(bucket_of(self, fp[2 * (nb - 1)]), 1);
 }
 
 /* The table entry for fingerprint (c1, c2) if it names a record still whole in the arena. */
@@ -329,8 +360,12 @@ static PyObject *Cache_block_hashes(PrefixHashCache *self, PyObject *const *args
     fa.k2 = k2;
     fa.p1 = self->p1;
     fa.p2 = self->p2;
-    fa.c1 = self->seed1 ^ (salted ? fmix64(salt ^ 0x5A17ULL) : 0);
-    fa.c2 = self->seed2 ^ (salted ? fmix64(salt ^ 0xA5E1ULL) : 0);
+    for (int l = 0; l < 4; l++) {
+        fa.r1[l] = self->r1[l];
+        fa.r2[l] = self->r2[l];
+        fa.c1[l] = self->lane1[l] ^ (salted ? fmix64(salt ^ 0x5A17ULL) : 0);
+        fa.c2[l] = self->lane2[l] ^ (salted ? fmix64(salt ^ 0xA5E1ULL) : 0);
+    }
     fa.tpb = tpb;
     /* Is anything cached? Fingerprint the first checkpoint's tokens (or all, if fewer) first. */
     head_blocks = nb - 1 < CHECKPOINT ? nb : CHECKPOINT;
@@ -339,11 +374,16 @@ static PyObject *Cache_block_hashes(PrefixHashCache *self, PyObject *const *args
         goto error;
     fingerprints(tok, head_tokens, &fa, fp);
     if (cache_find(self, fp[2 * (head_blocks - 1)], fp[2 * head_blocks - 1], (uint64_t)(head_blocks - 1)) == NULL) {
-        /* A miss: hash directly (its list reads overlap the v1 chain), keeping the tokens for the
-         * fingerprints that record this prompt. */
-        if (!v1_run(&t, usable, tpb, salted, salt, 0, 0, out, own))
-            goto error;
-        fingerprints(tok, usable, &fa, fp);
+        /* A miss: hash directly. An int32 buffer is fingerprinted inside the v1 loop, for free
+         * (v1_run_u32); a list's reads overlap the chain and keep the tokens for a fingerprint
+         * pass. The fingerprints record this prompt. */
+        if (direct && v1_fused_ok(tpb)) {
+            v1_run_u32(tok, usable, tpb, salted, salt, 0, 0, out, &fa, fp);
+        } else {
+            if (!v1_run(&t, usable, tpb, salted, salt, 0, 0, out, own))
+                goto error;
+            fingerprints(tok, usable, &fa, fp);
+        }
     } else {
         if (!direct && !fill_chunk(&t, head_tokens, usable - head_tokens, own + head_tokens))
             goto error;
@@ -355,6 +395,9 @@ static PyObject *Cache_block_hashes(PrefixHashCache *self, PyObject *const *args
             self->blocks_reused += (unsigned long long)nb;
             goto done;
         }
+        warm_tlb(self);
+        prefetch_buckets(self, fp, nb);
+        prefetch_record(self, nb);
         /* the deepest cached checkpoint strictly before the last block: at least the first */
         q_count = (nb - 1) / CHECKPOINT;
         lo = 0;

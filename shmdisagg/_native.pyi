@@ -5,7 +5,8 @@ Units: every `*_ns` is CLOCK_MONOTONIC nanoseconds (time.monotonic_ns) unless na
 are 0..MAX_SERVERS-1, roles 0 (context) and 1 (generation). Block hashes travel as `bytes` of
 packed little-endian u64 ("hashes"). Region calls keep the GIL and take well under a microsecond;
 Index picks and hashing scale with the prompt (native/README.md, "Measured cost"); only
-`Index.sweep`, `Index.copy_into` and `Index.init_index` release the GIL, on large tables.
+`Index.sweep`, `Index.copy_into` and `Index.init_index` (on large tables), `SharedMapping.collapse`
+and `seed_huge` release the GIL.
 """
 
 from collections.abc import Sequence
@@ -100,6 +101,10 @@ def block_hashes_v2_64(
 def _sha256_impl(force_portable: bool | None = None, /) -> str:
     """The SHA-256 transform in use ("shani" or "portable"); True forces the portable one (tests)."""
 
+def _v1_impl(force_portable: bool | None = None, /) -> str:
+    """The v1 hashing and prefix-cache fingerprint code in use ("avx2" or "portable"); True forces
+    the portable code (tests: both give the same keys and fingerprints), False the fastest again."""
+
 class PrefixHashCache:
     """v1 block keys cached by prompt prefix (process-local, keeps the GIL).
 
@@ -116,6 +121,36 @@ class PrefixHashCache:
         """ "calls", "full_hits", "blocks_reused", "blocks_hashed" (process-local)."""
     def block_hashes(self, tokens: Tokens, salt_id: int | None = None) -> bytes: ...
     def clear(self) -> None: ...
+
+def seed_huge(fd: int, length: int, /) -> None:
+    """Give a new shared-memory file its size (`length` bytes) and one allocated 4 KiB page at the
+    start of every 2 MiB range (posix_fallocate, no page touched), so that
+    `SharedMapping.collapse` can put it on huge pages. OSError (ENOSPC: the tmpfs is full);
+    ValueError for a negative fd or a length <= 0."""
+
+class SharedMapping:
+    """A MAP_SHARED mapping of `length` bytes of `fd` at a 2 MiB-aligned address (native/mapping.c),
+    so that a file on 2 MiB pages maps with PMD entries. Buffer protocol (read-only unless
+    `writable`), `m[i]`, `m[a:b]` and slice assignment of the same length, as mmap.mmap.
+    `close()` unmaps (idempotent) and raises BufferError while a buffer is exported.
+    OSError: the mmap failed; ValueError: length <= 0, or use after close."""
+
+    def __init__(self, fd: int, length: int, writable: bool = True) -> None: ...
+    def __len__(self) -> int:
+        """Mapped length in bytes; 0 once closed."""
+    def __getitem__(self, key: int | slice) -> Any: ...
+    def __setitem__(self, key: int | slice, value: Any) -> None: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def address(self) -> int:
+        """Start address (a multiple of 2 MiB); 0 once closed."""
+    def close(self) -> None: ...
+    def collapse(self) -> int:
+        """Put the mapped file on 2 MiB pages where the kernel allows it (MADV_COLLAPSE per whole
+        2 MiB range, Linux >= 6.1; the GIL released): returns the bytes now on huge pages, 0
+        where it cannot (older kernel, tmpfs huge pages `deny`, no free 2 MiB of memory)."""
 
 class Region:
     """Atomic access to one mapped control segment.

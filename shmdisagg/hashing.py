@@ -246,9 +246,10 @@ PrefixHashCache = _native.PrefixHashCache
 """PrefixHashCache(tokens_per_block, max_blocks=2**21, seed=None): v1 block keys cached by
 prompt prefix, per process. `.block_hashes(tokens, salt_id=None) -> bytes` returns exactly what
 `block_hashes_bytes` does, hashing only the blocks past the deepest cached prefix (checkpoints
-every 16 blocks). It pays off for int32/int64 buffers (a 32k-token repeat: ~11 us against ~49 us
-on the development VM); for Python lists, reading the int objects dominates either way
-(native/README.md, "Measured cost")."""
+every 16 blocks). It pays off for int32/int64 buffers (a 32k-token repeat: ~8 us against ~43 us
+on the development VM, a next turn with 3/4 cached ~22 us, a miss ~2 us over the direct hash);
+for Python lists, reading the int objects dominates either way (native/README.md, "Measured
+cost")."""
 
 PROCESS_CACHE_BLOCKS = 1 << 18
 """Blocks each of this process's caches remembers: 8.4M tokens at 32 tokens a block (256 prompts

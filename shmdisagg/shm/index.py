@@ -1,7 +1,8 @@
 """The KV block index in shared memory: block hash -> servers, and conversation sessions.
 
-Owns the index segments "/{prefix}-idx-{generation:x}" (create, map, remap, retire, unlink) and
-sequences the native `Index` calls; every shared word is touched in `shmdisagg._native` only
+Owns the index segments "/{prefix}-idx-{generation:x}" (create, map, remap, retire, unlink; on
+2 MiB pages where the kernel allows it, `Segment.create(huge=True)`) and sequences the native
+`Index` calls; every shared word is touched in `shmdisagg._native` only
 (native/index.c, layout and concurrency in native/README.md). It never writes the control
 segment's server table or another worker's row.
 
@@ -266,6 +267,13 @@ class BlockIndex:
     def name(self) -> str:
         return self._segment.name
 
+    @property
+    def huge_bytes(self) -> int:
+        """Coordinator: bytes of the current generation its creation put on 2 MiB pages (0 where
+        the kernel would not: `Segment.create(huge=True)`); workers: 0 (they map it 2 MiB-aligned,
+        so its huge pages map whole either way)."""
+        return self._segment.huge_bytes
+
     # -- coordinator: KV events --------------------------------------------------------------
 
     def _write(self, op: str, *args: Any) -> int:
@@ -518,7 +526,7 @@ class BlockIndex:
 def _build(table: ControlTable, generation: int, capacity: int, max_load: float) -> tuple[Segment, Index]:
     """Create, lock, size and initialise generation `generation` (state BUILDING)."""
     size = index_size(capacity)
-    segment = Segment.create(index_name(table.prefix, generation), size)
+    segment = Segment.create(index_name(table.prefix, generation), size, huge=True)
     ix = None
     try:
         ix = Index(segment.mm, table._region)
@@ -593,7 +601,7 @@ def _map_published(table: ControlTable) -> tuple[Segment, Index] | None:
     if generation == 0:
         return None
     try:
-        segment = Segment.attach(name, min_size=nbytes)
+        segment = Segment.attach(name, min_size=nbytes, huge=True)
     except (FileNotFoundError, SegmentNotReady):
         return None
     ix = None

@@ -2,9 +2,12 @@
 
 Owns the lifecycle of every segment: `O_CREX` mode 0600, `os.posix_fallocate` (never a bare
 `ftruncate`: a first touch on a full tmpfs is SIGBUS), the creator's `flock`, mapping, closing and
-unlinking. It never reads or writes the words inside a segment; `shmdisagg._native` does. It uses
-posix_ipc, not `multiprocessing.shared_memory`, whose resource tracker unlinks segments on 3.11
-when an attacher exits (CPython gh-82300).
+unlinking. Segments made with `huge=True` (the KV block index) are mapped at 2 MiB-aligned
+addresses by `_native.SharedMapping`, and their creator puts them on tmpfs huge pages where the
+kernel allows it (MADV_COLLAPSE, Linux >= 6.1; native/mapping.c says how and why). It never
+reads or writes the words inside a segment; `shmdisagg._native` does. It uses posix_ipc, not
+`multiprocessing.shared_memory`, whose resource tracker unlinks segments on 3.11 when an attacher
+exits (CPython gh-82300).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Iterable
 
 import posix_ipc
 
-from shmdisagg._native import LayoutMismatch, RetryExhausted, RowLost, SegmentFull, ShmError
+from shmdisagg._native import LayoutMismatch, RetryExhausted, RowLost, SegmentFull, SharedMapping, ShmError, seed_huge
 
 __all__ = [
     "SHM_DIR",
@@ -135,21 +138,32 @@ class Segment:
     Attributes:
         name: POSIX name with its leading slash, e.g. "/shmdisagg-1000-8000-ctl".
         size: mapped length in bytes (the file size; the creator allocates whole pages).
-        mm: the shared, writable (or read-only) mapping; closed by `close()`.
+        mm: the shared, writable (or read-only) mapping; closed by `close()`. A `SharedMapping`
+            (2 MiB-aligned) for segments made with `huge=True`, else an `mmap.mmap`.
+        huge_bytes: in the creator of a `huge=True` segment, the bytes its collapse put on 2 MiB
+            pages (0: the kernel would not; the segment works the same on 4 KiB pages); else 0.
         owner: True in the creator, which keeps the fd open because it holds the exclusive flock
             that makes it the single writer; the kernel drops the lock if the creator dies.
     """
 
-    def __init__(self, name: str, mm: mmap.mmap, shm: posix_ipc.SharedMemory | None) -> None:
+    def __init__(
+        self, name: str, mm: mmap.mmap | SharedMapping, shm: posix_ipc.SharedMemory | None, huge_bytes: int = 0
+    ) -> None:
         self.name = name
         self.size = len(mm)
         self.mm = mm
         self._shm = shm
         self.owner = shm is not None
+        self.huge_bytes = huge_bytes
 
     @classmethod
-    def create(cls, name: str, size: int) -> Segment:
+    def create(cls, name: str, size: int, *, huge: bool = False) -> Segment:
         """Create `name` exclusively (mode 0600), flock it, reserve `size` bytes and map them.
+
+        With `huge`, the file is put on 2 MiB pages before anything is written where the kernel
+        allows it (`seed_huge`, then `SharedMapping.collapse`, then the usual posix_fallocate of
+        the whole: native/mapping.c), and mapped 2 MiB-aligned; `huge_bytes` says how much the
+        collapse covered.
 
         Raises FileExistsError if the name exists, SegmentFull if /dev/shm has no room (ENOSPC
         from posix_fallocate), BlockingIOError if another process locked it first. On any failure
@@ -160,18 +174,27 @@ class Segment:
         except posix_ipc.ExistentialError as e:
             raise FileExistsError(errno.EEXIST, "shared-memory segment already exists", name) from e
         inode = os.fstat(shm.fd).st_ino
+        mm: mmap.mmap | SharedMapping | None = None
+        huge_bytes = 0
         try:
             fcntl.flock(shm.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.stat(_path(name)).st_ino != inode:  # a concurrent cleanup_stale unlinked it
                 raise FileNotFoundError(errno.ENOENT, "segment was unlinked while being created", name)
             try:
+                if huge:
+                    seed_huge(shm.fd, size)
+                    mm = SharedMapping(shm.fd, size)
+                    huge_bytes = mm.collapse()
                 os.posix_fallocate(shm.fd, 0, size)
             except OSError as e:
                 if e.errno == errno.ENOSPC:
                     raise _segment_full(name, size) from e
                 raise
-            mm = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            if mm is None:
+                mm = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
+            if mm is not None:
+                mm.close()
             shm.close_fd()
             try:
                 if os.stat(_path(name)).st_ino == inode:
@@ -179,11 +202,12 @@ class Segment:
             except (OSError, posix_ipc.ExistentialError):
                 pass
             raise
-        return cls(name, mm, shm)
+        return cls(name, mm, shm, huge_bytes)
 
     @classmethod
-    def attach(cls, name: str, *, read_only: bool = False, min_size: int = 1) -> Segment:
-        """Map an existing segment of this uid with mode 0600, at its current size.
+    def attach(cls, name: str, *, read_only: bool = False, min_size: int = 1, huge: bool = False) -> Segment:
+        """Map an existing segment of this uid with mode 0600, at its current size; with `huge`,
+        2 MiB-aligned (`SharedMapping`), so the huge pages its creator made map whole.
 
         Never passes `size` to posix_ipc (that would ftruncate and could shrink a live segment).
         Raises FileNotFoundError if it does not exist, ShmError if its owner or mode is wrong,
@@ -201,8 +225,12 @@ class Segment:
                 raise ShmError(f"{name} has mode {st.st_mode & 0o777:04o}, expected 0600: refusing to attach")
             if st.st_size < min_size:
                 raise SegmentNotReady(f"{name} is {st.st_size} bytes, expected at least {min_size}")
-            prot = mmap.PROT_READ if read_only else mmap.PROT_READ | mmap.PROT_WRITE
-            mm = mmap.mmap(shm.fd, st.st_size, flags=mmap.MAP_SHARED, prot=prot)
+            mm: mmap.mmap | SharedMapping
+            if huge:
+                mm = SharedMapping(shm.fd, st.st_size, not read_only)
+            else:
+                prot = mmap.PROT_READ if read_only else mmap.PROT_READ | mmap.PROT_WRITE
+                mm = mmap.mmap(shm.fd, st.st_size, flags=mmap.MAP_SHARED, prot=prot)
         finally:
             shm.close_fd()  # the mapping outlives the fd; only the creator keeps its fd (flock)
         return cls(name, mm, None)

@@ -59,12 +59,28 @@ def test_native_v1_masks_negative_and_huge_ints_as_the_reference_does(tokens: li
 
 @pytest.mark.parametrize("n", [0, 1, 2, 255, 256, 257, 511, 512, 513, 1000, 4097])
 @pytest.mark.parametrize("tpb", [1, 16, 32, 64, 300])
-def test_native_v1_matches_across_chunk_and_block_boundaries(n: int, tpb: int) -> None:
+def test_native_v1_matches_across_chunk_and_block_boundaries(n: int, tpb: int, v1_impl: str) -> None:
     # The native loop premixes tokens in chunks of 256 ahead of the chain; every alignment of
     # chunk ends against block ends must give the reference's values.
     tokens = [(i * 2654435761) % 200_003 for i in range(n)]
     assert hashing.block_hashes(tokens, tpb) == hashing.block_hashes_py(tokens, tpb)
     assert hashing.block_hashes(tokens, tpb, 99) == hashing.block_hashes_py(tokens, tpb, 99)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 8, 9, 17, 33, 100, 257, 1025, 4100])
+@pytest.mark.parametrize("tpb", [8, 16, 24, 32, 64, 128])
+@pytest.mark.parametrize("salt", [None, 7])
+def test_int32_buffers_take_the_one_loop_path_and_agree_with_the_reference(
+    n: int, tpb: int, salt: int | None, v1_impl: str
+) -> None:
+    # Block sizes that are multiples of 8 hash int32 buffers in one AVX2 loop (premix in the
+    # chain's shadow, native/hash.c v1_run_u32); whole and partial last blocks, aligned or not.
+    tokens = [(i * 2654435761) % 200_003 for i in range(n)]
+    want = hashing.block_hashes_py(tokens, tpb, salt)
+    raw = array("i", tokens).tobytes()
+    unaligned = memoryview(bytearray(b"x") + raw)[1:].cast("i")
+    for buf in (array("i", tokens), memoryview(raw).cast("i"), unaligned):
+        assert hashing.block_hashes(buf, tpb, salt) == want
 
 
 def test_v1_worked_values_are_pinned() -> None:

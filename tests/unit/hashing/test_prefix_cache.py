@@ -7,7 +7,7 @@ import random
 from array import array
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from shmdisagg import _native, hashing
 from shmdisagg.hashing import PrefixHashCache
@@ -38,7 +38,7 @@ def _as(form: str, prompt: list[int]) -> object:
     return memoryview(bytearray(b"x") + raw)[1:].cast("i")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     ops=ops_st,
     tpb=st.sampled_from([1, 3, 16, 32]),
@@ -46,7 +46,7 @@ def _as(form: str, prompt: list[int]) -> object:
     seed=st.integers(0, 2**64 - 1),
 )
 def test_cached_keys_always_equal_the_direct_ones(
-    ops: list[tuple[int, int, int, int | None, str]], tpb: int, max_blocks: int, seed: int
+    ops: list[tuple[int, int, int, int | None, str]], tpb: int, max_blocks: int, seed: int, v1_impl: str
 ) -> None:
     rng = random.Random(seed)
     cache = PrefixHashCache(tpb, max_blocks=max_blocks, seed=seed)
@@ -72,6 +72,47 @@ def test_repeats_and_extensions_reuse_cached_blocks() -> None:
     assert cache.stats["blocks_reused"] == 100 + 96
     assert cache.block_hashes(longer, 5) == hashing.block_hashes_bytes(longer, 32, 5)  # another salt
     assert cache.stats["blocks_reused"] == 196
+
+
+@pytest.mark.parametrize("tpb", [8, 16, 32, 12])
+@pytest.mark.parametrize("first", ["list", "int32", "unaligned int32", "int64"])
+@pytest.mark.parametrize("then", ["list", "int32"])
+@pytest.mark.parametrize("salt", [None, 3])
+def test_a_prompt_recorded_in_any_form_is_found_in_any_form(
+    tpb: int, first: str, then: str, salt: int | None, v1_impl: str
+) -> None:
+    # An int32 miss fingerprints its blocks inside the v1 loop (native/hash.c v1_run_u32), other
+    # forms in a pass of their own: both must record the fingerprints every lookup computes, or a
+    # next turn would chain its whole prompt again.
+    rng = random.Random(tpb)
+    prompt = [rng.randrange(0, 1 << 31) for _ in range(tpb * 70 + 5)]  # 70 blocks and a partial one
+    cache = PrefixHashCache(tpb, seed=11)
+    assert cache.block_hashes(_as(first, prompt), salt) == _native.block_hashes_v1(prompt, tpb, salt)
+    longer = prompt + [rng.randrange(0, 1 << 31) for _ in range(tpb * 20)]
+    assert cache.block_hashes(_as(then, longer), salt) == _native.block_hashes_v1(longer, tpb, salt)
+    assert cache.stats["blocks_reused"] == 64  # the deepest checkpoint of the first prompt (block 63)
+    assert cache.block_hashes(_as(then, prompt), salt) == _native.block_hashes_v1(prompt, tpb, salt)
+    assert cache.stats["full_hits"] == 1
+
+
+@pytest.mark.parametrize("tpb", [3, 8, 32])
+def test_the_avx2_and_portable_fingerprints_are_the_same(tpb: int) -> None:
+    # The portable code (aarch64, CPUs without AVX2) must compute the very fingerprints of the AVX2
+    # code: one process records with one and looks up with the other here.
+    rng = random.Random(tpb)
+    prompts = [[rng.randrange(0, 1 << 31) for _ in range(tpb * 40 + k)] for k in (1, 2, 9)]
+    for record, lookup in ((True, False), (False, True)):
+        cache = PrefixHashCache(tpb, seed=5)
+        try:
+            _native._v1_impl(record)
+            for p in prompts:
+                cache.block_hashes(array("i", p) if tpb % 8 == 0 else p)  # int32: the one-loop path
+            _native._v1_impl(lookup)
+            for p in prompts:
+                assert cache.block_hashes(p) == _native.block_hashes_v1(p, tpb)
+        finally:
+            _native._v1_impl(False)
+        assert cache.stats["full_hits"] == len(prompts)
 
 
 def test_a_wrapped_ring_forgets_old_prompts_but_stays_correct() -> None:

@@ -10,6 +10,7 @@ import struct
 import posix_ipc
 import pytest
 
+from shmdisagg import _native
 from shmdisagg.shm import (
     ControlTable,
     DeploymentRunning,
@@ -23,6 +24,7 @@ from shmdisagg.shm import (
     segment as segment_mod,
     segment_names,
 )
+from shmdisagg.shm.index import BlockIndex, IndexSettings
 
 
 def shm_path(name: str) -> str:
@@ -217,3 +219,97 @@ def test_coordinator_only_methods_refuse_an_attached_table(shm_prefix: str) -> N
         with pytest.raises(ShmError, match="only the coordinator"):
             worker.reclaim_row(0)
         table.unlink()
+
+
+HUGE = 2 << 20
+
+
+def pmd_mapped_bytes(address: int) -> int:
+    """ShmemPmdMapped of this process's mapping that starts at `address` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if line.startswith(f"{address:x}-"):
+                inside = True
+            elif inside and line.startswith("ShmemPmdMapped:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no mapping at {address:#x}")
+
+
+def test_huge_segments_map_2mib_aligned_and_close_like_mmap(shm_prefix: str) -> None:
+    size = HUGE + 4096  # a whole 2 MiB range and a 4 KiB tail
+    seg = Segment.create(f"/{shm_prefix}-idx-1", size, huge=True)
+    other = Segment.attach(seg.name, huge=True, min_size=size)
+    try:
+        assert seg.size == other.size == size == os.stat(shm_path(seg.name)).st_size
+        assert isinstance(seg.mm, _native.SharedMapping)
+        assert seg.mm.address % HUGE == 0 and other.mm.address % HUGE == 0
+        assert seg.huge_bytes in (0, HUGE) and other.huge_bytes == 0
+        seg.mm[size - 8 : size] = b"lastword"  # both processes' views are the same file
+        seg.mm[7] = 42
+        assert other.mm[size - 8 :] == b"lastword" and other.mm[7] == 42 and other.mm[0:7] == bytes(7)
+        view = memoryview(other.mm)
+        with pytest.raises(BufferError):
+            other.close()  # as mmap.mmap: not while a buffer is exported
+        view.release()
+        other.close()
+        other.close()  # idempotent
+        assert other.mm.closed and len(other.mm) == 0
+        with pytest.raises(ValueError):
+            memoryview(other.mm)
+    finally:
+        seg.close()
+        seg.unlink()
+
+
+def test_read_only_huge_attach_refuses_writes(shm_prefix: str) -> None:
+    seg = Segment.create(f"/{shm_prefix}-idx-1", 8192, huge=True)
+    ro = Segment.attach(seg.name, read_only=True, huge=True)
+    try:
+        with pytest.raises(TypeError):
+            ro.mm[0] = 1
+        with pytest.raises(TypeError):
+            memoryview(ro.mm)[0] = 1
+        assert ro.mm[0] == 0
+    finally:
+        ro.close()
+        seg.close()
+        seg.unlink()
+
+
+def test_enospc_while_seeding_huge_pages_is_segment_full_and_leaves_nothing(
+    shm_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segment_mod, "seed_huge", full)
+    with pytest.raises(SegmentFull, match=r"/dev/shm is full"):
+        Segment.create(f"/{shm_prefix}-idx-1", 3 * HUGE, huge=True)
+    assert segment_names(shm_prefix) == ()
+
+
+def test_the_index_is_on_huge_pages_in_every_process_that_maps_it(shm_prefix: str) -> None:
+    # The coordinator collapses a new generation onto 2 MiB pages (MADV_COLLAPSE) and every
+    # process maps it 2 MiB-aligned, so a worker's page walks are one level shorter
+    # (native/mapping.c). Where the kernel refuses huge tmpfs pages, the index is on 4 KiB pages.
+    table = ControlTable.create(shm_prefix, max_workers=4)
+    index = BlockIndex.create(table, IndexSettings(capacity=1 << 18, max_capacity=1 << 18))  # 8 MiB + 4 KiB
+    worker_table = ControlTable.attach(shm_prefix)
+    worker = BlockIndex.attach(worker_table)
+    try:
+        if index.huge_bytes == 0:
+            pytest.skip("this kernel puts no tmpfs pages on 2 MiB pages (MADV_COLLAPSE refused)")
+        assert index.huge_bytes == 4 * HUGE  # every whole 2 MiB range; the 4 KiB tail stays small
+        mm = worker._segment.mm
+        assert isinstance(mm, _native.SharedMapping) and mm.address % HUGE == 0
+        with memoryview(mm) as view:
+            assert len(view[::4096].tobytes()) == len(range(0, len(mm), 4096))  # faults every page in
+        assert pmd_mapped_bytes(mm.address) == 4 * HUGE
+    finally:
+        worker.close()
+        worker_table.close()
+        index.close()
+        index.unlink()
+        table.unlink()
+        table.close()
