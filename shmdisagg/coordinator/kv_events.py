@@ -148,8 +148,9 @@ class KvEventIngestor:
         on_restart: Callable[[int], object] = lambda slot: None,
     ) -> None:
         self.index = index
-        self.executors = executors
-        self._slots = {ex.slot for ex in executors}
+        self.executors = list(executors)
+        self._tasks: dict[int, asyncio.Task[None]] = {}  # slot -> its drain loop, while `run` runs
+        self._pool: UpstreamPool | None = None
         self.keys = keys
         self.settings = settings or KvEventsSection()
         self.row = row
@@ -220,9 +221,40 @@ class KvEventIngestor:
         else:
             self.bad_hints += 1
 
+    def add(self, ex: Executor) -> None:
+        """Drain `ex` too (an executor registered at run time), from a fresh stream."""
+        self.remove(ex.slot)
+        self.executors.append(ex)
+        self._streams[ex.slot] = _Stream()
+        self._wake[ex.slot] = asyncio.Event()
+        self._last_hint[ex.slot] = -HINTS_FLOWING_S
+        if self._pool is not None:
+            self._tasks[ex.slot] = asyncio.ensure_future(self._drain(self._pool, ex))
+
+    def remove(self, slot: int) -> None:
+        """Stop draining `slot` (its executor left); hints naming it count as `bad_hints`."""
+        task = self._tasks.pop(slot, None)
+        if task is not None:
+            task.cancel()
+        self.executors = [ex for ex in self.executors if ex.slot != slot]
+        self._streams.pop(slot, None)
+        self._wake.pop(slot, None)
+        self._last_hint.pop(slot, None)
+
     async def run(self) -> None:
         async with UpstreamPool(max_idle_per_host=2) as pool:
-            await asyncio.gather(*(self._drain(pool, ex) for ex in self.executors))
+            self._pool = pool
+            try:
+                for ex in self.executors:
+                    self._tasks[ex.slot] = asyncio.ensure_future(self._drain(pool, ex))
+                await asyncio.Event().wait()  # until cancelled; executors come and go meanwhile
+            finally:
+                self._pool = None
+                tasks = list(self._tasks.values())
+                self._tasks.clear()
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def _fallback_s(self, slot: int, got: int, hinted: bool) -> float:
         """How long to wait for a hint before polling `slot` anyway."""
@@ -262,6 +294,8 @@ class KvEventIngestor:
         except (UpstreamError, TimeoutError, OSError) as err:
             log.debug("kv events from %s: %r", ex.addr, err)
             return 0
+        if self._wake.get(ex.slot) is None:
+            return 0  # removed during the drain: its events no longer describe a routable server
         return self.apply_raw(ex.slot, raw, time.time()) if raw and r.status == 200 else 0
 
     # -- applying events -------------------------------------------------------------------
