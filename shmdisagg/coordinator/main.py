@@ -34,6 +34,7 @@ from shmdisagg.coordinator.adoption import stop_stale_fleet, take_over
 from shmdisagg.coordinator.api import internal_app
 from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor, executors_from_config
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
+from shmdisagg.coordinator.membership import Membership
 from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
 from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S, FleetOverrides
@@ -159,6 +160,7 @@ class Coordinator:
             self.keys = RoutingKeys(kv_roles)
             self.health.keys = self.keys if kv_roles else None
             kv_executors = [ex for ex in self.health.executors if ex.role in kv_roles]
+            self.kv_roles = set(kv_roles)
             # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
             # are folded into the retired row before its replacement starts
             self.metrics = (
@@ -177,7 +179,7 @@ class Coordinator:
                     on_key_change=self.health.republish,
                     on_restart=self.health.reprepare,
                 )
-                if kv_executors
+                if kv_executors or (kv_roles and config.disagg_cluster is not None)  # executors may register later
                 else None
             )
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
@@ -204,6 +206,7 @@ class Coordinator:
                 config.perf_metrics_max_requests,
                 self.metrics.row(ROW_COORDINATOR),
             )
+            self.discovery = Discovery(self) if config.disagg_cluster is not None else None
         except BaseException:
             if not self.adopted:  # an adopted table still serves a fleet: the next coordinator tries again
                 self.table.unlink()
@@ -326,6 +329,16 @@ class Coordinator:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock_path)
             raise
+        if self.discovery is not None:
+            try:  # before the fleet starts: executors already registered are in the table when it serves
+                await self.discovery.start()
+            except BaseException:
+                api_sock.close()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(sock_path)
+                if hints is not None:
+                    hints.close()
+                raise
         tasks = [
             asyncio.ensure_future(self._heartbeat()),
             asyncio.ensure_future(self.health.run()),
@@ -334,6 +347,8 @@ class Coordinator:
         ]
         if self.kv_events is not None:
             tasks.append(asyncio.ensure_future(self.kv_events.run()))
+        if self.discovery is not None:
+            tasks.append(asyncio.ensure_future(self.discovery.run()))
         api_task = asyncio.ensure_future(api.serve(sockets=[api_sock]))
         self.perf.start()
         try:
@@ -377,6 +392,8 @@ class Coordinator:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.discovery is not None:
+                await self.discovery.close()
             await self.perf.stop()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock_path)
@@ -475,3 +492,99 @@ async def run_coordinator(config: DisaggConfig, config_path: str, options: Start
     finally:
         if reserved is not None:
             reserved.close()
+
+
+class Discovery:
+    """The coordinator's side of `disagg_cluster`: the store (etcd, or the HTTP store served on
+    the internal API and, through the fleet, on the public port) feeding `Membership`, and what
+    a join or leave changes besides the table (KV event drains, perf records, the index)."""
+
+    def __init__(self, coord: Coordinator) -> None:
+        from shmdisagg.cluster.workers import worker_key_prefix
+
+        cluster = coord.config.disagg_cluster
+        assert cluster is not None
+        self.coord = coord
+        self.cluster = cluster
+        coord.health.minimal = (cluster.minimal_instances.context_servers, cluster.minimal_instances.generation_servers)
+        self.membership = Membership(coord.table, coord.health, on_join=self._joined, on_leave=self._left)
+        self.prefix = worker_key_prefix(cluster.cluster_name)
+        self.watcher = None
+        self.store = None
+        if cluster.is_etcd:
+            from shmdisagg.cluster.etcd_store import EtcdWatcher
+
+            m = self.membership
+            self.watcher = EtcdWatcher(cluster.endpoints(), cluster.cluster_uri, self.prefix, m.sync, m.put, m.delete)
+        else:
+            from shmdisagg.cluster.http_store import HttpClusterStore
+
+            self.store = HttpClusterStore()
+            self.store.watch(self.prefix, self.membership.put, self.membership.delete)
+
+    def _joined(self, ex: Executor) -> None:
+        coord = self.coord
+        coord.perf.servers[ex.slot] = ex.addr
+        if coord.kv_events is not None and ex.role in coord.kv_roles:
+            coord.kv_events.add(ex)
+
+    def _left(self, ex: Executor) -> None:
+        coord = self.coord
+        if coord.kv_events is not None:
+            coord.kv_events.remove(ex.slot)
+        coord.index.clear_server(ex.slot)  # its blocks, routed bits and sessions: a new server starts empty
+
+    async def start(self) -> None:
+        """Connect to the store and register what it lists. Raises StartupError (one line)."""
+        if self.watcher is None:
+            return
+        from shmdisagg.cluster.etcd_store import StoreUnreachable
+
+        try:
+            await self.watcher.start()
+        except StoreUnreachable as err:
+            await self.watcher.close()
+            raise StartupError(f"disagg_cluster.cluster_uri: {err}") from None
+        log.info(
+            "watching %s under %s: %d executor(s) registered",
+            self.cluster.cluster_uri,
+            self.prefix,
+            len(self.membership.by_key),
+        )
+
+    async def run(self) -> None:
+        tasks = [asyncio.ensure_future(self._tick())]
+        if self.watcher is not None:
+            tasks.append(asyncio.ensure_future(self.watcher.run()))
+        if self.store is not None:
+            tasks.append(asyncio.ensure_future(self.store.run()))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self.membership.tick()
+
+    async def close(self) -> None:
+        if self.watcher is not None:
+            await self.watcher.close()
+
+    def info(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "cluster_uri": self.cluster.cluster_uri,
+            "cluster_name": self.cluster.cluster_name,
+            "minimal_instances": {
+                "context_servers": self.cluster.minimal_instances.context_servers,
+                "generation_servers": self.cluster.minimal_instances.generation_servers,
+            },
+            **self.membership.info(),
+        }
+        if self.watcher is not None:
+            out["store_connected"] = self.watcher.connected
+            out["store_resyncs"] = self.watcher.resyncs
+        return out
