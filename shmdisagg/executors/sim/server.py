@@ -65,7 +65,7 @@ def serve(config: SimConfig) -> int:
     else:
         import uvloop
 
-        uvloop.run(_serve_registered(server, sock, registration))
+        uvloop.run(_serve_registered(server, sock, registration, app))
     return 0 if server.started else 1
 
 
@@ -95,11 +95,17 @@ def _registration(config: SimConfig) -> Any:
     return None
 
 
-async def _serve_registered(server: Any, sock: socket.socket, registration: Any) -> None:
+QUIET_S = 0.5  # idle this long after deregistering: the orchestrator has seen it leave
+
+
+async def _serve_registered(server: Any, sock: socket.socket, registration: Any, app: SimApp) -> None:
     """Serve; register once uvicorn has started (trtllm-serve's `_register_after_serving`: a
-    registration that raises stops the server); deregister first thing in the shutdown, so the
-    orchestrator stops routing here while the requests in flight finish (uvicorn re-raises the
-    stop signal once `serve` returns, so nothing after it would run)."""
+    registration that raises stops the server). On a stop: deregister first, so the orchestrator
+    stops routing here, then keep serving until no request is in flight and no finished context
+    result waits to be pulled by a generation executor (idle for QUIET_S, at most
+    `kv_transfer_timeout`), then shut down: a context executor that leaves lets the generation
+    legs of its last requests pull their KV. (uvicorn re-raises the stop signal once `serve`
+    returns, so all of it runs inside the shutdown.)"""
 
     async def register_after_serving() -> None:
         while not server.started:
@@ -120,7 +126,26 @@ async def _serve_registered(server: Any, sock: socket.socket, registration: Any)
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await registration.stop()
+        await _until_idle(app, app.config.kv_transfer_timeout)
         await shutdown(sockets=sockets)
 
     server.shutdown = deregister_then_shutdown
     await server.serve(sockets=[sock])
+
+
+async def _until_idle(app: SimApp, limit_s: float) -> None:
+    """Until the engine has held no request and no unpulled context result for QUIET_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    quiet_since = loop.time()
+    while loop.time() < deadline:
+        stats = app.engine.stats()
+        busy = any(
+            stats[k] for k in ("num_waiting", "num_running", "num_transferring", "num_ready", "num_pinned")
+        ) or bool(app.engine.transfers.entries)
+        now = loop.time()
+        if busy:
+            quiet_since = now
+        elif now - quiet_since >= QUIET_S:
+            return
+        await asyncio.sleep(0.05)
