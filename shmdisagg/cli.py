@@ -165,9 +165,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     try:
         ctx = ", ".join(config.context_servers.urls)
         gen = ", ".join(config.generation_servers.urls)
+        where = f"context: {ctx}; generation: {gen}"
+        if config.disagg_cluster is not None:
+            where = f"executors register at {config.disagg_cluster.cluster_uri}"
         print(
-            f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; context: {ctx}; "
-            f"generation: {gen}; executor logs: {dep.log_dir})",
+            f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; {where}; "
+            f"executor logs: {dep.log_dir})",
             flush=True,
         )
         code = dep.wait(reap=True)

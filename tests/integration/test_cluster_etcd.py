@@ -284,3 +284,31 @@ def test_workers_join_and_leave_under_load_without_a_failed_request(tmp_path: Pa
             for t in threads:
                 t.join()
         assert failures == []
+
+
+def test_launch_starts_executors_that_register_through_etcd(tmp_path: Path, shm_prefix: str) -> None:
+    name = f"l{uuid.uuid4().hex[:6]}"
+    with etcd_server(tmp_path) as etcd:
+        path = cluster_config(
+            tmp_path,
+            shm_prefix,
+            etcd.uri,
+            name,
+            context_servers={"num_instances": 2, "router": {"type": "kv_cache_aware"}},
+            generation_servers={"num_instances": 1, "router": {"type": "load_balancing"}},
+        )
+        data = yaml.safe_load(path.read_text())
+        data["shmdisagg"]["executors"] = {"backend": "sim", "sim": {"speedup": 10.0}}
+        path.write_text(yaml.safe_dump(data))
+        dep = Deployment(load_config(path), str(path), str(tmp_path / "logs"))
+        dep.start()  # returns once they registered and /health is ready
+        try:
+            assert health(dep)[0] == 200
+            keys = etcd.etcdctl("get", "--prefix", "--keys-only", worker_key_prefix(name)).split()
+            assert sorted(k.split("/")[-1].split("-")[0] for k in keys) == ["CONTEXT", "CONTEXT", "GENERATION"]
+            wait_until(lambda: len(healthy(dep, "context")) == 2, 20, "both context executors healthy")
+            assert all(not s["addr"].endswith(":0") for s in servers(dep))  # the ports they bound
+            assert complete(dep) == 200
+        finally:
+            dep.stop()
+        assert etcd.etcdctl("get", "--prefix", "--keys-only", worker_key_prefix(name)).split() == []  # deregistered
