@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from shmdisagg.procutil import listen_addr
 
@@ -573,11 +582,22 @@ class DisaggConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _check_executors(self) -> DisaggConfig:
+    def _check_executors(self, info: ValidationInfo) -> DisaggConfig:
         """Each role lists at least one executor (the coordinator waits for a healthy one of
-        each); no url is the public address or listed in both roles."""
+        each); no url is the public address or listed in both roles. With `disagg_cluster`, or
+        a metadata server (`-m`: the validation context's `metadata_server`), the executors
+        register themselves instead and urls are refused."""
         if self.disagg_cluster is not None:
             return self._check_cluster()
+        if (info.context or {}).get("metadata_server"):
+            for key in ("context_servers", "generation_servers"):
+                if getattr(self, key).urls:
+                    raise KeyedError(
+                        f"{key}.urls",
+                        "not used with -m/--metadata_server_config_file (the executors register in the metadata "
+                        "server, whose list TensorRT-LLM's routers use instead): remove them",
+                    )
+            return self
         for key in ("context_servers", "generation_servers"):
             role = key.split("_")[0]
             if getattr(self, key).urls:
@@ -747,15 +767,16 @@ def _refusals(data: dict[str, Any]) -> list[str]:
     return out
 
 
-def parse_config(data: Any, source: str = "config") -> DisaggConfig:
+def parse_config(data: Any, source: str = "config", *, metadata_server: bool = False) -> DisaggConfig:
     """Validate a loaded YAML document. Raises `ConfigError` (one line: file, key, problem;
-    `problems` has every problem found, each such a line)."""
+    `problems` has every problem found, each such a line). `metadata_server`: the deployment
+    runs with `-m` (its executors come from the metadata server, not from urls)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of keys")
     problems = _refusals(data)
     config = None
     try:
-        config = DisaggConfig.model_validate(_normalise(data))
+        config = DisaggConfig.model_validate(_normalise(data), context={"metadata_server": metadata_server})
     except ValidationError as err:
         lines = [_error_line(e) for e in err.errors()]
         if data.get("multimodal_servers") is not None and "context_servers" not in data:
@@ -827,7 +848,7 @@ def config_warnings(config: DisaggConfig) -> list[str]:
     return out
 
 
-def load_config(path: str | os.PathLike[str]) -> DisaggConfig:
+def load_config(path: str | os.PathLike[str], *, metadata_server: bool = False) -> DisaggConfig:
     """Read and validate a config file. Raises `ConfigError`.
 
     The file must be UTF-8 (as TensorRT-LLM reads it under a UTF-8 locale) and YAML with
@@ -855,7 +876,7 @@ def load_config(path: str | os.PathLike[str]) -> DisaggConfig:
         raise ConfigError(f"{p}:{where} not valid YAML: {getattr(err, 'problem', None) or err}") from None
     except _DuplicateKey as err:
         raise ConfigError(f"{p}: {err.key}: {err}") from None
-    return parse_config(data, str(p))
+    return parse_config(data, str(p), metadata_server=metadata_server)
 
 
 class _DuplicateKey(ValueError):

@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
+from shmdisagg.cluster.etcd_store import EtcdWatcher
+from shmdisagg.cluster.http_store import HttpClusterStore
+from shmdisagg.cluster.metadata import MetadataPoller, MetadataServerConfig
 from shmdisagg.config import DisaggConfig
 from shmdisagg.coordinator.adoption import stop_stale_fleet, take_over
 from shmdisagg.coordinator.api import internal_app
@@ -87,6 +90,7 @@ class StartOptions:
     (`coordinator/adoption.py`); `adopt_port`: the public port the first one picked for `port: 0`;
     `supervisor`: the process whose death ends the deployment (None: this one);
     `ready_fd`: a pipe to write one byte to once the fleet serves.
+    `metadata_server`: `-m`'s file, read: the executors come from that etcd's `trtllm/*` keys.
     """
 
     schedule_style: str | None = None
@@ -98,6 +102,8 @@ class StartOptions:
     adopt_port: int | None = None
     supervisor: ProcessId | None = None
     ready_fd: int | None = None
+    # `-m/--metadata_server_config_file`: executors listed in an etcd metadata server (cluster/metadata.py)
+    metadata_server: MetadataServerConfig | None = None
 
 
 class Coordinator:
@@ -184,7 +190,9 @@ class Coordinator:
             )
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
             self.schedule_style = options.schedule_style or options.env.schedule_style or config.schedule_style
-            overrides = FleetOverrides(public_port, options.leg_timeout_s, options.log_level)
+            overrides = FleetOverrides(
+                public_port, options.leg_timeout_s, options.log_level, options.metadata_server is not None
+            )
             env = {
                 "TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style,
                 **overrides.to_environ(),
@@ -206,7 +214,8 @@ class Coordinator:
                 config.perf_metrics_max_requests,
                 self.metrics.row(ROW_COORDINATOR),
             )
-            self.discovery = Discovery(self) if config.disagg_cluster is not None else None
+            dynamic = config.disagg_cluster is not None or options.metadata_server is not None
+            self.discovery = Discovery(self) if dynamic else None
         except BaseException:
             if not self.adopted:  # an adopted table still serves a fleet: the next coordinator tries again
                 self.table.unlink()
@@ -503,22 +512,26 @@ class Discovery:
         from shmdisagg.cluster.workers import worker_key_prefix
 
         cluster = coord.config.disagg_cluster
-        assert cluster is not None
         self.coord = coord
         self.cluster = cluster
-        coord.health.minimal = (cluster.minimal_instances.context_servers, cluster.minimal_instances.generation_servers)
         self.membership = Membership(coord.table, coord.health, on_join=self._joined, on_leave=self._left)
+        self.watcher: EtcdWatcher | None = None
+        self.store: HttpClusterStore | None = None
+        self.poller: MetadataPoller | None = None
+        self.uri = ""
+        if cluster is None:  # -m: the metadata server's trtllm/* keys, polled
+            meta = coord.options.metadata_server
+            assert meta is not None
+            self.uri = meta.uri
+            self.poller = MetadataPoller(meta, self.membership.sync)
+            return
+        self.uri = cluster.cluster_uri
+        coord.health.minimal = (cluster.minimal_instances.context_servers, cluster.minimal_instances.generation_servers)
         self.prefix = worker_key_prefix(cluster.cluster_name)
-        self.watcher = None
-        self.store = None
         if cluster.is_etcd:
-            from shmdisagg.cluster.etcd_store import EtcdWatcher
-
             m = self.membership
             self.watcher = EtcdWatcher(cluster.endpoints(), cluster.cluster_uri, self.prefix, m.sync, m.put, m.delete)
         else:
-            from shmdisagg.cluster.http_store import HttpClusterStore
-
             self.store = HttpClusterStore()
             self.store.watch(self.prefix, self.membership.put, self.membership.delete)
 
@@ -536,21 +549,20 @@ class Discovery:
 
     async def start(self) -> None:
         """Connect to the store and register what it lists. Raises StartupError (one line)."""
-        if self.watcher is None:
-            return
         from shmdisagg.cluster.etcd_store import StoreUnreachable
 
         try:
-            await self.watcher.start()
+            if self.watcher is not None:
+                await self.watcher.start()
+            elif self.poller is not None:
+                await self.poller.start()
+            else:
+                return
         except StoreUnreachable as err:
-            await self.watcher.close()
-            raise StartupError(f"disagg_cluster.cluster_uri: {err}") from None
-        log.info(
-            "watching %s under %s: %d executor(s) registered",
-            self.cluster.cluster_uri,
-            self.prefix,
-            len(self.membership.by_key),
-        )
+            await self.close()
+            key = "disagg_cluster.cluster_uri" if self.cluster is not None else "-m/--metadata_server_config_file"
+            raise StartupError(f"{key}: {err}") from None
+        log.info("watching %s: %d executor(s) registered", self.uri, len(self.membership.by_key))
 
     async def run(self) -> None:
         tasks = [asyncio.ensure_future(self._tick())]
@@ -558,6 +570,8 @@ class Discovery:
             tasks.append(asyncio.ensure_future(self.watcher.run()))
         if self.store is not None:
             tasks.append(asyncio.ensure_future(self.store.run()))
+        if self.poller is not None:
+            tasks.append(asyncio.ensure_future(self.poller.run()))
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -573,18 +587,22 @@ class Discovery:
     async def close(self) -> None:
         if self.watcher is not None:
             await self.watcher.close()
+        if self.poller is not None:
+            await self.poller.close()
 
     def info(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "cluster_uri": self.cluster.cluster_uri,
-            "cluster_name": self.cluster.cluster_name,
-            "minimal_instances": {
+        out: dict[str, object] = {"cluster_uri": self.uri, **self.membership.info()}
+        if self.cluster is not None:
+            out["cluster_name"] = self.cluster.cluster_name
+            out["minimal_instances"] = {
                 "context_servers": self.cluster.minimal_instances.context_servers,
                 "generation_servers": self.cluster.minimal_instances.generation_servers,
-            },
-            **self.membership.info(),
-        }
+            }
         if self.watcher is not None:
             out["store_connected"] = self.watcher.connected
             out["store_resyncs"] = self.watcher.resyncs
+        if self.poller is not None:
+            out["store_connected"] = self.poller.connected
+            out["metadata_polls"] = self.poller.polls
+            out["metadata_dead_removed"] = self.poller.removed_dead
         return out
