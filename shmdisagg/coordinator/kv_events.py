@@ -156,6 +156,10 @@ class KvEventIngestor:
         self.row = row
         self.on_key_change = on_key_change
         self.on_restart = on_restart
+        # whether this deployment drains now (cluster/drain_lease.py: one of several deployments
+        # sharing executors drains them); drains are skipped while it says no
+        self.drains: Callable[[], bool] = lambda: True
+        self.skipped_drains = 0
         self.applied_events = 0
         self.dropped_events = 0
         self.hints = 0
@@ -181,6 +185,7 @@ class KvEventIngestor:
             "event_gaps": self.event_gaps,
             "restarts": self.restarts,
             "window_skipped_events": self.window_skipped_events,
+            "skipped_drains": self.skipped_drains,
         }
 
     def server_state(self, slot: int) -> dict[str, Any] | None:
@@ -286,6 +291,9 @@ class KvEventIngestor:
         CPU per exchange), applied; returns how many events it held. Executors whose block size
         is not the router's are not drained (TensorRT-LLM skips their event polls too)."""
         if not ex.healthy or (self.keys is not None and not self.keys.aligned(ex.slot)):
+            return 0
+        if not self.drains():
+            self.skipped_drains += 1
             return 0
         try:
             async with asyncio.timeout(DRAIN_TIMEOUT_S):

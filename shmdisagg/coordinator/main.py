@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
+from shmdisagg.cluster.drain_lease import DrainLease
 from shmdisagg.cluster.etcd_store import EtcdWatcher
 from shmdisagg.cluster.http_store import HttpClusterStore
 from shmdisagg.cluster.metadata import MetadataPoller, MetadataServerConfig
@@ -518,6 +519,7 @@ class Discovery:
         self.watcher: EtcdWatcher | None = None
         self.store: HttpClusterStore | None = None
         self.poller: MetadataPoller | None = None
+        self.drain_lease: DrainLease | None = None
         self.uri = ""
         if cluster is None:  # -m: the metadata server's trtllm/* keys, polled
             meta = coord.options.metadata_server
@@ -528,6 +530,18 @@ class Discovery:
         self.uri = cluster.cluster_uri
         coord.health.minimal = (cluster.minimal_instances.context_servers, cluster.minimal_instances.generation_servers)
         self.prefix = worker_key_prefix(cluster.cluster_name)
+        if cluster.is_etcd and coord.kv_events is not None:
+            # several deployments may share these executors: only the lease holder drains
+            self.drain_lease = DrainLease(
+                cluster.endpoints(),
+                cluster.cluster_uri,
+                cluster.cluster_name,
+                coord.config.shm_prefix,
+                cluster.inactive_timeout_sec,
+                cluster.heartbeat_interval_sec,
+            )
+            lease = self.drain_lease
+            coord.kv_events.drains = lambda: lease.holder
         if cluster.is_etcd:
             m = self.membership
             self.watcher = EtcdWatcher(cluster.endpoints(), cluster.cluster_uri, self.prefix, m.sync, m.put, m.delete)
@@ -572,6 +586,8 @@ class Discovery:
             tasks.append(asyncio.ensure_future(self.store.run()))
         if self.poller is not None:
             tasks.append(asyncio.ensure_future(self.poller.run()))
+        if self.drain_lease is not None:
+            tasks.append(asyncio.ensure_future(self.drain_lease.run()))
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -601,6 +617,8 @@ class Discovery:
         if self.watcher is not None:
             out["store_connected"] = self.watcher.connected
             out["store_resyncs"] = self.watcher.resyncs
+        if self.drain_lease is not None:
+            out["kv_events_drain_lease"] = self.drain_lease.info()
         if self.poller is not None:
             out["store_connected"] = self.poller.connected
             out["metadata_polls"] = self.poller.polls
