@@ -139,13 +139,17 @@ class Coordinator:
             raise
         try:
             self.table.set_coordinator(os.getpid(), process_starttime(os.getpid()), secrets.randbits(63))
+            # executors that register themselves: none to begin with, or those the dead
+            # coordinator had registered (adopted with their slots, bound to their keys again
+            # as the store lists them: `Membership`)
+            dynamic = config.disagg_cluster is not None or options.metadata_server is not None
             settings = index_settings(config)
             self.index = (BlockIndex.adopt(self.table, settings) if self.adopted else None) or BlockIndex.create(
                 self.table, settings
             )
             self.health = HealthMonitor(
                 self.table,
-                executors_from_config(config),
+                executors_from_config(config) if not dynamic else adopted_executors(self.table, self.adopted),
                 sd.health_check_interval_s,
                 sd.breaker_failures,
                 sd.breaker_cooldown_s,
@@ -215,7 +219,6 @@ class Coordinator:
                 config.perf_metrics_max_requests,
                 self.metrics.row(ROW_COORDINATOR),
             )
-            dynamic = config.disagg_cluster is not None or options.metadata_server is not None
             self.discovery = Discovery(self) if dynamic else None
         except BaseException:
             if not self.adopted:  # an adopted table still serves a fleet: the next coordinator tries again
@@ -422,6 +425,18 @@ class Coordinator:
         self.node_claim.close()  # free once the fleet workers holding it exited too
 
 
+def adopted_executors(table: ControlTable, adopted: bool) -> list[Executor]:
+    """With service discovery, a restarted coordinator keeps the executors the dead one had
+    registered (same slots, health marks kept) until the store says otherwise."""
+    if not adopted:
+        return []
+    out = []
+    for s in table.servers():
+        host, _, port = s.addr.rpartition(":")
+        out.append(Executor(s.slot, s.role, host.strip("[]"), int(port)))
+    return out
+
+
 def notify_fleet_started(fd: int | None) -> None:
     """Tell the supervisor the fleet is started (b"F" on its pipe): every start-up check passed,
     so a coordinator that dies from here on is restarted, even before its fleet all listens and
@@ -520,6 +535,7 @@ class Discovery:
         self.store: HttpClusterStore | None = None
         self.poller: MetadataPoller | None = None
         self.drain_lease: DrainLease | None = None
+        self._drop_at: float | None = None  # loop time to drop adopted executors no key claimed
         self.uri = ""
         if cluster is None:  # -m: the metadata server's trtllm/* keys, polled
             meta = coord.options.metadata_server
@@ -571,11 +587,19 @@ class Discovery:
             elif self.poller is not None:
                 await self.poller.start()
             else:
+                # the HTTP store starts empty: adopted executors re-register at their next
+                # heartbeat; those that have not within a TTL and a heartbeat are dropped
+                cluster = self.cluster
+                assert cluster is not None
+                self._drop_at = asyncio.get_running_loop().time() + (
+                    cluster.inactive_timeout_sec + cluster.heartbeat_interval_sec + 1
+                )
                 return
         except StoreUnreachable as err:
             await self.close()
             key = "disagg_cluster.cluster_uri" if self.cluster is not None else "-m/--metadata_server_config_file"
             raise StartupError(f"{key}: {err}") from None
+        self.membership.drop_unclaimed()  # the store's list is whole: adopted executors it lacks are gone
         log.info("watching %s: %d executor(s) registered", self.uri, len(self.membership.by_key))
 
     async def run(self) -> None:
@@ -596,9 +620,13 @@ class Discovery:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(0.5)
             self.membership.tick()
+            if self._drop_at is not None and loop.time() >= self._drop_at:
+                self._drop_at = None
+                self.membership.drop_unclaimed()
 
     async def close(self) -> None:
         if self.watcher is not None:

@@ -70,6 +70,9 @@ class Membership:
         self.pending: dict[str, WorkerInfo] = {}
         used = {ex.slot for ex in health.executors}
         self._never_used = [s for s in range(capacity) if s not in used]
+        # executors a dead coordinator had registered (adopted with the table): (addr, role) ->
+        # slot, until a key naming them claims them again or `drop_unclaimed` removes them
+        self.unclaimed: dict[tuple[str, int], int] = {(ex.addr, ex.role): ex.slot for ex in health.executors}
         self.draining: deque[int] = deque()
         self.joins = self.leaves = self.replaced = self.bad_values = self.waited = 0
         self._bad_logged: set[str] = set()
@@ -129,6 +132,11 @@ class Membership:
         return None
 
     def _join(self, key: str, info: WorkerInfo) -> None:
+        adopted = self.unclaimed.pop((info.addr, TABLE_ROLE[info.role]), None)
+        if adopted is not None and self.health.get(adopted) is not None:
+            self.by_key[key] = Registered(key, info, adopted)  # the same server, kept through a coordinator restart
+            log.info("%s server %s (%s) kept in slot %d", SERVER_ROLES[info.role].lower(), info.addr, key, adopted)
+            return
         slot = self._free_slot()
         if slot is None:
             if key not in self.pending:
@@ -168,6 +176,18 @@ class Membership:
 
     def _free_slot_available(self) -> bool:
         return bool(self._never_used) or any(self.table.load(s) == (0, 0) for s in self.draining)
+
+    def drop_unclaimed(self) -> None:
+        """Remove the adopted executors no registration claimed (they left while no coordinator
+        watched)."""
+        for (addr, _), slot in list(self.unclaimed.items()):
+            ex = self.health.remove(slot)
+            self.draining.append(slot)
+            self.leaves += 1
+            log.info("server %s removed (no longer registered): slot %d", addr, slot)
+            if ex is not None:
+                self.on_leave(ex)
+        self.unclaimed.clear()
 
     def tick(self) -> None:
         """Called periodically: admit waiting registrations once a draining slot's legs ended."""

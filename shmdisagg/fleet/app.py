@@ -159,9 +159,9 @@ def control_app(
     def cluster_info() -> dict[str, Any]:
         servers = directory.servers()
         coord = table.coordinator()
-        ctx, gen = directory.healthy_roles()
+        n_ctx, n_gen = directory.healthy_counts()
         return {
-            "is_ready": ctx and gen,
+            "is_ready": n_ctx >= want[0] and n_gen >= want[1],
             "server_lists": {
                 "context": [s.addr for s in servers if s.role == ROLE_CONTEXT],
                 "generation": [s.addr for s in servers if s.role != ROLE_CONTEXT],

@@ -312,3 +312,27 @@ def test_launch_starts_executors_that_register_through_etcd(tmp_path: Path, shm_
         finally:
             dep.stop()
         assert etcd.etcdctl("get", "--prefix", "--keys-only", worker_key_prefix(name)).split() == []  # deregistered
+
+
+def test_a_restarted_coordinator_keeps_the_registered_executors_in_their_slots(tmp_path: Path, shm_prefix: str) -> None:
+    with cluster(tmp_path, shm_prefix) as (dep, etcd, name), sims() as started:
+        started += [Sim(etcd.uri, name, "context"), Sim(etcd.uri, name, "generation")]
+        wait_until(lambda: health(dep)[0] == 200, 30, "ready")
+        before = {(s["slot"], s["addr"]) for s in servers(dep)}
+        old = coordinator_info(dep)["coordinator_pid"]
+        assert dep.coordinator is not None
+        dep.coordinator.proc.kill()  # the launcher's keeper starts a replacement, which adopts the table
+        assert complete(dep) == 200  # the fleet serves meanwhile, from the table as it was
+
+        def replaced() -> bool:
+            try:
+                return bool(coordinator_info(dep)["coordinator_pid"] != old)
+            except (OSError, AssertionError):
+                return False
+
+        wait_until(replaced, 30, "a new coordinator")
+        info = coordinator_info(dep)["disagg_cluster"]
+        assert {(s["slot"], s["addr"]) for s in servers(dep)} == before and info["leaves"] == 0
+        assert complete(dep) == 200
+        started[1].stop(signal.SIGTERM)  # the new coordinator bound the keys again: a deregistration counts
+        wait_until(lambda: [s["role"] for s in servers(dep)] == ["context"], TTL - 1, "generation removed")
