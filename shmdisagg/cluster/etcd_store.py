@@ -220,8 +220,21 @@ class EtcdRegistrar:
             return False
 
     async def reregister(self) -> bool:
-        """After a lapsed lease (which took the key with it): register on a new lease."""
-        return await self.register()
+        """After a failed refresh: put the key again on a new lease, overwriting (upstream's
+        newest worker re-registers with `overwrite_if_exists=True`): after an etcd restart the old
+        key may still be there on a lease nobody refreshes any more, and the key is this
+        worker's own (its id is unique), so the same key and value go on without a DELETE."""
+        try:
+            if self.conn.client is None:
+                await self.conn.connect()
+            client = self.conn.client
+            self._lease = await client.lease(self.ttl_s)
+            await client.put(self.key.encode(), self.value.encode(), lease=self._lease)
+            return True
+        except _failures() as err:
+            log.warning("re-registration of %s at %s failed: %s", self.key, self.conn.uri, _short(err))
+            await self.conn.close()
+            return False
 
     async def refresh(self) -> bool:
         """Refresh the lease; False if it is gone (expired, or etcd lost it) or etcd failed."""

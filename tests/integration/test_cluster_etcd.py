@@ -100,6 +100,15 @@ def cluster(tmp_path: Path, shm_prefix: str, **top: Any) -> Iterator[tuple[Deplo
             dep.stop()
 
 
+def key_leases(etcd: EtcdServer, name: str) -> dict[str, int]:
+    """Worker key -> the id of the lease it is on."""
+    import base64
+    import json
+
+    out = json.loads(etcd.etcdctl("get", "--prefix", worker_key_prefix(name), "-w", "json"))
+    return {base64.b64decode(kv["key"]).decode(): int(kv.get("lease", 0)) for kv in out.get("kvs", [])}
+
+
 def servers(dep: Deployment) -> list[dict[str, Any]]:
     return list(coordinator_info(dep)["servers"])
 
@@ -191,6 +200,7 @@ def test_an_etcd_restart_keeps_serving_the_last_known_executors(tmp_path: Path, 
     with cluster(tmp_path, shm_prefix) as (dep, etcd, name), sims() as started:
         started += [Sim(etcd.uri, name, "context"), Sim(etcd.uri, name, "generation")]
         wait_until(lambda: health(dep)[0] == 200, 30, "ready")
+        leases = key_leases(etcd, name)
         etcd.stop()
         wait_until(lambda: not coordinator_info(dep)["disagg_cluster"]["store_connected"], 10, "the watch noticed")
         for _ in range(5):
@@ -199,6 +209,12 @@ def test_an_etcd_restart_keeps_serving_the_last_known_executors(tmp_path: Path, 
         etcd.start()  # same data directory: the workers' keys (and leases) are back
         wait_until(lambda: coordinator_info(dep)["disagg_cluster"]["store_connected"], 20, "the watch back")
         assert coordinator_info(dep)["disagg_cluster"]["store_resyncs"] >= 1
+        # the workers put their keys again on new leases (nobody refreshes the old ones now)...
+        wait_until(
+            lambda: all(key_leases(etcd, name).get(k, v) != v for k, v in leases.items()), 20, "keys on new leases"
+        )
+        # ...without a DELETE between: the executors never left
+        assert coordinator_info(dep)["disagg_cluster"]["leaves"] == 0 and len(servers(dep)) == 2
         started.append(Sim(etcd.uri, name, "generation"))  # registrations after the restart are seen
         wait_until(lambda: len(healthy(dep, "generation")) == 2, 30, "a new generation server")
         assert complete(dep) == 200
