@@ -209,12 +209,12 @@ def test_an_etcd_restart_keeps_serving_the_last_known_executors(tmp_path: Path, 
         etcd.start()  # same data directory: the workers' keys (and leases) are back
         wait_until(lambda: coordinator_info(dep)["disagg_cluster"]["store_connected"], 20, "the watch back")
         assert coordinator_info(dep)["disagg_cluster"]["store_resyncs"] >= 1
-        # the workers put their keys again on new leases (nobody refreshes the old ones now)...
-        wait_until(
-            lambda: all(key_leases(etcd, name).get(k, v) != v for k, v in leases.items()), 20, "keys on new leases"
-        )
-        # ...without a DELETE between: the executors never left
-        assert coordinator_info(dep)["disagg_cluster"]["leaves"] == 0 and len(servers(dep)) == 2
+        # a lease of TTL granted now outlives every lease etcd restored (their TTLs restart at the
+        # restart): once it expired, a worker key whose lease nobody refreshed would be gone
+        probe = etcd.etcdctl("lease", "grant", str(TTL)).split()[1]
+        wait_until(lambda: "expired" in etcd.etcdctl("lease", "timetolive", probe), TTL + 20, "a lease's TTL")
+        assert set(key_leases(etcd, name)) >= set(leases)  # the workers' keys are all still there...
+        assert coordinator_info(dep)["disagg_cluster"]["leaves"] == 0 and len(servers(dep)) == 2  # ...and never left
         started.append(Sim(etcd.uri, name, "generation"))  # registrations after the restart are seen
         wait_until(lambda: len(healthy(dep, "generation")) == 2, 30, "a new generation server")
         assert complete(dep) == 200
