@@ -261,45 +261,55 @@ def test_a_flood_of_registrations_fills_the_table_and_the_rest_wait_for_a_free_s
         assert sorted(s["addr"] for s in servers(dep)) == sorted(w.addr for w in workers[20:])
 
 
-def test_workers_join_and_leave_under_load_without_a_failed_request(tmp_path: Path, shm_prefix: str) -> None:
+def test_workers_join_and_leave_under_load_and_only_requests_on_a_killed_one_fail(
+    tmp_path: Path, shm_prefix: str
+) -> None:
     with cluster(tmp_path, shm_prefix) as (dep, etcd, name), sims() as started:
         started += [Sim(etcd.uri, name, "context"), Sim(etcd.uri, name, "generation")]
         wait_until(lambda: health(dep)[0] == 200, 30, "ready")
-        failures: list[Any] = []
+        results: list[tuple[float, int, Any]] = []  # (when the request was sent, status, body)
         done = threading.Event()
-        counts = [0]
 
         def load() -> None:
             while not done.is_set():
+                sent = time.monotonic()
                 status, body = request_json(
-                    "127.0.0.1",
-                    dep.config.port,
-                    "POST",
-                    "/v1/completions",
-                    {"model": "m", "prompt": "hello there", "max_tokens": 3},
-                )
-                counts[0] += 1
-                if status != 200:
-                    failures.append((status, body))
+                    "127.0.0.1", dep.config.port, "POST", "/v1/completions",
+                    {"model": "m", "prompt": "hello there", "max_tokens": 8},
+                )  # fmt: skip
+                results.append((sent, status, body))
+
+        def more(n: int) -> None:
+            before = len(results)
+            wait_until(lambda: len(results) > before + n, 30, f"{n} more requests")
 
         threads = [threading.Thread(target=load) for _ in range(4)]
         for t in threads:
             t.start()
+        killed_at = float("inf")
         try:
             started += [Sim(etcd.uri, name, "context"), Sim(etcd.uri, name, "generation")]  # two join
             wait_until(lambda: len(healthy(dep, "context")) == 2 and len(healthy(dep, "generation")) == 2, 30, "joined")
-            before = counts[0]
-            wait_until(lambda: counts[0] > before + 20, 30, "load on four executors")
-            started[0].stop(signal.SIGTERM)  # two leave, gracefully
+            more(20)
+            started[0].stop(signal.SIGTERM)  # two leave, gracefully: nothing may fail
             started[1].stop(signal.SIGTERM)
             wait_until(lambda: len(servers(dep)) == 2, 10, "left")
-            before = counts[0]
-            wait_until(lambda: counts[0] > before + 20, 30, "load on the two that stayed")
+            more(20)
+            started.append(Sim(etcd.uri, name, "generation"))
+            wait_until(lambda: len(healthy(dep, "generation")) == 2, 30, "a third generation executor")
+            more(20)
+            killed_at = time.monotonic()
+            started[3].stop(signal.SIGKILL)  # one is killed: only requests already on it may fail
+            wait_until(lambda: len(healthy(dep, "generation")) == 1, 10, "the killed one out of rotation")
+            more(20)
         finally:
             done.set()
             for t in threads:
                 t.join()
-        assert failures == []
+        failed = [(sent, status, body) for sent, status, body in results if status != 200]
+        assert [f for f in failed if f[0] >= killed_at] == []  # every failure was in flight when it died...
+        assert len(failed) <= len(threads)  # ...and each client had at most one in flight
+        assert sum(1 for sent, _, _ in results if sent >= killed_at) >= 20
 
 
 def test_launch_starts_executors_that_register_through_etcd(tmp_path: Path, shm_prefix: str) -> None:
