@@ -4,7 +4,9 @@ Start-up, in order: with `port: 0`, reserve a port the kernel picks (`procutil.r
 create the table (cleaning a dead deployment's stale segments; a live one holds the segment's
 flock and makes this fail), register the executors of the config, wait until every configured
 executor answers `GET /health` with 200 (up to `server_start_timeout_s` or `-t`, as TensorRT-LLM
-waits for all its servers before it serves), serve the internal API on a Unix socket only this
+waits for all its servers before it serves; with `disagg_cluster` or `-m` there are none: it
+connects to the cluster store instead and registers the executors it lists, `Discovery` below,
+and `/health` follows `minimal_instances`), serve the internal API on a Unix socket only this
 user can connect to (mode 0600) and, with a `kv_cache_aware` router, listen for the fleet's KV
 poll hints on a Unix datagram socket (`kv_events.py`), start the fleet, wait until every fleet
 worker's socket on the public port listens (each says so on the internal API) and, with
@@ -190,7 +192,7 @@ class Coordinator:
                     on_key_change=self.health.republish,
                     on_restart=self.health.reprepare,
                 )
-                if kv_executors or (kv_roles and config.disagg_cluster is not None)  # executors may register later
+                if kv_executors or (kv_roles and dynamic)  # executors may register later
                 else None
             )
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
