@@ -68,9 +68,9 @@ def _refuse(err: ConfigError, prefix: str = "") -> None:
     raise SystemExit(2) from None
 
 
-def _load(path: str) -> DisaggConfig:
+def _load(path: str, *, metadata_server: bool = False) -> DisaggConfig:
     try:
-        config = load_config(path)
+        config = load_config(path, metadata_server=metadata_server)
     except ConfigError as err:
         _refuse(err)
     for warning in config_warnings(config):
@@ -165,9 +165,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     try:
         ctx = ", ".join(config.context_servers.urls)
         gen = ", ".join(config.generation_servers.urls)
+        where = f"context: {ctx}; generation: {gen}"
+        if config.disagg_cluster is not None:
+            where = f"executors register at {config.disagg_cluster.cluster_uri}"
         print(
-            f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; context: {ctx}; "
-            f"generation: {gen}; executor logs: {dep.log_dir})",
+            f"shmdisagg listening on {dep.url} ({_plural(config.num_workers, 'fleet worker')}; {where}; "
+            f"executor logs: {dep.log_dir})",
             flush=True,
         )
         code = dep.wait(reap=True)
@@ -196,15 +199,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     command line (`tensorrt_llm/commands/serve.py` @fb31828e)."""
     from shmdisagg.coordinator.keeper import run_supervised
 
-    if args.metadata_server_config_file is not None:
-        print(
-            "shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is "
-            "not supported; "
-            "list the executors under context_servers.urls and generation_servers.urls",
-            file=sys.stderr,
-        )
-        return 2
-    config = _load(args.config)
+    metadata = args.metadata_server_config_file
+    if metadata is not None:
+        from shmdisagg.cluster.metadata import MetadataConfigError, load_metadata_config
+
+        try:
+            load_metadata_config(metadata)
+        except MetadataConfigError as err:
+            print(f"shmdisagg: -m/--metadata_server_config_file: {err}", file=sys.stderr)
+            return 2
+    config = _load(args.config, metadata_server=metadata is not None)
     env = _check_env()  # refuses a bad variable, shows the warnings (the coordinator does not repeat them)
     # this process supervises the coordinator (keeper.py): its own lines follow -l as the coordinator's do
     logging.getLogger("shmdisagg").setLevel(
@@ -236,6 +240,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         argv += ["-l", args.log_level]
     if args.report_addr is not None:
         argv += ["--report_addr", args.report_addr]
+    if metadata is not None:
+        argv += ["-m", os.path.abspath(metadata)]
     # --metrics-log-interval: a deprecated no-op in TensorRT-LLM too; accepted, nothing to do
     # this process stays as the deployment's supervisor: it restarts a coordinator that dies
     return run_supervised(config, argv, args.report_addr)
@@ -400,7 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-m",
         "--metadata_server_config_file",
         metavar="FILE",
-        help="refused: dynamic membership (etcd) is not supported",
+        help="the etcd metadata server the executors register in (trtllm/* keys): a YAML of server_type (etcd), "
+        "hostname, port, health_check_timeout, refresh_interval; the config then lists no urls",
     )
     p.set_defaults(func=cmd_serve)
 

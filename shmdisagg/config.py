@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from shmdisagg.procutil import listen_addr
 
@@ -428,6 +437,83 @@ class ShmdisaggSection(_Strict):
     )(_no_bool)
 
 
+class MinimalInstances(_Strict):
+    """`disagg_cluster.minimal_instances`: how many prepared servers of each role make the
+    deployment ready (TensorRT-LLM `llmapi/disagg_utils.py` @0228a712 `MinimalInstances`;
+    `DisaggClusterManager.is_ready_with_router` in `serve/disagg_auto_scaling.py`)."""
+
+    context_servers: StrictInt = Field(1, ge=0)
+    generation_servers: StrictInt = Field(1, ge=0)
+
+
+CLUSTER_SCHEMES = ("etcd://", "http://")
+
+
+class DisaggClusterConfig(_Strict):
+    """`disagg_cluster` (TensorRT-LLM `llmapi/disagg_utils.py` @0228a712 `DisaggClusterConfig`):
+    executors register themselves at `cluster_uri` and heart-beat; the coordinator watches.
+
+    `cluster_uri`: `etcd://host:port` (several, comma-separated: endpoints of one etcd cluster,
+    as `Etcd3ClusterStorage._connect` in `serve/cluster_storage.py` @057d4a79 splits them), or
+    `http://host:port`, the store the deployment serves itself on its public port (the port must
+    be the public one, where workers find it). `cluster_name` namespaces the keys
+    (`/trtllm-disagg/{cluster_name}/workers/...`). `heartbeat_interval_sec` and
+    `inactive_timeout_sec` (seconds) are the workers' heartbeat and TTL: the simulator the
+    launcher starts uses them; `trtllm-serve` workers read their own copy of the key.
+    """
+
+    cluster_uri: str
+    cluster_name: str = ""
+    minimal_instances: MinimalInstances = Field(default_factory=MinimalInstances)
+    heartbeat_interval_sec: StrictInt = Field(5, ge=0)
+    inactive_timeout_sec: StrictInt = Field(10, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        # TensorRT-LLM's update_dataclass keeps a field's default where the value is None
+        if isinstance(data, dict):
+            out = {k: v for k, v in data.items() if v is not None}
+            if isinstance(out.get("minimal_instances"), dict):
+                out["minimal_instances"] = {k: v for k, v in out["minimal_instances"].items() if v is not None}
+            return out
+        return data
+
+    @field_validator("cluster_uri")
+    @classmethod
+    def _check_uri(cls, uri: str) -> str:
+        parts = [u.strip() for u in uri.split(",")]
+        if uri.startswith("https://"):
+            raise ValueError(
+                f"{uri!r}: an https cluster store is not supported (the deployment serves it on its public port, "
+                "which speaks plain HTTP); use http://HOST:PORT or an etcd:// uri"
+            )
+        if not uri.startswith(CLUSTER_SCHEMES):
+            raise ValueError(f"{uri!r} is not an etcd://host:port or http://host:port uri")
+        scheme = "etcd://" if uri.startswith("etcd://") else "http://"
+        if scheme == "http://" and len(parts) > 1:
+            raise ValueError(f"{uri!r}: one http:// store only")
+        for part in parts:
+            body = part.removeprefix(scheme)
+            m = _URL.match(body)
+            if not part.startswith(scheme) or not m or not 0 < int(m["port"]) < 65536:
+                raise ValueError(f"{part!r} is not {scheme}host:port")
+        return uri
+
+    @property
+    def is_etcd(self) -> bool:
+        return self.cluster_uri.startswith("etcd://")
+
+    def endpoints(self) -> list[tuple[str, int]]:
+        """The uri's (host, port) pairs, in the order given."""
+        out = []
+        for part in self.cluster_uri.split(","):
+            m = _URL.match(part.strip().split("://", 1)[1])
+            assert m is not None  # validated
+            out.append((m["host"].strip("[]"), int(m["port"])))
+        return out
+
+
 class OtlpConfig(_Strict):
     """`otlp_config` (TensorRT-LLM `llmapi/disagg_utils.py` `OtlpConfig`): where each fleet
     worker exports its OpenTelemetry spans (`shmdisagg/tracing.py`)."""
@@ -466,7 +552,8 @@ class DisaggConfig(BaseModel):
     # HMAC key signing the context executor's handoff on generation legs (shmdisagg/orchestrator/wire.py)
     internal_request_auth_key: str | None = Field(None, min_length=1)
     disagg_coordinator_url: str | None = None
-    disagg_cluster: dict[str, Any] | None = None
+    # service discovery: executors register at disagg_cluster.cluster_uri (shmdisagg/cluster/)
+    disagg_cluster: DisaggClusterConfig | None = None
     shmdisagg: ShmdisaggSection = Field(default_factory=ShmdisaggSection)
 
     @field_validator("allow_request_chat_template", "return_perf_metrics", mode="before")
@@ -485,7 +572,7 @@ class DisaggConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_supported(self) -> DisaggConfig:
-        # disagg_cluster and disagg_coordinator_url are refused before validation (_refusals)
+        # disagg_coordinator_url and the other _REFUSED_KEYS are refused before validation (_refusals)
         model = (self.model_extra or {}).get("model")
         # TensorRT-LLM's top-level `model` (inherited by both roles): a name or a path, never empty
         if model is not None and (not isinstance(model, str) or not model.strip()):
@@ -495,9 +582,22 @@ class DisaggConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _check_executors(self) -> DisaggConfig:
+    def _check_executors(self, info: ValidationInfo) -> DisaggConfig:
         """Each role lists at least one executor (the coordinator waits for a healthy one of
-        each); no url is the public address or listed in both roles."""
+        each); no url is the public address or listed in both roles. With `disagg_cluster`, or
+        a metadata server (`-m`: the validation context's `metadata_server`), the executors
+        register themselves instead and urls are refused."""
+        if self.disagg_cluster is not None:
+            return self._check_cluster()
+        if (info.context or {}).get("metadata_server"):
+            for key in ("context_servers", "generation_servers"):
+                if getattr(self, key).urls:
+                    raise KeyedError(
+                        f"{key}.urls",
+                        "not used with -m/--metadata_server_config_file (the executors register in the metadata "
+                        "server, whose list TensorRT-LLM's routers use instead): remove them",
+                    )
+            return self
         for key in ("context_servers", "generation_servers"):
             role = key.split("_")[0]
             if getattr(self, key).urls:
@@ -531,6 +631,29 @@ class DisaggConfig(BaseModel):
                             f"{key}.urls",
                             f"{url!r} is also a context_servers url ({clash!r}): an executor serves one role",
                         )
+        return self
+
+    def _check_cluster(self) -> DisaggConfig:
+        """With `disagg_cluster` the executors register themselves: TensorRT-LLM ignores the
+        sections' `urls` then (`extract_disagg_cfg` builds no server configs), so listed urls
+        would be a silent no-op and are refused; `num_instances` is how many executors of the
+        role `shmdisagg launch` starts (each registers itself). An `http://` store is served on
+        the public port, so its port must be that one."""
+        cluster = self.disagg_cluster
+        assert cluster is not None
+        for key in ("context_servers", "generation_servers"):
+            if getattr(self, key).urls:
+                raise KeyedError(
+                    f"{key}.urls",
+                    "not used with disagg_cluster (executors register themselves at disagg_cluster.cluster_uri; "
+                    "TensorRT-LLM ignores these urls): remove them",
+                )
+        if not cluster.is_etcd and self.port != 0 and cluster.endpoints()[0][1] != self.port:
+            raise KeyedError(
+                "disagg_cluster.cluster_uri",
+                f"{cluster.cluster_uri!r}: the http cluster store is served on the public port ({self.port}), "
+                "where workers register: give that port",
+            )
         return self
 
     @model_validator(mode="after")
@@ -612,8 +735,6 @@ MAX_EXECUTORS = 64  # the shared table's and the KV index's server bitmasks are 
 
 # TensorRT-LLM config keys shmdisagg refuses before anything else is checked: key -> what to do.
 _REFUSED_KEYS = {
-    "disagg_cluster": "dynamic service discovery is not supported; list the executors under context_servers.urls "
-    "and generation_servers.urls",
     "disagg_coordinator_url": "an external coordinator is not supported: shmdisagg runs its own on this host; "
     "remove the key",
     "multimodal_servers": "multimodal encoder servers (EPD) are not supported: shmdisagg has no encoder leg; "
@@ -646,15 +767,16 @@ def _refusals(data: dict[str, Any]) -> list[str]:
     return out
 
 
-def parse_config(data: Any, source: str = "config") -> DisaggConfig:
+def parse_config(data: Any, source: str = "config", *, metadata_server: bool = False) -> DisaggConfig:
     """Validate a loaded YAML document. Raises `ConfigError` (one line: file, key, problem;
-    `problems` has every problem found, each such a line)."""
+    `problems` has every problem found, each such a line). `metadata_server`: the deployment
+    runs with `-m` (its executors come from the metadata server, not from urls)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of keys")
     problems = _refusals(data)
     config = None
     try:
-        config = DisaggConfig.model_validate(_normalise(data))
+        config = DisaggConfig.model_validate(_normalise(data), context={"metadata_server": metadata_server})
     except ValidationError as err:
         lines = [_error_line(e) for e in err.errors()]
         if data.get("multimodal_servers") is not None and "context_servers" not in data:
@@ -726,7 +848,7 @@ def config_warnings(config: DisaggConfig) -> list[str]:
     return out
 
 
-def load_config(path: str | os.PathLike[str]) -> DisaggConfig:
+def load_config(path: str | os.PathLike[str], *, metadata_server: bool = False) -> DisaggConfig:
     """Read and validate a config file. Raises `ConfigError`.
 
     The file must be UTF-8 (as TensorRT-LLM reads it under a UTF-8 locale) and YAML with
@@ -754,7 +876,7 @@ def load_config(path: str | os.PathLike[str]) -> DisaggConfig:
         raise ConfigError(f"{p}:{where} not valid YAML: {getattr(err, 'problem', None) or err}") from None
     except _DuplicateKey as err:
         raise ConfigError(f"{p}: {err.key}: {err}") from None
-    return parse_config(data, str(p))
+    return parse_config(data, str(p), metadata_server=metadata_server)
 
 
 class _DuplicateKey(ValueError):

@@ -323,7 +323,7 @@ class Deployment:
         unresolved = [inst.addr for inst in self.plan.instances if not _resolvable(inst.addr)]
         if unresolved:
             raise LaunchError(f"cannot resolve executor address: {', '.join(unresolved)}")
-        bind_errors = {inst.addr: address_bind_error(inst.addr) for inst in self.plan.instances}
+        bind_errors = {inst.addr: address_bind_error(inst.addr) for inst in self.plan.instances if inst.port}
         foreign = [addr for addr, e in bind_errors.items() if e == errno.EADDRNOTAVAIL]
         if foreign:
             raise LaunchError(
@@ -349,7 +349,9 @@ class Deployment:
                 inst.addr,
                 f", GPUs {','.join(inst.gpus)}" if inst.gpus else "",
             )
-        self._wait_ready(self.executors, spec.startup_timeout_s)
+        # With disagg_cluster they bind a port the kernel picks and register it: the coordinator
+        # learns them from the cluster store and waits for disagg_cluster.minimal_instances
+        self._wait_ready([c for c in self.executors if not c.addr.endswith(":0")], spec.startup_timeout_s)
 
     def _start_coordinator(self) -> None:
         if self.background:
@@ -363,6 +365,8 @@ class Deployment:
         assert self.coordinator is not None
         self._wait_coordinator_ready()
         log.info("coordinator is ready: every fleet worker listens")
+        if self.config.disagg_cluster is not None and self.executors:
+            self._wait_registered()
         self._keeping = threading.Thread(target=self._keep, name="coordinator-keeper", daemon=True)
         self._keeping.start()
 
@@ -392,6 +396,29 @@ class Deployment:
                     coordinator_stage(self.keeper.ever_served),
                 )
             time.sleep(0.01)
+
+    def _wait_registered(self) -> None:
+        """With disagg_cluster: until the executors it started registered and the public /health
+        says ready (`minimal_instances` prepared), within `startup_timeout_s`; an executor that
+        exits meanwhile ends the launch."""
+        spec = self.config.shmdisagg.executors
+        timeout = spec.startup_timeout_s if spec is not None else self.config.shmdisagg.server_start_timeout_s
+        deadline = time.monotonic() + timeout
+        while http_status(f"{self.url}/health") != 200:
+            for child in self.executors:
+                code = child.proc.poll()
+                if code is not None:
+                    raise LaunchError(
+                        f"{child.name} ended while registering ({describe_exit(code)}){self._log_hint(child)}"
+                    )
+            if time.monotonic() > deadline:
+                uri = self.config.disagg_cluster.cluster_uri if self.config.disagg_cluster else ""
+                raise LaunchError(
+                    f"the executors did not register at {uri} and become ready within {timeout:g} s "
+                    "(public /health not 200)"
+                )
+            time.sleep(POLL_INTERVAL_S)
+        log.info("executors registered: /health is ready")
 
     def _spawn_coordinator(self, env: dict[str, str], fds: Sequence[int]) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "shmdisagg.coordinator", "-c", self.config_path]

@@ -13,6 +13,7 @@ from typing import Any
 
 import uvloop
 
+from shmdisagg.cluster.metadata import MetadataConfigError, load_metadata_config
 from shmdisagg.config import ConfigError, DisaggConfig, env_tokens_per_block, load_config
 from shmdisagg.coordinator.main import StartOptions, StartupError, StartupInterrupted, run_coordinator
 from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S
@@ -43,9 +44,15 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
     )
     parser.add_argument("-l", "--log_level", choices=list(LOG_LEVELS))
     parser.add_argument("--report_addr")
+    parser.add_argument("-m", "--metadata_server_config_file")
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config)
+        metadata = load_metadata_config(args.metadata_server_config_file) if args.metadata_server_config_file else None
+    except MetadataConfigError as err:
+        print(f"shmdisagg: -m/--metadata_server_config_file: {err}", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args.config, metadata_server=metadata is not None)
         if env is None:
             env = read_env()
             if not (
@@ -62,7 +69,13 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
     level = resolve_log_level(env, args.log_level, config.shmdisagg.log_level)
     logging.basicConfig(level=LOG_LEVELS[level], format="%(asctime)s coordinator %(levelname)s %(message)s", force=True)
     options = StartOptions(
-        args.schedule_style, args.request_timeout or None, level, args.report_addr, env, **supervised(os.environ)
+        args.schedule_style,
+        args.request_timeout or None,
+        level,
+        args.report_addr,
+        env,
+        metadata_server=metadata,
+        **supervised(os.environ),
     )
     try:
         uvloop.run(run_coordinator(config, args.config, options))

@@ -5,6 +5,8 @@
 one is `refused` and its KV event stream: `kv_events`), model names, `routing_key_configs` (each
 kv_cache_aware role's block size and hash algorithm, which the fleet hashes prompts with), fleet
 pids, restarts, KV event and poll-hint counters.
+`POST /set`, `GET /get`, `DELETE /delete`, `GET /expire`, `GET /get_prefix`: the HTTP cluster
+store, with `disagg_cluster.cluster_uri: http://...` (`shmdisagg/cluster/http_store.py`).
 `POST /perf_records`: fleet workers' per-request records (`shmdisagg/metrics/shipper.py`).
 `GET /perf_metrics`: those records joined with the executors' (`shmdisagg/metrics/perf.py`);
 drained on read unless `?keep=1`.
@@ -47,6 +49,8 @@ def internal_app(coord: Coordinator) -> FastAPI:
             "schedule_style": coord.schedule_style,
             "shm_prefix": coord.config.shm_prefix,
             "kv_events": coord.kv_events.counters() if coord.kv_events is not None else None,
+            # TensorRT-LLM's cluster-manager fields (current_workers, minimal_instances) and ours
+            **({"disagg_cluster": coord.discovery.info()} if coord.discovery is not None else {}),
         }
 
     @api.post("/report")
@@ -79,4 +83,8 @@ def internal_app(coord: Coordinator) -> FastAPI:
     async def perf_metrics(keep: bool = False) -> Response:
         return Response(orjson.dumps(await coord.perf.read(drain=not keep)), media_type="application/json")
 
+    if coord.discovery is not None and coord.discovery.store is not None:
+        from shmdisagg.cluster.http_store import mount
+
+        mount(api, coord.discovery.store)  # the HTTP cluster store; the fleet relays the public port's
     return api

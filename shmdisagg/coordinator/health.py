@@ -132,7 +132,11 @@ class HealthMonitor:
         still there (same slot, address and role) keeps its health mark until the next poll says
         otherwise, without a republish; the others are registered anew."""
         self.table = table
-        self.executors = executors
+        self._by_slot: dict[int, Executor] = {ex.slot: ex for ex in executors}
+        self._tasks: dict[int, asyncio.Task[None]] = {}  # slot -> its probe loop, while `run` runs
+        # (context, generation) healthy servers that make the deployment ready; None: one of each
+        # (disagg_cluster.minimal_instances sets it, as TensorRT-LLM's is_ready_with_router)
+        self.minimal: tuple[int, int] | None = None
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.failures = failures
@@ -155,9 +159,52 @@ class HealthMonitor:
         for slot in self.removed:
             table.remove_server(slot)
 
+    @property
+    def executors(self) -> list[Executor]:
+        """The registered executors, in slot order."""
+        return [self._by_slot[s] for s in sorted(self._by_slot)]
+
+    def get(self, slot: int) -> Executor | None:
+        return self._by_slot.get(slot)
+
+    def add(self, ex: Executor) -> None:
+        """Register `ex` at run time (service discovery): published present and unhealthy at
+        once, healthy after its first good probe and `/server_info`, like a configured one.
+        ValueError if its slot is taken."""
+        if ex.slot in self._by_slot:
+            raise ValueError(f"slot {ex.slot} already holds {self._by_slot[ex.slot].addr}")
+        self._by_slot[ex.slot] = ex
+        self.table.publish_server(ex.slot, ex.addr, ex.role, False)
+        if self._session is not None:
+            self._tasks[ex.slot] = asyncio.ensure_future(self._probe_loop(ex))
+
+    def remove(self, slot: int) -> Executor | None:
+        """Take `slot` out of the table and stop probing it; returns the executor it held.
+        The fleet stops picking it at its next pick; legs already sent finish and release
+        their load as usual."""
+        ex = self._by_slot.pop(slot, None)
+        task = self._tasks.pop(slot, None)
+        if task is not None:
+            task.cancel()
+        if ex is None:
+            return None
+        ex.healthy = False
+        self.table.remove_server(slot)
+        if self.keys is not None:
+            self.keys.remove(slot)
+        return ex
+
+    def healthy_counts(self) -> tuple[int, int]:
+        """(healthy context servers, healthy generation servers)."""
+        ctx = sum(1 for e in self._by_slot.values() if e.healthy and e.role == ROLE_CONTEXT)
+        gen = sum(1 for e in self._by_slot.values() if e.healthy and e.role == ROLE_GENERATION)
+        return ctx, gen
+
     def ready(self) -> bool:
-        """Every role has at least one healthy server."""
-        return all(any(e.healthy for e in self.executors if e.role == r) for r in (ROLE_CONTEXT, ROLE_GENERATION))
+        """Every role has at least one healthy server (with `minimal`: at least that many)."""
+        ctx, gen = self.healthy_counts()
+        want_ctx, want_gen = self.minimal if self.minimal is not None else (1, 1)
+        return ctx >= want_ctx and gen >= want_gen
 
     def models(self) -> list[str]:
         return sorted({m for e in self.executors if e.healthy for m in e.models})
@@ -168,9 +215,16 @@ class HealthMonitor:
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
                 self._session = session
-                await asyncio.gather(*(self._probe_loop(e) for e in self.executors))
+                for ex in self.executors:
+                    self._tasks[ex.slot] = asyncio.ensure_future(self._probe_loop(ex))
+                await asyncio.Event().wait()  # until cancelled; executors come and go meanwhile
         finally:
             self._session = None
+            tasks = list(self._tasks.values())
+            self._tasks.clear()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             lag.cancel()
 
     async def _probe_loop(self, ex: Executor) -> None:
@@ -200,6 +254,8 @@ class HealthMonitor:
 
     async def _check(self, ex: Executor) -> None:
         assert self._session is not None
+        if self._by_slot.get(ex.slot) is not ex:
+            return  # removed (its slot may hold another executor by now)
         loop = asyncio.get_running_loop()
         if loop.time() < ex.breaker_until:
             return  # breaker open: no re-admission during the cool-down
@@ -246,19 +302,21 @@ class HealthMonitor:
     def republish(self, slot: int) -> None:
         """Publish `slot` again (bumps servers_version, so fleet workers re-read `/cluster_info`,
         e.g. after its role's routing key changed)."""
-        ex = self.executors[slot]
-        if ex.healthy:
+        ex = self._by_slot.get(slot)
+        if ex is not None and ex.healthy:
             self._publish(ex)
 
     def reprepare(self, slot: int) -> None:
         """Read `slot`'s `/server_info` again at its next health check (it restarted)."""
-        self.executors[slot].info_at = -math.inf
+        ex = self._by_slot.get(slot)
+        if ex is not None:
+            ex.info_at = -math.inf
 
     def report(self, slot: int, kind: str) -> None:
         """A fleet worker's failed request to `slot` ("refused", "disconnected", "error")."""
-        if not 0 <= slot < len(self.executors):
+        ex = self._by_slot.get(slot)
+        if ex is None:
             return
-        ex = self.executors[slot]
         loop = asyncio.get_running_loop()
         now = loop.time()
         if kind == "refused" and self._session is not None:
@@ -288,6 +346,8 @@ class HealthMonitor:
         return data
 
     def _publish(self, ex: Executor) -> None:
+        if self._by_slot.get(ex.slot) is not ex:
+            return  # removed while a probe of it was in flight
         info = ex.server_info or {}
         self.table.publish_server(
             ex.slot,
@@ -301,6 +361,8 @@ class HealthMonitor:
 
     def _set_unhealthy(self, ex: Executor, keep_info: bool = False) -> None:
         ex.healthy = False
+        if self._by_slot.get(ex.slot) is not ex:
+            return  # removed while a probe of it was in flight
         if not keep_info:
             ex.server_info = None  # prepare again when it comes back (it may have restarted)
         self.table.set_healthy(ex.slot, False)

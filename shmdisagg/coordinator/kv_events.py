@@ -148,13 +148,18 @@ class KvEventIngestor:
         on_restart: Callable[[int], object] = lambda slot: None,
     ) -> None:
         self.index = index
-        self.executors = executors
-        self._slots = {ex.slot for ex in executors}
+        self.executors = list(executors)
+        self._tasks: dict[int, asyncio.Task[None]] = {}  # slot -> its drain loop, while `run` runs
+        self._pool: UpstreamPool | None = None
         self.keys = keys
         self.settings = settings or KvEventsSection()
         self.row = row
         self.on_key_change = on_key_change
         self.on_restart = on_restart
+        # whether this deployment drains now (cluster/drain_lease.py: one of several deployments
+        # sharing executors drains them); drains are skipped while it says no
+        self.drains: Callable[[], bool] = lambda: True
+        self.skipped_drains = 0
         self.applied_events = 0
         self.dropped_events = 0
         self.hints = 0
@@ -180,6 +185,7 @@ class KvEventIngestor:
             "event_gaps": self.event_gaps,
             "restarts": self.restarts,
             "window_skipped_events": self.window_skipped_events,
+            "skipped_drains": self.skipped_drains,
         }
 
     def server_state(self, slot: int) -> dict[str, Any] | None:
@@ -220,9 +226,40 @@ class KvEventIngestor:
         else:
             self.bad_hints += 1
 
+    def add(self, ex: Executor) -> None:
+        """Drain `ex` too (an executor registered at run time), from a fresh stream."""
+        self.remove(ex.slot)
+        self.executors.append(ex)
+        self._streams[ex.slot] = _Stream()
+        self._wake[ex.slot] = asyncio.Event()
+        self._last_hint[ex.slot] = -HINTS_FLOWING_S
+        if self._pool is not None:
+            self._tasks[ex.slot] = asyncio.ensure_future(self._drain(self._pool, ex))
+
+    def remove(self, slot: int) -> None:
+        """Stop draining `slot` (its executor left); hints naming it count as `bad_hints`."""
+        task = self._tasks.pop(slot, None)
+        if task is not None:
+            task.cancel()
+        self.executors = [ex for ex in self.executors if ex.slot != slot]
+        self._streams.pop(slot, None)
+        self._wake.pop(slot, None)
+        self._last_hint.pop(slot, None)
+
     async def run(self) -> None:
         async with UpstreamPool(max_idle_per_host=2) as pool:
-            await asyncio.gather(*(self._drain(pool, ex) for ex in self.executors))
+            self._pool = pool
+            try:
+                for ex in self.executors:
+                    self._tasks[ex.slot] = asyncio.ensure_future(self._drain(pool, ex))
+                await asyncio.Event().wait()  # until cancelled; executors come and go meanwhile
+            finally:
+                self._pool = None
+                tasks = list(self._tasks.values())
+                self._tasks.clear()
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def _fallback_s(self, slot: int, got: int, hinted: bool) -> float:
         """How long to wait for a hint before polling `slot` anyway."""
@@ -255,6 +292,9 @@ class KvEventIngestor:
         is not the router's are not drained (TensorRT-LLM skips their event polls too)."""
         if not ex.healthy or (self.keys is not None and not self.keys.aligned(ex.slot)):
             return 0
+        if not self.drains():
+            self.skipped_drains += 1
+            return 0
         try:
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
                 r = await pool.request(ex.host, ex.port, "POST", "/kv_cache_events")
@@ -262,6 +302,8 @@ class KvEventIngestor:
         except (UpstreamError, TimeoutError, OSError) as err:
             log.debug("kv events from %s: %r", ex.addr, err)
             return 0
+        if self._wake.get(ex.slot) is None:
+            return 0  # removed during the drain: its events no longer describe a routable server
         return self.apply_raw(ex.slot, raw, time.time()) if raw and r.status == 200 else 0
 
     # -- applying events -------------------------------------------------------------------

@@ -4,7 +4,9 @@ Start-up, in order: with `port: 0`, reserve a port the kernel picks (`procutil.r
 create the table (cleaning a dead deployment's stale segments; a live one holds the segment's
 flock and makes this fail), register the executors of the config, wait until every configured
 executor answers `GET /health` with 200 (up to `server_start_timeout_s` or `-t`, as TensorRT-LLM
-waits for all its servers before it serves), serve the internal API on a Unix socket only this
+waits for all its servers before it serves; with `disagg_cluster` or `-m` there are none: it
+connects to the cluster store instead and registers the executors it lists, `Discovery` below,
+and `/health` follows `minimal_instances`), serve the internal API on a Unix socket only this
 user can connect to (mode 0600) and, with a `kv_cache_aware` router, listen for the fleet's KV
 poll hints on a Unix datagram socket (`kv_events.py`), start the fleet, wait until every fleet
 worker's socket on the public port listens (each says so on the internal API) and, with
@@ -29,11 +31,16 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
+from shmdisagg.cluster.drain_lease import DrainLease
+from shmdisagg.cluster.etcd_store import EtcdWatcher
+from shmdisagg.cluster.http_store import HttpClusterStore
+from shmdisagg.cluster.metadata import MetadataPoller, MetadataServerConfig
 from shmdisagg.config import DisaggConfig
 from shmdisagg.coordinator.adoption import stop_stale_fleet, take_over
 from shmdisagg.coordinator.api import internal_app
 from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor, executors_from_config
 from shmdisagg.coordinator.kv_events import KvEventIngestor, listen_for_hints
+from shmdisagg.coordinator.membership import Membership
 from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
 from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S, FleetOverrides
@@ -86,6 +93,7 @@ class StartOptions:
     (`coordinator/adoption.py`); `adopt_port`: the public port the first one picked for `port: 0`;
     `supervisor`: the process whose death ends the deployment (None: this one);
     `ready_fd`: a pipe to write one byte to once the fleet serves.
+    `metadata_server`: `-m`'s file, read: the executors come from that etcd's `trtllm/*` keys.
     """
 
     schedule_style: str | None = None
@@ -97,6 +105,8 @@ class StartOptions:
     adopt_port: int | None = None
     supervisor: ProcessId | None = None
     ready_fd: int | None = None
+    # `-m/--metadata_server_config_file`: executors listed in an etcd metadata server (cluster/metadata.py)
+    metadata_server: MetadataServerConfig | None = None
 
 
 class Coordinator:
@@ -131,13 +141,17 @@ class Coordinator:
             raise
         try:
             self.table.set_coordinator(os.getpid(), process_starttime(os.getpid()), secrets.randbits(63))
+            # executors that register themselves: none to begin with, or those the dead
+            # coordinator had registered (adopted with their slots, bound to their keys again
+            # as the store lists them: `Membership`)
+            dynamic = config.disagg_cluster is not None or options.metadata_server is not None
             settings = index_settings(config)
             self.index = (BlockIndex.adopt(self.table, settings) if self.adopted else None) or BlockIndex.create(
                 self.table, settings
             )
             self.health = HealthMonitor(
                 self.table,
-                executors_from_config(config),
+                executors_from_config(config) if not dynamic else adopted_executors(self.table, self.adopted),
                 sd.health_check_interval_s,
                 sd.breaker_failures,
                 sd.breaker_cooldown_s,
@@ -159,6 +173,7 @@ class Coordinator:
             self.keys = RoutingKeys(kv_roles)
             self.health.keys = self.keys if kv_roles else None
             kv_executors = [ex for ex in self.health.executors if ex.role in kv_roles]
+            self.kv_roles = set(kv_roles)
             # per-request metrics and perf records (shmdisagg/metrics/); a dead worker's counts
             # are folded into the retired row before its replacement starts
             self.metrics = (
@@ -177,12 +192,14 @@ class Coordinator:
                     on_key_change=self.health.republish,
                     on_restart=self.health.reprepare,
                 )
-                if kv_executors
+                if kv_executors or (kv_roles and dynamic)  # executors may register later
                 else None
             )
             # Fleet workers apply the style resolved here, as TensorRT-LLM's fleet does.
             self.schedule_style = options.schedule_style or options.env.schedule_style or config.schedule_style
-            overrides = FleetOverrides(public_port, options.leg_timeout_s, options.log_level)
+            overrides = FleetOverrides(
+                public_port, options.leg_timeout_s, options.log_level, options.metadata_server is not None
+            )
             env = {
                 "TRTLLM_DISAGG_SCHEDULE_STYLE": self.schedule_style,
                 **overrides.to_environ(),
@@ -204,6 +221,7 @@ class Coordinator:
                 config.perf_metrics_max_requests,
                 self.metrics.row(ROW_COORDINATOR),
             )
+            self.discovery = Discovery(self) if dynamic else None
         except BaseException:
             if not self.adopted:  # an adopted table still serves a fleet: the next coordinator tries again
                 self.table.unlink()
@@ -326,6 +344,16 @@ class Coordinator:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock_path)
             raise
+        if self.discovery is not None:
+            try:  # before the fleet starts: executors already registered are in the table when it serves
+                await self.discovery.start()
+            except BaseException:
+                api_sock.close()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(sock_path)
+                if hints is not None:
+                    hints.close()
+                raise
         tasks = [
             asyncio.ensure_future(self._heartbeat()),
             asyncio.ensure_future(self.health.run()),
@@ -334,6 +362,8 @@ class Coordinator:
         ]
         if self.kv_events is not None:
             tasks.append(asyncio.ensure_future(self.kv_events.run()))
+        if self.discovery is not None:
+            tasks.append(asyncio.ensure_future(self.discovery.run()))
         api_task = asyncio.ensure_future(api.serve(sockets=[api_sock]))
         self.perf.start()
         try:
@@ -377,6 +407,8 @@ class Coordinator:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.discovery is not None:
+                await self.discovery.close()
             await self.perf.stop()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock_path)
@@ -393,6 +425,18 @@ class Coordinator:
         self.table.unlink()
         self.table.close()
         self.node_claim.close()  # free once the fleet workers holding it exited too
+
+
+def adopted_executors(table: ControlTable, adopted: bool) -> list[Executor]:
+    """With service discovery, a restarted coordinator keeps the executors the dead one had
+    registered (same slots, health marks kept) until the store says otherwise."""
+    if not adopted:
+        return []
+    out = []
+    for s in table.servers():
+        host, _, port = s.addr.rpartition(":")
+        out.append(Executor(s.slot, s.role, host.strip("[]"), int(port)))
+    return out
 
 
 def notify_fleet_started(fd: int | None) -> None:
@@ -475,3 +519,138 @@ async def run_coordinator(config: DisaggConfig, config_path: str, options: Start
     finally:
         if reserved is not None:
             reserved.close()
+
+
+class Discovery:
+    """The coordinator's side of `disagg_cluster`: the store (etcd, or the HTTP store served on
+    the internal API and, through the fleet, on the public port) feeding `Membership`, and what
+    a join or leave changes besides the table (KV event drains, perf records, the index)."""
+
+    def __init__(self, coord: Coordinator) -> None:
+        from shmdisagg.cluster.workers import worker_key_prefix
+
+        cluster = coord.config.disagg_cluster
+        self.coord = coord
+        self.cluster = cluster
+        self.membership = Membership(coord.table, coord.health, on_join=self._joined, on_leave=self._left)
+        self.watcher: EtcdWatcher | None = None
+        self.store: HttpClusterStore | None = None
+        self.poller: MetadataPoller | None = None
+        self.drain_lease: DrainLease | None = None
+        self._drop_at: float | None = None  # loop time to drop adopted executors no key claimed
+        self.uri = ""
+        if cluster is None:  # -m: the metadata server's trtllm/* keys, polled
+            meta = coord.options.metadata_server
+            assert meta is not None
+            self.uri = meta.uri
+            self.poller = MetadataPoller(meta, self.membership.sync)
+            return
+        self.uri = cluster.cluster_uri
+        coord.health.minimal = (cluster.minimal_instances.context_servers, cluster.minimal_instances.generation_servers)
+        self.prefix = worker_key_prefix(cluster.cluster_name)
+        if cluster.is_etcd and coord.kv_events is not None:
+            # several deployments may share these executors: only the lease holder drains
+            self.drain_lease = DrainLease(
+                cluster.endpoints(),
+                cluster.cluster_uri,
+                cluster.cluster_name,
+                coord.config.shm_prefix,
+                cluster.inactive_timeout_sec,
+                cluster.heartbeat_interval_sec,
+            )
+            lease = self.drain_lease
+            coord.kv_events.drains = lambda: lease.holder
+        if cluster.is_etcd:
+            m = self.membership
+            self.watcher = EtcdWatcher(cluster.endpoints(), cluster.cluster_uri, self.prefix, m.sync, m.put, m.delete)
+        else:
+            self.store = HttpClusterStore()
+            self.store.watch(self.prefix, self.membership.put, self.membership.delete)
+
+    def _joined(self, ex: Executor) -> None:
+        coord = self.coord
+        coord.perf.servers[ex.slot] = ex.addr
+        if coord.kv_events is not None and ex.role in coord.kv_roles:
+            coord.kv_events.add(ex)
+
+    def _left(self, ex: Executor) -> None:
+        coord = self.coord
+        if coord.kv_events is not None:
+            coord.kv_events.remove(ex.slot)
+        coord.index.clear_server(ex.slot)  # its blocks, routed bits and sessions: a new server starts empty
+
+    async def start(self) -> None:
+        """Connect to the store and register what it lists. Raises StartupError (one line)."""
+        from shmdisagg.cluster.etcd_store import StoreUnreachable
+
+        try:
+            if self.watcher is not None:
+                await self.watcher.start()
+            elif self.poller is not None:
+                await self.poller.start()
+            else:
+                # the HTTP store starts empty: adopted executors re-register at their next
+                # heartbeat; those that have not within a TTL and a heartbeat are dropped
+                cluster = self.cluster
+                assert cluster is not None
+                self._drop_at = asyncio.get_running_loop().time() + (
+                    cluster.inactive_timeout_sec + cluster.heartbeat_interval_sec + 1
+                )
+                return
+        except StoreUnreachable as err:
+            await self.close()
+            key = "disagg_cluster.cluster_uri" if self.cluster is not None else "-m/--metadata_server_config_file"
+            raise StartupError(f"{key}: {err}") from None
+        self.membership.drop_unclaimed()  # the store's list is whole: adopted executors it lacks are gone
+        log.info("watching %s: %d executor(s) registered", self.uri, len(self.membership.by_key))
+
+    async def run(self) -> None:
+        tasks = [asyncio.ensure_future(self._tick())]
+        if self.watcher is not None:
+            tasks.append(asyncio.ensure_future(self.watcher.run()))
+        if self.store is not None:
+            tasks.append(asyncio.ensure_future(self.store.run()))
+        if self.poller is not None:
+            tasks.append(asyncio.ensure_future(self.poller.run()))
+        if self.drain_lease is not None:
+            tasks.append(asyncio.ensure_future(self.drain_lease.run()))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(0.5)
+            self.membership.tick()
+            if self._drop_at is not None and loop.time() >= self._drop_at:
+                self._drop_at = None
+                self.membership.drop_unclaimed()
+
+    async def close(self) -> None:
+        if self.watcher is not None:
+            await self.watcher.close()
+        if self.poller is not None:
+            await self.poller.close()
+
+    def info(self) -> dict[str, object]:
+        out: dict[str, object] = {"cluster_uri": self.uri, **self.membership.info()}
+        if self.cluster is not None:
+            out["cluster_name"] = self.cluster.cluster_name
+            out["minimal_instances"] = {
+                "context_servers": self.cluster.minimal_instances.context_servers,
+                "generation_servers": self.cluster.minimal_instances.generation_servers,
+            }
+        if self.watcher is not None:
+            out["store_connected"] = self.watcher.connected
+            out["store_resyncs"] = self.watcher.resyncs
+        if self.drain_lease is not None:
+            out["kv_events_drain_lease"] = self.drain_lease.info()
+        if self.poller is not None:
+            out["store_connected"] = self.poller.connected
+            out["metadata_polls"] = self.poller.polls
+            out["metadata_dead_removed"] = self.poller.removed_dead
+        return out

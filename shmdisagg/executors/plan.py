@@ -112,10 +112,37 @@ def build_plan(
     for role, key in ROLE_SECTIONS:
         section = getattr(config, key)
         flags = sim_llm_flags(config, key, section)
-        for i, (host, port) in enumerate(section.addresses()):
+        for i, (host, port) in enumerate(launch_addresses(config, section)):
             argv, env = executor_command(spec, role, section, host, port, flags)
+            argv += sim_cluster_flags(config, role)
             instances.append(InstancePlan(f"{role}-{i}", role, host, port, argv, env))
     return LaunchPlan("sim", spec.model, tuple(instances), run_dir)
+
+
+CLUSTER_HOST = "127.0.0.1"  # launched executors run here; the coordinator reaches them on loopback
+
+
+def launch_addresses(config: DisaggConfig, section: ServerSection) -> list[tuple[str, int]]:
+    """Where the launcher starts a section's executors: its urls; with `disagg_cluster`,
+    `num_instances` executors on CLUSTER_HOST port 0, each binding a port the kernel picks and
+    registering it in the cluster store (as `trtllm-serve --disagg_cluster_uri` may)."""
+    if config.disagg_cluster is None:
+        return section.addresses()
+    return [(CLUSTER_HOST, 0)] * section.num_instances
+
+
+def sim_cluster_flags(config: DisaggConfig, role: str) -> list[str]:
+    """The simulator's registration flags under `disagg_cluster` (none without it)."""
+    cluster = config.disagg_cluster
+    if cluster is None:
+        return []
+    return [
+        "--server-role", role,
+        "--disagg-cluster-uri", cluster.cluster_uri,
+        "--cluster-name", cluster.cluster_name,
+        "--heartbeat-interval-sec", str(cluster.heartbeat_interval_sec),
+        "--inactive-timeout-sec", str(cluster.inactive_timeout_sec),
+    ]  # fmt: skip
 
 
 def executor_command(

@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from shmdisagg.config import DisaggConfig, ExecutorsSection, ServerSection
-from shmdisagg.executors.plan import ROLE_SECTIONS, UNSET_RUN_DIR, InstancePlan, LaunchPlan, PlanError
+from shmdisagg.executors.plan import (
+    ROLE_SECTIONS,
+    UNSET_RUN_DIR,
+    InstancePlan,
+    LaunchPlan,
+    PlanError,
+    launch_addresses,
+)
 
 DEFAULT_KV_CACHE_CONFIG: dict[str, Any] = {
     "enable_block_reuse": True,
@@ -67,12 +74,14 @@ def trtllm_plan(
             options = role_options(config, spec, role)
             roles.append((role, key, section, options, _ranks(options, key)))
     gpu_lists, note = assign_gpus(
-        [(role, len(section.urls), ranks) for role, _, section, _, ranks in roles], spec.gpus, environ
+        [(role, len(launch_addresses(config, section)), ranks) for role, _, section, _, ranks in roles],
+        spec.gpus,
+        environ,
     )
     gpu_iter = iter(gpu_lists)
     instances = []
     for role, _, section, options, _ in roles:
-        for i, (host, port) in enumerate(section.addresses()):
+        for i, (host, port) in enumerate(launch_addresses(config, section)):
             name = f"{role}-{i}"
             gpus = next(gpu_iter)
             path = (run_dir or UNSET_RUN_DIR) / f"{name}.yaml"
@@ -87,6 +96,7 @@ def trtllm_plan(
                 "--max_num_tokens", str(options["max_num_tokens"]),
                 "--extra_llm_api_options", str(path),
                 "--log_level", settings.log_level,
+                *(["--server_role", role] if config.disagg_cluster is not None else []),
                 *settings.extra_args,
             ]  # fmt: skip
             env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus), **settings.env}
@@ -122,6 +132,10 @@ def role_options(config: DisaggConfig, spec: ExecutorsSection, role: str) -> dic
         options["kv_cache_config"]["free_gpu_memory_fraction"] = top["free_gpu_memory_fraction"]
     _merge(options, inherited)
     _merge(options, own)
+    if config.disagg_cluster is not None:
+        # trtllm-serve reads `disagg_cluster` from its options YAML (commands/serve.py pops it from
+        # the LLM args) and registers itself with --server_role: the deployment's own settings
+        options["disagg_cluster"] = config.disagg_cluster.model_dump()
     if config.return_perf_metrics or config.perf_metrics_output_dir:  # TensorRT-LLM forces it into both sections
         options["return_perf_metrics"] = True
     if config.internal_request_auth_key:

@@ -88,16 +88,33 @@ def control_app(
     if metrics is not None:
         _metrics_routes(api, metrics)
 
+    cluster = service.config.disagg_cluster
+    if cluster is not None and not cluster.is_etcd:
+        from shmdisagg.cluster.http_store import proxy_routes
+
+        proxy_routes(api, service.config.coordinator_socket)  # the HTTP cluster store, held by the coordinator
+    # disagg_cluster.minimal_instances (TensorRT-LLM's is_ready_with_router); else one of each
+    want = (
+        (cluster.minimal_instances.context_servers, cluster.minimal_instances.generation_servers)
+        if cluster is not None
+        else (1, 1)
+    )
+
     @api.get("/health")
     def health() -> JSONResponse:
-        ctx, gen = directory.healthy_roles()
-        ctx = ctx or service.flows.options.benchmark_gen_only  # no context leg is sent then
+        n_ctx, n_gen = directory.healthy_counts()
+        ctx = n_ctx >= want[0] or service.flows.options.benchmark_gen_only  # no context leg is sent then
+        gen = n_gen >= want[1]
         if ctx and gen:
             return JSONResponse({"status": "ok"})
         missing = [r for r, ok in (("context", ctx), ("generation", gen)) if not ok]
-        return JSONResponse(
-            {"status": "unavailable", "message": f"no healthy {' or '.join(missing)} server"}, status_code=503
-        )
+        message = f"no healthy {' or '.join(missing)} server"
+        if cluster is not None:
+            counts = {"context": (n_ctx, want[0]), "generation": (n_gen, want[1])}
+            message = "fewer healthy servers than disagg_cluster.minimal_instances: " + ", ".join(
+                f"{r} {counts[r][0]} of {counts[r][1]}" for r in missing
+            )
+        return JSONResponse({"status": "unavailable", "message": message}, status_code=503)
 
     @api.get("/v1/models")
     async def models() -> Response:
@@ -143,9 +160,9 @@ def control_app(
     def cluster_info() -> dict[str, Any]:
         servers = directory.servers()
         coord = table.coordinator()
-        ctx, gen = directory.healthy_roles()
+        n_ctx, n_gen = directory.healthy_counts()
         return {
-            "is_ready": ctx and gen,
+            "is_ready": n_ctx >= want[0] and n_gen >= want[1],
             "server_lists": {
                 "context": [s.addr for s in servers if s.role == ROLE_CONTEXT],
                 "generation": [s.addr for s in servers if s.role != ROLE_CONTEXT],

@@ -321,7 +321,7 @@ def main() -> int:
         return 0  # gone before we started
     overrides = FleetOverrides.from_environ()
     try:
-        config = overrides.apply(load_config(os.environ["SHMDISAGG_CONFIG"]))
+        config = overrides.apply(load_config(os.environ["SHMDISAGG_CONFIG"], metadata_server=overrides.metadata_server))
         env = read_env()  # the coordinator refused a bad one before it started the fleet
     except ConfigError as err:
         print(f"shmdisagg: config error: {err}", file=sys.stderr)

@@ -51,6 +51,13 @@ class ServerDirectory:
         self._refresh()
         return self._servers
 
+    def healthy_counts(self) -> tuple[int, int]:
+        """(healthy context servers, healthy generation servers)."""
+        servers = self.servers()
+        ctx = sum(1 for s in servers if s.healthy and s.role == ROLE_CONTEXT)
+        gen = sum(1 for s in servers if s.healthy and s.role == ROLE_GENERATION)
+        return ctx, gen
+
     def healthy_roles(self) -> tuple[bool, bool]:
         """(some context server healthy, some generation server healthy)."""
         servers = self.servers()

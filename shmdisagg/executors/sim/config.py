@@ -75,6 +75,21 @@ class SimConfig:
     advertise_host: str | None = field(default=None, metadata=_opt("host in ctx_info_endpoint (default: --host)"))
     keep_alive_timeout: float = field(default=5.0, metadata=_opt("HTTP keep-alive seconds"))
     log_level: str = field(default="warning", metadata=_opt("log level", choices=("debug", "info", "warning", "error")))
+    # Registration, as trtllm-serve's --server_role / --disagg_cluster_uri / disagg_cluster do
+    # (shmdisagg/cluster/registrar.py) and its --metadata_server_config_file (cluster/metadata.py)
+    server_role: str | None = field(
+        default=None,
+        metadata=_opt("the role it registers as (context, generation): needed with a cluster uri or metadata server"),
+    )
+    disagg_cluster_uri: str | None = field(
+        default=None, metadata=_opt("register at this cluster store (etcd://host:port or http://host:port)")
+    )
+    cluster_name: str = field(default="", metadata=_opt("disagg_cluster.cluster_name: the key namespace"))
+    heartbeat_interval_sec: float = field(default=5.0, metadata=_opt("seconds between registration heartbeats"))
+    inactive_timeout_sec: int = field(default=10, metadata=_opt("registration TTL in seconds"))
+    metadata_server_config_file: str | None = field(
+        default=None, metadata=_opt("register in this etcd metadata server (trtllm/<id>), as trtllm-serve -m does")
+    )
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -110,8 +125,20 @@ class SimConfig:
             raise ConfigError("free_gpu_memory_fraction must be within (0, 1]")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
-        if not 0 < self.port < 65536:
-            raise ConfigError("port must be within 1..65535")
+        registers = self.disagg_cluster_uri is not None or self.metadata_server_config_file is not None
+        # port 0 (the kernel picks one, then registered) only with a cluster uri, as trtllm-serve
+        if not (0 < self.port < 65536 or (self.port == 0 and self.disagg_cluster_uri is not None)):
+            raise ConfigError("port must be within 1..65535 (0 only with a disagg cluster uri)")
+        if registers and self.server_role not in ("context", "generation"):
+            raise ConfigError(
+                "server_role (context or generation) is required with a disagg cluster uri or a metadata server"
+            )
+        if self.server_role is not None and self.server_role not in ("context", "generation"):
+            raise ConfigError(f"server_role must be context or generation, got {self.server_role!r}")
+        if self.disagg_cluster_uri is not None and not self.disagg_cluster_uri.startswith(("etcd://", "http://")):
+            raise ConfigError(f"disagg_cluster_uri {self.disagg_cluster_uri!r} is not etcd://... or http://...")
+        if self.inactive_timeout_sec < 1:
+            raise ConfigError("inactive_timeout_sec must be >= 1")
         for spec in self.faults:
             FaultSpec.parse(spec)
 

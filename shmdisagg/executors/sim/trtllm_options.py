@@ -3,7 +3,9 @@ mapped onto a `SimConfig`.
 
 Honoured from the command line: `--host --port --tp_size --max_batch_size --max_num_tokens
 --max_seq_len --kv_cache_free_gpu_memory_fraction --log_level --extra_llm_api_options` (alias
-`--config`); the other trtllm-serve options listed in `_IGNORED_*` are accepted and ignored.
+`--config`), `--server_role --disagg_cluster_uri --metadata_server_config_file` (the simulator
+registers itself as trtllm-serve does: `shmdisagg/cluster/registrar.py`, `cluster/metadata.py`); the
+other trtllm-serve options listed in `_IGNORED_*` are accepted and ignored.
 Honoured from the YAML (TensorRT-LLM LLM-API keys, TensorRT-LLM defaults when absent):
 
 - `kv_cache_config`: `tokens_per_block` (32), `enable_block_reuse` (true),
@@ -20,6 +22,8 @@ Honoured from the YAML (TensorRT-LLM LLM-API keys, TensorRT-LLM defaults when ab
 - `internal_request_auth_key` (a non-empty string; TensorRT-LLM's worker option, checked on the
   `x-trtllm-disagg-auth` header of requests with protected disaggregated fields, see
   `disagg_auth.py`);
+- `disagg_cluster` (`cluster_uri`, `cluster_name`, `heartbeat_interval_sec`, `inactive_timeout_sec`;
+  `--disagg_cluster_uri` wins over its `cluster_uri`);
 - `sim:` simulator-only keys, named as `SimConfig` fields (`profile`, `num_blocks`, `speedup`,
   `faults` (a list of fault specs), `startup_delay`, `seed`, `advertise_host`, ...).
 
@@ -44,7 +48,7 @@ from shmdisagg.executors.sim.profiles import get_profile, guess_profile
 _IGNORED_VALUE_OPTIONS = (
     "--backend", "--pp_size", "--ep_size", "--cluster_size", "--gpus_per_node", "--tokenizer",
     "--num_postprocess_workers", "--reasoning_parser", "--tool_parser", "--max_beam_width",
-    "--server_role", "--metadata_server_config_file", "--disagg_cluster_uri", "--chat_template",
+    "--chat_template",
     "--otlp_traces_endpoint", "--media_io_kwargs", "--custom_tokenizer", "--served_model_name",
 )  # fmt: skip
 _IGNORED_FLAGS = ("--trust_remote_code", "--enable_chunked_prefill", "--fail_fast_on_attention_window_too_large")
@@ -87,6 +91,10 @@ def parse_serve_args(argv: list[str], prog: str = "python -m shmdisagg.executors
     parser.add_argument("--kv_cache_free_gpu_memory_fraction", type=float, default=None)
     parser.add_argument("--log_level", default="warning")
     parser.add_argument("--extra_llm_api_options", "--config", dest="extra", default=None)
+    # registration (TensorRT-LLM commands/serve.py: --server_role is upper-cased into ServerRole)
+    parser.add_argument("--server_role", "--server-role", dest="server_role", default=None)
+    parser.add_argument("--disagg_cluster_uri", default=None)
+    parser.add_argument("--metadata_server_config_file", default=None)
     for opt in _IGNORED_VALUE_OPTIONS:
         parser.add_argument(opt, default=None)
     for opt in _IGNORED_FLAGS:
@@ -116,6 +124,7 @@ def parse_serve_args(argv: list[str], prog: str = "python -m shmdisagg.executors
         "free_gpu_memory_fraction": args.kv_cache_free_gpu_memory_fraction,
     }
     values.update({k: v for k, v in cli.items() if v is not None})
+    values.update(_registration(args, yaml_opts.pop("disagg_cluster", None), args.extra or ""))
     values["model"] = args.model
     values["log_level"] = _log_level(args.log_level)
     sim = yaml_opts.pop("sim", {})
@@ -138,6 +147,29 @@ def parse_serve_args(argv: list[str], prog: str = "python -m shmdisagg.executors
         raise ConfigError(str(exc)) from None
 
 
+def _registration(args: argparse.Namespace, cluster: dict[str, Any] | None, path: str) -> dict[str, Any]:
+    """SimConfig values for registering as trtllm-serve does: `--server_role`, the YAML's
+    `disagg_cluster` section (TensorRT-LLM `commands/serve.py`: it is popped from the LLM args,
+    and `--disagg_cluster_uri` wins over its `cluster_uri`), `--metadata_server_config_file`."""
+    out: dict[str, Any] = {}
+    if args.server_role is not None:
+        out["server_role"] = args.server_role.lower()
+    if cluster is not None:
+        allowed = {"cluster_uri", "cluster_name", "minimal_instances", "heartbeat_interval_sec", "inactive_timeout_sec"}
+        if not isinstance(cluster, dict) or set(cluster) - allowed:
+            raise ConfigError(f"{path}: disagg_cluster: unknown key(s) {sorted(set(cluster) - allowed)}")
+        for key in ("cluster_name", "heartbeat_interval_sec", "inactive_timeout_sec"):
+            if cluster.get(key) is not None:
+                out[key] = cluster[key]
+        if cluster.get("cluster_uri") is not None:
+            out["disagg_cluster_uri"] = cluster["cluster_uri"]
+    if args.disagg_cluster_uri is not None:
+        out["disagg_cluster_uri"] = args.disagg_cluster_uri
+    if args.metadata_server_config_file is not None:
+        out["metadata_server_config_file"] = args.metadata_server_config_file
+    return out
+
+
 def load_extra_options(path: str) -> dict[str, Any]:
     """Read the YAML into {"llm": SimConfig values from LLM-API keys, "sim": the sim section}."""
     try:
@@ -148,9 +180,12 @@ def load_extra_options(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: top level must be a mapping")
     llm: dict[str, Any] = {}
     sim: dict[str, Any] = {}
+    llm_cluster: Any = None
     for key, value in data.items():
         if key == "sim":
             sim = _sim_section(value, path)
+        elif key == "disagg_cluster":
+            llm_cluster = value
         elif key == "kv_cache_config":
             llm.update(_kv_cache_config(value, path))
         elif key == "cache_transceiver_config":
@@ -168,7 +203,10 @@ def load_extra_options(path: str) -> dict[str, Any]:
                 llm[key] = value
         elif key not in _KNOWN_IGNORED_KEYS:
             raise ConfigError(f"{path}: unknown extra_llm_api_options key {key!r}")
-    return {"llm": llm, "sim": sim}
+    out: dict[str, Any] = {"llm": llm, "sim": sim}
+    if "disagg_cluster" in data:
+        out["disagg_cluster"] = llm_cluster
+    return out
 
 
 def _kv_cache_config(value: Any, path: str) -> dict[str, Any]:

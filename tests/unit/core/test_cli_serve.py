@@ -108,14 +108,27 @@ def test_bad_flag_values_are_usage_errors(tmp_path: Path, flags: list[str], expe
     assert out.returncode == 2 and expected in out.stderr, out
 
 
-def test_the_metadata_server_is_refused_by_name(tmp_path: Path) -> None:
+def test_a_metadata_server_file_it_cannot_read_or_use_is_one_line(tmp_path: Path) -> None:
     out = _serve("disaggregated", "-c", str(_write(tmp_path)), "-m", str(tmp_path / "etcd.yaml"))
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "shmdisagg: -m/--metadata_server_config_file: dynamic membership through an etcd metadata server is not "
-        "supported; "
-        "list the executors under context_servers.urls and generation_servers.urls"
+        f"shmdisagg: -m/--metadata_server_config_file: {tmp_path / 'etcd.yaml'}: cannot read: No such file or directory"
     ]
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("server_type: etcd\nhostname: localhost\nport: 2379\nrefresh: 3\n")
+    out = _serve("disaggregated", "-c", str(_write(tmp_path)), "-m", str(meta))
+    assert out.returncode == 2
+    assert (
+        out.stderr.strip().splitlines()[0].startswith(f"shmdisagg: -m/--metadata_server_config_file: {meta}: refresh:")
+    )
+
+
+def test_with_a_metadata_server_the_config_lists_no_urls(tmp_path: Path) -> None:
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("server_type: etcd\n")
+    out = _serve("disaggregated", "-c", str(_write(tmp_path)), "-m", str(meta))
+    assert out.returncode == 2
+    assert "context_servers.urls: not used with -m/--metadata_server_config_file" in out.stderr
 
 
 def test_report_addr_is_refused_with_a_fleet_and_port_0_needs_it(tmp_path: Path) -> None:

@@ -129,10 +129,6 @@ def test_the_epd_example_is_refused_naming_multimodal_servers(tmp_path: Path) ->
             "bind_host: a bind address apart from the advertised hostname is not supported; set hostname",
         ),
         (
-            {"disagg_cluster": {"cluster_uri": "http://localhost:8000"}},
-            "disagg_cluster: dynamic service discovery is not supported",
-        ),
-        (
             {"disagg_coordinator_url": "http://host:8332"},
             "disagg_coordinator_url: an external coordinator is not supported",
         ),
@@ -245,3 +241,51 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
         "trust_remote_code",
         "stream_interval",
     } <= LLM_ARG_NAMES
+
+
+def _cluster(**cluster: Any) -> dict[str, Any]:
+    data = _base(disagg_cluster={"cluster_uri": "etcd://127.0.0.1:2379", **cluster})
+    for key in ("context_servers", "generation_servers"):
+        data[key] = {k: v for k, v in data[key].items() if k not in ("urls", "num_instances")}
+    return data
+
+
+def test_disagg_cluster_is_read_with_tensorrt_llms_names_and_defaults() -> None:
+    cfg = parse_config(_cluster(cluster_name="prod", minimal_instances={"context_servers": 2}), "cfg.yaml")
+    cluster = cfg.disagg_cluster
+    assert cluster is not None and cluster.is_etcd
+    assert (cluster.cluster_name, cluster.heartbeat_interval_sec, cluster.inactive_timeout_sec) == ("prod", 5, 10)
+    assert (cluster.minimal_instances.context_servers, cluster.minimal_instances.generation_servers) == (2, 1)
+    # None keeps the default, as TensorRT-LLM's update_dataclass does
+    assert parse_config(_cluster(cluster_name=None), "cfg.yaml").disagg_cluster.cluster_name == ""  # type: ignore[union-attr]
+    two = parse_config(_cluster(cluster_uri="etcd://a:2379,etcd://b:2380"), "cfg.yaml").disagg_cluster
+    assert two is not None and two.endpoints() == [("a", 2379), ("b", 2380)]
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (
+            {**_cluster(), "context_servers": {"urls": ["127.0.0.1:8001"]}},
+            "context_servers.urls: not used with disagg_cluster",
+        ),
+        (_cluster(cluster_uri="zk://h:1"), "disagg_cluster.cluster_uri: 'zk://h:1' is not an etcd"),
+        (_cluster(cluster_uri="https://h:8000"), "disagg_cluster.cluster_uri: 'https://h:8000': an https"),
+        (_cluster(cluster_uri="etcd://h"), "disagg_cluster.cluster_uri: 'etcd://h' is not etcd://host:port"),
+        (
+            _cluster(cluster_uri="http://localhost:9999"),
+            "disagg_cluster.cluster_uri: 'http://localhost:9999': the http",
+        ),
+        (_cluster(watch_interval=3), "disagg_cluster.watch_interval: Extra inputs are not permitted"),
+        (_cluster(minimal_instances={"context": 1}), "disagg_cluster.minimal_instances.context: Extra inputs"),
+    ],
+)
+def test_disagg_cluster_settings_it_cannot_honour_are_refused_by_name(data: dict[str, Any], expected: str) -> None:
+    problems = _problems(data)
+    assert len(problems) == 1 and problems[0].startswith(f"cfg.yaml: {expected}"), problems
+
+
+def test_an_http_cluster_store_on_the_public_port_is_accepted() -> None:
+    data = _cluster(cluster_uri="http://localhost:8000")
+    data["port"] = 8000
+    assert parse_config(data, "cfg.yaml").disagg_cluster is not None

@@ -382,3 +382,37 @@ def test_the_simulator_hashes_blocks_with_the_section_s_kv_cache_event_hash_algo
     )
     assert ctx[ctx.index("--kv-cache-event-hash-algo") + 1] == "v2_sha256"
     assert "--kv-cache-event-hash-algo" not in gen  # the simulator's own default (auto) there
+
+
+def _cluster_config(backend: str) -> dict[str, Any]:
+    cfg = (
+        example() if backend == "trtllm" else {"generation_servers": {}, "shmdisagg": {"executors": {"backend": "sim"}}}
+    )
+    cfg["disagg_cluster"] = {"cluster_uri": "etcd://10.0.0.1:2379", "cluster_name": "prod", "inactive_timeout_sec": 20}
+    for key in ("context_servers", "generation_servers"):
+        section = cfg.setdefault(key, {})
+        section.pop("urls", None)
+        section["num_instances"] = 2 if key == "context_servers" else 1
+    if backend == "trtllm":
+        cfg["shmdisagg"]["executors"]["gpus"] = [0, 1, 2, 3]  # 2 context x TP1 + 1 generation x TP2
+    return cfg
+
+
+def test_with_disagg_cluster_launch_starts_num_instances_that_register_themselves() -> None:
+    sim = plan_of(_cluster_config("sim"))
+    assert [(i.name, i.host, i.port) for i in sim.instances] == [
+        ("context-0", "127.0.0.1", 0),
+        ("context-1", "127.0.0.1", 0),
+        ("generation-0", "127.0.0.1", 0),
+    ]
+    argv = sim.instances[2].argv
+    flags = dict(zip(argv[argv.index("--server-role") :: 2], argv[argv.index("--server-role") + 1 :: 2], strict=False))
+    assert flags["--server-role"] == "generation" and flags["--disagg-cluster-uri"] == "etcd://10.0.0.1:2379"
+    assert flags["--cluster-name"] == "prod" and flags["--inactive-timeout-sec"] == "20"
+    trt = plan_of(_cluster_config("trtllm"))
+    inst = trt.instances[0]
+    assert (
+        inst.argv[inst.argv.index("--port") + 1] == "0" and inst.argv[inst.argv.index("--server_role") + 1] == "context"
+    )
+    assert inst.options is not None and inst.options["disagg_cluster"]["cluster_uri"] == "etcd://10.0.0.1:2379"
+    assert inst.options["disagg_cluster"]["cluster_name"] == "prod"  # trtllm-serve reads it from its options YAML
