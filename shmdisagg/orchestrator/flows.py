@@ -392,11 +392,14 @@ async def relay(ex: Exchange, opened: Opened, max_tokens: int | None) -> None:
 
 
 async def _relay_stream(ex: Exchange, opened: Opened, guard: StreamGuard) -> None:
-    await ex.start(200, SSE_HEADERS, eager=True)
     resp = opened.response
     if ex.out.direct and type(resp) is UpstreamResponse:
-        await resp.pipe(_Pipe(ex, opened, guard, resp))
+        await ex.start(200, SSE_HEADERS)  # held: it leaves with the bytes buffered already, if any
+        done = resp.pipe(_Pipe(ex, opened, guard, resp))
+        ex.out.flush_head()
+        await done
     else:
+        await ex.start(200, SSE_HEADERS, eager=True)
         async for chunk in resp:
             if not ex.first_token:
                 ex.first_token = time.time()

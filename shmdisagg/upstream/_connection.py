@@ -199,9 +199,10 @@ class Connection(asyncio.Protocol):
                 self.transport.abort()
 
     def pipe(self, sink: Callable[[bytes], None]) -> asyncio.Future[None]:
-        """Hand every body piece to `sink` as it is parsed, from the read callback (the pieces
-        buffered so far at once, here), until the response ends; the future resolves then, or
-        fails with the response's error (the sink's own exception if it raised)."""
+        """Hand the body to `sink` as it arrives, from the read callback (the pieces of one read
+        joined; those buffered so far at once, here), until the response ends; the future
+        resolves then, or fails with the response's error (the sink's own exception if it raised:
+        raised from here for the buffered pieces)."""
         fut: asyncio.Future[None] = self.loop.create_future()
         if self.chunks:
             sink(self.take())
@@ -245,6 +246,20 @@ class Connection(asyncio.Protocol):
                 self.fail(
                     UpstreamProtocolError(f"response head from {self.host.authority} over {MAX_HEAD_BYTES} bytes")
                 )
+            elif self.sink is not None and self.chunks:
+                self._deliver()  # a read's pieces joined: one hand-over (one client write) per read
+
+    def _deliver(self) -> bool:
+        """Hand the buffered body to the pipe's sink; False (and the response failed) if it raised."""
+        sink = self.sink
+        assert sink is not None
+        try:
+            sink(self.take())
+        except Exception as exc:  # the consumer's fault: end the response with it
+            self.sink_error = exc
+            self.fail(UpstreamDisconnected("the response's consumer failed", self.rx_bytes))
+            return False
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -307,14 +322,6 @@ class Connection(asyncio.Protocol):
         if total > self.max_body:
             raise _Stop(UpstreamProtocolError(f"response body from {self.host.authority} over {self.max_body} bytes"))
         self.body_total = total
-        sink = self.sink
-        if sink is not None:
-            try:
-                sink(body)
-            except Exception as exc:  # the consumer's fault: end the response with it
-                self.sink_error = exc
-                raise _Stop(UpstreamDisconnected("the response's consumer failed", self.rx_bytes)) from exc
-            return
         self.chunks.append(body)
         self.buffered += n
         if not self.collect:
@@ -352,6 +359,8 @@ class Connection(asyncio.Protocol):
                 w.set_result(None)
         p = self.pipe_fut
         if p is not None and (self.complete or self.error is not None):
+            if self.chunks and self.sink_error is None and not self._deliver():
+                return  # failed: _deliver's fail() woke the pipe with the sink's error
             self.pipe_fut = self.sink = None
             if not p.done():
                 if self.error is None:

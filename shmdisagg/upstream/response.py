@@ -11,7 +11,8 @@ One consumer at a time: don't `read()` and iterate the same response from two ta
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from shmdisagg.upstream.errors import UpstreamDisconnected, UpstreamError
@@ -145,24 +146,35 @@ class UpstreamResponse:
             conn.release()
         return data
 
-    async def pipe(self, sink: Callable[[bytes], None]) -> None:
-        """Hand the body to `sink` piece by piece as it arrives, called from the connection's read
-        callback (no task wakes up per piece), and return once it ended; then the connection
-        goes back to the pool. The consumer of a slow client pauses the executor's socket with
-        `pause_reading` and resumes it with `resume_reading`.
+    def pipe(self, sink: Callable[[bytes], None]) -> Awaitable[None]:
+        """Hand the body to `sink` as it arrives, called from the connection's read callback
+        (the pieces of one read joined; no task wakes up per piece); await the result to wait
+        for the end, after which the connection goes back to the pool. The body buffered so far
+        is handed over here, before this returns. The consumer of a slow client pauses the
+        executor's socket with `pause_reading` and resumes it with `resume_reading`.
 
-        Raises:
+        Raises (here, or from the awaitable):
             UpstreamDisconnected, UpstreamProtocolError, UpstreamTimeout: as `read()`.
             Exception: whatever `sink` raised (the connection is closed then).
             asyncio.CancelledError: re-raised after the connection is closed.
         """
         conn = self._conn
         if conn is None:
-            if self._error is not None:
-                raise self._error
-            return
+            return self._finished()
         try:
-            await conn.pipe(sink)
+            fut = conn.pipe(sink)
+        except BaseException:
+            self.abort()
+            raise
+        return self._piped(conn, fut)
+
+    async def _finished(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    async def _piped(self, conn: Connection, fut: asyncio.Future[None]) -> None:
+        try:
+            await fut
         except UpstreamError as err:
             raise self._fail(conn, err) from None
         except BaseException:
