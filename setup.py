@@ -24,6 +24,7 @@ setup(
                 "native/index.c",
                 "native/picks.c",
                 "native/sse.c",
+                "native/json_span.c",
                 "native/mapping.c",
             ],
             depends=sorted(glob.glob("native/*.h")),  # rebuild when a header changes

@@ -1196,6 +1196,8 @@ static PyMethodDef module_methods[] = {
      "_sha256_impl(force=None) -> 'shani' | 'portable' (tests: force the portable code)"},
     {"seed_huge", (PyCFunction)(void (*)(void))mod_seed_huge, METH_FASTCALL,
      "seed_huge(fd, length): size a new shared-memory file and allocate one 4 KiB page per 2 MiB range, so that SharedMapping.collapse() can put it on huge pages"},
+    {"json_member", (PyCFunction)(void (*)(void))mod_json_member, METH_FASTCALL,
+     "json_member(data, key) -> (start, end) of the last top-level member key's value in a JSON object, or None"},
     {"sse_scan", (PyCFunction)(void (*)(void))mod_sse_scan, METH_FASTCALL,
      "sse_scan(data) -> end << 8 | flags (1 internal or error key, 2 finish_reason string, 4 usage, 8 [DONE]) of data[:end], the complete SSE events"},
     {NULL, NULL, 0, NULL},

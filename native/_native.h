@@ -307,6 +307,8 @@ SD_HIDDEN PyObject *mod_v1_impl(PyObject *m, PyObject *const *args, Py_ssize_t n
 #define SSE_USAGE 4
 #define SSE_DONE 8
 SD_HIDDEN PyObject *mod_sse_scan(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
+/* json_span.c */
+SD_HIDDEN PyObject *mod_json_member(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
 /* hashcache.c */
 SD_HIDDEN extern PyTypeObject PrefixHashCacheType;

@@ -349,6 +349,10 @@ SSE_FINISHED: int
 SSE_USAGE: int
 SSE_DONE: int
 
+def json_member(data: bytes, key: bytes) -> tuple[int, int] | None:
+    """Where the value of the last top-level member `key` of the JSON object `data` lies, as
+    (start, end) byte offsets; None when absent, not an object, or a top-level key is escaped."""
+
 def sse_scan(data: bytes) -> int:
     """One pass over a relayed SSE chunk: `end << 8 | flags`, where `data[:end]` are its complete
     events (0: none) and the flags say what they hold: `SSE_INTERNAL` (1) an internal key with a

@@ -54,6 +54,7 @@ from typing import Any
 
 import orjson
 
+from shmdisagg.orchestrator import splice
 from shmdisagg.orchestrator.answers import (
     ContractError,
     StreamGuard,
@@ -64,9 +65,11 @@ from shmdisagg.orchestrator.answers import (
     public_answer,
 )
 from shmdisagg.orchestrator.asgi import JSON_HEADERS, SSE_HEADERS
+from shmdisagg.orchestrator.directory import ServerDirectory
 from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.orchestrator.legs import LegRunner, Opened, leg_timeout_error
+from shmdisagg.orchestrator.splice import Raw
 from shmdisagg.orchestrator.wire import Wire
 from shmdisagg.routing import Policy, RoutingKey
 from shmdisagg.upstream import UpstreamError, UpstreamResponse, UpstreamTimeout
@@ -157,17 +160,19 @@ class Flows:
                 total = len(key.token_ids or ())
                 if matched and total - matched <= self.max_local_prefill:
                     self.local_prefills += 1  # the request as it came, prefill and decode there
-                    await relay(ex, await self._open_generation(reserved, key, path, req), max_tokens_of(req))
+                    await relay(ex, await self._open_generation(ex, reserved, key, path, req), max_tokens_of(req))
                     return
             self.disaggregated += 1
             await self._style(ex, req, chat, key, path, reserved)
         finally:
             reserved.release_unused()
 
-    async def _open_generation(self, reserved: Reserved, key: RoutingKey, path: str, gen_req: dict[str, Any]) -> Opened:
+    async def _open_generation(
+        self, ex: Exchange, reserved: Reserved, key: RoutingKey, path: str, gen_req: dict[str, Any]
+    ) -> Opened:
         # take() runs when this coroutine starts: a task cancelled before that leaves the
         # reservation to release_unused().
-        body, headers = self.wire.encode(gen_req)
+        body, headers = self.wire.encode(ex.leg_request(gen_req))
         return await self.legs.open(
             self.gen_policy,
             key,
@@ -187,7 +192,7 @@ class Flows:
         gen_req = dict(req)
         gen_req["disaggregated_params"] = dict(GEN_ONLY_PARAMS)
         gen_req["ignore_eos"] = True
-        await relay(ex, await self._open_generation(reserved, key, path, gen_req), max_tokens_of(req))
+        await relay(ex, await self._open_generation(ex, reserved, key, path, gen_req), max_tokens_of(req))
 
     # -- context-first ---------------------------------------------------------------------
 
@@ -210,7 +215,8 @@ class Flows:
             await relay_error(ex, status, raw)
             return
         ex.ctx_done = time.time()
-        ctx = parse_ctx_response(raw, self._ctx_label(ex))
+        raw, ids = splice.cut(raw, b"prompt_token_ids")  # relayed as bytes (splice.py)
+        ctx = parse_ctx_response(raw, ex.ctx_slot, self.legs.directory)
         note_usage(ex, ctx)
         if ctx["choices"][0].get("finish_reason") not in CONTINUE_ON_GENERATION:
             await answer_from_context(ex, req, chat, ctx)
@@ -219,12 +225,9 @@ class Flows:
         if isinstance(params.get("disagg_request_id"), int):
             ex.disagg_request_id = params["disagg_request_id"]
         gen_req = generation_request(
-            req, chat, ctx, ex.disagg_request_id, style, self.options.gen_strip_message_history
+            req, chat, ctx, ex.disagg_request_id, style, self.options.gen_strip_message_history, ids
         )
-        await relay(ex, await self._open_generation(reserved, key, path, gen_req), max_tokens_of(req))
-
-    def _ctx_label(self, ex: Exchange) -> str:
-        return self.legs.directory.label(ex.ctx_slot)
+        await relay(ex, await self._open_generation(ex, reserved, key, path, gen_req), max_tokens_of(req))
 
     def _ctx_body(self, ex: Exchange, req: dict[str, Any], style: int) -> Callable[[int], bytes]:
         def make(attempt: int) -> bytes:
@@ -241,7 +244,7 @@ class Flows:
             ctx_req["disaggregated_params"] = params
             ctx_req["stream"] = False
             ctx_req.pop("stream_options", None)
-            return self.wire.body(ctx_req)
+            return self.wire.body(ex.leg_request(ctx_req))
 
         return make
 
@@ -265,7 +268,7 @@ class Flows:
             raise
         # The generation POST goes out first; the context leg is awaited only after it started.
         # The context leg is not retried elsewhere: the generation request names its server.
-        gen_task = asyncio.ensure_future(self._open_generation(reserved, key, path, gen_req))
+        gen_task = asyncio.ensure_future(self._open_generation(ex, reserved, key, path, gen_req))
         started = False
 
         async def ctx_leg() -> tuple[int, bytes, int]:
@@ -292,7 +295,8 @@ class Flows:
                 await _cancel(gen_task)
                 await relay_error(ex, status, raw)
                 return
-            ctx = parse_ctx_response(raw, self._ctx_label(ex))
+            raw, _ = splice.cut(raw, b"prompt_token_ids")  # read by nobody here: not decoded
+            ctx = parse_ctx_response(raw, ex.ctx_slot, self.legs.directory)
             note_usage(ex, ctx)
             if ctx["choices"][0].get("finish_reason") not in CONTINUE_ON_GENERATION:
                 await _cancel(gen_task)
@@ -454,19 +458,24 @@ async def relay_error(ex: Exchange, status: int, raw: bytes) -> None:
     await ex.fail(status, executor_error_message(raw, status), f"http_{status}")
 
 
-def parse_ctx_response(raw: bytes, server: str = "") -> dict[str, Any]:
+def parse_ctx_response(raw: bytes, slot: int = -1, directory: ServerDirectory | None = None) -> dict[str, Any]:
     """The context executor's JSON answer, checked as TensorRT-LLM's `_verify_ctx_response` does
-    and for exactly one choice. Raises `RequestError(502)`."""
+    and for exactly one choice. Raises `RequestError(502)`; the log line names the server
+    (`directory.label(slot)`)."""
     try:
         ctx = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        log.warning("context server %s returned invalid JSON", server)
+        log.warning("context server %s returned invalid JSON", _label(slot, directory))
         raise RequestError(502, "context executor returned invalid JSON", "executor_contract") from None
     try:
         return check_context_answer(ctx)
     except ContractError as err:
-        log.warning("%s (context server %s)", err, server)
+        log.warning("%s (context server %s)", err, _label(slot, directory))
         raise RequestError(502, str(err), "executor_contract") from None
+
+
+def _label(slot: int, directory: ServerDirectory | None) -> str:
+    return directory.label(slot) if directory is not None else "?"
 
 
 def generation_request(
@@ -476,10 +485,14 @@ def generation_request(
     disagg_request_id: int,
     style: int,
     strip_history: bool = False,
+    ids: Raw | None = None,
 ) -> dict[str, Any]:
     """The generation leg: the client's request with the context executor's handoff
     (`_get_gen_request`, openai_disagg_service.py); with `strip_history` a chat keeps only its
-    last message (`gen_strip_message_history`: the ids carry the prompt; tools are kept)."""
+    last message (`gen_strip_message_history`: the ids carry the prompt; tools are kept). `ids`:
+    the context answer's `prompt_token_ids` when they were cut from it as bytes (`splice.cut`)."""
+    if ids is not None and ids.empty:
+        ids = None
     params = dict(ctx["choices"][0]["disaggregated_params"])
     params["request_type"] = "generation_only"
     params["disagg_request_id"] = disagg_request_id
@@ -491,11 +504,15 @@ def generation_request(
     if chat:
         if ctx.get("prompt_token_ids_b64"):
             gen["prompt_token_ids_b64"] = ctx["prompt_token_ids_b64"]
+        elif ids is not None:
+            gen["prompt_token_ids"] = ids
         elif ctx.get("prompt_token_ids"):
             gen["prompt_token_ids"] = ctx["prompt_token_ids"]
         messages = gen.get("messages")
         if strip_history and isinstance(messages, list) and len(messages) > 1:
             gen["messages"] = messages[-1:]
+    elif ids is not None:
+        gen["prompt"] = ids
     elif ctx.get("prompt_token_ids"):
         gen["prompt"] = ctx["prompt_token_ids"]
     return gen

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from shmdisagg.config import DisaggConfig
 from shmdisagg.hashing import cache_salt_id
+from shmdisagg.orchestrator import splice
 from shmdisagg.orchestrator.asgi import (
     AsgiResponder,
     ClientDisconnected,
@@ -42,6 +43,7 @@ from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.orchestrator.flows import Flows
 from shmdisagg.orchestrator.ids import DisaggIdGenerator
+from shmdisagg.orchestrator.splice import Raw
 from shmdisagg.orchestrator.tokenization import RoutingTokenizer, prompt_token_ids
 from shmdisagg.orchestrator.validation import parse_body, prompt_load_tokens, validate
 from shmdisagg.routing import RoutingKey
@@ -166,6 +168,8 @@ class DisaggService:
             await _refuse(out, RequestError(400, str(err), "invalid_request", "messages"))
             return
         ex = Exchange(out, self.ids.next_id(), bool(req.get("stream")), extra, chat=chat, arrival=arrival)
+        if not chat and len(body) >= splice.MIN_BYTES:
+            ex.prompt_raw = _raw_prompt(req, body)
         try:
             await self._run(ex, req, chat, key, watch)
         except asyncio.CancelledError:
@@ -211,6 +215,18 @@ class DisaggService:
         finally:
             timer.cancel()
             self.inflight.discard(task)
+
+
+def _raw_prompt(req: dict[str, Any], body: bytes) -> tuple[list[int], Raw] | None:
+    """A token-id prompt (validated) and its bytes in the client's body, when they are the same
+    flat array (not a one-prompt batch, which validation unwrapped)."""
+    prompt = req.get("prompt")
+    if type(prompt) is not list:
+        return None
+    raw = splice.array_member(body, b"prompt")
+    if raw is None or not raw.data[1:].lstrip()[:1].isdigit():
+        return None
+    return prompt, raw
 
 
 def _expire(task: asyncio.Task[Any], ex: Exchange) -> None:

@@ -23,7 +23,8 @@ import logging
 from typing import Any
 
 import msgspec
-import orjson
+
+from shmdisagg.orchestrator import splice
 
 log = logging.getLogger("shmdisagg.service")
 
@@ -55,10 +56,10 @@ class Wire:
         self._warned = False
 
     def body(self, req: dict[str, Any]) -> bytes:
-        """The request as the executor reads it."""
+        """The request as the executor reads it (`splice.Raw` values written as their bytes)."""
         if self._encoder is not None:
-            return self._encoder.encode(req)
-        return orjson.dumps(req)
+            return self._encoder.encode(splice.decoded(req))
+        return splice.dumps(req)
 
     def encode(self, req: dict[str, Any]) -> tuple[bytes, Headers]:
         """`body(req)` and `headers(req)` together: a leg sent once."""

@@ -76,6 +76,26 @@ def test_token_id_prompts_are_relayed(one_by_one) -> None:  # type: ignore[no-un
     assert gen.recorded()[0]["prompt"] == [7, 8, 9, 10]
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["flat", "one-prompt-batch"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_long_token_id_prompts_reach_both_legs_whole(one_by_one, stream: bool, batch: bool) -> None:  # type: ignore[no-untyped-def]
+    """Past 4 KiB a token-id prompt and the context answer's ids are relayed as their bytes
+    (orchestrator/splice.py): both legs must still carry exactly the client's ids."""
+    dep, ctx, gen = one_by_one
+    ids = [(i * 7919) % 128000 for i in range(3000)]
+    body = {**COMPLETION, "prompt": [ids] if batch else ids, "stream": stream}
+    if stream:
+        status, events, _ = stream_lines(dep, "/v1/completions", body)
+        assert events[-1] == b"[DONE]"
+    else:
+        status, answer = post(dep, "/v1/completions", body)
+        assert answer.get("prompt_token_ids") is None  # nothing internal reaches the client
+    assert status == 200
+    assert ctx.recorded()[0]["prompt"] == ids and ctx.recorded()[0]["stream"] is False
+    assert gen.recorded()[0]["prompt"] == ids and gen.recorded()[0].get("stream", False) is stream
+    assert _table_is_idle(dep)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_context_stop_is_final_without_a_generation_call(one_by_one, stream: bool) -> None:  # type: ignore[no-untyped-def]
     dep, ctx, gen = one_by_one

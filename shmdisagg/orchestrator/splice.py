@@ -1,0 +1,97 @@
+"""Token-id arrays relayed as the bytes they came in, not decoded and encoded again.
+
+A disaggregated request carries the prompt's token ids up to three times: the client's token-id
+prompt goes into the context leg, and the context executor's answer carries `prompt_token_ids`,
+which go into the generation leg (`prompt` of a completion, `prompt_token_ids` of a chat;
+TensorRT-LLM's `_get_gen_request`, tensorrt_llm/serve/openai_disagg_service.py). Decoded, a
+128k-token array is 128k Python ints; encoding it again walks them once more, and the cost grows
+with the prompt while nothing reads them (BENCHMARKS.md, "prompt length"). So the fleet finds the
+array's bytes (`_native.json_member`, one pass), and the leg's body gets them as they are:
+
+- `cut(raw, key)`: a JSON object document with one top-level array member taken out (its value
+  replaced by `null`, so the rest decodes cheaply) and that array's bytes;
+- `Raw(data)`: a request field whose JSON value is `data`, written into the body as it is by
+  `dumps` (`wire.Wire.body`).
+
+Both apply only to bodies of `MIN_BYTES` or more (below, decoding is cheaper than the walk) and
+only to a value the walk found whole and that begins as an array; anything else takes the
+decoded path, so a body is never sent other than a decoder would write it, only faster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from shmdisagg._native import json_member
+
+MIN_BYTES = 4096
+# The request fields that may hold a Raw value: what `Wire.body` looks for.
+RAW_FIELDS = ("prompt", "prompt_token_ids")
+
+
+class Raw:
+    """A JSON value kept as its bytes (`data`: a complete JSON array)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @property
+    def empty(self) -> bool:
+        """The array has no element."""
+        return self.data[1:].lstrip()[:1] == b"]"
+
+    def value(self) -> Any:
+        """The decoded value (for an encoding that cannot take JSON bytes: msgpack)."""
+        return orjson.loads(self.data)
+
+
+def _array_span(raw: bytes, key: bytes) -> tuple[int, int] | None:
+    if len(raw) < MIN_BYTES:
+        return None
+    span = json_member(raw, key)
+    if span is None or raw[span[0] : span[0] + 1] != b"[":
+        return None
+    return span
+
+
+def array_member(raw: bytes, key: bytes) -> Raw | None:
+    """The top-level member `key` of the JSON object `raw`, when it is an array and `raw` is at
+    least `MIN_BYTES`; else None."""
+    span = _array_span(raw, key)
+    return None if span is None else Raw(raw[span[0] : span[1]])
+
+
+def cut(raw: bytes, key: bytes) -> tuple[bytes, Raw | None]:
+    """`raw` with the array value of its top-level member `key` replaced by `null`, and that
+    array; (`raw`, None) where `array_member` would find none."""
+    span = _array_span(raw, key)
+    if span is None:
+        return raw, None
+    start, end = span
+    return raw[:start] + b"null" + raw[end:], Raw(raw[start:end])
+
+
+def dumps(req: dict[str, Any]) -> bytes:
+    """`orjson.dumps(req)`, with each `Raw` value among `RAW_FIELDS` written as its bytes (those
+    members come last; JSON objects are unordered)."""
+    raws = [(key, value) for key in RAW_FIELDS if type(value := req.get(key)) is Raw]
+    if not raws:
+        return orjson.dumps(req)
+    rest = {k: v for k, v in req.items() if type(v) is not Raw}
+    head = orjson.dumps(rest)[:-1]
+    parts = [head]
+    for i, (key, value) in enumerate(raws):
+        parts += (b"," if i or len(head) > 1 else b"", b'"', key.encode(), b'":', value.data)
+    parts.append(b"}")
+    return b"".join(parts)
+
+
+def decoded(req: dict[str, Any]) -> dict[str, Any]:
+    """`req` with each `Raw` value among `RAW_FIELDS` decoded (a copy if there is one)."""
+    if not any(type(req.get(key)) is Raw for key in RAW_FIELDS):
+        return req
+    return {k: (v.value() if type(v) is Raw else v) for k, v in req.items()}
