@@ -53,7 +53,7 @@ class HotCycle:
     """
 
     __slots__ = (
-        "proto", "transport", "flow", "scope", "chat", "headers", "chunks", "size", "more_body", "keep_alive",
+        "proto", "transport", "flow", "scope", "chat", "headers", "chunks", "more_body", "keep_alive",
         "disconnected", "response_started", "response_complete", "expect_100", "queued", "task", "armed",
         "on_response", "on_writable", "_status", "_headers",
     )  # fmt: skip
@@ -67,7 +67,6 @@ class HotCycle:
         self.chat = chat
         self.headers: list[tuple[bytes, bytes]] = proto.headers
         self.chunks: list[bytes] = []
-        self.size = 0
         self.more_body = True
         self.keep_alive = keep_alive
         self.disconnected = False
@@ -96,7 +95,6 @@ class HotCycle:
     def feed(self, data: bytes) -> None:
         """A piece of the request body (the protocol has checked the size limit)."""
         self.chunks.append(data)
-        self.size += len(data)
 
     def begin(self) -> None:
         """This request is the connection's current one: start it once its body is in."""
@@ -125,8 +123,10 @@ class HotCycle:
         try:
             await handler(self)
         except BaseException as exc:
-            self.proto.logger.error("Exception in the hot route's handler", exc_info=exc)
-            if not self.response_started and not self.disconnected:
+            if not isinstance(exc, asyncio.CancelledError):  # uvicorn's shutdown cancels what outlived it
+                self.proto.logger.error("Exception in the hot route's handler", exc_info=exc)
+            unsent = not self.response_started or self._headers is not None
+            if unsent and not self.disconnected and not isinstance(exc, asyncio.CancelledError):
                 self._write(STATUS_LINE[500], [(b"content-type", _TEXT)], b"Internal Server Error")
             elif not self.response_complete:
                 self.transport.close()
