@@ -1,0 +1,181 @@
+#!/usr/bin/env python
+"""Fleet CPU per request of two or more builds of shmdisagg, taking turns against the same fakes.
+
+For a before/after figure of a change to the request path: each `--tree` is a checkout with its
+own `.venv` (CONTRIBUTING.md, "compare two builds"). One pair of recording fakes
+(`tests/fakes/executor.py` of this tree, recording off) serves every cell. A cell starts one
+deployment of one tree (`<tree>/.venv/bin/shmdisagg serve`, `--fleet` workers), warms it, then
+sends `--n` requests at concurrency `--concurrency` from this process (aiohttp on uvloop) and
+reads the fleet workers' CPU (the run time of their threads, `/proc/<pid>/task/*/schedstat`)
+and their voluntary and involuntary context switches around them; then it stops the deployment.
+Trees take turns within every round (the order flips each round), so drift hits them alike. Each response is checked as
+`bench_orchestrator_cpu.py` checks it. Prints a table of medians (min-max) and each tree's ratio
+to the first.
+
+    .venv/bin/python benchmarks/bench_trees.py --tree . --tree /tmp/base [--modes nonstream,stream16,stream16_paced5ms]
+        [--fleet 1,4] [--n 3000] [--warmup 300] [--concurrency 32] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.benchkit import MODES, check_response, cpu_ns, free_port, stop_proc, wait_health  # noqa: E402
+
+
+def body(i: int, stream: bool) -> bytes:
+    import orjson
+
+    return orjson.dumps(
+        {"model": "fake-model", "prompt": f"request {i}: " + "lorem ipsum " * 20, "max_tokens": 16, "stream": stream}
+    )
+
+
+async def load(url: str, n: int, base: int, stream: bool, concurrency: int) -> int:
+    """`n` requests, `concurrency` at a time; the number of bad responses."""
+    import aiohttp
+
+    bad = 0
+    nxt = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker() -> None:
+            nonlocal nxt, bad
+            while nxt < n:
+                i = base + nxt
+                nxt += 1
+                async with session.post(url, data=body(i, stream), headers={"content-type": "application/json"}) as r:
+                    raw = await r.read()
+                    if check_response(r.status, raw, stream, 16) is not None:
+                        bad += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return bad
+
+
+def switches(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return sum(int(line.split(":")[1]) for line in f if "ctxt_switches" in line)
+
+
+def cell(tree: Path, fakes: list[int], mode: str, fleet: int, args: argparse.Namespace) -> dict[str, float]:
+    import uvloop
+
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-trees-"))
+    (tmp / "config.yaml").write_text(
+        f"hostname: 127.0.0.1\nport: {port}\nnum_workers: {fleet}\n"
+        f"context_servers: {{num_instances: 1, urls: ['127.0.0.1:{fakes[0]}']}}\n"
+        f"generation_servers: {{num_instances: 1, urls: ['127.0.0.1:{fakes[1]}']}}\n"
+        f"shmdisagg: {{shm: {{prefix: shmdisagg-bt{port}}}, coordinator_socket: {tmp}/c.sock, "
+        "request_timeout_s: 180, health_check_interval_s: 0.5}\n"
+    )
+    serve = subprocess.Popen(
+        [str(tree / ".venv/bin/shmdisagg"), "serve", "-c", str(tmp / "config.yaml"), "-l", "warning"],
+        cwd=tree,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_health(f"{base}/health", serve, f"{tree} serve")
+        pids: list[int] = []
+        for _ in range(100):  # every worker's row claimed (ready means listening; the claim is earlier still)
+            with urllib.request.urlopen(f"{base}/cluster_info") as r:
+                pids = json.loads(r.read())["fleet_pids"]
+            if len(pids) == fleet:
+                break
+            time.sleep(0.1)
+        if len(pids) != fleet:
+            raise RuntimeError(f"{tree}: {len(pids)} fleet pids, expected {fleet}")
+        stream = MODES[mode]["stream"]
+        url = f"{base}/v1/completions"
+        uvloop.run(load(url, args.warmup, 10_000_000, stream, args.concurrency))
+        t0 = [cpu_ns(p) for p in pids]
+        s0 = [switches(p) for p in pids]
+        bad = uvloop.run(load(url, args.n, 0, stream, args.concurrency))
+        cpu_ns_total = sum(cpu_ns(p) - a for p, a in zip(pids, t0, strict=True))
+        sw = sum(switches(p) - a for p, a in zip(pids, s0, strict=True))
+        return {"cpu_ms": cpu_ns_total / 1e6 / args.n, "switches": sw / args.n, "bad": bad}
+    finally:
+        stop_proc(serve)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tree", action="append", required=True, help="a checkout with its .venv (repeatable)")
+    ap.add_argument("--modes", default="nonstream,stream16,stream16_paced5ms")
+    ap.add_argument("--fleet", default="1,4", help="fleet sizes (num_workers)")
+    ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    trees = [Path(t).resolve() for t in args.tree]
+    modes = args.modes.split(",")
+    fleets = [int(f) for f in args.fleet.split(",")]
+    fakes: list[tuple[int, subprocess.Popen[bytes]]] = []
+    results: dict[tuple[str, int, str], list[dict[str, float]]] = {}
+    try:
+        for role in ("ctx", "gen"):
+            port = free_port()
+            cmd = [sys.executable, "-m", "tests.fakes.executor", "--port", str(port), "--name", role]
+            fakes.append((port, subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL)))
+        for port, proc in fakes:
+            wait_health(f"http://127.0.0.1:{port}/health", proc, f"fake :{port}")
+        for rnd in range(args.rounds):
+            for mode in modes:
+                for port, _ in fakes:
+                    script = {"chunks": 16, "chunk_interval_s": MODES[mode]["chunk_interval_s"], "record": False}
+                    req = urllib.request.Request(
+                        f"http://127.0.0.1:{port}/_script",
+                        data=json.dumps(script).encode(),
+                        headers={"content-type": "application/json"},
+                        method="POST",
+                    )
+                    urllib.request.urlopen(req).read()
+                for fleet in fleets:
+                    for tree in trees if rnd % 2 == 0 else reversed(trees):
+                        row = cell(tree, [p for p, _ in fakes], mode, fleet, args)
+                        results.setdefault((str(tree), fleet, mode), []).append(row)
+                        print(f"round {rnd} {mode:18} f{fleet} {tree}: {row}", flush=True)
+    finally:
+        for _, proc in fakes:
+            stop_proc(proc)
+    print(
+        f"\n{time.strftime('%Y-%m-%d %H:%M')}, N={args.n} after {args.warmup} warm-up, c={args.concurrency}, "
+        f"{args.rounds} rounds (median, min-max); load average {os.getloadavg()[0]:.1f}\n"
+    )
+    print("| mode | fleet | tree | fleet CPU ms/req | context switches/req | / first tree | bad |")
+    print("|---|---|---|---|---|---|---|")
+    for mode in modes:
+        for fleet in fleets:
+            first = None
+            for tree in trees:
+                rows = results[(str(tree), fleet, mode)]
+                cpu = [r["cpu_ms"] for r in rows]
+                med = statistics.median(cpu)
+                first = first or med
+                sw = statistics.median(r["switches"] for r in rows)
+                print(
+                    f"| {mode} | {fleet} | {tree} | {med:.3f} ({min(cpu):.3f}-{max(cpu):.3f}) | {sw:.2f} "
+                    f"| {med / first:.2f}x | {sum(r['bad'] for r in rows):.0f} |"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
