@@ -242,7 +242,7 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.fail(UpstreamProtocolError(f"malformed response from {self.host.authority}: {exc}"))
         else:
-            if self.head_fut is not None and self.rx_bytes > MAX_HEAD_BYTES:
+            if self.status < 200 and self.head_fut is not None and self.rx_bytes > MAX_HEAD_BYTES:
                 self.fail(
                     UpstreamProtocolError(f"response head from {self.host.authority} over {MAX_HEAD_BYTES} bytes")
                 )

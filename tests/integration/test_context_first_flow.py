@@ -82,7 +82,7 @@ def test_long_token_id_prompts_reach_both_legs_whole(one_by_one, stream: bool, b
     """Past 4 KiB a token-id prompt and the context answer's ids are relayed as their bytes
     (orchestrator/splice.py): both legs must still carry exactly the client's ids."""
     dep, ctx, gen = one_by_one
-    ids = [(i * 7919) % 128000 for i in range(3000)]
+    ids = [(i * 7919) % 128000 for i in range(15000)]  # answers past the 64 KiB head limit too
     body = {**COMPLETION, "prompt": [ids] if batch else ids, "stream": stream}
     if stream:
         status, events, _ = stream_lines(dep, "/v1/completions", body)

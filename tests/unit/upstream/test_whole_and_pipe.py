@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from shmdisagg.upstream import UpstreamDisconnected, UpstreamPool, UpstreamTimeout
+from shmdisagg.upstream._connection import MAX_HEAD_BYTES
 from tests.unit.upstream._server import Request, ScriptedServer, chunk, chunked_head, echo, until
 from tests.unit.upstream.conftest import Run
 
@@ -175,5 +176,24 @@ def test_pause_and_resume_reading(run: Run[None]) -> None:
             resp.resume_reading()
             assert not resp._conn.paused
             assert await resp.read() == b"/|" + b"x" * 10
+
+    run(main())
+
+
+def test_whole_takes_a_body_larger_than_the_head_limit(run: Run[None]) -> None:
+    """The head's size limit stops at the head, though a `whole` request waits on past it."""
+    big = b"x" * (3 * MAX_HEAD_BYTES)
+
+    async def handler(req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(chunked_head() + chunk(big[: MAX_HEAD_BYTES * 2]))
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.write(chunk(big[MAX_HEAD_BYTES * 2 :]) + chunk(b""))
+        await writer.drain()
+
+    async def main() -> None:
+        async with ScriptedServer(handler) as srv, UpstreamPool() as pool:
+            resp = await pool.request(HOST, srv.port, "POST", "/", b"", whole=True)
+            assert resp.body() == big
 
     run(main())
