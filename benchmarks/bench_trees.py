@@ -13,7 +13,7 @@ Trees take turns within every round (the order flips each round), so drift hits 
 to the first.
 
     .venv/bin/python benchmarks/bench_trees.py --tree . --tree /tmp/base [--modes nonstream,stream16,stream16_paced5ms]
-        [--fleet 1,4] [--n 3000] [--warmup 300] [--concurrency 32] [--rounds 3]
+        [--fleet 1,4] [--n 3000] [--warmup 300] [--concurrency 32] [--rounds 3] [--prompt-tokens 0]
 """
 
 from __future__ import annotations
@@ -35,13 +35,17 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.benchkit import MODES, check_response, cpu_ns, free_port, stop_proc, wait_health  # noqa: E402
 
+PROMPT_TOKENS = 0  # --prompt-tokens: a list of that many token ids as the prompt instead of text
+
 
 def body(i: int, stream: bool) -> bytes:
     import orjson
 
-    return orjson.dumps(
-        {"model": "fake-model", "prompt": f"request {i}: " + "lorem ipsum " * 20, "max_tokens": 16, "stream": stream}
-    )
+    if PROMPT_TOKENS:
+        prompt: object = [1000 + (i * 7 + k) % 30000 for k in range(PROMPT_TOKENS)]
+    else:
+        prompt = f"request {i}: " + "lorem ipsum " * 20
+    return orjson.dumps({"model": "fake-model", "prompt": prompt, "max_tokens": 16, "stream": stream})
 
 
 async def load(url: str, n: int, base: int, stream: bool, concurrency: int) -> int:
@@ -123,7 +127,10 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt-tokens", type=int, default=0, help="token-id prompts of this length (0: text)")
     args = ap.parse_args()
+    global PROMPT_TOKENS
+    PROMPT_TOKENS = args.prompt_tokens
     trees = [Path(t).resolve() for t in args.tree]
     modes = args.modes.split(",")
     fleets = [int(f) for f in args.fleet.split(",")]
