@@ -25,6 +25,12 @@ import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+# A fleet worker's exit status for a config error (one line on its stderr): its coordinator stops
+# the start rather than restart what would fail alike (coordinator/supervisor.py).
+CONFIG_ERROR_EXIT = 2
+# A coordinator's exit status when its start failed for a reason a restart would meet again (its
+# fleet could not start); its keeper ends the deployment with status 1 rather than restart it.
+START_FAILED_EXIT = 3
 SUPERVISOR_ENV = "SHMDISAGG_SUPERVISOR"
 _PR_SET_CHILD_SUBREAPER = 36
 

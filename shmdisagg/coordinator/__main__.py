@@ -15,9 +15,15 @@ import uvloop
 
 from shmdisagg.cluster.metadata import MetadataConfigError, load_metadata_config
 from shmdisagg.config import ConfigError, DisaggConfig, env_tokens_per_block, load_config
-from shmdisagg.coordinator.main import StartOptions, StartupError, StartupInterrupted, run_coordinator
+from shmdisagg.coordinator.main import (
+    FleetStartFailed,
+    StartOptions,
+    StartupError,
+    StartupInterrupted,
+    run_coordinator,
+)
 from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S
-from shmdisagg.processes import supervisor_of
+from shmdisagg.processes import START_FAILED_EXIT, supervisor_of
 from shmdisagg.shm.segment import ShmError
 from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_level
 
@@ -86,6 +92,9 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
                 file=sys.stderr,
             )
         return 128 + err.signum
+    except FleetStartFailed as err:
+        print(f"shmdisagg: coordinator failed to start: {err}", file=sys.stderr)
+        return START_FAILED_EXIT  # not restarted (coordinator/keeper.py)
     except (StartupError, ShmError, ConfigError, OSError) as err:
         print(f"shmdisagg: coordinator failed to start: {err}", file=sys.stderr)
         return 1

@@ -38,7 +38,14 @@ from shmdisagg.config import DisaggConfig
 from shmdisagg.coordinator.adoption import stop_stale_fleet
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S
 from shmdisagg.node_ids import NodeIdClaim, NodeIdError, claim_or_inherit
-from shmdisagg.processes import SUPERVISOR_ENV, ProcessId, become_subreaper, describe_exit, reap_orphans
+from shmdisagg.processes import (
+    START_FAILED_EXIT,
+    SUPERVISOR_ENV,
+    ProcessId,
+    become_subreaper,
+    describe_exit,
+    reap_orphans,
+)
 from shmdisagg.procutil import STOP_SIGNALS, die_with_parent
 from shmdisagg.shm.segment import cleanup_stale
 
@@ -198,6 +205,10 @@ class CoordinatorKeeper:
             return None
         self._read_ready()  # a byte written just before it died still counts
         self._close_ready()
+        if code == START_FAILED_EXIT:  # its fleet cannot start: a replacement's would not either
+            self.final = 1
+            self.stop_standby()
+            return self.final
         if self.stopping or code == 0 or not self.ever_served:
             self.final = exit_status(code)  # stopped, or failed to start: not a crash to restart
             self.stop_standby()

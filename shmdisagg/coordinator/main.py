@@ -70,6 +70,11 @@ class StartupError(RuntimeError):
     """The deployment could not start; the message says why."""
 
 
+class FleetStartFailed(StartupError):
+    """The fleet cannot start (a config error every worker meets, or no worker listened): a
+    restarted coordinator would meet it again."""
+
+
 class StartupInterrupted(StartupError):
     """SIGINT or SIGTERM (`signum`) came before the deployment was up; it stopped."""
 
@@ -260,11 +265,21 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.shmdisagg.server_start_timeout_s
         while missing := self.supervisor.not_listening():
+            if self.supervisor.config_errors:  # every worker reads the same config: none would start
+                failed = ", ".join(map(str, sorted(self.supervisor.config_errors)))
+                raise FleetStartFailed(
+                    f"fleet worker(s) {failed} exited with a config error before listening (its line above)"
+                )
             if self._stop.is_set():
                 if self.stop_signal is not None:
                     raise StartupInterrupted(self.stop_signal)
                 raise StartupError("stopped before the fleet listened")
             if loop.time() > deadline:
+                if len(missing) == self.config.num_workers:
+                    raise FleetStartFailed(
+                        f"no fleet worker listened within {self.config.shmdisagg.server_start_timeout_s:g} s "
+                        "(server_start_timeout_s); their lines above say why"
+                    )
                 log.warning(
                     "fleet worker(s) %s not listening after %g s (server_start_timeout_s): ready with the others",
                     ", ".join(map(str, missing)),

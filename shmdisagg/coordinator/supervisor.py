@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shmdisagg.processes import SUPERVISOR_ENV, ProcessId
+from shmdisagg.processes import CONFIG_ERROR_EXIT, SUPERVISOR_ENV, ProcessId
 from shmdisagg.procutil import die_with_parent
 from shmdisagg.shm.table import ControlTable
 
@@ -134,6 +134,8 @@ class FleetSupervisor:
         self.restarts = 0
         self._stopping = False
         self._exited: dict[int, asyncio.Event] = {}
+        # fleet index -> exit status of a worker that exited with a config error before it listened
+        self.config_errors: dict[int, int] = {}
         self._standby: subprocess.Popen[bytes] | None = None
         self.on_exit: Callable[[int], None] | None = (
             None  # called with the index of a worker that exited, before any replacement
@@ -259,6 +261,8 @@ class FleetSupervisor:
         loop.remove_reader(w.pidfd)
         os.close(w.pidfd)
         code = w.proc.wait()  # already exited: reaps the zombie without blocking (None: adopted, not ours to reap)
+        if code == CONFIG_ERROR_EXIT and not w.listening:
+            self.config_errors[index] = code
         held = sum(r.dispatched - r.completed for r in self.table.rows() if r.pid == w.proc.pid)
         rows = self.table.reclaim_rows_of_pid(w.proc.pid)
         if held:  # a clean stop releases every pick first (worker.GracefulStop): a crash or a SIGKILL

@@ -55,7 +55,7 @@ from shmdisagg.orchestrator.legs import LegRunner
 from shmdisagg.orchestrator.reporting import FailureReporter, KvHints
 from shmdisagg.orchestrator.service import DisaggService, KeyBuilder
 from shmdisagg.orchestrator.wire import Wire
-from shmdisagg.processes import supervisor_of
+from shmdisagg.processes import CONFIG_ERROR_EXIT, supervisor_of
 from shmdisagg.procutil import bind_reuseport
 from shmdisagg.routing import USES_INDEX, make_policy
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
@@ -325,7 +325,7 @@ def main() -> int:
         env = read_env()  # the coordinator refused a bad one before it started the fleet
     except ConfigError as err:
         print(f"shmdisagg: config error: {err}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR_EXIT
     given = os.environ.get("SHMDISAGG_WORKER_INDEX", "0")
     if given == "standby":
         line = sys.stdin.readline()
@@ -337,7 +337,11 @@ def main() -> int:
         level=LOG_LEVELS[overrides.log_level or config.shmdisagg.log_level],
         format=f"%(asctime)s fleet[{index}:{os.getpid()}] %(levelname)s %(message)s",
     )
-    uvloop.run(serve(config, index, env, overrides, supervisor_fd))
+    try:
+        uvloop.run(serve(config, index, env, overrides, supervisor_fd))
+    except ConfigError as err:  # found at start-up (the routing tokenizer): every worker would find it
+        print(f"shmdisagg: config error: {err}", file=sys.stderr)
+        return CONFIG_ERROR_EXIT
     if supervisor is not None and not supervisor.alive():
         _last_out(config)
     return 0

@@ -9,10 +9,13 @@ import http.client
 import os
 import select
 import signal
+import time
 from pathlib import Path
 
+import pytest
+
 from shmdisagg.config import load_config
-from shmdisagg.launch import Deployment
+from shmdisagg.launch import Deployment, LaunchError
 from tests.integration.harness import fake_executors, request_json, write_config
 
 WORKERS = 3
@@ -59,3 +62,33 @@ def test_every_fleet_worker_listens_when_the_deployment_is_ready_and_one_that_di
                 c.close()
         finally:
             dep.stop()
+
+
+def test_a_config_error_every_worker_finds_at_start_fails_the_start_at_once(
+    tmp_path: Path, shm_prefix: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A tokenizing router with no tokenizer for real executors is refused by `launch`/`serve`
+    before anything starts; a deployment started without that check (the Python API) used to
+    restart its fleet for `server_start_timeout_s`, then call itself ready with no worker. Now
+    the first worker's config error stops the start, naming it."""
+    with fake_executors(["ctx", "gen"]) as (ctx, gen):
+        path = write_config(
+            tmp_path,
+            shm_prefix,
+            [ctx.addr],
+            [gen.addr],
+            num_workers=2,
+            routers=("kv_cache_aware", "round_robin"),
+            shmdisagg={"server_start_timeout_s": 60},
+        )
+        dep = Deployment(load_config(path), str(path), str(tmp_path / "logs"))
+        t0 = time.monotonic()
+        with pytest.raises(LaunchError) as err:
+            dep.start()
+        dep.stop()
+        assert time.monotonic() - t0 < 30  # well before server_start_timeout_s, and not restarted
+        assert "during start-up" in str(err.value), err.value
+        lines = capfd.readouterr().err
+        assert "config error: context_servers.router.tokenizer_dir" in lines  # the worker's one line
+        assert lines.count("coordinator failed to start: fleet worker(s)") == 1, lines
+        assert not list(Path("/dev/shm").glob(f"{shm_prefix}*"))  # nothing left behind
