@@ -173,23 +173,35 @@ def only(n: int, slots: int | None, reps: int) -> None:
         t.close()
 
 
+def _counted(n: int, slots: int | None, reps: int, tree: str | None) -> dict[str, int]:
+    """Instructions of each native pick function (inclusive) in one run of `reps` calls each,
+    counted by callgrind. The set-up's own picks (loading the rows) are counted too."""
+    with tempfile.NamedTemporaryFile(suffix=".callgrind") as out:
+        cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={out.name}"]
+        cmd += [f"--toggle-collect={fn}" for fn in FUNCTIONS.values()]
+        cmd += [sys.executable, __file__, "--only", f"{n}@{slots}" if slots else str(n), "--reps", str(reps)]
+        cmd += ["--tree", tree] if tree else []
+        subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+        text = subprocess.run(
+            ["callgrind_annotate", "--inclusive=yes", out.name], check=True, capture_output=True, text=True
+        ).stdout
+    counts = {}
+    for name, fn in FUNCTIONS.items():
+        m = re.search(r"^\s*([\d,]+) .*:" + fn + r"\b", text, re.MULTILINE)
+        counts[name] = int(m.group(1).replace(",", "")) if m else 0
+    return counts
+
+
 def instructions(counts: list[tuple[int, int | None]], reps: int, tree: str | None) -> None:
-    print(f"instructions per call (valgrind callgrind, inclusive, {reps} calls each; setup not counted)")
+    """Per call: (a run of 3 x reps calls - a run of reps calls) / (2 x reps), so the set-up
+    (identical in both runs, its picks included) cancels out."""
+    print(f"instructions per call (valgrind callgrind, inclusive: runs of {3 * reps} minus {reps} calls)")
     print(f"{'call':32}" + "".join(f"{label(n, s):>30}" for n, s in counts))
     per: dict[str, list[float]] = {name: [] for name in FUNCTIONS}
     for n, slots in counts:
-        with tempfile.NamedTemporaryFile(suffix=".callgrind") as out:
-            cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={out.name}"]
-            cmd += [f"--toggle-collect={fn}" for fn in FUNCTIONS.values()]
-            cmd += [sys.executable, __file__, "--only", f"{n}@{slots}" if slots else str(n), "--reps", str(reps)]
-            cmd += ["--tree", tree] if tree else []
-            subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"})
-            text = subprocess.run(
-                ["callgrind_annotate", "--inclusive=yes", out.name], check=True, capture_output=True, text=True
-            ).stdout
-        for name, fn in FUNCTIONS.items():
-            m = re.search(r"^\s*([\d,]+) .*:" + fn + r"\b", text, re.MULTILINE)
-            per[name].append(int(m.group(1).replace(",", "")) / reps if m else float("nan"))
+        short, long = _counted(n, slots, reps, tree), _counted(n, slots, 3 * reps, tree)
+        for name in FUNCTIONS:
+            per[name].append((long[name] - short[name]) / (2 * reps))
     for name, values in per.items():
         print(f"{name:32}" + "".join(f"{v:30.0f}" for v in values))
 
