@@ -8,8 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from shmdisagg._native import json_member
 from shmdisagg.orchestrator import splice
