@@ -338,7 +338,8 @@ class ExecutorsSection(_Strict):
 
 
 class IndexSection(_Strict):
-    """The shared KV block index (slots of 32 B; a resize briefly holds two generations)."""
+    """The shared KV block index (slots of 32 B beside a table of 64 servers, 16 + 16 x max_servers / 64
+    B beside a wider one; a resize briefly holds two generations)."""
 
     capacity: int = Field(1 << 16, ge=64, le=INDEX_MAX_SLOTS)
     max_capacity: int = Field(1 << 22, ge=64, le=INDEX_MAX_SLOTS)
