@@ -27,12 +27,35 @@
 
 PyObject *ShmError, *LayoutMismatch, *RetryExhausted, *SegmentFull, *RowLost;
 
-static size_t control_size_for(uint32_t max_workers)
+static size_t control_size_for(uint32_t max_servers, uint32_t max_workers)
 {
-    return (size_t)OFF_WORKERS + (size_t)max_workers * WORKER_STRIDE;
+    return control_layout(max_servers, max_workers).bytes;
 }
 
-_Static_assert(RET_DISPATCHED + 8 <= HEADER_BYTES && H_INIT + 8 <= HEADER_BYTES, "header words");
+_Static_assert(RET_DISPATCHED + 8 <= HEADER_BYTES && H_CONFIG + 8 <= HEADER_BYTES, "header words");
+
+/* max_servers as a call gives it: a multiple of 64 in 64..MAX_SERVERS_LIMIT (ValueError). */
+static int arg_servers(PyObject *o, int64_t *out)
+{
+    int ok = arg_range(o, 64, MAX_SERVERS_LIMIT, "max_servers", out);
+    if (ok && *out % 64 != 0) {
+        PyErr_Format(PyExc_ValueError, "max_servers %lld is not a multiple of 64", (long long)*out);
+        ok = 0;
+    }
+    return ok;
+}
+
+PyObject *set_to_long(const Set *s, int nw)
+{
+    if (nw == 1)
+        return PyLong_FromUnsignedLongLong(s->w[0]);
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyLong_FromUnsignedNativeBytes(s->w, 8 * (size_t)nw,
+                                          Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER);
+#else
+    return _PyLong_FromByteArray((const unsigned char *)s->w, 8 * (size_t)nw, 1, 0);
+#endif
+}
 
 int need_ready(Region *r, int write)
 {
@@ -51,12 +74,12 @@ int need_ready(Region *r, int write)
 char *server_at(Region *r, int64_t slot)
 {
     char *p = NULL;
-    if (slot < 0 || slot >= (int64_t)MAX_SERVERS) {
+    if (slot < 0 || slot >= (int64_t)r->max_servers) {
         PyErr_Format(PyExc_ValueError, "server slot %lld out of range 0..%u", (long long)slot,
-                     MAX_SERVERS - 1);
+                     r->max_servers - 1);
         goto fail;
     }
-    p = at(r, OFF_SERVERS + (size_t)slot * SERVER_STRIDE, SERVER_STRIDE, 128);
+    p = at(r, r->off_servers + (size_t)slot * SERVER_STRIDE, SERVER_STRIDE, 128);
     if (p == NULL)
         PyErr_Format(LayoutMismatch, "server record %lld lies outside the mapping", (long long)slot);
 fail:
@@ -71,7 +94,7 @@ char *row_at(Region *r, int64_t row)
                      r->max_workers - 1);
         goto fail;
     }
-    p = at(r, OFF_WORKERS + (size_t)row * WORKER_STRIDE, WORKER_STRIDE, 128);
+    p = at(r, r->off_workers + (size_t)row * r->worker_stride, r->worker_stride, 128);
     if (p == NULL)
         PyErr_Format(LayoutMismatch, "worker row %lld lies outside the mapping", (long long)row);
 fail:
@@ -190,16 +213,26 @@ static PyObject *Region_release(Region *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* Marks the Region usable for `max_workers` rows. Re-validating the same layout keeps the
- * tokens of rows this Region claimed. */
-static int region_set_ready(Region *self, uint32_t max_workers)
+/* Marks the Region usable for `max_servers` servers and `max_workers` rows. Re-validating the
+ * same layout keeps the tokens of rows this Region claimed. */
+static int region_set_ready(Region *self, uint32_t max_servers, uint32_t max_workers)
 {
-    if (self->tokens == NULL || self->max_workers != max_workers) {
+    ControlLayout l = control_layout(max_servers, max_workers);
+    if (self->tokens == NULL || self->max_workers != max_workers || self->max_servers != max_servers) {
         PyMem_Free(self->tokens);
         self->tokens = PyMem_Calloc(max_workers, sizeof(uint64_t));
         self->cfg_cached = self->cfg_stuck = 0;
     }
     self->max_workers = max_workers;
+    self->max_servers = max_servers;
+    self->nw = (int)(max_servers / 64u);
+    self->off_config = l.off_config;
+    self->off_retired = l.off_retired;
+    self->off_servers = l.off_servers;
+    self->off_workers = l.off_workers;
+    self->worker_stride = l.worker_stride;
+    self->w_tok = W_ACTIVE_REQ + 4u * (size_t)max_servers;
+    self->w_routed = self->w_tok + 8u * (size_t)max_servers;
     self->ready = self->tokens != NULL;
     if (!self->ready)
         PyErr_NoMemory();
@@ -209,38 +242,43 @@ static int region_set_ready(Region *self, uint32_t max_workers)
 static PyObject *Region_init_control(Region *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *result = NULL;
-    int64_t mw;
+    int64_t mw, ms = DEFAULT_MAX_SERVERS;
     uint64_t wall_ns;
-    size_t need;
-    if (!nargs_ok("init_control", nargs, 2) ||
-        !arg_range(args[0], 1, MAX_WORKERS_LIMIT, "max_workers", &mw) || !arg_u64(args[1], &wall_ns))
+    ControlLayout l;
+    if (nargs != 2 && nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "init_control expected 2 or 3 arguments, got %zd", nargs);
+        goto fail;
+    }
+    if (!arg_range(args[0], 1, MAX_WORKERS_LIMIT, "max_workers", &mw) || !arg_u64(args[1], &wall_ns) ||
+        (nargs == 3 && !arg_servers(args[2], &ms)))
         goto fail;
     if (!self->has_view || !self->writable) {
         PyErr_SetString(ShmError, "init_control needs a writable, unreleased region");
         goto fail;
     }
-    need = control_size_for((uint32_t)mw);
-    if (self->len < need) {
-        PyErr_Format(SegmentFull, "mapping is %zu bytes; %lld worker rows need %zu", self->len,
-                     (long long)mw, need);
+    l = control_layout((uint32_t)ms, (uint32_t)mw);
+    if (self->len < l.bytes) {
+        PyErr_Format(SegmentFull, "mapping is %zu bytes; %lld servers and %lld worker rows need %zu",
+                     self->len, (long long)ms, (long long)mw, l.bytes);
         goto fail;
     }
     /* Nobody trusts these bytes before the release store of init_state below (ordering rule O1). */
     ST(U64(self, H_INIT), 0);
-    memset(self->base + 8, 0, need - 8);
+    memset(self->base + 8, 0, l.bytes - 8);
     ST(U64(self, H_MAGIC), MAGIC);
     ST(U64(self, H_VERSION), (uint64_t)LAYOUT_VERSION | ((uint64_t)HEADER_BYTES << 32));
-    ST(U64(self, H_SEGBYTES), (uint64_t)need);
-    ST(U64(self, H_COUNTS), (uint64_t)MAX_SERVERS | ((uint64_t)mw << 16));
-    ST(U64(self, H_SERVERS), (uint64_t)OFF_SERVERS | ((uint64_t)SERVER_STRIDE << 32));
-    ST(U64(self, H_WORKERS), (uint64_t)OFF_WORKERS | ((uint64_t)WORKER_STRIDE << 32));
+    ST(U64(self, H_SEGBYTES), (uint64_t)l.bytes);
+    ST(U64(self, H_COUNTS), (uint64_t)ms | ((uint64_t)mw << 16));
+    ST(U64(self, H_SERVERS), (uint64_t)l.off_servers | ((uint64_t)SERVER_STRIDE << 32));
+    ST(U64(self, H_WORKERS), (uint64_t)l.off_workers | ((uint64_t)l.worker_stride << 32));
+    ST(U64(self, H_CONFIG), (uint64_t)l.off_config | ((uint64_t)l.off_retired << 32));
     ST(U64(self, H_CREATED), wall_ns);
     STR(U64(self, H_INIT), (uint64_t)INIT_READY);
     PyMem_Free(self->tokens); /* a fresh segment: forget rows claimed in the old contents */
     self->tokens = NULL;
-    if (!region_set_ready(self, (uint32_t)mw))
+    if (!region_set_ready(self, (uint32_t)ms, (uint32_t)mw))
         goto fail;
-    result = PyLong_FromSize_t(need);
+    result = PyLong_FromSize_t(l.bytes);
 fail:
     return result;
 }
@@ -250,8 +288,9 @@ fail:
 static PyObject *Region_check_control(Region *self, PyObject *unused)
 {
     PyObject *result = NULL;
-    uint64_t init, magic, ver, segbytes, counts, srv, wrk;
-    uint32_t max_workers;
+    uint64_t init, magic, ver, segbytes, counts, srv, wrk, cfg;
+    uint32_t max_workers, max_servers;
+    ControlLayout l;
     char hex[48]; /* PyErr_Format has no %llx on 3.11 */
     if (!self->has_view) {
         PyErr_SetString(PyExc_ValueError, "region is released");
@@ -273,7 +312,10 @@ static PyObject *Region_check_control(Region *self, PyObject *unused)
     counts = LD(U64(self, H_COUNTS));
     srv = LD(U64(self, H_SERVERS));
     wrk = LD(U64(self, H_WORKERS));
+    cfg = LD(U64(self, H_CONFIG));
     max_workers = (uint32_t)((counts >> 16) & 0xFFFF);
+    max_servers = (uint32_t)(counts & 0xFFFF);
+    l = control_layout(max_servers, max_workers);
     if (magic != MAGIC) {
         snprintf(hex, sizeof hex, "0x%016llx", (unsigned long long)magic);
         PyErr_Format(LayoutMismatch, "bad magic %s (expected \"SDSGTLV1\"): not a shmdisagg control "
@@ -288,23 +330,26 @@ static PyObject *Region_check_control(Region *self, PyObject *unused)
     } else if ((uint32_t)(ver >> 32) != HEADER_BYTES) {
         PyErr_Format(LayoutMismatch, "header_bytes is %u (expected %u)", (unsigned)(ver >> 32),
                      HEADER_BYTES);
-    } else if ((counts & 0xFFFF) != MAX_SERVERS) {
-        PyErr_Format(LayoutMismatch, "max_servers is %u (expected %u)", (unsigned)(counts & 0xFFFF),
-                     MAX_SERVERS);
-    } else if (srv != ((uint64_t)OFF_SERVERS | ((uint64_t)SERVER_STRIDE << 32)) ||
-               wrk != ((uint64_t)OFF_WORKERS | ((uint64_t)WORKER_STRIDE << 32))) {
-        snprintf(hex, sizeof hex, "0x%llx/0x%llx", (unsigned long long)srv, (unsigned long long)wrk);
-        PyErr_Format(LayoutMismatch, "record offsets/strides %s do not match this build", hex);
+    } else if (max_servers < 64 || max_servers > MAX_SERVERS_LIMIT || max_servers % 64 != 0) {
+        PyErr_Format(LayoutMismatch, "max_servers is %u (expected a multiple of 64 in 64..%u)",
+                     max_servers, MAX_SERVERS_LIMIT);
     } else if (max_workers == 0 || max_workers > MAX_WORKERS_LIMIT) {
         PyErr_Format(LayoutMismatch, "max_workers is %u (expected 1..%u)", max_workers,
                      MAX_WORKERS_LIMIT);
-    } else if (segbytes < control_size_for(max_workers)) {
-        PyErr_Format(LayoutMismatch, "segment_bytes %llu is too small for %u worker rows (%zu)",
-                     (unsigned long long)segbytes, max_workers, control_size_for(max_workers));
+    } else if (srv != ((uint64_t)l.off_servers | ((uint64_t)SERVER_STRIDE << 32)) ||
+               wrk != ((uint64_t)l.off_workers | ((uint64_t)l.worker_stride << 32)) ||
+               cfg != ((uint64_t)l.off_config | ((uint64_t)l.off_retired << 32))) {
+        snprintf(hex, sizeof hex, "0x%llx/0x%llx/0x%llx", (unsigned long long)srv,
+                 (unsigned long long)wrk, (unsigned long long)cfg);
+        PyErr_Format(LayoutMismatch, "record offsets/strides %s do not match this build's layout "
+                     "for %u servers", hex, max_servers);
+    } else if (segbytes < l.bytes) {
+        PyErr_Format(LayoutMismatch, "segment_bytes %llu is too small for %u servers and %u worker "
+                     "rows (%zu)", (unsigned long long)segbytes, max_servers, max_workers, l.bytes);
     } else if (segbytes > self->len) {
         PyErr_Format(LayoutMismatch, "header says the segment is %llu bytes but only %zu are mapped",
                      (unsigned long long)segbytes, self->len);
-    } else if (region_set_ready(self, max_workers)) {
+    } else if (region_set_ready(self, max_servers, max_workers)) {
         result = Py_NewRef(Py_True);
     }
 fail:
@@ -367,72 +412,40 @@ fail:
 
 /* ---- config block ----------------------------------------------------------------------- */
 
-/* Seqlock read of the config block into out[CFG_WORDS]; 0 after SEQ_TRIES failed tries. */
-static int config_read(Region *r, uint64_t *out, uint64_t *last_seq)
+/* config_for_pick() and the seqlock read are in _native.h (inlined by the picks). */
+
+static int config_read(Region *r, Config *out, uint64_t *last_seq)
 {
-    const uint64_t *seq = U64(r, CFG_SEQ), *w = U64(r, CFG_PRESENT);
-    uint64_t s0 = 0;
-    int tries, ok = 0;
-    for (tries = 0; tries < SEQ_TRIES && !ok; tries++) {
-        s0 = LDA(seq);
-        if ((s0 & 1) == 0) {
-            out[K_PRESENT] = LD(&w[0]);
-            out[K_HEALTHY] = LD(&w[1]);
-            out[K_ROLE0] = LD(&w[2]);
-            out[K_ROLE1] = LD(&w[3]);
-            out[K_VERSION] = LD(&w[4]);
-            ok = seq_read_ok(seq, s0);
-        }
-        if (!ok)
-            cpu_relax();
-    }
-    r->seq_retries += (unsigned long long)(tries - 1);
-    *last_seq = s0;
-    return ok;
+    return r->nw == 1 ? config_read_nw(r, out, last_seq, 1) : config_read_nw(r, out, last_seq, r->nw);
 }
 
-/* Config for a pick: a fresh copy, else this Region's last good copy, else RetryExhausted. A
- * sequence that stays at the value that already exhausted us goes straight to the copy. */
-int config_for_pick(Region *r, uint64_t *out)
+int config_for_pick(Region *r, Config *out)
 {
-    uint64_t last = 0;
-    int fresh = 0, ok = 1;
-    if (!(r->cfg_stuck && LD(U64(r, CFG_SEQ)) == r->cfg_stuck_seq))
-        fresh = config_read(r, out, &last);
-    if (fresh) {
-        memcpy(r->cfg_cache, out, sizeof r->cfg_cache);
-        r->cfg_cached = 1;
-        r->cfg_stuck = 0;
-    } else if (r->cfg_cached) {
-        if (!r->cfg_stuck) {
-            r->cfg_stuck = 1;
-            r->cfg_stuck_seq = last;
-        }
-        r->cfg_fallbacks++;
-        memcpy(out, r->cfg_cache, sizeof r->cfg_cache);
-    } else {
-        PyErr_Format(RetryExhausted, "config block sequence stayed odd (%llu) for %d tries: the "
-                     "coordinator died mid-write or is stalled", (unsigned long long)last, SEQ_TRIES);
-        ok = 0;
-    }
-    return ok;
+    return r->nw == 1 ? config_for_pick_nw(r, out, 1) : config_for_pick_nw(r, out, r->nw);
 }
 
+/* read_config() -> (present, healthy, role_ctx, role_gen, version): the masks as ints of
+ * max_servers bits. */
 static PyObject *Region_read_config(Region *self, PyObject *unused)
 {
-    PyObject *result = NULL;
-    uint64_t c[CFG_WORDS], last = 0;
+    PyObject *result = NULL, *m[CFG_SETS] = {NULL};
+    Config c;
+    uint64_t last = 0;
     if (!need_ready(self, 0))
         goto fail;
-    if (!config_read(self, c, &last)) {
+    if (!config_read(self, &c, &last)) {
         PyErr_Format(RetryExhausted, "config block sequence stayed odd (%llu) for %d tries",
                      (unsigned long long)last, SEQ_TRIES);
         goto fail;
     }
-    result = Py_BuildValue("(KKKKK)", (unsigned long long)c[K_PRESENT],
-                           (unsigned long long)c[K_HEALTHY], (unsigned long long)c[K_ROLE0],
-                           (unsigned long long)c[K_ROLE1], (unsigned long long)c[K_VERSION]);
+    if ((m[0] = set_to_long(&c.present, self->nw)) != NULL &&
+        (m[1] = set_to_long(&c.healthy, self->nw)) != NULL &&
+        (m[2] = set_to_long(&c.role[0], self->nw)) != NULL &&
+        (m[3] = set_to_long(&c.role[1], self->nw)) != NULL)
+        result = Py_BuildValue("(OOOOK)", m[0], m[1], m[2], m[3], (unsigned long long)c.version);
 fail:
+    for (unsigned i = 0; i < CFG_SETS; i++)
+        Py_XDECREF(m[i]);
     return result;
 }
 
@@ -440,33 +453,35 @@ static PyObject *Region_servers_version(Region *self, PyObject *unused)
 {
     PyObject *result = NULL;
     if (need_ready(self, 0))
-        result = PyLong_FromUnsignedLongLong(LDA(U64(self, CFG_VERSION)));
+        result = PyLong_FromUnsignedLongLong(LDA(cfg_version(self)));
     return result;
 }
 
-/* Coordinator only: set slot's present/healthy/role bits from `flags`, bump servers_version. */
+/* Coordinator only: set slot's present/healthy/role bits from `flags`, bump servers_version.
+ * Only the words holding slot's bit change; the others are rewritten as they were. */
 static uint64_t config_apply(Region *r, int64_t slot, uint64_t flags)
 {
-    uint64_t *seq = U64(r, CFG_SEQ), *w = U64(r, CFG_PRESENT), bit = 1ULL << slot, odd, ver;
+    uint64_t *seq = cfg_seq(r), *ver_p = cfg_version(r), bit = 1ULL << (slot & 63), odd, ver;
+    uint64_t *present = cfg_word(r, 0, (int)(slot >> 6)), *healthy = cfg_word(r, 1, (int)(slot >> 6));
+    uint64_t *role0 = cfg_word(r, 2, (int)(slot >> 6)), *role1 = cfg_word(r, 3, (int)(slot >> 6));
     uint64_t role = (flags >> ROLE_SHIFT) & 0xFF;
-    uint64_t present = LD(&w[0]) & ~bit, healthy = LD(&w[1]) & ~bit;
-    uint64_t role0 = LD(&w[2]) & ~bit, role1 = LD(&w[3]) & ~bit;
+    uint64_t p = LD(present) & ~bit, h = LD(healthy) & ~bit, r0 = LD(role0) & ~bit, r1 = LD(role1) & ~bit;
     if (flags & FLAG_PRESENT) {
-        present |= bit;
+        p |= bit;
         if (flags & FLAG_HEALTHY)
-            healthy |= bit;
+            h |= bit;
         if (role == 0)
-            role0 |= bit;
+            r0 |= bit;
         else if (role == 1)
-            role1 |= bit;
+            r1 |= bit;
     }
-    ver = LD(&w[4]) + 1;
+    ver = LD(ver_p) + 1;
     odd = seq_write_begin(seq);
-    ST(&w[0], present);
-    ST(&w[1], healthy);
-    ST(&w[2], role0);
-    ST(&w[3], role1);
-    ST(&w[4], ver);
+    ST(present, p);
+    ST(healthy, h);
+    ST(role0, r0);
+    ST(role1, r1);
+    ST(ver_p, ver);
     seq_write_end(seq, odd);
     return ver;
 }
@@ -495,7 +510,7 @@ static PyObject *Region_write_server(Region *self, PyObject *const *args, Py_ssi
     const char *addr;
     Py_ssize_t alen;
     if (!nargs_ok("write_server", nargs, 6) || !need_ready(self, 1) ||
-        !arg_range(args[0], 0, MAX_SERVERS - 1, "server slot", &slot) || !flags_arg(args[1], &flags) ||
+        !arg_slot(self, args[0], &slot) || !flags_arg(args[1], &flags) ||
         !arg_u64(args[2], &mb) || !arg_u64(args[3], &tpb) || !arg_u64(args[4], &mnt) ||
         (rec = server_at(self, slot)) == NULL)
         goto fail;
@@ -536,7 +551,7 @@ static PyObject *Region_set_server_flags(Region *self, PyObject *const *args, Py
     uint64_t flags, odd;
     char *rec;
     if (!nargs_ok("set_server_flags", nargs, 2) || !need_ready(self, 1) ||
-        !arg_range(args[0], 0, MAX_SERVERS - 1, "server slot", &slot) || !flags_arg(args[1], &flags) ||
+        !arg_slot(self, args[0], &slot) || !flags_arg(args[1], &flags) ||
         (rec = server_at(self, slot)) == NULL)
         goto fail;
     odd = seq_write_begin((uint64_t *)(rec + S_SEQ));
@@ -592,14 +607,14 @@ fail:
 
 /* ---- worker rows ------------------------------------------------------------------------ */
 
-static void row_zero(char *p)
+static void row_zero(Region *r, char *p)
 {
     for (size_t off = W_START; off < W_ACTIVE_REQ; off += 8)
         ST((uint64_t *)(p + off), 0);
-    for (size_t i = 0; i < MAX_SERVERS; i++) {
+    for (size_t i = 0; i < r->max_servers; i++) {
         ST((int32_t *)(p + W_ACTIVE_REQ) + i, 0);
-        ST((int64_t *)(p + W_ACTIVE_TOK) + i, 0);
-        ST((uint64_t *)(p + W_ROUTED) + i, 0);
+        ST((int64_t *)(p + r->w_tok) + i, 0);
+        ST((uint64_t *)(p + r->w_routed) + i, 0);
     }
 }
 
@@ -628,7 +643,7 @@ static PyObject *Region_claim_row(Region *self, PyObject *const *args, Py_ssize_
             !__atomic_compare_exchange_n((uint64_t *)(p + W_TOKEN), &expected, token, 0,
                                          __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
             continue;
-        row_zero(p);
+        row_zero(self, p);
         ST((uint64_t *)(p + W_PID), (uint64_t)pid);
         ST((uint64_t *)(p + W_FLEET), (uint64_t)(fleet + 1));
         ST((uint64_t *)(p + W_START), start);
@@ -685,12 +700,12 @@ static PyObject *Region_reclaim_row(Region *self, PyObject *const *args, Py_ssiz
         result = Py_NewRef(Py_False);
         goto fail;
     }
-    retired = U64(self, OFF_RETIRED);
-    for (size_t s = 0; s < MAX_SERVERS; s++)
-        ADD(&retired[s], LD((uint64_t *)(p + W_ROUTED) + s));
+    retired = (uint64_t *)(self->base + self->off_retired);
+    for (size_t s = 0; s < self->max_servers; s++)
+        ADD(&retired[s], LD((uint64_t *)(p + self->w_routed) + s));
     ADD(U64(self, RET_COMPLETED), LD((uint64_t *)(p + W_COMPLETED)));
     ADD(U64(self, RET_DISPATCHED), LD((uint64_t *)(p + W_DISPATCHED)));
-    row_zero(p);
+    row_zero(self, p);
     if (self->tokens[row] == token)
         self->tokens[row] = 0;
     STR(tok_p, TOKEN_FREE);
@@ -737,34 +752,44 @@ fail:
 
 /* ---- picks ------------------------------------------------------------------------------ */
 
-void row_add_pick(char *p, int slot, int64_t tokens)
+void row_add_pick(Region *r, char *p, int slot, int64_t tokens)
 {
     ADD((int32_t *)(p + W_ACTIVE_REQ) + slot, 1);
-    ADD((int64_t *)(p + W_ACTIVE_TOK) + slot, tokens);
-    ADD((uint64_t *)(p + W_ROUTED) + slot, 1);
+    ADD((int64_t *)(p + r->w_tok) + slot, tokens);
+    ADD((uint64_t *)(p + r->w_routed) + slot, 1);
     ADD((uint64_t *)(p + W_DISPATCHED), 1);
 }
 
-/* Shared entry of both picks: own row, role, candidate mask (present & healthy & role - exclude). */
-static char *pick_setup(Region *self, PyObject *const *args, int64_t *role, uint64_t *cand,
-                        int64_t *tokens)
+/* Shared entry of both picks: own row, role, candidate set (present & healthy & role - exclude). */
+static char *pick_setup(Region *self, PyObject *const *args, int64_t *role, Set *cand, int64_t *tokens)
 {
     char *p = NULL;
     int64_t row, exclude;
-    uint64_t c[CFG_WORDS];
+    Config c;
     if (!arg_i64(args[0], &row) || !arg_range(args[1], 0, MAX_ROLES - 1, "role", role) ||
         !arg_i64(args[2], &exclude) || !arg_range(args[3], 0, INT64_MAX, "tokens", tokens) ||
         (p = own_row(self, row, 0)) == NULL)
         goto fail;
-    if (!config_for_pick(self, c)) {
+    if (self->nw == 1 ? !config_for_pick_nw(self, &c, 1) : !config_for_pick_nw(self, &c, self->nw)) {
         p = NULL;
         goto fail;
     }
-    *cand = c[K_PRESENT] & c[K_HEALTHY] & c[K_ROLE0 + *role];
-    if (exclude >= 0 && exclude < (int64_t)MAX_SERVERS)
-        *cand &= ~(1ULL << exclude);
+    if (self->nw == 1)
+        candidates(&c, (int)*role, exclude, 1, cand);
+    else
+        candidates(&c, (int)*role, exclude, self->nw, cand);
 fail:
     return p;
+}
+
+/* The round robin's choice among cand: the (ticket mod n)-th candidate; -1 if none. */
+INLINE int rr_choice(Region *r, int role, const Set *cand, int nw)
+{
+    uint64_t n = set_count(cand, nw), ticket;
+    if (n == 0)
+        return -1;
+    ticket = ADD(U64(r, OFF_RR + (size_t)role * RR_STRIDE), 1);
+    return set_nth(cand, nw, ticket % n);
 }
 
 /* pick_round_robin(row, role, exclude_slot, tokens) -> slot or -1 */
@@ -772,17 +797,15 @@ static PyObject *Region_pick_round_robin(Region *self, PyObject *const *args, Py
 {
     PyObject *result = NULL;
     int64_t role, tokens;
-    uint64_t cand = 0, ticket;
-    int slot = -1;
+    Set cand;
+    int slot;
     char *p;
     if (!nargs_ok("pick_round_robin", nargs, 4) ||
         (p = pick_setup(self, args, &role, &cand, &tokens)) == NULL)
         goto fail;
-    if (cand != 0) {
-        ticket = ADD(U64(self, OFF_RR + (size_t)role * RR_STRIDE), 1);
-        slot = nth_bit(cand, ticket % (uint64_t)__builtin_popcountll(cand));
-        row_add_pick(p, slot, tokens);
-    }
+    slot = self->nw == 1 ? rr_choice(self, (int)role, &cand, 1) : rr_choice(self, (int)role, &cand, self->nw);
+    if (slot >= 0)
+        row_add_pick(self, p, slot, tokens);
     result = PyLong_FromLong(slot);
 fail:
     return result;
@@ -791,6 +814,7 @@ fail:
 int sum_loads(Region *r, const int *slots, int n, int use_tokens, int64_t *sums)
 {
     uint32_t nrows = rows_in_use(r);
+    size_t w_tok = r->w_tok;
     char *q;
     for (int k = 0; k < n; k++)
         sums[k] = 0;
@@ -800,23 +824,25 @@ int sum_loads(Region *r, const int *slots, int n, int use_tokens, int64_t *sums)
         if (LDA((uint64_t *)(q + W_TOKEN)) == TOKEN_FREE)
             continue;
         if (use_tokens) {
+            const int64_t *tok = (const int64_t *)(q + w_tok); /* (hoisted: the atomic loads keep the compiler from it) */
             for (int k = 0; k < n; k++)
-                sums[k] += LD((int64_t *)(q + W_ACTIVE_TOK) + slots[k]);
+                sums[k] += LD(tok + slots[k]);
         } else {
+            const int32_t *req = (const int32_t *)(q + W_ACTIVE_REQ);
             for (int k = 0; k < n; k++)
-                sums[k] += LD((int32_t *)(q + W_ACTIVE_REQ) + slots[k]);
+                sums[k] += LD(req + slots[k]);
         }
     }
     return 0;
 }
 
-int pick_tied(Region *r, int role, uint64_t tied)
+int pick_tied(Region *r, int role, const int *tied, int n)
 {
     uint64_t ticket;
-    int slot = __builtin_ctzll(tied);
-    if ((tied & (tied - 1)) != 0) { /* a tie: rotate with the role's ticket, no herding */
+    int slot = tied[0];
+    if (n > 1) { /* a tie: rotate with the role's ticket, no herding */
         ticket = ADD(U64(r, OFF_RR + (size_t)role * RR_STRIDE), 1);
-        slot = nth_bit(tied, ticket % (uint64_t)__builtin_popcountll(tied));
+        slot = tied[ticket % (uint64_t)n];
     }
     return slot;
 }
@@ -825,29 +851,28 @@ int pick_tied(Region *r, int role, uint64_t tied)
 static PyObject *Region_pick_least_loaded(Region *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *result = NULL;
-    int64_t role, tokens, sums[MAX_SERVERS], best = INT64_MAX;
-    uint64_t cand = 0, tied = 0;
-    int use_tokens, slots[MAX_SERVERS], n = 0, slot = -1;
+    int64_t role, tokens, sums[MAX_SERVERS_LIMIT], best = INT64_MAX;
+    Set cand;
+    int use_tokens, slots[MAX_SERVERS_LIMIT], tied[MAX_SERVERS_LIMIT], n, nt = 0, slot = -1;
     char *p;
     if (!nargs_ok("pick_least_loaded", nargs, 5) ||
         (p = pick_setup(self, args, &role, &cand, &tokens)) == NULL ||
         (use_tokens = PyObject_IsTrue(args[4])) < 0)
         goto fail;
-    for (uint64_t m = cand; m != 0; m &= m - 1)
-        slots[n++] = __builtin_ctzll(m);
+    n = self->nw == 1 ? set_slots(&cand, 1, slots) : set_slots(&cand, self->nw, slots);
     if (n > 0) {
         if (sum_loads(self, slots, n, use_tokens, sums) < 0)
             goto fail;
         for (int k = 0; k < n; k++) {
             if (sums[k] < best) {
                 best = sums[k];
-                tied = 0;
+                nt = 0;
             }
             if (sums[k] == best)
-                tied |= 1ULL << slots[k];
+                tied[nt++] = slots[k];
         }
-        slot = pick_tied(self, (int)role, tied);
-        row_add_pick(p, slot, tokens);
+        slot = pick_tied(self, (int)role, tied, nt);
+        row_add_pick(self, p, slot, tokens);
     }
     result = PyLong_FromLong(slot);
 fail:
@@ -861,16 +886,15 @@ static PyObject *Region_complete(Region *self, PyObject *const *args, Py_ssize_t
     PyObject *result = NULL;
     int64_t row, slot, tokens;
     char *p;
-    if (!nargs_ok("complete", nargs, 3) || !arg_i64(args[0], &row) ||
-        !arg_range(args[1], 0, MAX_SERVERS - 1, "server slot", &slot) ||
-        !arg_range(args[2], 0, INT64_MAX, "tokens", &tokens))
+    if (!nargs_ok("complete", nargs, 3) || !arg_i64(args[0], &row) || !need_ready(self, 1) ||
+        !arg_slot(self, args[1], &slot) || !arg_range(args[2], 0, INT64_MAX, "tokens", &tokens))
         goto fail;
     p = own_row(self, row, 1);
     if (p == NULL && PyErr_Occurred())
         goto fail;
     if (p != NULL) {
         ADD((int32_t *)(p + W_ACTIVE_REQ) + slot, -1);
-        ADD((int64_t *)(p + W_ACTIVE_TOK) + slot, -tokens);
+        ADD((int64_t *)(p + self->w_tok) + slot, -tokens);
         ADD((uint64_t *)(p + W_COMPLETED), 1);
     }
     result = Py_NewRef(p != NULL ? Py_True : Py_False);
@@ -1040,7 +1064,7 @@ static PyObject *Region_load(Region *self, PyObject *const *args, Py_ssize_t nar
     uint32_t n;
     char *q;
     if (!nargs_ok("load", nargs, 1) || !need_ready(self, 0) ||
-        !arg_range(args[0], 0, MAX_SERVERS - 1, "server slot", &slot))
+        !arg_slot(self, args[0], &slot))
         goto fail;
     n = rows_in_use(self);
     for (uint32_t w = 0; w < n; w++) {
@@ -1049,7 +1073,7 @@ static PyObject *Region_load(Region *self, PyObject *const *args, Py_ssize_t nar
         if (LDA((uint64_t *)(q + W_TOKEN)) == TOKEN_FREE)
             continue;
         req += LD((int32_t *)(q + W_ACTIVE_REQ) + slot);
-        tok += LD((int64_t *)(q + W_ACTIVE_TOK) + slot);
+        tok += LD((int64_t *)(q + self->w_tok) + slot);
     }
     result = Py_BuildValue("(LL)", (long long)req, (long long)tok);
 fail:
@@ -1065,14 +1089,14 @@ static PyObject *Region_routed(Region *self, PyObject *const *args, Py_ssize_t n
     uint32_t n;
     char *q;
     if (!nargs_ok("routed", nargs, 1) || !need_ready(self, 0) ||
-        !arg_range(args[0], 0, MAX_SERVERS - 1, "server slot", &slot))
+        !arg_slot(self, args[0], &slot))
         goto fail;
-    total = LD(U64(self, OFF_RETIRED + (size_t)slot * 8));
+    total = LD((uint64_t *)(self->base + self->off_retired) + slot);
     n = rows_in_use(self);
     for (uint32_t w = 0; w < n; w++) {
         if ((q = row_at(self, w)) == NULL)
             goto fail;
-        total += LD((uint64_t *)(q + W_ROUTED) + slot);
+        total += LD((uint64_t *)(q + self->w_routed) + slot);
     }
     result = PyLong_FromUnsignedLongLong(total);
 fail:
@@ -1099,6 +1123,11 @@ static PyObject *Region_get_max_workers(Region *self, void *closure)
     return PyLong_FromUnsignedLong(self->ready ? self->max_workers : 0);
 }
 
+static PyObject *Region_get_max_servers(Region *self, void *closure)
+{
+    return PyLong_FromUnsignedLong(self->ready ? self->max_servers : 0);
+}
+
 static PyObject *Region_get_stats(Region *self, void *closure)
 {
     return Py_BuildValue("{sKsK}", "seq_retries", self->seq_retries, "config_fallbacks",
@@ -1110,10 +1139,27 @@ static PyObject *Region_get_stats(Region *self, void *closure)
 static PyObject *mod_control_size(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *result = NULL;
-    int64_t mw;
-    if (nargs_ok("control_size", nargs, 1) &&
-        arg_range(args[0], 1, MAX_WORKERS_LIMIT, "max_workers", &mw))
-        result = PyLong_FromSize_t(control_size_for((uint32_t)mw));
+    int64_t mw, ms = DEFAULT_MAX_SERVERS;
+    if (nargs != 1 && nargs != 2)
+        PyErr_Format(PyExc_TypeError, "control_size expected 1 or 2 arguments, got %zd", nargs);
+    else if (arg_range(args[0], 1, MAX_WORKERS_LIMIT, "max_workers", &mw) &&
+             (nargs == 1 || arg_servers(args[1], &ms)))
+        result = PyLong_FromSize_t(control_size_for((uint32_t)ms, (uint32_t)mw));
+    return result;
+}
+
+static PyObject *mod_control_layout(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t mw, ms;
+    ControlLayout l;
+    if (nargs_ok("control_layout", nargs, 2) && arg_servers(args[0], &ms) &&
+        arg_range(args[1], 1, MAX_WORKERS_LIMIT, "max_workers", &mw)) {
+        l = control_layout((uint32_t)ms, (uint32_t)mw);
+        result = Py_BuildValue("(nnnnnn)", (Py_ssize_t)l.off_config, (Py_ssize_t)l.off_retired,
+                               (Py_ssize_t)l.off_servers, (Py_ssize_t)l.off_workers,
+                               (Py_ssize_t)l.worker_stride, (Py_ssize_t)l.bytes);
+    }
     return result;
 }
 
@@ -1122,7 +1168,7 @@ static PyObject *mod_control_size(PyObject *m, PyObject *const *args, Py_ssize_t
 
 static PyMethodDef Region_methods[] = {
     NOARG(release, "Drop the buffer export; the Region is unusable afterwards."),
-    FAST(init_control, "init_control(max_workers, created_wall_ns) -> segment_bytes"),
+    FAST(init_control, "init_control(max_workers, created_wall_ns[, max_servers]) -> segment_bytes"),
     NOARG(check_control, "check_control() -> bool (False: not READY yet); LayoutMismatch"),
     FAST(set_coord, "set_coord(pid, starttime, incarnation)"),
     FAST(set_coord_heartbeat, "set_coord_heartbeat(mono_ns)"),
@@ -1154,6 +1200,7 @@ static PyMethodDef Region_methods[] = {
 static PyGetSetDef Region_getset[] = {
     {"size", (getter)Region_get_size, NULL, "mapped length in bytes (0 once released)", NULL},
     {"max_workers", (getter)Region_get_max_workers, NULL, "worker rows (0 until validated)", NULL},
+    {"max_servers", (getter)Region_get_max_servers, NULL, "server slots (0 until validated)", NULL},
     {"stats", (getter)Region_get_stats, NULL, "process-local seqlock retry counters", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -1173,7 +1220,10 @@ PyTypeObject RegionType = {
 
 static PyMethodDef module_methods[] = {
     {"control_size", (PyCFunction)(void (*)(void))mod_control_size, METH_FASTCALL,
-     "control_size(max_workers) -> logical control-segment size in bytes"},
+     "control_size(max_workers[, max_servers]) -> logical control-segment size in bytes"},
+    {"control_layout", (PyCFunction)(void (*)(void))mod_control_layout, METH_FASTCALL,
+     "control_layout(max_servers, max_workers) -> (off_config, off_retired, off_servers, "
+     "off_workers, worker_stride, segment_bytes)"},
     {"token_ids_ok", (PyCFunction)(void (*)(void))mod_token_ids_ok, METH_FASTCALL,
      "token_ids_ok(obj) -> True if obj is a non-empty list of ints in [0, 2**31)"},
     {"token_ids_int32", (PyCFunction)(void (*)(void))mod_token_ids_int32, METH_FASTCALL,
@@ -1236,10 +1286,10 @@ PyMODINIT_FUNC PyInit__native(void)
                  "The caller's worker row is no longer owned by it (reclaimed)."))
         goto error;
 #define CONST(name) (PyModule_AddIntConstant(m, #name, (long)(name)) < 0)
-    if (CONST(LAYOUT_VERSION) || CONST(HEADER_BYTES) || CONST(MAX_SERVERS) || CONST(MAX_ROLES) ||
-        CONST(SERVER_STRIDE) || CONST(WORKER_STRIDE) || CONST(MAX_WORKERS_LIMIT) ||
-        CONST(OFF_COORD) || CONST(OFF_CONFIG) || CONST(OFF_RR) || CONST(OFF_ROWS_LINE) ||
-        CONST(OFF_RETIRED) || CONST(OFF_SERVERS) || CONST(OFF_WORKERS) || CONST(SEQ_TRIES) ||
+    if (CONST(LAYOUT_VERSION) || CONST(HEADER_BYTES) || CONST(MAX_SERVERS_LIMIT) ||
+        CONST(DEFAULT_MAX_SERVERS) || CONST(MAX_ROLES) || CONST(SERVER_STRIDE) ||
+        CONST(MAX_WORKERS_LIMIT) || CONST(OFF_COORD) || CONST(OFF_CONFIG) || CONST(OFF_RR) ||
+        CONST(OFF_ROWS_LINE) || CONST(SEQ_TRIES) ||
         CONST(FLAG_PRESENT) || CONST(FLAG_HEALTHY) || CONST(ROLE_SHIFT) || CONST(ADDR_BYTES) ||
         CONST(H_INIT) || CONST(H_VERSION) || CONST(S_SEQ) || CONST(CFG_SEQ) ||
         CONST(OFF_IDXPUB) || CONST(IP_GEN) || CONST(IP_SEQ) || CONST(IP_NAME_BYTES) ||

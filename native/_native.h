@@ -18,19 +18,21 @@ _Static_assert(__atomic_always_lock_free(8, 0), "8-byte atomics must be lock-fre
 _Static_assert(__atomic_always_lock_free(4, 0), "4-byte atomics must be lock-free (address-free)");
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the layout is little-endian");
 
-/* ---- control layout (version 3): keep in step with native/README.md -------------------- */
+/* ---- control layout (version 5): keep in step with native/README.md -------------------- */
 
 #define MAGIC 0x31564C5447534453ULL /* "SDSGTLV1" little-endian */
-#define LAYOUT_VERSION 4u /* 2: index publication, index metrics; 3: log-linear lag histogram;
-                              4: a row records its fleet index (W_FLEET) */
+#define LAYOUT_VERSION 5u /* 2: index publication, index metrics; 3: log-linear lag histogram;
+                              4: a row records its fleet index (W_FLEET); 5: server sets of
+                              max_servers bits (64..256, chosen at create), the config block,
+                              retired totals, server records and worker rows at offsets computed
+                              from it (control_layout) */
 #define HEADER_BYTES 4096u
-#define MAX_SERVERS 64u
+#define MAX_SERVERS_LIMIT 256u  /* the widest table: server sets of 4 words */
+#define DEFAULT_MAX_SERVERS 64u /* one word: the table of a deployment of up to 64 executors */
+#define SW_MAX (MAX_SERVERS_LIMIT / 64u)
 #define MAX_ROLES 2u
 #define SERVER_STRIDE 256u
-#define WORKER_STRIDE 2048u
 #define MAX_WORKERS_LIMIT 4096u
-#define OFF_SERVERS 0x1000u
-#define OFF_WORKERS (OFF_SERVERS + MAX_SERVERS * SERVER_STRIDE) /* 0x5000 */
 #define SEQ_TRIES 512
 
 /* header words */
@@ -42,6 +44,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the layout is little-
 #define H_WORKERS 0x028u  /* u32 off_workers | u32 worker_stride << 32 */
 #define H_CREATED 0x030u
 #define H_INIT 0x038u
+#define H_CONFIG 0x040u   /* u32 off_config | u32 off_retired << 32 */
 #define INIT_READY 1u
 
 /* coordinator line */
@@ -52,15 +55,6 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the layout is little-
 #define C_HEARTBEAT 0x098u
 #define C_STATE 0x0A0u
 
-/* config block (seqlock) */
-#define OFF_CONFIG 0x100u
-#define CFG_SEQ 0x100u
-#define CFG_PRESENT 0x108u
-#define CFG_HEALTHY 0x110u
-#define CFG_ROLE0 0x118u /* role_mask[0] context; role_mask[1] generation at +8 */
-#define CFG_VERSION 0x128u
-enum { K_PRESENT, K_HEALTHY, K_ROLE0, K_ROLE1, K_VERSION, CFG_WORDS };
-
 /* worker-written shared lines */
 #define OFF_RR 0x180u /* rr[role] at OFF_RR + role * 128 */
 #define RR_STRIDE 128u
@@ -68,8 +62,7 @@ enum { K_PRESENT, K_HEALTHY, K_ROLE0, K_ROLE1, K_VERSION, CFG_WORDS };
 #define RL_HWM 0x280u      /* 1 + highest row index ever claimed (CAS-max by claimers) */
 #define RL_CLAIM_SEQ 0x288u /* claim counter, low 32 bits of every token */
 
-/* coordinator-written totals of reclaimed rows */
-#define OFF_RETIRED 0x300u /* retired_routed[64] */
+/* coordinator-written totals of reclaimed rows (retired_routed[max_servers] lies past the header) */
 #define RET_COMPLETED 0x500u
 #define RET_DISPATCHED 0x508u
 
@@ -118,6 +111,18 @@ enum {
 #define OFF_LAGHIST 0x800u
 #define LAG_BUCKETS 256u
 
+/* Past the header, at offsets computed from max_servers (control_layout; nw = max_servers / 64):
+ * the config block (seqlock, coordinator) at off_config = HEADER_BYTES: seq, servers_version,
+ * then present[nw], healthy[nw], role_mask[0][nw] (context), role_mask[1][nw] (generation),
+ * padded to 128 B; retired_routed[max_servers] u64 at off_retired; the server records,
+ * max_servers x 256 B, at off_servers; the worker rows, max_workers x worker_stride, at
+ * off_workers. */
+#define OFF_CONFIG HEADER_BYTES
+#define CFG_SEQ 0u     /* offsets in the config block */
+#define CFG_VERSION 8u
+#define CFG_MASKS 16u  /* present at +16, healthy at +16 + 8 nw, role_mask[r] at +16 + 8 nw (2 + r) */
+#define CFG_SETS 4u    /* present, healthy, role 0, role 1 */
+
 /* server record (seqlock each) */
 #define S_SEQ 0u
 #define S_INC 8u
@@ -132,7 +137,9 @@ enum {
 #define FLAG_HEALTHY 2u
 #define ROLE_SHIFT 8u
 
-/* worker row */
+/* worker row: a 128-byte head, then active_req[max_servers] i32, active_tok[max_servers] i64,
+ * routed[max_servers] u64 (picks of each server, monotonic); the stride is 128 + 20 x
+ * max_servers (1408 B for 64 servers, 5248 for 256), a multiple of 128 */
 #define W_TOKEN 0u
 #define W_START 8u
 #define W_HEARTBEAT 16u
@@ -142,27 +149,101 @@ enum {
 #define W_COMPLETED 48u
 #define W_PID 56u
 #define W_FLEET 64u /* fleet index + 1 of the owner (0: not a fleet worker), for a restarted coordinator */
-#define W_ACTIVE_REQ 128u /* i32[64] */
-#define W_ACTIVE_TOK 384u /* i64[64] */
-#define W_ROUTED 896u     /* u64[64] */
-#define W_END 1408u
+#define W_ACTIVE_REQ 128u /* i32[max_servers]; active_tok and routed follow (Region.w_tok, .w_routed) */
 #define TOKEN_FREE 0ULL
 #define TOKEN_RECLAIMING (~0ULL)
 
-_Static_assert(OFF_WORKERS == 0x5000u, "worker rows start at 0x5000");
-_Static_assert(C_STATE + 8 <= OFF_CONFIG && CFG_VERSION + 8 <= OFF_RR, "header lines overlap");
+_Static_assert(C_STATE + 8 <= OFF_RR, "coordinator line overlaps the tickets");
+_Static_assert(H_CONFIG + 8 <= OFF_COORD, "header words overlap the coordinator line");
 _Static_assert(OFF_RR + MAX_ROLES * RR_STRIDE <= OFF_ROWS_LINE, "rr tickets overlap");
-_Static_assert(OFF_RETIRED + MAX_SERVERS * 8 == RET_COMPLETED, "retired totals overlap");
+_Static_assert(RL_CLAIM_SEQ + 8 <= RET_COMPLETED, "row line overlaps the retired totals");
 _Static_assert(RET_DISPATCHED + 8 <= OFF_IDXPUB, "retired totals overlap the index publication");
 _Static_assert(IP_NAME + IP_NAME_BYTES <= OFF_IDXMET, "index publication overflows its line");
 _Static_assert(IM_WORD(IM_WORDS) <= OFF_IDXCNT, "index metrics overflow");
 _Static_assert(IC_RACE_RERUNS + 8 <= OFF_LAGHIST, "index counters overflow");
 _Static_assert(OFF_LAGHIST + 8 * LAG_BUCKETS <= HEADER_BYTES, "header overflows 4096 bytes");
 _Static_assert(S_ADDR + ADDR_BYTES <= SERVER_STRIDE, "server record overflows its stride");
-_Static_assert(W_ACTIVE_TOK == W_ACTIVE_REQ + 4 * MAX_SERVERS, "row layout");
-_Static_assert(W_ROUTED == W_ACTIVE_TOK + 8 * MAX_SERVERS, "row layout");
-_Static_assert(W_END == W_ROUTED + 8 * MAX_SERVERS && W_END <= WORKER_STRIDE, "row overflows");
-_Static_assert(SERVER_STRIDE % 128 == 0 && WORKER_STRIDE % 128 == 0, "records pad to 128 B");
+_Static_assert(W_FLEET + 8 <= W_ACTIVE_REQ, "row head overflows");
+_Static_assert(SERVER_STRIDE % 128 == 0 && MAX_SERVERS_LIMIT % 64 == 0, "records pad to 128 B");
+_Static_assert(MAX_SERVERS_LIMIT <= 0xFFFF, "max_servers is a u16 in the header");
+
+/* Where everything past the header lies for `max_servers` (a multiple of 64 in
+ * 64..MAX_SERVERS_LIMIT) and `max_workers` rows; every offset a multiple of 128. */
+typedef struct {
+    size_t off_config, off_retired, off_servers, off_workers, worker_stride, bytes;
+} ControlLayout;
+
+static inline ControlLayout control_layout(uint32_t max_servers, uint32_t max_workers)
+{
+    ControlLayout l;
+    size_t nw = max_servers / 64u;
+    l.off_config = OFF_CONFIG;
+    l.off_retired = l.off_config + ((CFG_MASKS + 8u * CFG_SETS * nw + 127u) & ~(size_t)127u);
+    l.off_servers = l.off_retired + 8u * (size_t)max_servers;
+    l.off_workers = l.off_servers + (size_t)max_servers * SERVER_STRIDE;
+    l.worker_stride = W_ACTIVE_REQ + 20u * (size_t)max_servers;
+    l.bytes = l.off_workers + (size_t)max_workers * l.worker_stride;
+    return l;
+}
+
+/* ---- server sets ------------------------------------------------------------------------ */
+
+/* A set of server slots: bit s of word s / 64. Only the first `nw` (max_servers / 64) words are
+ * meaningful. Functions taking `nw` are always inlined, so that a caller passing the constant 1
+ * (a table of 64 servers: dispatch on `nw == 1`) compiles to the one-word code. */
+typedef struct {
+    uint64_t w[SW_MAX];
+} Set;
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE int set_any(const Set *s, int nw)
+{
+    uint64_t o = 0;
+    for (int i = 0; i < nw; i++)
+        o |= s->w[i];
+    return o != 0;
+}
+
+INLINE int set_has(const Set *s, int nw, int64_t b)
+{
+    return b >= 0 && b < 64 * (int64_t)nw && ((s->w[b >> 6] >> (b & 63)) & 1);
+}
+
+INLINE uint64_t set_count(const Set *s, int nw)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < nw; i++)
+        n += (uint64_t)__builtin_popcountll(s->w[i]);
+    return n;
+}
+
+/* The members of s in ascending order into out[]; returns how many. */
+INLINE int set_slots(const Set *s, int nw, int *out)
+{
+    int n = 0;
+    for (int i = 0; i < nw; i++)
+        for (uint64_t m = s->w[i]; m != 0; m &= m - 1)
+            out[n++] = 64 * i + __builtin_ctzll(m);
+    return n;
+}
+
+/* Index of the k-th set bit of mask (k < popcount(mask)). */
+static inline int nth_bit(uint64_t mask, uint64_t k)
+{
+    for (; k > 0; k--)
+        mask &= mask - 1;
+    return __builtin_ctzll(mask);
+}
+
+/* The k-th member (k < set_count) of s. */
+INLINE int set_nth(const Set *s, int nw, uint64_t k)
+{
+    int i = 0;
+    for (uint64_t c; i < nw - 1 && k >= (c = (uint64_t)__builtin_popcountll(s->w[i])); i++)
+        k -= c;
+    return 64 * i + nth_bit(s->w[i], k);
+}
 
 /* ---- exceptions ------------------------------------------------------------------------- */
 
@@ -217,6 +298,12 @@ static inline int seq_read_ok(const uint64_t *seq, uint64_t s0)
 
 /* ---- Region ----------------------------------------------------------------------------- */
 
+/* The config block as one consistent copy (the first `nw` words of each set are read). */
+typedef struct {
+    Set present, healthy, role[MAX_ROLES];
+    uint64_t version;
+} Config;
+
 typedef struct {
     PyObject_HEAD
     /* per-mapping */
@@ -228,9 +315,13 @@ typedef struct {
     /* set by init_control/check_control */
     int ready;
     uint32_t max_workers;
+    uint32_t max_servers; /* a multiple of 64 in 64..MAX_SERVERS_LIMIT */
+    int nw;               /* max_servers / 64: words of a server set */
+    size_t off_config, off_retired, off_servers, off_workers, worker_stride;
+    size_t w_tok, w_routed; /* row offsets of active_tok[max_servers] and routed[max_servers] */
     uint64_t *tokens; /* tokens[row]: the token this Region claimed row with, 0 if none */
     /* last good config copy, used by picks when the config seqlock stays odd */
-    uint64_t cfg_cache[CFG_WORDS];
+    Config cfg_cache;
     int cfg_cached;
     int cfg_stuck;          /* the last read exhausted its tries at sequence cfg_stuck_seq */
     uint64_t cfg_stuck_seq;
@@ -260,30 +351,116 @@ static inline char *at(const Region *r, size_t off, size_t size, size_t align)
  * init_control's size check) or is behind need_ready(), so these never yield NULL. */
 #define U64(r, off) ((uint64_t *)at((r), (off), 8, 8))
 
-/* Index of the k-th set bit of mask (k < popcount(mask)). */
-static inline int nth_bit(uint64_t mask, uint64_t k)
-{
-    for (; k > 0; k--)
-        mask &= mask - 1;
-    return __builtin_ctzll(mask);
-}
+/* Server record `slot`, unchecked: only for a slot < max_servers of a validated Region (a member
+ * of a candidate set), whose records lie inside the mapping (check_control). */
+static inline char *server_rec(const Region *r, int slot) { return r->base + r->off_servers + (size_t)slot * SERVER_STRIDE; }
 
 SD_HIDDEN int need_ready(Region *r, int write);
 SD_HIDDEN char *row_at(Region *r, int64_t row);
 SD_HIDDEN char *server_at(Region *r, int64_t slot);
 SD_HIDDEN char *own_row(Region *r, int64_t row, int lost_ok);
 SD_HIDDEN uint32_t rows_in_use(Region *r);
-SD_HIDDEN int config_for_pick(Region *r, uint64_t *out);
-SD_HIDDEN void row_add_pick(char *p, int slot, int64_t tokens);
+SD_HIDDEN int config_for_pick(Region *r, Config *out);
+SD_HIDDEN void row_add_pick(Region *r, char *p, int slot, int64_t tokens);
 /* Sums active requests (use_tokens 0) or tokens (1) of slots[0..n) over owned rows; -1 on error. */
 SD_HIDDEN int sum_loads(Region *r, const int *slots, int n, int use_tokens, int64_t *sums);
-/* Rotating choice among the set bits of `tied` (one fleet-wide ticket per role). */
-SD_HIDDEN int pick_tied(Region *r, int role, uint64_t tied);
+/* Rotating choice among tied[0..n) (ascending slots, n >= 1; one fleet-wide ticket per role). */
+SD_HIDDEN int pick_tied(Region *r, int role, const int *tied, int n);
+/* A Python int of the `nw`-word set (bit s: server s). */
+SD_HIDDEN PyObject *set_to_long(const Set *s, int nw);
+
+/* Word `w` of one of the config block's sets (CFG_SETS: 0 present, 1 healthy, 2 + role). */
+static inline uint64_t *cfg_word(Region *r, unsigned set, int w)
+{
+    return (uint64_t *)(r->base + r->off_config + CFG_MASKS + 8u * ((size_t)set * (size_t)r->nw + (size_t)w));
+}
+
+static inline uint64_t *cfg_seq(Region *r) { return (uint64_t *)(r->base + r->off_config + CFG_SEQ); }
+static inline uint64_t *cfg_version(Region *r) { return (uint64_t *)(r->base + r->off_config + CFG_VERSION); }
+
+/* Seqlock read of the config block into *out (nw words per set); 0 after SEQ_TRIES failed tries. */
+INLINE int config_read_nw(Region *r, Config *out, uint64_t *last_seq, int nw)
+{
+    const uint64_t *seq = cfg_seq(r), *w = cfg_word(r, 0, 0);
+    uint64_t s0 = 0;
+    int tries, ok = 0;
+    for (tries = 0; tries < SEQ_TRIES && !ok; tries++) {
+        s0 = LDA(seq);
+        if ((s0 & 1) == 0) {
+            for (int i = 0; i < nw; i++) {
+                out->present.w[i] = LD(&w[i]);
+                out->healthy.w[i] = LD(&w[nw + i]);
+                out->role[0].w[i] = LD(&w[2 * nw + i]);
+                out->role[1].w[i] = LD(&w[3 * nw + i]);
+            }
+            out->version = LD(cfg_version(r));
+            ok = seq_read_ok(seq, s0);
+        }
+        if (!ok)
+            cpu_relax();
+    }
+    r->seq_retries += (unsigned long long)(tries - 1);
+    *last_seq = s0;
+    return ok;
+}
+
+INLINE void config_copy(Config *dst, const Config *src, int nw)
+{
+    for (int i = 0; i < nw; i++) {
+        dst->present.w[i] = src->present.w[i];
+        dst->healthy.w[i] = src->healthy.w[i];
+        dst->role[0].w[i] = src->role[0].w[i];
+        dst->role[1].w[i] = src->role[1].w[i];
+    }
+    dst->version = src->version;
+}
+
+/* Config for a pick: a fresh copy, else this Region's last good copy, else RetryExhausted. A
+ * sequence that stays at the value that already exhausted us goes straight to the copy. */
+INLINE int config_for_pick_nw(Region *r, Config *out, int nw)
+{
+    uint64_t last = 0;
+    int fresh = 0, ok = 1;
+    if (!(r->cfg_stuck && LD(cfg_seq(r)) == r->cfg_stuck_seq))
+        fresh = config_read_nw(r, out, &last, nw);
+    if (fresh) {
+        config_copy(&r->cfg_cache, out, nw);
+        r->cfg_cached = 1;
+        r->cfg_stuck = 0;
+    } else if (r->cfg_cached) {
+        if (!r->cfg_stuck) {
+            r->cfg_stuck = 1;
+            r->cfg_stuck_seq = last;
+        }
+        r->cfg_fallbacks++;
+        config_copy(out, &r->cfg_cache, nw);
+    } else {
+        PyErr_Format(RetryExhausted, "config block sequence stayed odd (%llu) for %d tries: the "
+                     "coordinator died mid-write or is stalled", (unsigned long long)last, SEQ_TRIES);
+        ok = 0;
+    }
+    return ok;
+}
+
+/* Candidates of a pick: present & healthy & role_mask[role], less `exclude` (if a slot). */
+INLINE void candidates(const Config *c, int role, int64_t exclude, int nw, Set *out)
+{
+    for (int i = 0; i < nw; i++)
+        out->w[i] = c->present.w[i] & c->healthy.w[i] & c->role[role].w[i];
+    if (exclude >= 0 && exclude < 64 * (int64_t)nw)
+        out->w[exclude >> 6] &= ~(1ULL << (exclude & 63));
+}
 
 SD_HIDDEN int nargs_ok(const char *fn, Py_ssize_t nargs, Py_ssize_t want);
 SD_HIDDEN int arg_i64(PyObject *o, int64_t *out);
 SD_HIDDEN int arg_u64(PyObject *o, uint64_t *out);
 SD_HIDDEN int arg_range(PyObject *o, int64_t lo, int64_t hi, const char *what, int64_t *out);
+
+/* The server slot argument of a call: 0..max_servers - 1 (ValueError otherwise). */
+static inline int arg_slot(Region *r, PyObject *o, int64_t *out)
+{
+    return arg_range(o, 0, (int64_t)r->max_servers - 1, "server slot", out);
+}
 
 /* index.c */
 SD_HIDDEN extern PyTypeObject IndexType;

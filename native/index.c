@@ -2,8 +2,10 @@
  * The KV block index: one `Index` wraps one mapped index segment "/{prefix}-idx-{generation:x}"
  * and the control `Region` whose configuration, worker rows and publication it routes with.
  *
- * Table: open addressing, linear probing from a key's home (Fibonacci hashing), 32-byte slots
- * {key, event_mask, routed_mask, routed_ts}; key 0 is EMPTY (a hash equal to 0 is stored as 1).
+ * Table: open addressing, linear probing from a key's home (Fibonacci hashing), slots {key,
+ * event_mask, routed_mask, routed_ts} (32 bytes) where the control segment has 64 servers, with
+ * nw = max_servers / 64 words per mask where it has more ({key, (event, routed) x nw, ts}: 80
+ * bytes for 256); key 0 is EMPTY (a hash equal to 0 is stored as 1).
  * Keys go 0 -> K once by CAS and never move or change inside a generation, so a reader that
  * finds K reads that key's masks, and a key present when a probe starts cannot be missed.
  *
@@ -183,13 +185,17 @@ int ix_ok(Index *self, int write)
         PyErr_SetString(ShmError, "index is not a validated segment: call check_index()");
     else if (write && !self->writable)
         PyErr_SetString(ShmError, "index is read-only");
+    else if (self->nw != self->ctl->nw) /* the control region was re-made under us */
+        PyErr_SetString(ShmError, "index and control segment disagree on max_servers");
     else
         ok = need_ready(self->ctl, write >= 2);
     return ok;
 }
 
-static void set_geometry(Index *self, uint64_t gen, unsigned log2, uint64_t limit)
+static void set_geometry(Index *self, uint64_t gen, unsigned log2, uint64_t limit, int nw)
 {
+    self->nw = nw;
+    self->sw = SLOT_WORDS(nw);
     self->generation = gen;
     self->cap = 1ULL << log2;
     self->mask = self->cap - 1;
@@ -199,7 +205,7 @@ static void set_geometry(Index *self, uint64_t gen, unsigned log2, uint64_t limi
     self->ready = 1;
 }
 
-static size_t index_size_for(unsigned log2) { return IX_HEADER_BYTES + ((size_t)IX_SLOT_BYTES << log2); }
+static size_t index_size_for(unsigned log2, int nw) { return IX_HEADER_BYTES + ((size_t)ix_slot_bytes(nw) << log2); }
 
 /* init_index(generation, cap_log2, insert_limit, created_wall_ns) -> segment_bytes: zero and
  * initialise a fresh segment in state BUILDING (publish() makes it PUBLISHED). */
@@ -209,6 +215,7 @@ static PyObject *Index_init_index(Index *self, PyObject *const *args, Py_ssize_t
     int64_t log2, limit;
     uint64_t gen, wall;
     size_t need;
+    int nw;
     if (!nargs_ok("init_index", nargs, 4) || !arg_u64(args[0], &gen) ||
         !arg_range(args[1], IX_MIN_LOG2, IX_MAX_LOG2, "cap_log2", &log2) ||
         !arg_range(args[2], 1, INT64_MAX, "insert_limit", &limit) || !arg_u64(args[3], &wall))
@@ -221,10 +228,13 @@ static PyObject *Index_init_index(Index *self, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_ValueError, "generation must be > 0");
         goto fail;
     }
-    need = index_size_for((unsigned)log2);
+    if (!need_ready(self->ctl, 0))
+        goto fail;
+    nw = self->ctl->nw;
+    need = index_size_for((unsigned)log2, nw);
     if (self->len < need) {
-        PyErr_Format(SegmentFull, "mapping is %zu bytes; 2**%lld slots need %zu", self->len,
-                     (long long)log2, need);
+        PyErr_Format(SegmentFull, "mapping is %zu bytes; 2**%lld slots of %u bytes need %zu", self->len,
+                     (long long)log2, ix_slot_bytes(nw), need);
         goto fail;
     }
     ST(hdr(self, X_STATE), STATE_BUILDING);
@@ -235,10 +245,10 @@ static PyObject *Index_init_index(Index *self, PyObject *const *args, Py_ssize_t
     self->busy--;
     ST(hdr(self, X_VERSION), (uint64_t)IX_VERSION | ((uint64_t)IX_HEADER_BYTES << 32));
     ST(hdr(self, X_GEN), gen);
-    ST(hdr(self, X_CAPLOG), (uint64_t)log2 | ((uint64_t)IX_SLOT_BYTES << 32));
+    ST(hdr(self, X_CAPLOG), (uint64_t)log2 | ((uint64_t)ix_slot_bytes(nw) << 32));
     ST(hdr(self, X_SEGBYTES), (uint64_t)need);
     ST(hdr(self, X_CREATED), wall);
-    set_geometry(self, gen, (unsigned)log2, (uint64_t)limit);
+    set_geometry(self, gen, (unsigned)log2, (uint64_t)limit, nw);
     ST(hdr(self, X_LIMIT), self->limit);
     STR(hdr(self, X_MAGIC), IX_MAGIC);
     result = PyLong_FromSize_t(need);
@@ -252,11 +262,16 @@ static PyObject *Index_check_index(Index *self, PyObject *unused)
 {
     PyObject *result = NULL;
     uint64_t magic, ver, gen, caplog, segbytes, limit, state;
-    unsigned log2;
+    unsigned log2, slot_bytes;
+    int nw;
     if (!self->has_view) {
         PyErr_SetString(PyExc_ValueError, "index is released");
         goto fail;
     }
+    if (!need_ready(self->ctl, 0))
+        goto fail;
+    nw = self->ctl->nw;
+    slot_bytes = ix_slot_bytes(nw);
     if (self->len < IX_HEADER_BYTES) {
         PyErr_Format(LayoutMismatch, "index mapping is %zu bytes, smaller than its %u-byte header",
                      self->len, IX_HEADER_BYTES);
@@ -280,17 +295,19 @@ static PyObject *Index_check_index(Index *self, PyObject *unused)
                      IX_VERSION, IX_HEADER_BYTES);
     } else if (state > STATE_RETIRED) {
         PyErr_Format(LayoutMismatch, "index state is %llu (expected 0..2)", (unsigned long long)state);
-    } else if (log2 < IX_MIN_LOG2 || log2 > IX_MAX_LOG2 || (caplog >> 32) != IX_SLOT_BYTES) {
-        PyErr_Format(LayoutMismatch, "index cap_log2 %u / slot_bytes %u out of range", log2,
-                     (unsigned)(caplog >> 32));
-    } else if (gen == 0 || segbytes < index_size_for(log2) || segbytes > self->len) {
+    } else if (log2 < IX_MIN_LOG2 || log2 > IX_MAX_LOG2) {
+        PyErr_Format(LayoutMismatch, "index cap_log2 %u out of range", log2);
+    } else if ((caplog >> 32) != slot_bytes) {
+        PyErr_Format(LayoutMismatch, "index slot_bytes %u, but the control segment's %u servers need "
+                     "%u-byte slots", (unsigned)(caplog >> 32), self->ctl->max_servers, slot_bytes);
+    } else if (gen == 0 || segbytes < index_size_for(log2, nw) || segbytes > self->len) {
         PyErr_Format(LayoutMismatch, "index generation %llu, segment_bytes %llu: need %zu, mapped %zu",
-                     (unsigned long long)gen, (unsigned long long)segbytes, index_size_for(log2),
+                     (unsigned long long)gen, (unsigned long long)segbytes, index_size_for(log2, nw),
                      self->len);
     } else if (limit == 0 || limit >= (1ULL << log2)) {
         PyErr_Format(LayoutMismatch, "index insert_limit %llu out of range", (unsigned long long)limit);
     } else {
-        set_geometry(self, gen, log2, limit);
+        set_geometry(self, gen, log2, limit, nw);
         result = Py_NewRef(Py_True);
     }
 fail:
@@ -404,8 +421,8 @@ static void record_lag(Region *r, uint64_t event_ts_ns)
 static int event_args(Index *self, const char *fn, PyObject *const *args, Py_ssize_t nargs,
                       Py_ssize_t want, int64_t *slot, Hashes *hb)
 {
-    return nargs_ok(fn, nargs, want) && arg_range(args[0], 0, MAX_SERVERS - 1, "server slot", slot) &&
-           ix_ok(self, 2) && hashes_open(args[1], hb);
+    return nargs_ok(fn, nargs, want) && ix_ok(self, 2) && arg_slot(self->ctl, args[0], slot) &&
+           hashes_open(args[1], hb);
 }
 
 /* apply_stored(slot, hashes, event_ts_ns) -> blocks marked: set slot's event bit on every hash
@@ -417,6 +434,7 @@ static PyObject *Index_apply_stored(Index *self, PyObject *const *args, Py_ssize
     int64_t slot;
     uint64_t ts, bit, *s, e, keys[PREFETCH];
     Py_ssize_t marked = 0;
+    int ew;
     Hashes hb;
     if (!event_args(self, "apply_stored", args, nargs, 3, &slot, &hb))
         goto fail;
@@ -424,7 +442,8 @@ static PyObject *Index_apply_stored(Index *self, PyObject *const *args, Py_ssize
         hashes_close(&hb);
         goto fail;
     }
-    bit = 1ULL << slot;
+    bit = 1ULL << (slot & 63);
+    ew = SL_EV((int)(slot >> 6));
     for (Py_ssize_t j = 0; j < hb.n && j < PREFETCH; j++)
         prefetch_key(self, keys[j] = key_of(hb.h[j], KIND_BLOCK, 0));
     for (Py_ssize_t j = 0; j < hb.n; j++) {
@@ -433,9 +452,9 @@ static PyObject *Index_apply_stored(Index *self, PyObject *const *args, Py_ssize
             prefetch_key(self, keys[j & (PREFETCH - 1)] = key_of(hb.h[j + PREFETCH], KIND_BLOCK, 0));
         if ((s = ix_upsert(self, key, 1)) == NULL)
             continue;
-        e = LD(&s[SL_EVENT]);
+        e = LD(&s[ew]);
         if (!(e & bit))
-            STR(&s[SL_EVENT], e | bit);
+            STR(&s[ew], e | bit);
         marked++;
     }
     metric_add(self->ctl, IM_EVENTS, 1);
@@ -456,10 +475,13 @@ static PyObject *Index_apply_removed(Index *self, PyObject *const *args, Py_ssiz
     int64_t slot;
     uint64_t bit, *s, e, maxp, keys[PREFETCH];
     Py_ssize_t found = 0;
+    int ew, rw;
     Hashes hb;
     if (!event_args(self, "apply_removed", args, nargs, 2, &slot, &hb))
         goto fail;
-    bit = 1ULL << slot;
+    bit = 1ULL << (slot & 63);
+    ew = SL_EV((int)(slot >> 6));
+    rw = SL_RT((int)(slot >> 6));
     maxp = max_probe(self);
     for (Py_ssize_t j = 0; j < hb.n && j < PREFETCH; j++)
         prefetch_key(self, keys[j] = key_of(hb.h[j], KIND_BLOCK, 0));
@@ -470,11 +492,11 @@ static PyObject *Index_apply_removed(Index *self, PyObject *const *args, Py_ssiz
         if ((s = ix_find(self, key, maxp)) == NULL)
             continue;
         found++;
-        e = LD(&s[SL_EVENT]);
+        e = LD(&s[ew]);
         if (e & bit)
-            STR(&s[SL_EVENT], e & ~bit);
-        if (LD(&s[SL_ROUTED]) & bit)
-            __atomic_fetch_and(&s[SL_ROUTED], ~bit, __ATOMIC_RELAXED);
+            STR(&s[ew], e & ~bit);
+        if (LD(&s[rw]) & bit)
+            __atomic_fetch_and(&s[rw], ~bit, __ATOMIC_RELAXED);
     }
     metric_add(self->ctl, IM_EVENTS, 1);
     metric_add(self->ctl, IM_BLOCKS, (uint64_t)hb.n);
@@ -485,22 +507,30 @@ fail:
     return result;
 }
 
-/* Clear `bit` in every slot of the given kinds (bitmask of 1 << kind); returns slots changed.
- * Runs with the GIL held: it writes event masks, whose single writer is the coordinator thread. */
-static Py_ssize_t clear_bit(Index *self, uint64_t bit, unsigned kinds)
+/* Clear server `server` in every slot of the given kinds (bitmask of 1 << kind); returns slots
+ * changed. A session naming it is emptied by CAS (a decider that moved it meanwhile wins). Runs
+ * with the GIL held: it writes event masks, whose single writer is the coordinator thread. */
+static Py_ssize_t clear_server_bits(Index *self, int server, unsigned kinds)
 {
     Py_ssize_t changed = 0;
-    uint64_t *s, e, r;
+    uint64_t *s, e, r, kind, bit = 1ULL << (server & 63);
+    int nw = self->nw, ew = SL_EV(server >> 6), rw = SL_RT(server >> 6);
     for (uint64_t i = 0; i < self->cap; i++) {
-        s = self->slots + i * 4;
-        if (LD(&s[SL_KEY]) == 0 || !(kinds & (1u << (LD(&s[SL_TS]) >> TS_KIND_SHIFT))))
+        s = self->slots + i * self->sw;
+        if (LD(&s[SL_KEY]) == 0 || !(kinds & (1u << (kind = LD(&s[SL_TS(nw)]) >> TS_KIND_SHIFT))))
             continue;
-        e = LD(&s[SL_EVENT]);
-        r = LD(&s[SL_ROUTED]);
+        if (kind == KIND_CONV) {
+            r = LD(&s[SL_RT(0)]);
+            changed += session_server(r, nw) == server &&
+                       __atomic_compare_exchange_n(&s[SL_RT(0)], &r, 0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+            continue;
+        }
+        e = LD(&s[ew]);
+        r = LD(&s[rw]);
         if (e & bit)
-            STR(&s[SL_EVENT], e & ~bit);
+            STR(&s[ew], e & ~bit);
         if (r & bit)
-            __atomic_fetch_and(&s[SL_ROUTED], ~bit, __ATOMIC_RELAXED);
+            __atomic_fetch_and(&s[rw], ~bit, __ATOMIC_RELAXED);
         changed += ((e | r) & bit) != 0;
     }
     return changed;
@@ -511,10 +541,9 @@ static PyObject *clear_common(Index *self, PyObject *const *args, Py_ssize_t nar
 {
     PyObject *result = NULL;
     int64_t slot;
-    if (!nargs_ok(fn, nargs, 1) || !arg_range(args[0], 0, MAX_SERVERS - 1, "server slot", &slot) ||
-        !ix_ok(self, 2))
+    if (!nargs_ok(fn, nargs, 1) || !ix_ok(self, 2) || !arg_slot(self->ctl, args[0], &slot))
         goto fail;
-    result = PyLong_FromSsize_t(clear_bit(self, 1ULL << slot, kinds));
+    result = PyLong_FromSsize_t(clear_server_bits(self, (int)slot, kinds));
     metric_add(self->ctl, IM_CLEARED, 1);
 fail:
     return result;
@@ -576,18 +605,22 @@ static uint64_t kth_smallest(uint64_t *a, size_t n, size_t k)
 static uint64_t evict_oldest(Index *self, uint64_t kind, uint64_t *stamps, size_t n, size_t excess)
 {
     uint64_t cutoff = kth_smallest(stamps, n, excess - 1), evicted = 0, *s, r, ts, t;
+    int nw = self->nw, words = kind == KIND_CONV ? 1 : nw, gone;
     for (int pass = 0; pass < 2; pass++) {
         for (uint64_t i = 0; i < self->cap && evicted < excess; i++) {
-            s = self->slots + i * 4;
-            ts = LD(&s[SL_TS]);
+            s = self->slots + i * self->sw;
+            ts = LD(&s[SL_TS(nw)]);
             t = ts & TS_MASK;
             if (LD(&s[SL_KEY]) == 0 || (ts >> TS_KIND_SHIFT) != kind ||
                 (pass == 0 ? t >= cutoff : t != cutoff))
                 continue;
-            r = LDA(&s[SL_ROUTED]);
-            if (r != 0 && __atomic_compare_exchange_n(&s[SL_ROUTED], &r, 0, 0, __ATOMIC_RELAXED,
-                                                      __ATOMIC_RELAXED))
-                evicted++;
+            gone = 0; /* a session is one word; an implicit entry's routed mask is nw words */
+            for (int w = 0; w < words; w++) {
+                r = LDA(&s[SL_RT(w)]);
+                gone |= r != 0 && __atomic_compare_exchange_n(&s[SL_RT(w)], &r, 0, 0, __ATOMIC_RELAXED,
+                                                               __ATOMIC_RELAXED);
+            }
+            evicted += (uint64_t)gone;
         }
     }
     return evicted;
@@ -596,31 +629,45 @@ static uint64_t evict_oldest(Index *self, uint64_t kind, uint64_t *stamps, size_
 static int sweep_scan(Index *self, uint64_t now, uint64_t ttl, uint64_t max_sessions,
                       uint64_t max_implicit, Census *c)
 {
-    uint64_t *s, k, r, e, ts, kind, *conv = NULL, *impl = NULL;
+    uint64_t *s, k, r, e, ts, kind, rw[SW_MAX], *conv = NULL, *impl = NULL;
     size_t nconv = 0, nimpl = 0, capconv = 0, capimpl = 0;
-    int ok = 1;
+    int ok = 1, nw = self->nw, expired;
     memset(c, 0, sizeof *c);
     for (uint64_t i = 0; i < self->cap && ok; i++) {
-        s = self->slots + i * 4;
+        s = self->slots + i * self->sw;
         if ((k = LDA(&s[SL_KEY])) == 0)
             continue;
         c->used++;
-        r = LDA(&s[SL_ROUTED]);
-        ts = LD(&s[SL_TS]);
-        e = LD(&s[SL_EVENT]);
+        /* the routed words (acquire) before the stamp: a bit seen comes with its fresh stamp */
+        for (int w = 0; w < nw; w++)
+            rw[w] = LDA(&s[SL_RT(w)]);
+        ts = LD(&s[SL_TS(nw)]);
         kind = ts >> TS_KIND_SHIFT;
+        r = e = 0;
         if (kind == KIND_BLOCK) {
-            if (r != 0 && ttl != 0 && now > (ts & TS_MASK) && now - (ts & TS_MASK) > ttl &&
-                __atomic_compare_exchange_n(&s[SL_ROUTED], &r, 0, 0, __ATOMIC_RELAXED,
-                                            __ATOMIC_RELAXED)) {
-                c->expired++;
-                r = 0;
+            /* each routed word on its own: a routing that lands meanwhile wins its word's CAS */
+            int old = ttl != 0 && now > (ts & TS_MASK) && now - (ts & TS_MASK) > ttl;
+            expired = 0;
+            for (int w = 0; w < nw; w++) {
+                if (rw[w] != 0 && old &&
+                    __atomic_compare_exchange_n(&s[SL_RT(w)], &rw[w], 0, 0, __ATOMIC_RELAXED,
+                                                __ATOMIC_RELAXED)) {
+                    expired = 1;
+                    rw[w] = 0;
+                }
+                r |= rw[w];
+                e |= LD(&s[SL_EV(w)]);
             }
+            c->expired += (uint64_t)expired;
             if (r | e)
                 c->live++;
             else
                 c->dead++;
-        } else if (r == 0) {
+            continue;
+        }
+        for (int w = 0; w < (kind == KIND_CONV ? 1 : nw); w++)
+            r |= rw[w];
+        if (r == 0) {
             c->dead++;
         } else {
             uint64_t **arr = kind == KIND_CONV ? &conv : &impl;
@@ -708,27 +755,31 @@ fail:
 }
 
 /* scan() -> census dict, read-only (nothing expires or is evicted), plus "server_blocks": per
- * server slot, how many block entries a KV event confirmed on it (a list of MAX_SERVERS). */
+ * server slot, how many block entries a KV event confirmed on it (a list of max_servers). */
 static PyObject *Index_scan(Index *self, PyObject *unused)
 {
     PyObject *result = NULL, *blocks = NULL;
     Census c;
-    uint64_t *s, r, e, ts, per_server[MAX_SERVERS] = {0};
+    uint64_t *s, r, e, ts, per_server[MAX_SERVERS_LIMIT] = {0};
+    int nw;
     if (!ix_ok(self, 0))
         goto fail;
+    nw = self->nw;
     memset(&c, 0, sizeof c);
     for (uint64_t i = 0; i < self->cap; i++) {
-        s = self->slots + i * 4;
+        s = self->slots + i * self->sw;
         if (LDA(&s[SL_KEY]) == 0)
             continue;
         c.used++;
-        r = LD(&s[SL_ROUTED]);
-        e = LD(&s[SL_EVENT]);
-        ts = LD(&s[SL_TS]);
-        if ((ts >> TS_KIND_SHIFT) != KIND_BLOCK)
-            e = 0;
-        for (uint64_t m = e; m != 0; m &= m - 1)
-            per_server[__builtin_ctzll(m)]++;
+        ts = LD(&s[SL_TS(nw)]);
+        r = e = 0;
+        for (int w = 0; w < nw; w++) {
+            uint64_t ew = (ts >> TS_KIND_SHIFT) == KIND_BLOCK ? LD(&s[SL_EV(w)]) : 0;
+            r |= LD(&s[SL_RT(w)]);
+            e |= ew;
+            for (uint64_t m = ew; m != 0; m &= m - 1)
+                per_server[64 * w + __builtin_ctzll(m)]++;
+        }
         if (r | e) {
             c.live++;
             c.sessions += r && (ts >> TS_KIND_SHIFT) == KIND_CONV;
@@ -738,9 +789,9 @@ static PyObject *Index_scan(Index *self, PyObject *unused)
         }
     }
     if ((result = census_dict(&c, max_probe(self), LD(hdr(self, X_USED)))) == NULL ||
-        (blocks = PyList_New(MAX_SERVERS)) == NULL)
+        (blocks = PyList_New((Py_ssize_t)self->ctl->max_servers)) == NULL)
         goto fail;
-    for (Py_ssize_t k = 0; k < (Py_ssize_t)MAX_SERVERS; k++) {
+    for (Py_ssize_t k = 0; k < (Py_ssize_t)self->ctl->max_servers; k++) {
         PyObject *n = PyLong_FromUnsignedLongLong(per_server[k]);
         if (n == NULL)
             goto fail;
@@ -756,27 +807,34 @@ fail:
     return NULL;
 }
 
+/* Both generations have the same slot width (copy_into checks it). */
 static uint64_t copy_live(Index *src, Index *dst, uint64_t *refused)
 {
-    uint64_t copied = 0, *s, *d, k, r, e, ts;
+    uint64_t copied = 0, *s, *d, k, any, ts, r[SW_MAX], e[SW_MAX];
+    int nw = src->nw;
     for (uint64_t i = 0; i < src->cap; i++) {
-        s = src->slots + i * 4;
+        s = src->slots + i * src->sw;
         if ((k = LDA(&s[SL_KEY])) == 0)
             continue;
-        r = LD(&s[SL_ROUTED]);
-        e = LD(&s[SL_EVENT]);
-        ts = LD(&s[SL_TS]);
-        if ((ts >> TS_KIND_SHIFT) != KIND_BLOCK)
-            e = 0;
-        if ((r | e) == 0)
+        ts = LD(&s[SL_TS(nw)]);
+        any = 0;
+        for (int w = 0; w < nw; w++) {
+            r[w] = LD(&s[SL_RT(w)]);
+            e[w] = (ts >> TS_KIND_SHIFT) == KIND_BLOCK ? LD(&s[SL_EV(w)]) : 0;
+            any |= r[w] | e[w];
+        }
+        if (any == 0)
             continue; /* dead keys are what compaction drops */
         if ((d = ix_upsert(dst, k, 0)) == NULL) {
             (*refused)++;
             continue;
         }
-        ST(&d[SL_EVENT], e);
-        ST(&d[SL_TS], ts);
-        __atomic_fetch_or(&d[SL_ROUTED], r, __ATOMIC_RELEASE);
+        for (int w = 0; w < nw; w++)
+            ST(&d[SL_EV(w)], e[w]);
+        ST(&d[SL_TS(nw)], ts);
+        for (int w = 0; w < nw; w++)
+            if (r[w] != 0)
+                __atomic_fetch_or(&d[SL_RT(w)], r[w], __ATOMIC_RELEASE);
         copied++;
     }
     return copied;
@@ -799,6 +857,10 @@ static PyObject *Index_copy_into(Index *self, PyObject *const *args, Py_ssize_t 
     dst = (Index *)args[0];
     if (!ix_ok(dst, 2))
         goto fail;
+    if (dst->nw != self->nw) {
+        PyErr_SetString(PyExc_ValueError, "copy_into needs an index of the same slot width");
+        goto fail;
+    }
     self->busy++;
     dst->busy++;
     if (self->cap >= NOGIL_SLOTS) {
@@ -822,9 +884,10 @@ fail:
  * up a conversation key, kind 2 an implicit prefix hash (tests and diagnostics). */
 static PyObject *Index_lookup(Index *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *result = NULL;
+    PyObject *result = NULL, *e = NULL, *r = NULL;
     uint64_t h, *s;
     int64_t kind = 0, role = 0;
+    Set ev, rt;
     if (nargs < 1 || nargs > 3) {
         PyErr_SetString(PyExc_TypeError, "lookup(hash, kind=0, role=0)");
         goto fail;
@@ -833,13 +896,27 @@ static PyObject *Index_lookup(Index *self, PyObject *const *args, Py_ssize_t nar
         (nargs > 2 && !arg_range(args[2], 0, MAX_ROLES - 1, "role", &role)) || !ix_ok(self, 0))
         goto fail;
     s = ix_find(self, key_of(h, (uint64_t)kind, (int)role), max_probe(self));
-    if (s == NULL)
+    if (s == NULL) {
         result = Py_NewRef(Py_None);
-    else
-        result = Py_BuildValue("(KKK)", (unsigned long long)LD(&s[SL_EVENT]),
-                               (unsigned long long)LD(&s[SL_ROUTED]),
-                               (unsigned long long)(LD(&s[SL_TS]) & TS_MASK));
+        goto fail;
+    }
+    memset(&ev, 0, sizeof ev);
+    memset(&rt, 0, sizeof rt);
+    for (int w = 0; w < self->nw; w++) {
+        ev.w[w] = LD(&s[SL_EV(w)]);
+        rt.w[w] = LD(&s[SL_RT(w)]);
+    }
+    if ((LD(&s[SL_TS(self->nw)]) >> TS_KIND_SHIFT) == KIND_CONV) { /* a session: as the mask of its server */
+        int server = session_server(rt.w[0], self->nw);
+        memset(&rt, 0, sizeof rt);
+        if (server >= 0)
+            rt.w[server >> 6] = 1ULL << (server & 63);
+    }
+    if ((e = set_to_long(&ev, self->nw)) != NULL && (r = set_to_long(&rt, self->nw)) != NULL)
+        result = Py_BuildValue("(OOK)", e, r, (unsigned long long)(LD(&s[SL_TS(self->nw)]) & TS_MASK));
 fail:
+    Py_XDECREF(e);
+    Py_XDECREF(r);
     return result;
 }
 

@@ -8,12 +8,12 @@
 #include "_native.h"
 #include "hash.h"
 
-/* ---- index segment layout (version 1): keep in step with native/README.md -------------- */
+/* ---- index segment layout (version 2): keep in step with native/README.md -------------- */
 
 #define IX_MAGIC 0x3158444947534453ULL /* "SDSGIDX1" little-endian */
-#define IX_VERSION 1u
+#define IX_VERSION 2u /* 2: slots of 16 + 16 x nw bytes, nw = the control segment's max_servers / 64 */
 #define IX_HEADER_BYTES 4096u
-#define IX_SLOT_BYTES 32u
+#define IX_SLOT_BYTES 32u /* a slot of a table of 64 servers (nw 1); ix_slot_bytes(nw) in general */
 #define IX_MIN_LOG2 4u
 #define IX_MAX_LOG2 32u
 
@@ -32,11 +32,18 @@
 #define STATE_PUBLISHED 1u
 #define STATE_RETIRED 2u
 
-/* slot words */
+/* Slot words: the key, then each server word's event and routed masks side by side (servers
+ * 0..63 in words 1 and 2, as in a one-word slot), then the stamp. A slot of nw words per set is
+ * 2 + 2 nw words: {key, event, routed, ts} (32 B) for 64 servers, 80 B for 256. Conversation
+ * sessions (KIND_CONV) keep their server as a value, server + 1, in SL_RT(0) (0: none), so that
+ * one CAS decides a session whatever the width. */
 #define SL_KEY 0
-#define SL_EVENT 1
-#define SL_ROUTED 2
-#define SL_TS 3
+#define SL_EV(w) (1 + 2 * (w))
+#define SL_RT(w) (2 + 2 * (w))
+#define SL_TS(nw) (1 + 2 * (nw))
+#define SLOT_WORDS(nw) (2 + 2 * (nw))
+static inline unsigned ix_slot_bytes(int nw) { return 8u * (unsigned)SLOT_WORDS(nw); }
+_Static_assert(SLOT_WORDS(1) * 8 == IX_SLOT_BYTES, "a one-word slot is 32 bytes");
 
 #define TS_KIND_SHIFT 62
 #define TS_MASK ((1ULL << TS_KIND_SHIFT) - 1)
@@ -79,6 +86,8 @@ typedef struct {
     int ready;
     uint64_t generation, cap, mask, limit;
     unsigned shift; /* 64 - cap_log2: a key's home is the top bits of key * GOLDEN */
+    int nw;         /* words of a server set: the control segment's max_servers / 64 */
+    unsigned sw;    /* words of a slot: SLOT_WORDS(nw) */
     uint64_t *slots;
     /* calls running without the GIL; release() refuses while > 0 */
     int busy;
@@ -100,7 +109,9 @@ static inline uint64_t *hdr(Index *ix, size_t off) { return (uint64_t *)(ix->bas
  * than a full finalizer in the walks, which probe one key per block. */
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 static inline uint64_t home_of(Index *ix, uint64_t key) { return (key * GOLDEN) >> ix->shift; }
-static inline uint64_t *slot_at(Index *ix, uint64_t i) { return ix->slots + (i & ix->mask) * 4; }
+static inline uint64_t *slot_at(Index *ix, uint64_t i) { return ix->slots + (i & ix->mask) * ix->sw; }
+/* The same with the slot width a caller knows at compile time (nw 1: 4 words). */
+INLINE uint64_t *slot_at_nw(Index *ix, uint64_t i, int nw) { return ix->slots + (i & ix->mask) * SLOT_WORDS(nw); }
 
 static inline uint64_t max_probe(Index *ix)
 {
@@ -109,11 +120,11 @@ static inline uint64_t max_probe(Index *ix)
 }
 
 /* The slot holding `key` (whose home slot is `home`), or NULL; probes at most maxp + 1 slots. */
-static inline uint64_t *ix_find_at(Index *ix, uint64_t key, uint64_t home, uint64_t maxp)
+INLINE uint64_t *ix_find_at_nw(Index *ix, uint64_t key, uint64_t home, uint64_t maxp, int nw)
 {
     uint64_t *s, k;
     for (uint64_t d = 0; d <= maxp; d++) {
-        s = slot_at(ix, home + d);
+        s = slot_at_nw(ix, home + d, nw);
         k = LDA(&s[SL_KEY]);
         if (k == key)
             return s;
@@ -121,6 +132,11 @@ static inline uint64_t *ix_find_at(Index *ix, uint64_t key, uint64_t home, uint6
             break;
     }
     return NULL;
+}
+
+static inline uint64_t *ix_find_at(Index *ix, uint64_t key, uint64_t home, uint64_t maxp)
+{
+    return ix->nw == 1 ? ix_find_at_nw(ix, key, home, maxp, 1) : ix_find_at_nw(ix, key, home, maxp, ix->nw);
 }
 
 static inline uint64_t *ix_find(Index *ix, uint64_t key, uint64_t maxp)
@@ -152,18 +168,24 @@ static inline void prefetch_key(Index *ix, uint64_t key)
     __builtin_prefetch(slot_at(ix, home_of(ix, key)));
 }
 
-/* Mark `bit` routed on slot s at `now`: stamp first, then fetch_or (release), so a sweep that
- * sees the bit sees the fresh stamp. A bit already set with a stamp under a second old is left
- * alone, so hot prefix blocks stay shared in every core's cache. */
-static inline void routed_set(uint64_t *s, uint64_t bit, uint64_t now, uint64_t kind)
+/* Mark server `server` routed on slot s at `now`: stamp first, then fetch_or (release) of its
+ * bit in its routed word, so a sweep that sees the bit sees the fresh stamp. A bit already set
+ * with a stamp under a second old is left alone, so hot prefix blocks stay shared in every
+ * core's cache. */
+INLINE void routed_set(uint64_t *s, int server, uint64_t now, uint64_t kind, int nw)
 {
-    uint64_t r = LD(&s[SL_ROUTED]), ts = LD(&s[SL_TS]), stamp = (now & TS_MASK) | kind << TS_KIND_SHIFT;
+    uint64_t *rw = &s[SL_RT(server >> 6)], *tw = &s[SL_TS(nw)], bit = 1ULL << (server & 63);
+    uint64_t r = LD(rw), ts = LD(tw), stamp = (now & TS_MASK) | kind << TS_KIND_SHIFT;
     if ((r & bit) && (ts >> TS_KIND_SHIFT) == kind && now - (ts & TS_MASK) < REFRESH_NS)
         return;
-    ST(&s[SL_TS], stamp);
+    ST(tw, stamp);
     if (!(r & bit))
-        __atomic_fetch_or(&s[SL_ROUTED], bit, __ATOMIC_RELEASE);
+        __atomic_fetch_or(rw, bit, __ATOMIC_RELEASE);
 }
+
+/* The server of a conversation session's value (SL_RT(0): server + 1), -1 for none or a value
+ * past the table (untrusted bytes). */
+static inline int session_server(uint64_t v, int nw) { return v != 0 && v <= 64u * (uint64_t)nw ? (int)(v - 1) : -1; }
 
 /* ---- shared helpers (index.c) ----------------------------------------------------------- */
 

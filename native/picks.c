@@ -13,42 +13,65 @@
 
 /* ---- workers: picks --------------------------------------------------------------------- */
 
-/* Prefix depth of every server in `active` by the linear walk (match, implicit conversations):
- * depth[s] = leading hashes whose mask (routed, plus event for blocks) has s's bit; drop[s] = the
- * full mask of the block where s dropped out. Stops once no server is left (design section
- * 4.3). pick_kv uses the jump walk below instead. */
-static void walk_prefix(Index *self, const uint64_t *h, Py_ssize_t n, uint64_t active,
-                        uint64_t kind, int role, Py_ssize_t *depth, uint64_t *drop)
+/* Server sets are `Set`s of nw = max_servers / 64 words. The functions below take `nw` and are
+ * always inlined; each Python entry point dispatches on nw == 1, so a table of 64 servers runs
+ * the one-word code (the constant folds every loop over words away), and only wider tables pay
+ * for the words they have. */
+
+/* Every member s of `set`: depth[s] = d, and (drop != NULL) drop[s] = *dm. */
+INLINE void set_depths(const Set *set, Py_ssize_t d, const Set *dm, Py_ssize_t *depth, Set *drop, int nw)
 {
-    uint64_t maxp = max_probe(self), keys[PREFETCH], homes[PREFETCH], *s, m, gone;
+    for (int i = 0; i < nw; i++)
+        for (uint64_t m = set->w[i]; m != 0; m &= m - 1) {
+            int s = 64 * i + __builtin_ctzll(m);
+            depth[s] = d;
+            if (drop != NULL)
+                for (int k = 0; k < nw; k++)
+                    drop[s].w[k] = dm->w[k];
+        }
+}
+
+/* Prefix depth of every server in `active` by the linear walk (match, implicit conversations):
+ * depth[s] = leading hashes whose mask (routed, plus event for blocks) has s's bit. Stops once
+ * no server is left (design section 4.3). pick_kv uses the jump walk below instead. */
+INLINE void walk_prefix_nw(Index *self, const uint64_t *h, Py_ssize_t n, Set active, uint64_t kind,
+                           int role, Py_ssize_t *depth, int nw)
+{
+    uint64_t maxp = max_probe(self), keys[PREFETCH], homes[PREFETCH], *s;
+    Set m;
     Py_ssize_t j;
     for (j = 0; j < n && j < PREFETCH; j++) {
         keys[j] = key_of(h[j], kind, role);
-        __builtin_prefetch(slot_at(self, homes[j] = home_of(self, keys[j])));
+        __builtin_prefetch(slot_at_nw(self, homes[j] = home_of(self, keys[j]), nw));
     }
-    for (j = 0; j < n && active != 0; j++) {
+    for (j = 0; j < n && set_any(&active, nw); j++) {
         uint64_t key = keys[j & (PREFETCH - 1)], home = homes[j & (PREFETCH - 1)];
         if (j + PREFETCH < n) { /* start the probe PREFETCH blocks ahead */
             uint64_t ahead = key_of(h[j + PREFETCH], kind, role);
             keys[j & (PREFETCH - 1)] = ahead;
-            __builtin_prefetch(slot_at(self, homes[j & (PREFETCH - 1)] = home_of(self, ahead)));
+            __builtin_prefetch(slot_at_nw(self, homes[j & (PREFETCH - 1)] = home_of(self, ahead), nw));
         }
-        m = 0;
-        if ((s = ix_find_at(self, key, home, maxp)) != NULL) {
-            m = LD(&s[SL_ROUTED]);
-            if (kind == KIND_BLOCK)
-                m |= LD(&s[SL_EVENT]);
+        s = ix_find_at_nw(self, key, home, maxp, nw);
+        for (int i = 0; i < nw; i++) {
+            m.w[i] = 0;
+            if (s != NULL && (nw == 1 || active.w[i] != 0))
+                m.w[i] = LD(&s[SL_RT(i)]) | (kind == KIND_BLOCK ? LD(&s[SL_EV(i)]) : 0);
+            m.w[i] = active.w[i] & ~m.w[i]; /* gone here */
         }
-        for (gone = active & ~m; gone != 0; gone &= gone - 1) {
-            depth[__builtin_ctzll(gone)] = j;
-            drop[__builtin_ctzll(gone)] = m;
-        }
-        active &= m;
+        set_depths(&m, j, NULL, depth, NULL, nw);
+        for (int i = 0; i < nw; i++)
+            active.w[i] &= ~m.w[i];
     }
-    for (; active != 0; active &= active - 1) {
-        depth[__builtin_ctzll(active)] = j;
-        drop[__builtin_ctzll(active)] = 0;
-    }
+    set_depths(&active, j, NULL, depth, NULL, nw);
+}
+
+static void walk_prefix(Index *self, const uint64_t *h, Py_ssize_t n, const Set *active, uint64_t kind,
+                        int role, Py_ssize_t *depth)
+{
+    if (self->nw == 1)
+        walk_prefix_nw(self, h, n, *active, kind, role, depth, 1);
+    else
+        walk_prefix_nw(self, h, n, *active, kind, role, depth, self->nw);
 }
 
 /* The jump walk of pick_kv (design: Dynamo's PositionalIndexer). A server's held blocks (event
@@ -76,72 +99,108 @@ typedef struct {
     uint64_t maxp;
     uint64_t **found; /* per hash: the slot if a probe found it, else NULL (absent or not probed) */
     int events_only;  /* 1: event bits only; 0: event | routed */
+    unsigned words;   /* bit i: word i of the masks is read (it holds a server of the walk) */
 } Walk;
 
-static inline uint64_t walk_mask(Walk *w, Py_ssize_t j)
+/* The mask of block j (event | routed, or event only), the words outside `words` left 0. */
+INLINE void walk_mask(Walk *w, Py_ssize_t j, Set *out, int nw)
 {
     uint64_t *s = w->found[j];
     if (s == NULL) {
         uint64_t key = key_of(w->h[j], KIND_BLOCK, 0);
-        if ((s = ix_find_at(w->ix, key, home_of(w->ix, key), w->maxp)) == NULL)
-            return 0;
+        s = ix_find_at_nw(w->ix, key, home_of(w->ix, key), w->maxp, nw);
         w->found[j] = s; /* slots are never freed within a generation */
     }
-    return w->events_only ? LD(&s[SL_EVENT]) : LD(&s[SL_ROUTED]) | LD(&s[SL_EVENT]);
+    for (int i = 0; i < nw; i++) {
+        out->w[i] = 0;
+        if (s != NULL && (nw == 1 || (w->words >> i & 1)))
+            out->w[i] = w->events_only ? LD(&s[SL_EV(i)]) : LD(&s[SL_RT(i)]) | LD(&s[SL_EV(i)]);
+    }
 }
 
 /* Every server of `set` holds block lo - 1 (or lo = 0) and lacks block hi, whose mask is
- * hi_mask: find each one's depth in [lo, hi]. Recursion depth <= log2(JUMP) + 1. */
-static void walk_bisect(Walk *w, Py_ssize_t lo, Py_ssize_t hi, uint64_t set, uint64_t hi_mask,
-                        Py_ssize_t *depth, uint64_t *drop)
+ * hi_mask: find each one's depth in [lo, hi]. The spans left for later (the servers that lack a
+ * mid-point, in [lo, mid]) wait on a stack; they are disjoint and each ends at its own block of
+ * the window, so at most JUMP wait at once. */
+typedef struct {
+    Py_ssize_t lo, hi;
+    Set set, hi_mask;
+} Span;
+
+INLINE void walk_bisect(Walk *w, Py_ssize_t lo, Py_ssize_t hi, Set set, Set hi_mask, Py_ssize_t *depth,
+                        Set *drop, int nw)
 {
-    while (set != 0 && lo < hi) {
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        uint64_t m = walk_mask(w, mid);
-        if (set & ~m)
-            walk_bisect(w, lo, mid, set & ~m, m, depth, drop);
-        set &= m;
-        lo = mid + 1;
-    }
-    for (; set != 0; set &= set - 1) {
-        depth[__builtin_ctzll(set)] = hi;
-        drop[__builtin_ctzll(set)] = hi_mask;
+    Span stack[JUMP];
+    int top = 0;
+    Set m;
+    for (;;) {
+        while (set_any(&set, nw) && lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            Span *later = &stack[top];
+            walk_mask(w, mid, &m, nw);
+            for (int i = 0; i < nw; i++) {
+                later->set.w[i] = set.w[i] & ~m.w[i];
+                later->hi_mask.w[i] = m.w[i];
+                set.w[i] &= m.w[i];
+            }
+            if (set_any(&later->set, nw) && top < JUMP) { /* never full: see above */
+                later->lo = lo;
+                later->hi = mid;
+                top++;
+            }
+            lo = mid + 1;
+        }
+        set_depths(&set, hi, &hi_mask, depth, drop, nw);
+        if (top == 0)
+            break;
+        top--;
+        lo = stack[top].lo;
+        hi = stack[top].hi;
+        set = stack[top].set;
+        hi_mask = stack[top].hi_mask;
     }
 }
 
-/* Depth of every server in `active` by the jump walk (above); drop[s] = the mask of block
- * depth[s] (0 for a server holding all n). Stops once no server is left. */
-static void jump_walk(Walk *w, uint64_t active, Py_ssize_t *depth, uint64_t *drop)
+/* Depth of every server in `active` by the jump walk (above); drop[s] (if drop != NULL) = the
+ * mask of block depth[s] (0 for a server holding all n). Stops once no server is left. */
+INLINE void jump_walk(Walk *w, Set active, Py_ssize_t *depth, Set *drop, int nw)
 {
     Py_ssize_t lo = 0, n = w->n, g, ahead;
-    uint64_t m;
+    Set m, gone, none = {{0}};
     /* (a second walk over the same prompt, events only, has most probe slots in found[]) */
     for (ahead = JUMP - 1; ahead < n && ahead < JUMP * JUMP_PREFETCH; ahead += JUMP)
         if (w->found[ahead] == NULL)
             prefetch_key(w->ix, key_of(w->h[ahead], KIND_BLOCK, 0));
-    while (active != 0 && lo < n) {
+    while (set_any(&active, nw) && lo < n) {
         g = (n - lo > JUMP ? lo + JUMP : n) - 1;
         if ((ahead = g + JUMP * JUMP_PREFETCH) < n && w->found[ahead] == NULL) /* the probe JUMP_PREFETCH windows ahead */
             prefetch_key(w->ix, key_of(w->h[ahead], KIND_BLOCK, 0));
-        m = walk_mask(w, g);
-        if (active & ~m)
-            walk_bisect(w, lo, g, active & ~m, m, depth, drop);
-        active &= m;
+        walk_mask(w, g, &m, nw);
+        for (int i = 0; i < nw; i++)
+            gone.w[i] = active.w[i] & ~m.w[i];
+        if (set_any(&gone, nw))
+            walk_bisect(w, lo, g, gone, m, depth, drop, nw);
+        for (int i = 0; i < nw; i++)
+            active.w[i] &= m.w[i];
         lo = g + 1;
     }
-    for (; active != 0; active &= active - 1) {
-        depth[__builtin_ctzll(active)] = n;
-        drop[__builtin_ctzll(active)] = 0;
-    }
+    set_depths(&active, n, &none, depth, drop, nw);
+}
+
+/* Bit i set for each word i of `s` with a member. */
+INLINE unsigned set_words(const Set *s, int nw)
+{
+    unsigned words = 0;
+    for (int i = 0; i < nw; i++)
+        words |= (unsigned)(s->w[i] != 0) << i;
+    return words;
 }
 
 /* Active requests and tokens of every candidate, summed over owned rows. */
-static int cand_loads(Region *r, uint64_t cand, int64_t *req, int64_t *tok)
+INLINE int cand_loads(Region *r, const Set *cand, int64_t *req, int64_t *tok, int nw)
 {
-    int slots[MAX_SERVERS], n = 0;
-    int64_t a[MAX_SERVERS], b[MAX_SERVERS];
-    for (uint64_t m = cand; m != 0; m &= m - 1)
-        slots[n++] = __builtin_ctzll(m);
+    int slots[MAX_SERVERS_LIMIT], n = set_slots(cand, nw, slots);
+    int64_t a[MAX_SERVERS_LIMIT], b[MAX_SERVERS_LIMIT];
     if (sum_loads(r, slots, n, 0, a) < 0 || sum_loads(r, slots, n, 1, b) < 0)
         return 0;
     for (int k = 0; k < n; k++) {
@@ -151,72 +210,68 @@ static int cand_loads(Region *r, uint64_t cand, int64_t *req, int64_t *tok)
     return 1;
 }
 
-/* Least active tokens among `mask` (non-empty); ties rotate. -1 on error. */
-static int least_tokens(Region *r, uint64_t mask, int role)
+/* Least active tokens among `mask` (non-empty); ties rotate. -1 on error or an empty mask. */
+static int least_tokens(Region *r, const Set *mask, int role)
 {
-    int slots[MAX_SERVERS], n = 0;
-    int64_t sums[MAX_SERVERS], best = INT64_MAX;
-    uint64_t tied = 0;
-    if (mask == 0)
-        return -1;
-    for (uint64_t m = mask; m != 0; m &= m - 1)
-        slots[n++] = __builtin_ctzll(m);
-    if (sum_loads(r, slots, n, 1, sums) < 0)
+    int slots[MAX_SERVERS_LIMIT], tied[MAX_SERVERS_LIMIT], n = set_slots(mask, r->nw, slots), nt = 0;
+    int64_t sums[MAX_SERVERS_LIMIT], best = INT64_MAX;
+    if (n == 0 || sum_loads(r, slots, n, 1, sums) < 0)
         return -1;
     for (int k = 0; k < n; k++) {
         if (sums[k] < best) {
             best = sums[k];
-            tied = 0;
+            nt = 0;
         }
         if (sums[k] == best)
-            tied |= 1ULL << slots[k];
+            tied[nt++] = slots[k];
     }
-    return pick_tied(r, role, tied);
+    return pick_tied(r, role, tied, nt);
 }
 
 typedef struct {
     int role, use_tokens;
     double load_weight, load_cap;
     uint64_t max_batch; /* the load_cap denominator; 0: each server's record */
-    uint64_t cand;
-    Py_ssize_t depth[MAX_SERVERS];
-    uint64_t drop[MAX_SERVERS];
+    Set cand;
+    Py_ssize_t depth[MAX_SERVERS_LIMIT];
+    Set drop[MAX_SERVERS_LIMIT];
     Walk walk; /* found: slots any walk of this pick found, per hash */
 } KvPick;
 
 /* Score every candidate (fresh loads and prefix depths) and choose; -1 on error. `claimed`
  * servers are known to be taking block claim_at: their depth is at least claim_at + 1. */
-static int kv_choose(Index *self, KvPick *k, uint64_t claimed, Py_ssize_t claim_at)
+INLINE int kv_choose(Index *self, KvPick *k, const Set *claimed, Py_ssize_t claim_at, int nw)
 {
-    int64_t req[MAX_SERVERS], tok[MAX_SERVERS];
-    uint64_t qualify = 0, tied = 0;
+    int64_t req[MAX_SERVERS_LIMIT], tok[MAX_SERVERS_LIMIT];
+    int slots[MAX_SERVERS_LIMIT], qualify[MAX_SERVERS_LIMIT], tied[MAX_SERVERS_LIMIT];
+    int n, nq = 0, nt = 0;
     double best = -INFINITY, score, load;
-    char *rec;
-    if (!cand_loads(self->ctl, k->cand, req, tok))
+    if (!cand_loads(self->ctl, &k->cand, req, tok, nw))
         return -1;
     k->walk.events_only = 0;
-    jump_walk(&k->walk, k->cand, k->depth, k->drop);
-    for (uint64_t m = claimed & k->cand; m != 0; m &= m - 1)
-        if (k->depth[__builtin_ctzll(m)] < claim_at + 1)
-            k->depth[__builtin_ctzll(m)] = claim_at + 1;
-    for (uint64_t m = k->cand; m != 0; m &= m - 1) {
-        int s = __builtin_ctzll(m);
-        uint64_t mbs;
-        if ((rec = server_at(self->ctl, s)) == NULL)
-            return -1;
-        mbs = k->max_batch ? k->max_batch : LD((uint64_t *)(rec + S_MAXBATCH));
+    k->walk.words = set_words(&k->cand, nw);
+    jump_walk(&k->walk, k->cand, k->depth, k->drop, nw);
+    for (int i = 0; i < nw; i++)
+        for (uint64_t m = claimed->w[i] & k->cand.w[i]; m != 0; m &= m - 1) {
+            int s = 64 * i + __builtin_ctzll(m);
+            if (k->depth[s] < claim_at + 1)
+                k->depth[s] = claim_at + 1;
+        }
+    n = set_slots(&k->cand, nw, slots);
+    for (int j = 0; j < n; j++) {
+        int s = slots[j];
+        uint64_t mbs = k->max_batch ? k->max_batch : LD((uint64_t *)(server_rec(self->ctl, s) + S_MAXBATCH));
         if (!isfinite(k->load_cap) || mbs == 0 || (double)req[s] / (double)mbs < k->load_cap)
-            qualify |= 1ULL << s;
+            qualify[nq++] = s;
     }
-    if (qualify == 0)
-        qualify = k->cand; /* every candidate is over the cap: all compete */
-    for (uint64_t m = qualify; m != 0; m &= m - 1) {
-        int s = __builtin_ctzll(m);
+    if (nq == 0) { /* every candidate is over the cap: all compete */
+        memcpy(qualify, slots, (size_t)n * sizeof(int));
+        nq = n;
+    }
+    for (int j = 0; j < nq; j++) {
+        int s = qualify[j];
         if (k->use_tokens) {
-            uint64_t tpb;
-            if ((rec = server_at(self->ctl, s)) == NULL)
-                return -1;
-            tpb = LD((uint64_t *)(rec + S_TPB));
+            uint64_t tpb = LD((uint64_t *)(server_rec(self->ctl, s) + S_TPB));
             load = (double)tok[s] / (double)(tpb ? tpb : DEFAULT_TPB);
         } else {
             load = (double)req[s];
@@ -224,19 +279,19 @@ static int kv_choose(Index *self, KvPick *k, uint64_t claimed, Py_ssize_t claim_
         score = (double)k->depth[s] - k->load_weight * load;
         if (score > best) {
             best = score;
-            tied = 0;
+            nt = 0;
         }
         if (score == best)
-            tied |= 1ULL << s;
+            tied[nt++] = s;
     }
-    return pick_tied(self->ctl, k->role, tied);
+    return pick_tied(self->ctl, k->role, tied, nt);
 }
 
-/* Mark hashes [from, n) routed to `bit`'s server: slots a walk found are reused, the rest are
- * looked up or inserted with one reservation for all of them and their lines fetched for writing
+/* Mark hashes [from, n) routed to `server`: slots a walk found are reused, the rest are looked
+ * up or inserted with one reservation for all of them and their lines fetched for writing
  * ahead. The reservation is an upper bound (a hash the jump walk did not probe counts as missing
  * though it may be there); what the inserts do not use is returned at once. */
-static void commit_routed(Index *self, KvPick *k, Py_ssize_t from, uint64_t bit)
+INLINE void commit_routed(Index *self, KvPick *k, Py_ssize_t from, int server, int nw)
 {
     uint64_t now = monotonic_ns(), *s, missing = 0, **found = k->walk.found;
     const uint64_t *h = k->walk.h;
@@ -249,33 +304,146 @@ static void commit_routed(Index *self, KvPick *k, Py_ssize_t from, uint64_t bit)
         if ((s = found[j]) == NULL) {
             for (ahead = ahead > j ? ahead : j + 1; ahead < n && ahead <= j + PREFETCH; ahead++)
                 if (found[ahead] == NULL)
-                    __builtin_prefetch(slot_at(self, home_of(self, key_of(h[ahead], KIND_BLOCK, 0))), 1);
+                    __builtin_prefetch(slot_at_nw(self, home_of(self, key_of(h[ahead], KIND_BLOCK, 0)), nw), 1);
             if ((s = ix_upsert_b(self, key_of(h[j], KIND_BLOCK, 0), 1, &b)) == NULL)
                 break; /* full: the chain is unreachable past this block anyway */
         }
-        routed_set(s, bit, now, KIND_BLOCK);
+        routed_set(s, server, now, KIND_BLOCK, nw);
     }
     budget_return(self, &b);
 }
 
-/* Common head of the picks: (row, role, exclude) -> own row and candidate mask. NULL on error. */
-static char *pick_head(Index *self, PyObject *const *args, int64_t *role, uint64_t *cand)
+/* Common head of the picks: (row, role, exclude) -> own row and candidate set. NULL on error. */
+static char *pick_head(Index *self, PyObject *const *args, int64_t *role, Set *cand)
 {
     char *p = NULL;
     int64_t row, exclude;
-    uint64_t c[CFG_WORDS];
+    Config c;
     if (!arg_i64(args[0], &row) || !arg_range(args[1], 0, MAX_ROLES - 1, "role", role) ||
         !arg_i64(args[2], &exclude) || !ix_ok(self, 1) || (p = own_row(self->ctl, row, 0)) == NULL)
         goto fail;
-    if (!config_for_pick(self->ctl, c)) {
+    if (self->nw == 1 ? !config_for_pick_nw(self->ctl, &c, 1) : !config_for_pick_nw(self->ctl, &c, self->nw)) {
         p = NULL;
         goto fail;
     }
-    *cand = c[K_PRESENT] & c[K_HEALTHY] & c[K_ROLE0 + *role];
-    if (exclude >= 0 && exclude < (int64_t)MAX_SERVERS)
-        *cand &= ~(1ULL << exclude);
+    if (self->nw == 1)
+        candidates(&c, (int)*role, exclude, 1, cand);
+    else
+        candidates(&c, (int)*role, exclude, self->nw, cand);
 fail:
     return p;
+}
+
+/* The candidates of k->cand that hold block `s` now (event or routed bit) but did not when the
+ * walk read it (k->drop[slot]), less `slot` itself; *r gets slot's routed word (acquire). */
+INLINE void gained(const KvPick *k, const uint64_t *s, int slot, uint64_t *r, Set *other, int nw)
+{
+    for (int i = 0; i < nw; i++) {
+        uint64_t rw = LDA(&s[SL_RT(i)]);
+        if (i == slot >> 6)
+            *r = rw;
+        other->w[i] = (rw | LD(&s[SL_EV(i)])) & k->cand.w[i] & ~k->drop[slot].w[i];
+    }
+    other->w[slot >> 6] &= ~(1ULL << (slot & 63));
+}
+
+/* The claim of block s (the first past the winner's match) where the masks span several words,
+ * so no single CAS of a routed word sees every racer. The block's stamp serialises the claims
+ * instead: read the stamp, then the masks (a candidate that gained the block since the walk:
+ * score again once, as with one word); set the winner's bit, then CAS the stamp from the value
+ * read. The first claimer's CAS succeeds; a later one fails (its stamp moved), and reading the
+ * masks again it finds the first one's bit (set before that CAS, published by it): it takes
+ * its own bit back (else its re-score would count it as holding the block, and keep it) and
+ * scores again. A routing of the block by another pick also moves the stamp: the masks are
+ * read again and the claim retried. Measured: tests/stress/test_index_multiproc.py races two
+ * workers on 1,000 fresh prefixes over servers in four words; with a CAS of the winner's word
+ * alone they split a few rounds a run, with this none in 14 runs. */
+INLINE int claim_wide(Index *self, KvPick *k, uint64_t *s, int *slot_io, Py_ssize_t *d_io, int nw)
+{
+    int slot = *slot_io, mine = 0;
+    uint64_t r = 0, t0, bit, stamp;
+    Set other;
+    for (int tries = 0; tries < CLAIM_TRIES; tries++) {
+        t0 = LDA(&s[SL_TS(nw)]);
+        gained(k, s, slot, &r, &other, nw);
+        bit = 1ULL << (slot & 63);
+        if (!set_any(&other, nw) && !(r & bit)) {
+            __atomic_fetch_or(&s[SL_RT(slot >> 6)], bit, __ATOMIC_SEQ_CST);
+            mine = 1;
+            stamp = (monotonic_ns() & TS_MASK) | KIND_BLOCK << TS_KIND_SHIFT;
+            if (__atomic_compare_exchange_n(&s[SL_TS(nw)], &t0, stamp, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                break; /* claimed first */
+            gained(k, s, slot, &r, &other, nw);
+        }
+        if (set_any(&other, nw)) {
+            Py_ssize_t claim_at = *d_io;
+            ADD(U64(self->ctl, IC_RACE_RERUNS), 1);
+            if (mine) /* take back the bit this claim set (not one an earlier pick set) before */
+                __atomic_fetch_and(&s[SL_RT(slot >> 6)], ~bit, __ATOMIC_RELAXED); /* scoring again */
+            if ((slot = kv_choose(self, k, &other, claim_at, nw)) < 0)
+                return 0;
+            *d_io = k->depth[slot];
+            break; /* the commit marks the block for whichever server won */
+        }
+        if (r & bit)
+            break; /* ours already (an earlier pick, or our own bit with the stamp moved by a refresh) */
+    }
+    *slot_io = slot;
+    return 1;
+}
+
+/* The decision of pick_kv once its arguments are read: (slot, matched) into *slot / *d; 0 on
+ * error. With track: the claim of the first block past the match and the routed bits. */
+INLINE int kv_decide(Index *self, KvPick *k, const Hashes *hb, int track, int *slot_out, Py_ssize_t *d_out,
+                     int nw)
+{
+    int slot, rerun = 0;
+    uint64_t bit, *s, r = 0;
+    Py_ssize_t d, edepth[MAX_SERVERS_LIMIT];
+    Set other, none = {{0}}, one = {{0}};
+    if ((slot = kv_choose(self, k, &none, 0, nw)) < 0)
+        return 0;
+    d = k->depth[slot];
+    if (track && d < hb->n && (s = ix_upsert(self, key_of(hb->h[d], KIND_BLOCK, 0), 1)) != NULL) {
+        /* Claim the first block beyond our match. If another worker has meanwhile given that
+         * very block to a different candidate, it routed this prefix there: score again once,
+         * counting that server as holding the block, so racing workers converge. One word: a
+         * CAS of the routed mask decides. Several: claim_wide. */
+        if (nw > 1) {
+            if (!claim_wide(self, k, s, &slot, &d, nw))
+                return 0;
+            goto claimed;
+        }
+        for (int tries = 0; tries < CLAIM_TRIES; tries++) {
+            bit = 1ULL << (slot & 63);
+            gained(k, s, slot, &r, &other, nw);
+            if (set_any(&other, nw) && !rerun) {
+                Py_ssize_t claim_at = d;
+                rerun = 1;
+                ADD(U64(self->ctl, IC_RACE_RERUNS), 1);
+                if ((slot = kv_choose(self, k, &other, claim_at, nw)) < 0)
+                    return 0;
+                d = k->depth[slot];
+                break;
+            }
+            if ((r & bit) || __atomic_compare_exchange_n(&s[SL_RT(slot >> 6)], &r, r | bit, 0,
+                                                         __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+                break;
+        }
+    }
+claimed:
+    if (track) {
+        /* The winner needs routed bits only past the blocks its KV events confirm: its
+         * event-only depth (the same jump walk; the grid probes are the ones just read). */
+        one.w[slot >> 6] = 1ULL << (slot & 63);
+        k->walk.events_only = 1;
+        k->walk.words = 1u << (slot >> 6);
+        jump_walk(&k->walk, one, edepth, NULL, nw);
+        commit_routed(self, k, edepth[slot] < d ? edepth[slot] : d, slot, nw);
+    }
+    *slot_out = slot;
+    *d_out = d > hb->n ? hb->n : d;
+    return 1;
 }
 
 /* pick_kv(row, role, exclude_slot, hashes, num_tokens, load_weight, load_cap, use_tokens,
@@ -287,9 +455,9 @@ PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     KvPick k;
     int64_t role, tokens, max_batch = 0;
-    int track, slot = -1, rerun = 0;
-    uint64_t bit, *s, r, other, *found_stack[FOUND_STACK], edrop[MAX_SERVERS];
-    Py_ssize_t d = 0, edepth[MAX_SERVERS];
+    int track, ok, slot = -1;
+    uint64_t *found_stack[FOUND_STACK];
+    Py_ssize_t d = 0;
     Hashes hb = {0};
     char *p;
     k.walk.found = found_stack;
@@ -318,42 +486,12 @@ PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
     k.walk.h = hb.h;
     k.walk.n = hb.n;
     k.walk.maxp = max_probe(self);
-    if (k.cand != 0) {
-        if ((slot = kv_choose(self, &k, 0, 0)) < 0)
+    if (set_any(&k.cand, self->nw)) {
+        ok = self->nw == 1 ? kv_decide(self, &k, &hb, track, &slot, &d, 1)
+                           : kv_decide(self, &k, &hb, track, &slot, &d, self->nw);
+        if (!ok)
             goto fail;
-        d = k.depth[slot];
-        if (track && d < hb.n && (s = ix_upsert(self, key_of(hb.h[d], KIND_BLOCK, 0), 1)) != NULL) {
-            /* Claim the first block beyond our match. If another worker has meanwhile given that
-             * very block to a different candidate, it routed this prefix there: score again once,
-             * counting that server as holding the block, so racing workers converge. */
-            for (int tries = 0; tries < CLAIM_TRIES; tries++) {
-                bit = 1ULL << slot;
-                r = LDA(&s[SL_ROUTED]);
-                other = (r | LD(&s[SL_EVENT])) & k.cand & ~k.drop[slot] & ~bit;
-                if (other != 0 && !rerun) {
-                    Py_ssize_t claim_at = d;
-                    rerun = 1;
-                    ADD(U64(self->ctl, IC_RACE_RERUNS), 1);
-                    if ((slot = kv_choose(self, &k, other, claim_at)) < 0)
-                        goto fail;
-                    d = k.depth[slot];
-                    break;
-                }
-                if ((r & bit) || __atomic_compare_exchange_n(&s[SL_ROUTED], &r, r | bit, 0,
-                                                             __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-                    break;
-            }
-        }
-        if (track) {
-            /* The winner needs routed bits only past the blocks its KV events confirm: its
-             * event-only depth (the same jump walk; the grid probes are the ones just read). */
-            k.walk.events_only = 1;
-            jump_walk(&k.walk, 1ULL << slot, edepth, edrop);
-            commit_routed(self, &k, edepth[slot] < d ? edepth[slot] : d, 1ULL << slot);
-        }
-        if (d > hb.n)
-            d = hb.n;
-        row_add_pick(p, slot, tokens);
+        row_add_pick(self->ctl, p, slot, tokens);
     }
     result = Py_BuildValue("(in)", slot, slot >= 0 ? d : (Py_ssize_t)0);
 fail:
@@ -371,9 +509,11 @@ PyObject *Index_match(Index *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL, *item;
     Hashes hb = {0};
     int64_t role = -1;
-    int jump = 0;
-    uint64_t c[CFG_WORDS], cand, drop[MAX_SERVERS], *found_stack[FOUND_STACK];
-    Py_ssize_t depth[MAX_SERVERS];
+    int jump = 0, nw, n, slots[MAX_SERVERS_LIMIT];
+    uint64_t *found_stack[FOUND_STACK];
+    Config c;
+    Set cand;
+    Py_ssize_t depth[MAX_SERVERS_LIMIT];
     Walk w = {.found = found_stack};
     if (nargs < 1 || nargs > 3) {
         PyErr_SetString(PyExc_TypeError, "match(hashes, role=-1, jump=False)");
@@ -381,17 +521,17 @@ PyObject *Index_match(Index *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if ((nargs >= 2 && !arg_range(args[1], -1, MAX_ROLES - 1, "role", &role)) ||
         (nargs == 3 && (jump = PyObject_IsTrue(args[2])) < 0) || !ix_ok(self, 0) ||
-        !hashes_open(args[0], &hb) || !config_for_pick(self->ctl, c))
+        !hashes_open(args[0], &hb) || !config_for_pick(self->ctl, &c))
         goto fail;
     if (stale(self)) {
         result = Py_NewRef(Py_None);
         goto fail;
     }
-    cand = c[K_PRESENT] & c[K_HEALTHY];
-    if (role >= 0)
-        cand &= c[K_ROLE0 + role];
+    nw = self->nw;
+    for (int i = 0; i < nw; i++)
+        cand.w[i] = c.present.w[i] & c.healthy.w[i] & (role >= 0 ? c.role[role].w[i] : ~0ULL);
     if (!jump) {
-        walk_prefix(self, hb.h, hb.n, cand, KIND_BLOCK, 0, depth, drop);
+        walk_prefix(self, hb.h, hb.n, &cand, KIND_BLOCK, 0, depth);
     } else {
         if (hb.n > FOUND_STACK && (w.found = PyMem_Malloc((size_t)hb.n * sizeof(uint64_t *))) == NULL) {
             PyErr_NoMemory();
@@ -403,13 +543,18 @@ PyObject *Index_match(Index *self, PyObject *const *args, Py_ssize_t nargs)
         w.h = hb.h;
         w.n = hb.n;
         w.maxp = max_probe(self);
-        jump_walk(&w, cand, depth, drop);
+        w.words = set_words(&cand, nw);
+        if (nw == 1)
+            jump_walk(&w, cand, depth, NULL, 1);
+        else
+            jump_walk(&w, cand, depth, NULL, nw);
     }
     if ((result = PyList_New(0)) == NULL)
         goto fail;
-    for (uint64_t m = cand; m != 0; m &= m - 1) {
-        int s = __builtin_ctzll(m);
-        if ((item = Py_BuildValue("(in)", s, depth[s])) == NULL || PyList_Append(result, item) < 0) {
+    n = set_slots(&cand, nw, slots);
+    for (int j = 0; j < n; j++) {
+        if ((item = Py_BuildValue("(in)", slots[j], depth[slots[j]])) == NULL ||
+            PyList_Append(result, item) < 0) {
             Py_XDECREF(item);
             Py_CLEAR(result);
             goto fail;
@@ -424,15 +569,17 @@ fail:
 }
 
 /* conv_pick_explicit(row, role, exclude_slot, conv_key, num_tokens) -> slot | -1 | None
- * Sticky by conversation across every worker: the first decider's CAS 0 -> server wins; a session
- * whose server is no longer a candidate is re-routed by CAS-replacing its mask; new sessions go
- * to the candidate with the fewest active tokens. The session's stamp is refreshed on each use. */
+ * Sticky by conversation across every worker: the first decider's CAS 0 -> server + 1 wins; a
+ * session whose server is no longer a candidate is re-routed by CAS-replacing its value; new
+ * sessions go to the candidate with the fewest active tokens. The session's stamp (which also
+ * marks the slot a session, before its value is set) is refreshed on each use. */
 PyObject *Index_conv_pick_explicit(Index *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *result = NULL;
     int64_t role, tokens;
-    uint64_t cand, conv, *s, r;
-    int slot = -1;
+    uint64_t conv, *s, r;
+    Set cand;
+    int slot = -1, nw, cur;
     char *p;
     if (!nargs_ok("conv_pick_explicit", nargs, 5) || (p = pick_head(self, args, &role, &cand)) == NULL ||
         !arg_u64(args[3], &conv) || !arg_range(args[4], 0, INT64_MAX, "num_tokens", &tokens))
@@ -441,26 +588,28 @@ PyObject *Index_conv_pick_explicit(Index *self, PyObject *const *args, Py_ssize_
         result = Py_NewRef(Py_None);
         goto fail;
     }
-    if (cand != 0) {
+    nw = self->nw;
+    if (set_any(&cand, nw)) {
         s = ix_upsert(self, key_of(conv, KIND_CONV, (int)role), 1);
+        if (s != NULL)
+            ST(&s[SL_TS(nw)], (monotonic_ns() & TS_MASK) | KIND_CONV << TS_KIND_SHIFT);
         for (int tries = 0; s != NULL && slot < 0 && tries < CLAIM_TRIES; tries++) {
-            r = LDA(&s[SL_ROUTED]);
-            if (r & cand) {
-                slot = __builtin_ctzll(r & cand); /* sticky */
+            r = LDA(&s[SL_RT(0)]);
+            cur = session_server(r, nw);
+            if (set_has(&cand, nw, cur)) {
+                slot = cur; /* sticky */
             } else {
-                int w = least_tokens(self->ctl, cand, (int)role);
+                int w = least_tokens(self->ctl, &cand, (int)role);
                 if (w < 0)
                     goto fail;
-                if (__atomic_compare_exchange_n(&s[SL_ROUTED], &r, 1ULL << w, 0, __ATOMIC_ACQ_REL,
+                if (__atomic_compare_exchange_n(&s[SL_RT(0)], &r, (uint64_t)w + 1, 0, __ATOMIC_ACQ_REL,
                                                 __ATOMIC_RELAXED))
                     slot = w;
             }
         }
-        if (slot < 0 && (slot = least_tokens(self->ctl, cand, (int)role)) < 0)
+        if (slot < 0 && (slot = least_tokens(self->ctl, &cand, (int)role)) < 0)
             goto fail; /* full index (counted) or an endless CAS fight: not sticky this time */
-        if (s != NULL)
-            ST(&s[SL_TS], (monotonic_ns() & TS_MASK) | KIND_CONV << TS_KIND_SHIFT);
-        row_add_pick(p, slot, tokens);
+        row_add_pick(self->ctl, p, slot, tokens);
     }
     result = PyLong_FromLong(slot);
 fail:
@@ -476,10 +625,11 @@ PyObject *Index_conv_pick_implicit(Index *self, PyObject *const *args, Py_ssize_
 {
     PyObject *result = NULL;
     int64_t role, tokens;
-    uint64_t cand, deepest = 0, bit, now, *s, drop[MAX_SERVERS];
-    Py_ssize_t depth[MAX_SERVERS], dmax = 0;
+    uint64_t now, *s;
+    Set cand, deepest = {{0}};
+    Py_ssize_t depth[MAX_SERVERS_LIMIT], dmax = 0;
     double threshold;
-    int slot = -1;
+    int slot = -1, nw, n, slots[MAX_SERVERS_LIMIT];
     Hashes hb = {0};
     char *p;
     if (!nargs_ok("conv_pick_implicit", nargs, 6) || (p = pick_head(self, args, &role, &cand)) == NULL ||
@@ -490,29 +640,30 @@ PyObject *Index_conv_pick_implicit(Index *self, PyObject *const *args, Py_ssize_
         result = Py_NewRef(Py_None);
         goto fail;
     }
-    if (cand != 0) {
-        walk_prefix(self, hb.h, hb.n, cand, KIND_IMPL, (int)role, depth, drop);
-        for (uint64_t m = cand; m != 0; m &= m - 1) {
-            int sl = __builtin_ctzll(m);
+    nw = self->nw;
+    if (set_any(&cand, nw)) {
+        walk_prefix(self, hb.h, hb.n, &cand, KIND_IMPL, (int)role, depth);
+        n = set_slots(&cand, nw, slots);
+        for (int j = 0; j < n; j++) {
+            int sl = slots[j];
             if (depth[sl] > dmax) {
                 dmax = depth[sl];
-                deepest = 0;
+                memset(&deepest, 0, sizeof deepest);
             }
             if (depth[sl] == dmax)
-                deepest |= 1ULL << sl;
+                deepest.w[sl >> 6] |= 1ULL << (sl & 63);
         }
         if (!(hb.n > 0 && dmax > 0 && (double)dmax / (double)hb.n >= threshold))
             deepest = cand;
-        if ((slot = least_tokens(self->ctl, deepest, (int)role)) < 0)
+        if ((slot = least_tokens(self->ctl, &deepest, (int)role)) < 0)
             goto fail;
         now = monotonic_ns();
-        bit = 1ULL << slot;
         for (Py_ssize_t j = 0; j < hb.n; j++) {
             if ((s = ix_upsert(self, key_of(hb.h[j], KIND_IMPL, (int)role), 1)) == NULL)
                 break;
-            routed_set(s, bit, now, KIND_IMPL);
+            routed_set(s, slot, now, KIND_IMPL, nw);
         }
-        row_add_pick(p, slot, tokens);
+        row_add_pick(self->ctl, p, slot, tokens);
     }
     result = Py_BuildValue("(in)", slot, slot >= 0 ? depth[slot] : (Py_ssize_t)0);
 fail:

@@ -2,7 +2,9 @@
 
 Units: every `*_ns` is CLOCK_MONOTONIC nanoseconds (time.monotonic_ns) unless named `wall` or
 `event_ts_ns` (wall clock, time.time_ns()); sizes are bytes; `tokens` are prompt tokens. Slots
-are 0..MAX_SERVERS-1, roles 0 (context) and 1 (generation). Block hashes travel as `bytes` of
+are 0..max_servers-1 (a control segment's server slots, a multiple of 64 up to MAX_SERVERS_LIMIT
+chosen at init_control), roles 0 (context) and 1 (generation). Server sets (masks) are ints of
+max_servers bits, bit s for slot s. Block hashes travel as `bytes` of
 packed little-endian u64 ("hashes"). Region calls keep the GIL and take well under a microsecond;
 Index picks and hashing scale with the prompt (native/README.md, "Measured cost"); only
 `Index.sweep`, `Index.copy_into` and `Index.init_index` (on large tables), `SharedMapping.collapse`
@@ -19,18 +21,15 @@ Tokens = Sequence[int] | Buffer  # a list of ints, or a buffer of 4- or 8-byte i
 MAGIC: int
 LAYOUT_VERSION: int
 HEADER_BYTES: int
-MAX_SERVERS: int
+MAX_SERVERS_LIMIT: int  # the widest table: 256 server slots
+DEFAULT_MAX_SERVERS: int  # 64: one word per server set
 MAX_ROLES: int
 MAX_WORKERS_LIMIT: int
 SERVER_STRIDE: int
-WORKER_STRIDE: int
 OFF_COORD: int
-OFF_CONFIG: int
+OFF_CONFIG: int  # the config block, first past the header; the rest: control_layout()
 OFF_RR: int
 OFF_ROWS_LINE: int
-OFF_RETIRED: int
-OFF_SERVERS: int
-OFF_WORKERS: int
 SEQ_TRIES: int
 FLAG_PRESENT: int
 FLAG_HEALTHY: int
@@ -50,7 +49,7 @@ LAG_BUCKETS: int
 IX_MAGIC: int
 IX_VERSION: int
 IX_HEADER_BYTES: int
-IX_SLOT_BYTES: int
+IX_SLOT_BYTES: int  # 32: a slot beside a table of 64 servers; 16 + 16 x max_servers / 64 in general
 IX_MIN_LOG2: int
 IX_MAX_LOG2: int
 REFRESH_NS: int
@@ -71,8 +70,13 @@ class SegmentFull(ShmError):
 class RowLost(ShmError):
     """The worker row is not owned by this Region (never claimed here, or reclaimed since)."""
 
-def control_size(max_workers: int) -> int:
-    """Logical control-segment size in bytes for `max_workers` rows (ValueError if not 1..4096)."""
+def control_size(max_workers: int, max_servers: int = 64, /) -> int:
+    """Logical control-segment size in bytes for `max_workers` rows and `max_servers` server slots
+    (ValueError if max_workers is not 1..4096 or max_servers not a multiple of 64 in 64..256)."""
+
+def control_layout(max_servers: int, max_workers: int, /) -> tuple[int, int, int, int, int, int]:
+    """(off_config, off_retired, off_servers, off_workers, worker_stride, segment_bytes) in bytes
+    of a control segment of that many server slots and worker rows (ValueError as control_size)."""
 
 def block_hashes_v1(tokens: Tokens, tokens_per_block: int, salt_id: int | None = None) -> bytes:
     """TensorRT-LLM v1_block_key keys of the prompt's blocks (last token excluded, final partial
@@ -169,18 +173,24 @@ class Region:
     def max_workers(self) -> int:
         """Worker rows of the validated segment; 0 before init_control/check_control."""
     @property
+    def max_servers(self) -> int:
+        """Server slots of the validated segment (a multiple of 64); 0 before init_control/check_control."""
+    @property
     def stats(self) -> dict[str, int]:
         """Process-local counters: "seq_retries", "config_fallbacks" (picks served from cache)."""
     def release(self) -> None:
         """Drop the buffer export; every later call raises ValueError. Idempotent."""
     # -- lifecycle
-    def init_control(self, max_workers: int, created_wall_ns: int, /) -> int:
-        """Zero and initialise a fresh segment, init_state=READY stored last (release).
+    def init_control(self, max_workers: int, created_wall_ns: int, max_servers: int = 64, /) -> int:
+        """Zero and initialise a fresh segment of `max_workers` rows and `max_servers` server slots
+        (a multiple of 64 in 64..MAX_SERVERS_LIMIT), init_state=READY stored last (release).
 
-        Returns the logical size. SegmentFull if the mapping is smaller than control_size().
+        Returns the logical size. SegmentFull if the mapping is smaller than control_size();
+        ValueError for a count out of range.
         """
     def check_control(self) -> bool:
-        """Validate an attached segment. False: not READY yet (retry). LayoutMismatch: bad header."""
+        """Validate an attached segment. False: not READY yet (retry). LayoutMismatch: bad header
+        (another layout version, a max_servers or offsets that are not this build's layout)."""
     # -- coordinator line (coordinator writes; relaxed words)
     def set_coord(self, pid: int, starttime: int, incarnation: int, /) -> None: ...
     def set_coord_heartbeat(self, mono_ns: int, /) -> None: ...
@@ -189,7 +199,8 @@ class Region:
         """(pid, starttime, incarnation, heartbeat_ns, state)."""
     # -- config block and server records (coordinator writes; seqlocked)
     def read_config(self) -> tuple[int, int, int, int, int]:
-        """(present_mask, healthy_mask, context_mask, generation_mask, servers_version).
+        """(present_mask, healthy_mask, context_mask, generation_mask, servers_version); the masks
+        are ints of max_servers bits.
 
         RetryExhausted if the sequence stays odd.
         """
@@ -278,10 +289,12 @@ class Index:
         """Drop the buffer export and the control reference. ShmError while a GIL-free call runs."""
     # -- lifecycle (coordinator)
     def init_index(self, generation: int, cap_log2: int, insert_limit: int, created_wall_ns: int, /) -> int:
-        """Zero and initialise a fresh segment (state BUILDING); returns its logical size.
+        """Zero and initialise a fresh segment (state BUILDING) of slots as wide as the control
+        segment's server sets (16 + 16 x max_servers / 64 bytes); returns its logical size.
         SegmentFull: mapping too small. ValueError: generation 0, cap_log2 not in 4..32."""
     def check_index(self) -> bool:
-        """True: valid and published (or retired); False: still BUILDING. LayoutMismatch."""
+        """True: valid and published (or retired); False: still BUILDING. LayoutMismatch (also
+        when its slot width is not the control segment's)."""
     def publish(self) -> None: ...
     def retire(self) -> None: ...
     def observe(self, row: int, /) -> bool:
@@ -301,13 +314,14 @@ class Index:
         implicit entries beyond the bounds; returns and stores the census: used, live, dead,
         sessions, implicit_entries, routed_expired, evicted, max_probe, reserved."""
     def scan(self) -> dict[str, Any]:
-        """The census, read-only, plus "server_blocks": a list of MAX_SERVERS counts of block
+        """The census, read-only, plus "server_blocks": a list of max_servers counts of block
         entries a KV event confirmed on each server slot."""
     def copy_into(self, dst: Index, /) -> tuple[int, int]:
         """(copied, refused): every live key with its masks and stamp into a BUILDING index."""
     def lookup(self, hash: int, kind: int = 0, role: int = 0, /) -> tuple[int, int, int] | None:
         """(event_mask, routed_mask, routed_ts_ns) of a block (kind 0), conversation key (1) or
-        implicit prefix hash (2), or None."""
+        implicit prefix hash (2), or None; masks of max_servers bits (a session's routed mask is
+        its one server's bit)."""
     # -- picks (workers; RowLost if the row is not ours)
     def pick_kv(
         self,

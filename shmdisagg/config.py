@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from shmdisagg.procutil import listen_addr
+from shmdisagg.shm.layout import MAX_SERVERS_LIMIT, check_max_servers, servers_for
 
 ROUTER_TYPES = ("round_robin", "load_balancing", "kv_cache_aware", "conversation")
 _URL = re.compile(r"^(?:https?://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})/?$")
@@ -337,7 +338,8 @@ class ExecutorsSection(_Strict):
 
 
 class IndexSection(_Strict):
-    """The shared KV block index (slots of 32 B; a resize briefly holds two generations)."""
+    """The shared KV block index (slots of 32 B beside a table of 64 servers, 16 + 16 x max_servers / 64
+    B beside a wider one; a resize briefly holds two generations)."""
 
     capacity: int = Field(1 << 16, ge=64, le=INDEX_MAX_SLOTS)
     max_capacity: int = Field(1 << 22, ge=64, le=INDEX_MAX_SLOTS)
@@ -368,10 +370,23 @@ class KvEventsSection(_Strict):
 
 
 class ShmSection(_Strict):
-    """The shared-memory table. `prefix` names the segments (`/dev/shm/<prefix>-ctl`, ...)."""
+    """The shared-memory table. `prefix` names the segments (`/dev/shm/<prefix>-ctl`, ...).
+
+    `max_servers`: the table's server slots, a multiple of 64 up to 256 (every server set in the
+    table and the KV index is that many bits wide). Unset: the executors listed, rounded up to
+    64, at least 64; with `disagg_cluster` or `-m` (executors that register themselves) 64, so
+    set it there to route to more (registrations past it wait for a free slot). More than 64
+    costs a little per pick and index slots of 16 + 16 x max_servers / 64 bytes instead of 32
+    (BENCHMARKS.md, "The cost of one pick by executor count")."""
 
     prefix: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,24}$")
     max_workers: int = Field(128, ge=1, le=1024)
+    max_servers: int | None = None
+
+    @field_validator("max_servers")
+    @classmethod
+    def _check_max_servers(cls, v: int | None) -> int | None:
+        return None if v is None else check_max_servers(v)
 
 
 class ShmdisaggSection(_Strict):
@@ -695,6 +710,16 @@ class DisaggConfig(BaseModel):
                 "shmdisagg.shm.max_workers",
                 f"{rows} is fewer than num_workers ({self.num_workers}): each fleet worker needs a row",
             )
+        slots, listed = (
+            self.shmdisagg.shm.max_servers,
+            len(self.context_servers.urls) + len(self.generation_servers.urls),
+        )
+        if slots is not None and slots < listed:
+            raise KeyedError(
+                "shmdisagg.shm.max_servers",
+                f"{slots} is fewer than the {listed} executors listed: each needs a server slot "
+                "(a multiple of 64; or leave it unset)",
+            )
         path = self.shmdisagg.coordinator_socket
         if path is not None:
             parent = os.path.dirname(os.path.abspath(path))
@@ -706,6 +731,14 @@ class DisaggConfig(BaseModel):
                     f"{path!r} is too long for a Unix socket path (at most {107 - len('.kvhint')} bytes)",
                 )
         return self
+
+    @property
+    def max_servers(self) -> int:
+        """The control table's server slots: `shmdisagg.shm.max_servers`, else room for the
+        executors listed (a multiple of 64, at least 64; 64 where none are listed)."""
+        configured = self.shmdisagg.shm.max_servers
+        listed = len(self.context_servers.urls) + len(self.generation_servers.urls)
+        return configured if configured is not None else servers_for(listed)
 
     @property
     def shm_prefix(self) -> str:
@@ -731,7 +764,7 @@ def _error_line(error: Any) -> str:
     return f"{loc}: {error['msg'].removeprefix('Value error, ')}"
 
 
-MAX_EXECUTORS = 64  # the shared table's and the KV index's server bitmasks are 64 bits wide
+MAX_EXECUTORS = MAX_SERVERS_LIMIT  # the widest table's server sets (shmdisagg.shm.max_servers)
 
 # TensorRT-LLM config keys shmdisagg refuses before anything else is checked: key -> what to do.
 _REFUSED_KEYS = {
@@ -762,7 +795,7 @@ def _refusals(data: dict[str, Any]) -> list[str]:
         out.append(
             f"context_servers.urls/generation_servers.urls: {total} executors ({counts['context_servers']} context + "
             f"{counts['generation_servers']} generation), more than the {MAX_EXECUTORS} one deployment can route to "
-            "(the width of the shared table's server sets); split them over deployments"
+            "(the widest shared table's server sets); split them over deployments"
         )
     return out
 

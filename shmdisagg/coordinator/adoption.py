@@ -9,8 +9,8 @@ so the blocks and conversation sessions go on routing (`BlockIndex.adopt`); and 
 segment, so the fleet's counts go on (`MetricsSegment.adopt`). The live fleet workers are then
 adopted by the fleet supervisor (`FleetSupervisor.adopt`).
 
-When adoption is impossible (no segment, another build's layout, another `max_workers` or
-`num_workers` in an edited config, an index publication cut mid-write) the coordinator starts
+When adoption is impossible (no segment, another build's layout, another `max_workers`,
+`max_servers` or `num_workers` in an edited config, an index publication cut mid-write) the coordinator starts
 afresh; the old fleet, still serving from segments about to be unlinked, is stopped first
 (`stop_stale_fleet`), else two fleets would answer on the port with two tables.
 """
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from shmdisagg.metrics.rows import MetricsSegment
 from shmdisagg.processes import ProcessId
+from shmdisagg.shm.layout import DEFAULT_MAX_SERVERS
 from shmdisagg.shm.segment import DeploymentRunning, ShmError
 from shmdisagg.shm.table import ControlTable
 
@@ -41,12 +42,15 @@ class Takeover:
     metrics: MetricsSegment
 
 
-def take_over(prefix: str, max_workers: int, num_workers: int) -> Takeover | None:
+def take_over(
+    prefix: str, max_workers: int, num_workers: int, max_servers: int = DEFAULT_MAX_SERVERS
+) -> Takeover | None:
     """Adopt the control and metrics segments of a dead coordinator of `prefix`; None (nothing
-    taken, the reason logged) when they cannot be adopted. Raises DeploymentRunning when a live
-    coordinator holds them: a second one must not start."""
+    taken, the reason logged) when they cannot be adopted (`max_workers` rows and `max_servers`
+    server slots are what the config asks for). Raises DeploymentRunning when a live coordinator
+    holds them: a second one must not start."""
     try:
-        table = ControlTable.adopt(prefix, max_workers)
+        table = ControlTable.adopt(prefix, max_workers, max_servers)
     except DeploymentRunning:
         raise
     except (FileNotFoundError, ShmError) as err:

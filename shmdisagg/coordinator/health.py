@@ -106,8 +106,9 @@ def executors_from_config(config: DisaggConfig) -> list[Executor]:
     for role, section in ((ROLE_CONTEXT, config.context_servers), (ROLE_GENERATION, config.generation_servers)):
         for host, port in section.addresses():
             out.append(Executor(len(out), role, host, port))
-    # parse_config refuses more (config.MAX_EXECUTORS); a config built another way must not get here
-    assert len(out) <= MAX_EXECUTORS, f"{len(out)} executors configured; the table holds at most {MAX_EXECUTORS}"
+    # parse_config refuses more than the table's slots (config.max_servers, at most MAX_EXECUTORS);
+    # a config built another way must not get here
+    assert len(out) <= min(config.max_servers, MAX_EXECUTORS), f"{len(out)} executors, {config.max_servers} slots"
     return out
 
 

@@ -134,12 +134,18 @@ class Coordinator:
         except NodeIdError as err:
             raise StartupError(str(err)) from None
         try:
-            takeover = take_over(config.shm_prefix, sd.shm.max_workers, config.num_workers) if options.adopt else None
+            takeover = (
+                take_over(config.shm_prefix, sd.shm.max_workers, config.num_workers, config.max_servers)
+                if options.adopt
+                else None
+            )
             if options.adopt and takeover is None:
                 stop_stale_fleet(config.shm_prefix)
             self.adopted = takeover is not None  # the dead coordinator's segments and fleet go on
             self.table = (
-                takeover.table if takeover is not None else ControlTable.create(config.shm_prefix, sd.shm.max_workers)
+                takeover.table
+                if takeover is not None
+                else ControlTable.create(config.shm_prefix, sd.shm.max_workers, config.max_servers)
             )
         except BaseException:
             self.node_claim.close()

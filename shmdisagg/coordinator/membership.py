@@ -20,7 +20,8 @@ with an empty cache; the old key's later DELETE then changes nothing.
 
 Upstream keys the router by address, so there a restarted worker's late DELETE removes the live
 one; and it keeps a worker whose value does not parse as a dummy. Here a bad value is logged once
-and ignored. Registrations past the table's `MAX_SERVERS` slots wait (logged) until a slot frees.
+and ignored. Registrations past the table's server slots (`max_servers`: 64 unless
+`shmdisagg.shm.max_servers` asks for more, up to 256) wait (logged) until a slot frees.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from dataclasses import dataclass
 
 from shmdisagg.cluster.workers import SERVER_ROLES, TABLE_ROLE, BadWorker, WorkerInfo, parse_worker
 from shmdisagg.coordinator.health import ROLE_NAMES, Executor, HealthMonitor
-from shmdisagg.shm.layout import MAX_SERVERS
 from shmdisagg.shm.table import ControlTable
 
 log = logging.getLogger("shmdisagg.coordinator")
@@ -57,19 +57,20 @@ class Membership:
         health: HealthMonitor,
         on_join: Callable[[Executor], object] = lambda ex: None,
         on_leave: Callable[[Executor], object] = lambda ex: None,
-        capacity: int = MAX_SERVERS,
+        capacity: int | None = None,
     ) -> None:
         """`on_join(ex)` after `ex` is in the table (drain its KV events, map its perf records);
-        `on_leave(ex)` after it left (clear its index entries, stop its drain)."""
+        `on_leave(ex)` after it left (clear its index entries, stop its drain). `capacity`: the
+        slots it hands out, 0..capacity - 1 (default: all of the table's, `max_servers`)."""
         self.table = table
         self.health = health
         self.on_join = on_join
         self.on_leave = on_leave
-        self.capacity = capacity
+        self.capacity = table.max_servers if capacity is None else capacity
         self.by_key: dict[str, Registered] = {}
         self.pending: dict[str, WorkerInfo] = {}
         used = {ex.slot for ex in health.executors}
-        self._never_used = [s for s in range(capacity) if s not in used]
+        self._never_used = [s for s in range(self.capacity) if s not in used]
         # executors a dead coordinator had registered (adopted with the table): (addr, role) ->
         # slot, until a key naming them claims them again or `drop_unclaimed` removes them
         self.unclaimed: dict[tuple[str, int], int] = {(ex.addr, ex.role): ex.slot for ex in health.executors}

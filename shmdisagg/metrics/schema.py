@@ -2,7 +2,8 @@
 
 One row is a flat array of float64 words. Counters are one word each; a histogram is one word
 per bucket (plain counts, not cumulative; the last bucket is +Inf) followed by its sum. Per-server
-counters take `MAX_SERVERS` words, indexed by the server's slot in the control table. The layout
+counters take `MAX_SERVERS` words (the widest control table's slots, whatever the deployment's
+`max_servers`), indexed by the server's slot in the control table. The layout
 is the same in every process of a deployment (it is a constant of this module), and
 `LAYOUT_HASH` in the segment header makes a process of another version refuse the segment.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-MAX_SERVERS = 64  # server slots in the control table
+MAX_SERVERS = 256  # server slots of the widest control table (shm.layout.MAX_SERVERS_LIMIT)
 
 # TensorRT-LLM's bucket sets (SHORT: 1 ms ... 2560 s, LONG: 0.1 s ... 1920 s), and one for the
 # orchestrator's own time per request, which is microseconds to milliseconds.

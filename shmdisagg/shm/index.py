@@ -55,8 +55,9 @@ class IndexSettings:
     Attributes:
         capacity: slots of the first generation (power of two), and the smallest a compaction
             shrinks to.
-        max_capacity: the bound on slots (power of two); memory is 32 B a slot per generation,
-            and a resize briefly holds two generations.
+        max_capacity: the bound on slots (power of two); memory per generation is 32 B a slot
+            beside a table of 64 server slots, 16 + 16 x max_servers / 64 B beside a wider one
+            (`layout.index_slot_bytes`: 80 B for 256), and a resize briefly holds two generations.
         max_load: keys a generation accepts, as a fraction of its slots; later inserts are
             refused and counted.
         grow_at: `maintain()` rebuilds a generation once more than this fraction of it is used.
@@ -525,7 +526,7 @@ class BlockIndex:
 
 def _build(table: ControlTable, generation: int, capacity: int, max_load: float) -> tuple[Segment, Index]:
     """Create, lock, size and initialise generation `generation` (state BUILDING)."""
-    size = index_size(capacity)
+    size = index_size(capacity, table.max_servers)
     segment = Segment.create(index_name(table.prefix, generation), size, huge=True)
     ix = None
     try:

@@ -24,8 +24,8 @@ from shmdisagg.shm.layout import (
     COORD_RUNNING,
     COORD_STARTING,
     COORD_STOPPING,
+    DEFAULT_MAX_SERVERS,
     HEADER_BYTES,
-    MAX_SERVERS,
     ROLE_CONTEXT,
     ROLE_GENERATION,
     mapped_size,
@@ -124,25 +124,30 @@ class ControlTable:
         prefix: deployment prefix, e.g. "shmdisagg-1000-8000"; every segment is "/{prefix}-*".
         name: POSIX name of the control segment, "/{prefix}-ctl".
         max_workers: number of worker rows in the segment.
+        max_servers: number of server slots (0..max_servers - 1), a multiple of 64 chosen at
+            create; every server set in the segment and its KV index is that many bits wide.
     """
 
     def __init__(self, prefix: str, segment: Segment, region: Region) -> None:
         self.prefix = prefix
         self.name = segment.name
         self.max_workers: int = region.max_workers
+        self.max_servers: int = region.max_servers
         self._segment = segment
         self._region = region
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, prefix: str, max_workers: int = 128) -> ControlTable:
-        """Coordinator: remove a dead deployment's segments, then create, lock and init "-ctl".
+    def create(cls, prefix: str, max_workers: int = 128, max_servers: int = DEFAULT_MAX_SERVERS) -> ControlTable:
+        """Coordinator: remove a dead deployment's segments, then create, lock and init "-ctl"
+        with `max_workers` rows and `max_servers` server slots (a multiple of 64 up to
+        `layout.MAX_SERVERS_LIMIT`; 64 keeps every server set one word).
 
         Raises DeploymentRunning if a live coordinator holds the prefix, SegmentFull if /dev/shm
-        has no room, ValueError if max_workers is out of range.
+        has no room, ValueError if max_workers or max_servers is out of range.
         """
-        size = mapped_size(max_workers)
+        size = mapped_size(max_workers, max_servers)
         cleanup_stale(prefix)
         name = f"/{prefix}-ctl"
         try:
@@ -151,7 +156,7 @@ class ControlTable:
             raise DeploymentRunning(f"another coordinator is starting on prefix {prefix!r}: {e}") from e
         try:
             region = Region(segment.mm)
-            region.init_control(max_workers, time.time_ns())
+            region.init_control(max_workers, time.time_ns(), max_servers)
         except BaseException:
             segment.close()
             segment.unlink()
@@ -159,7 +164,7 @@ class ControlTable:
         return cls(prefix, segment, region)
 
     @classmethod
-    def adopt(cls, prefix: str, max_workers: int = 128) -> ControlTable:
+    def adopt(cls, prefix: str, max_workers: int = 128, max_servers: int = DEFAULT_MAX_SERVERS) -> ControlTable:
         """A restarted coordinator: take over "-ctl" from a dead one, as the design notes
         describe (take the flock, check magic, layout version, owner and mode, repair what a
         write cut short left odd). The worker rows, server records, KV index publication and
@@ -167,8 +172,9 @@ class ControlTable:
 
         Raises FileNotFoundError if there is no "-ctl", DeploymentRunning if a live coordinator
         holds it, LayoutMismatch if another build made it, ShmError if its owner or mode is
-        wrong, SegmentNotReady if it never became READY, has rows for another `max_workers`, or
-        its index publication was cut mid-write (start afresh then).
+        wrong, SegmentNotReady if it never became READY, has rows for another `max_workers` or
+        slots for another `max_servers`, or its index publication was cut mid-write (start
+        afresh then).
         """
         segment = Segment.adopt(f"/{prefix}-ctl")
         region = None
@@ -179,6 +185,11 @@ class ControlTable:
             if region.max_workers != max_workers:
                 raise SegmentNotReady(
                     f"{segment.name}: {region.max_workers} worker rows, the config asks for {max_workers}"
+                )
+            if region.max_servers != max_servers:
+                raise SegmentNotReady(
+                    f"{segment.name}: {region.max_servers} server slots, the config asks for {max_servers} "
+                    "(shmdisagg.shm.max_servers)"
                 )
             table = cls(prefix, segment, region)
             table._repair()
@@ -199,7 +210,7 @@ class ControlTable:
             raise SegmentNotReady(f"{self.name}: the index publication was cut mid-write") from None
         records: list[int | None] = []
         torn = False
-        for slot in range(MAX_SERVERS):
+        for slot in range(self.max_servers):
             try:
                 records.append(_retrying(region.read_server, slot)[1])
             except RetryExhausted:
@@ -281,7 +292,7 @@ class ControlTable:
         tokens_per_block: int = 0,
         max_num_tokens: int = 0,
     ) -> int:
-        """Write server `slot` (0..63) as present; returns its new incarnation.
+        """Write server `slot` (0..max_servers - 1) as present; returns its new incarnation.
 
         Bumps the incarnation and servers_version. Raises ValueError for a bad slot or role, or an
         address over 127 bytes of UTF-8.

@@ -118,6 +118,7 @@ class Sample:
     errors: list[str] = field(default_factory=list)
     coordinator_alive: bool | None = None  # None: no coordinator recorded yet
     rows_alive: dict[int, bool | None] = field(default_factory=dict)  # by table row
+    max_servers: int = 0  # the table's server slots (0: not recorded)
 
 
 class StatsReader:
@@ -200,6 +201,7 @@ class StatsReader:
             errors=errors,
             coordinator_alive=process_alive(coordinator["pid"], coordinator.get("starttime", 0)),
             rows_alive={r.row: process_alive(r.pid, r.starttime) for r in rows},
+            max_servers=t.max_servers,
         )
 
 
@@ -268,6 +270,7 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
             }
         )
     out["servers"] = servers
+    out["server_slots"] = cur.max_servers or None  # the table's capacity: servers past it wait for a slot
 
     by_pid = _rows_by_pid(cur.metric_rows)
     prev_by_pid = _rows_by_pid(prev.metric_rows) if prev is not None else {}

@@ -59,7 +59,12 @@ def render(snap: dict[str, Any]) -> RenderableType:
     else:
         head.append("\nrequests     - (no metrics segment)")
 
-    servers = Table(title="servers", title_justify="left", expand=False)
+    slots = snap.get("server_slots")
+    servers = Table(
+        title=f"servers ({len(snap['servers'])} of {slots} slots)" if slots else "servers",
+        title_justify="left",
+        expand=False,
+    )
     for col, just in (
         ("slot", "right"),
         ("role", "left"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -28,7 +29,9 @@ from tests.integration.harness import REPO, coordinator_info, request_json, wait
 HB, TTL = 1, 3  # the simulators' heartbeat and lease, seconds
 
 
-def cluster_config(tmp: Path, shm_prefix: str, uri: str, name: str, **top: Any) -> Path:
+def cluster_config(
+    tmp: Path, shm_prefix: str, uri: str, name: str, shm: dict[str, Any] | None = None, **top: Any
+) -> Path:
     cfg: dict[str, Any] = {
         "hostname": "127.0.0.1",
         "port": free_port(),
@@ -42,7 +45,7 @@ def cluster_config(tmp: Path, shm_prefix: str, uri: str, name: str, **top: Any) 
         "context_servers": {"router": {"type": "load_balancing"}},
         "generation_servers": {"router": {"type": "load_balancing"}},
         "shmdisagg": {
-            "shm": {"prefix": shm_prefix},
+            "shm": {"prefix": shm_prefix, **(shm or {})},
             "coordinator_socket": str(tmp / "coord.sock"),
             "request_timeout_s": 30,
             "health_check_interval_s": 0.2,
@@ -88,10 +91,12 @@ def sims() -> Iterator[list[Sim]]:
 
 
 @contextlib.contextmanager
-def cluster(tmp_path: Path, shm_prefix: str, **top: Any) -> Iterator[tuple[Deployment, EtcdServer, str]]:
+def cluster(
+    tmp_path: Path, shm_prefix: str, shm: dict[str, Any] | None = None, **top: Any
+) -> Iterator[tuple[Deployment, EtcdServer, str]]:
     name = f"t{uuid.uuid4().hex[:8]}"
     with etcd_server(tmp_path) as etcd:
-        path = cluster_config(tmp_path, shm_prefix, etcd.uri, name, **top)
+        path = cluster_config(tmp_path, shm_prefix, etcd.uri, name, shm, **top)
         dep = Deployment(load_config(path), str(path), str(tmp_path / "logs"))
         dep.start()
         try:
@@ -362,3 +367,48 @@ def test_a_restarted_coordinator_keeps_the_registered_executors_in_their_slots(t
         assert complete(dep) == 200
         started[1].stop(signal.SIGTERM)  # the new coordinator bound the keys again: a deregistration counts
         wait_until(lambda: [s["role"] for s in servers(dep)] == ["context"], TTL - 1, "generation removed")
+
+
+def test_a_table_of_128_slots_holds_registrations_past_64_through_a_coordinator_restart(
+    tmp_path: Path, shm_prefix: str
+) -> None:
+    import aetcd
+
+    with cluster(tmp_path, shm_prefix, shm={"max_servers": 128}) as (dep, etcd, name), sims() as started:
+        started += [Sim(etcd.uri, name, "context"), Sim(etcd.uri, name, "generation")]
+        wait_until(lambda: health(dep)[0] == 200, 30, "ready")
+        # 130 more registrations (nothing listens there: they are never healthy): 126 fill the
+        # table, 4 wait for a slot
+        workers = [WorkerInfo(new_worker_id(1, "127.0.0.1", 20000 + i), "127.0.0.1", 20000 + i, 1) for i in range(130)]
+
+        async def flood() -> None:
+            client = aetcd.Client(host="127.0.0.1", port=etcd.port)
+            try:
+                await asyncio.gather(*(client.put(worker_key(name, w.worker_id).encode(), w.encode().encode())
+                                       for w in workers))  # fmt: skip
+            finally:
+                await client.close()
+
+        asyncio.run(flood())
+        wait_until(lambda: len(servers(dep)) == 128, 30, "128 registered")
+        assert len(coordinator_info(dep)["disagg_cluster"]["pending"]) == 4
+        before = {(s["slot"], s["addr"]) for s in servers(dep)}
+        assert {slot for slot, _ in before} == set(range(128))
+        table_inode = os.stat(f"/dev/shm/{shm_prefix}-ctl").st_ino
+        old = coordinator_info(dep)["coordinator_pid"]
+        assert dep.coordinator is not None
+        dep.coordinator.proc.kill()  # the keeper starts a replacement, which adopts the 128-slot table
+        assert complete(dep) == 200
+
+        def replaced() -> bool:
+            try:
+                return bool(coordinator_info(dep)["coordinator_pid"] != old)
+            except (OSError, AssertionError):
+                return False
+
+        wait_until(replaced, 30, "a new coordinator")
+        wait_until(lambda: len(coordinator_info(dep)["disagg_cluster"]["pending"]) == 4, 30, "the store listed again")
+        assert {(s["slot"], s["addr"]) for s in servers(dep)} == before
+        assert coordinator_info(dep)["disagg_cluster"]["leaves"] == 0
+        assert os.stat(f"/dev/shm/{shm_prefix}-ctl").st_ino == table_inode  # adopted, not made afresh
+        assert complete(dep) == 200

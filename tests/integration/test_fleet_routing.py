@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
+from shmdisagg.launch import http_status
 from shmdisagg.shm.table import ROLE_GENERATION, ControlTable
+from tests.conftest import free_port
 from tests.integration.harness import (
+    REPO,
     connection_to_worker,
     deployment,
     fake_executors,
@@ -80,3 +85,40 @@ def test_load_balancing_sees_load_added_by_another_worker(tmp_path: Path, shm_pr
                 assert all(table.load(s.slot) == (0, 0) for s in table.servers())
             c0.close()
             c1.close()
+
+
+def test_a_deployment_of_70_executors_routes_to_every_one_past_slot_64(tmp_path: Path, shm_prefix: str) -> None:
+    """70 listed executors: the table is sized to 128 slots, and the fleet's global round robin
+    sends a context leg to every context executor, the ones in slots 64..68 too."""
+    ports: list[int] = []
+    while len(ports) < 69:
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.multiport", "--ports", ",".join(map(str, ports)), "--name", "c"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        with fake_executors(["g0"]) as (gen,):
+            for port in ports:
+                wait_until(lambda port=port: http_status(f"http://127.0.0.1:{port}/health") == 200, what=f"{port}")
+            ctx = [f"127.0.0.1:{p}" for p in ports]
+            cfg = write_config(tmp_path, shm_prefix, ctx, [gen.addr], shmdisagg={"health_check_interval_s": 1.0})
+            with deployment(cfg) as dep:
+                assert dep.config.max_servers == 128
+                conns = [connection_to_worker(dep, 0), connection_to_worker(dep, 1)]
+                for i in range(2 * len(ctx)):
+                    status, _ = post(dep, "/v1/completions", COMPLETION, conn=conns[i % 2])
+                    assert status == 200
+                for c in conns:
+                    c.close()
+                with ControlTable.attach(dep.config.shm_prefix) as table:
+                    assert table.max_servers == 128
+                    by_addr = {s.addr: s.slot for s in table.servers()}
+                    assert [by_addr[a] for a in ctx] == list(range(69)) and by_addr[gen.addr] == 69
+                    assert [table.routed(slot) for slot in range(69)] == [2] * 69
+                    assert table.routed(69) == 2 * len(ctx)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -1,6 +1,8 @@
 """The block index across processes: workers racing on the same new prefix (or conversation)
 converge on one server, and a worker keeps picking correctly while the coordinator swaps
-generations under it. Children do the work; the parent asserts."""
+generations under it; in a table of 64 slots and in one of 256 whose servers are in different
+words of the server sets (where a claim is decided by the block's stamp, not one mask's CAS).
+Children do the work; the parent asserts."""
 
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ pytestmark = pytest.mark.stress
 CTX = multiprocessing.get_context("spawn")
 
 
-@pytest.fixture
-def deployment(shm_prefix: str) -> Iterator[tuple[ControlTable, BlockIndex]]:
-    table = ControlTable.create(shm_prefix, max_workers=8)
-    for slot in range(4):
+@pytest.fixture(params=[(64, (0, 1, 2, 3)), (256, (0, 64, 130, 255))], ids=["64_slots", "256_slots"])
+def deployment(shm_prefix: str, request: pytest.FixtureRequest) -> Iterator[tuple[ControlTable, BlockIndex]]:
+    max_servers, slots = request.param
+    table = ControlTable.create(shm_prefix, max_workers=8, max_servers=max_servers)
+    for slot in slots:
         table.publish_server(slot, f"127.0.0.1:{9000 + slot}", ROLE_CONTEXT, True, max_batch_size=64)
     index = BlockIndex.create(table, IndexSettings(capacity=1 << 17, max_capacity=1 << 17, grace_s=0.0))
     yield table, index
@@ -69,7 +72,7 @@ def test_two_workers_racing_on_the_same_new_key_land_on_the_same_server(
 
 def test_picks_stay_right_while_generations_swap(deployment: tuple[ControlTable, BlockIndex]) -> None:
     table, index = deployment
-    blocks, want = 16, 2
+    blocks, want = 16, max(s.slot for s in table.servers())
     index.apply_stored(want, chain(77, blocks))
     counter, stop, results = CTX.Value("Q", 0), CTX.Event(), CTX.Queue()
     proc = CTX.Process(target=_index_children.picker, args=(table.prefix, 77, blocks, want, counter, stop, results))

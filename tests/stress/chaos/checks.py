@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shmdisagg.shm.index import server_blocks
-from shmdisagg.shm.layout import MAX_SERVERS
 from tests.stress.chaos.client import ABANDONED, COMPLETE, CUT, ERROR, Outcome
 from tests.stress.chaos.deploy import ChaosDeployment, Fault, http_json
 
@@ -118,7 +117,7 @@ def load_problems(dep: ChaosDeployment) -> list[str]:
     """Every server slot's (active requests, active tokens) summed over the rows, and every
     claimed row's picks against its releases."""
     with dep.table() as table:
-        loads = {slot: table.load(slot) for slot in range(MAX_SERVERS)}
+        loads = {slot: table.load(slot) for slot in range(table.max_servers)}
         rows = table.rows()
     out = [f"slot {slot} load {load}" for slot, load in loads.items() if load != (0, 0)]
     out += [

@@ -142,10 +142,10 @@ def test_trtllm_keys_shmdisagg_does_not_honour_are_refused_by_name(top: dict[str
     assert len(problems) == 1 and problems[0].startswith(f"cfg.yaml: {expected}"), problems
 
 
-def test_more_than_64_executors_are_refused_in_check_config_and_serve_in_one_line(tmp_path: Path) -> None:
+def test_more_than_256_executors_are_refused_in_check_config_and_serve_in_one_line(tmp_path: Path) -> None:
     data = _base()
-    data["context_servers"] = {"urls": [f"127.0.0.1:{20000 + i}" for i in range(40)]}
-    data["generation_servers"] = {"urls": [f"127.0.0.1:{21000 + i}" for i in range(25)]}
+    data["context_servers"] = {"urls": [f"127.0.0.1:{20000 + i}" for i in range(200)]}
+    data["generation_servers"] = {"urls": [f"127.0.0.1:{21000 + i}" for i in range(57)]}
     data["hostname"], data["port"] = "127.0.0.1", free_port()
     path = tmp_path / "big.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -155,12 +155,45 @@ def test_more_than_64_executors_are_refused_in_check_config_and_serve_in_one_lin
         assert "Traceback" not in out.stderr
         lines = out.stderr.strip().splitlines()
         assert lines == [
-            f"shmdisagg: config error: {path}: context_servers.urls/generation_servers.urls: 65 executors "
-            "(40 context + 25 generation), more than the 64 one deployment can route to (the width of the shared "
+            f"shmdisagg: config error: {path}: context_servers.urls/generation_servers.urls: 257 executors "
+            "(200 context + 57 generation), more than the 256 one deployment can route to (the widest shared "
             "table's server sets); split them over deployments"
         ], (command, out.stderr)
     data["generation_servers"]["urls"].pop()
-    assert len(parse_config(data).generation_servers.urls) == 24  # 64 load
+    assert parse_config(data).max_servers == 256  # 256 load, in a table of 256 slots
+
+
+@pytest.mark.parametrize(("listed", "slots"), [(2, 64), (64, 64), (65, 128), (129, 192), (256, 256)])
+def test_the_table_is_sized_from_the_executors_listed(listed: int, slots: int) -> None:
+    data = _base()
+    data["context_servers"] = {"urls": [f"127.0.0.1:{20000 + i}" for i in range(listed - 1)]}
+    data["generation_servers"] = {"urls": ["127.0.0.1:21000"]}
+    assert parse_config(data).max_servers == slots
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (100, "shmdisagg.shm.max_servers: must be a multiple of 64 in 64..256, not 100"),
+        (512, "shmdisagg.shm.max_servers: must be a multiple of 64 in 64..256, not 512"),
+        (0, "shmdisagg.shm.max_servers: must be a multiple of 64 in 64..256, not 0"),
+        (64, "shmdisagg.shm.max_servers: 64 is fewer than the 66 executors listed"),
+    ],
+)
+def test_a_bad_max_servers_is_one_line_naming_the_key(value: int, expected: str) -> None:
+    data = _base(shmdisagg={"shm": {"max_servers": value}})
+    data["context_servers"] = {"urls": [f"127.0.0.1:{20000 + i}" for i in range(65)]}
+    problems = _problems(data)
+    assert len(problems) == 1 and problems[0].startswith(f"cfg.yaml: {expected}"), problems
+
+
+def test_max_servers_sizes_a_table_for_executors_that_register_themselves() -> None:
+    cluster = {"cluster_uri": "etcd://127.0.0.1:2379", "cluster_name": "c"}
+    data = _base(disagg_cluster=cluster)
+    data["context_servers"], data["generation_servers"] = {}, {}
+    assert parse_config(data).max_servers == 64
+    data["shmdisagg"] = {"shm": {"max_servers": 256}}
+    assert parse_config(data).max_servers == 256
 
 
 def test_check_config_lists_every_problem_of_a_file(tmp_path: Path) -> None:

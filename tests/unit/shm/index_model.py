@@ -67,7 +67,7 @@ class IndexModel:
     def depths(self, hashes: list[int], candidates: int, events_only: bool = False) -> dict[int, int]:
         """The linear walk: leading hashes whose event (| routed) mask has the server's bit."""
         out = {}
-        for s in range(64):
+        for s in range(candidates.bit_length()):
             if candidates >> s & 1:
                 d = 0
                 while d < len(hashes):
@@ -84,7 +84,7 @@ class IndexModel:
         [window start, g] for a block it lacks whose predecessor it holds (or the window start).
         Equal to `depths` when the server's set is prefix-closed along `hashes`."""
         out = {}
-        for s in range(64):
+        for s in range(candidates.bit_length()):
             if not candidates >> s & 1:
                 continue
 

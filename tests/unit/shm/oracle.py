@@ -1,25 +1,27 @@
 """In-memory Python model of the control table's routing semantics (tests only, no shared memory).
 
-Mirrors `shmdisagg._native.Region` for one process: server flags and masks, the per-role
-round-robin tickets, worker rows and retired totals. Table-driven and property tests run the same
-operations on both and compare every result.
+Mirrors `shmdisagg._native.Region` for one process: server flags and masks (of `max_servers`
+slots), the per-role round-robin tickets, worker rows and retired totals. Table-driven and
+property tests run the same operations on both and compare every result.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-N = 64
-
 
 @dataclass
 class RowModel:
     token: int
-    active_req: list[int] = field(default_factory=lambda: [0] * N)
-    active_tok: list[int] = field(default_factory=lambda: [0] * N)
-    routed: list[int] = field(default_factory=lambda: [0] * N)
+    n: int
+    active_req: list[int] = field(default_factory=list)
+    active_tok: list[int] = field(default_factory=list)
+    routed: list[int] = field(default_factory=list)
     dispatched: int = 0
     completed: int = 0
+
+    def __post_init__(self) -> None:
+        self.active_req, self.active_tok, self.routed = [0] * self.n, [0] * self.n, [0] * self.n
 
 
 class RowLostModel(Exception):
@@ -29,14 +31,15 @@ class RowLostModel(Exception):
 class TableModel:
     """Single-process reference: same inputs as the native Region, same outputs."""
 
-    def __init__(self, max_workers: int) -> None:
+    def __init__(self, max_workers: int, max_servers: int = 64) -> None:
         self.max_workers = max_workers
-        self.flags = [0] * N
-        self.incarnation = [0] * N
+        self.n = max_servers
+        self.flags = [0] * max_servers
+        self.incarnation = [0] * max_servers
         self.version = 0
         self.rr = [0, 0]
         self.rows: dict[int, RowModel] = {}
-        self.retired_routed = [0] * N
+        self.retired_routed = [0] * max_servers
         self.retired_dispatched = 0
         self.retired_completed = 0
 
@@ -55,7 +58,7 @@ class TableModel:
         r = self.rows.pop(row, None)
         if r is None:
             return False
-        for s in range(N):
+        for s in range(self.n):
             self.retired_routed[s] += r.routed[s]
         self.retired_dispatched += r.dispatched
         self.retired_completed += r.completed
@@ -65,14 +68,14 @@ class TableModel:
     def claim_row(self) -> int | None:
         for row in range(self.max_workers):
             if row not in self.rows:
-                self.rows[row] = RowModel(token=row + 1)
+                self.rows[row] = RowModel(token=row + 1, n=self.n)
                 return row
         return None
 
     def _candidates(self, role: int, exclude: int) -> list[int]:
         return [
             s
-            for s in range(N)
+            for s in range(self.n)
             if self.flags[s] & 1 and self.flags[s] & 2 and (self.flags[s] >> 8) == role and s != exclude
         ]
 
@@ -134,7 +137,7 @@ class TableModel:
 
     def masks(self) -> tuple[int, int, int, int, int]:
         present = healthy = ctx = gen = 0
-        for s in range(N):
+        for s in range(self.n):
             f = self.flags[s]
             if f & 1:
                 present |= 1 << s

@@ -3,7 +3,9 @@ routed picks, TTL sweeps, server clears and generation swaps (hypothesis statefu
 
 Two machines: random hash lists with holes everywhere, where pick_kv's depth is the model's jump
 walk (`IndexModel.jump_depths`); and prefix-closed states (a tree of chained prompts, prefixes
-stored, subtrees removed, whole servers cleared), where it must equal the linear walk."""
+stored, subtrees removed, whole servers cleared), where it must equal the linear walk. Each runs
+beside a table of 64 server slots (one-word masks, 32-byte slots) and of 256, its servers in
+different words of the masks (80-byte slots)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shmdisagg import _native
-from shmdisagg.shm.layout import ROLE_CONTEXT, server_flags
+from shmdisagg.shm.layout import ROLE_CONTEXT, index_slot_bytes, server_flags
 from tests.unit.shm.index_model import IndexModel
 
 SERVERS = 4
@@ -22,9 +24,8 @@ CAP_LOG2 = 8  # 256 slots, 153 keys at most: the pool below never fills it
 JUMP = _native.IX_JUMP
 POOL = [0, 1, 2, 3, 0xFFFFFFFFFFFFFFFF, 1 << 63, 12345, 99, 7, 8, 1 << 40, 5]
 HASH_LISTS = st.lists(st.sampled_from(POOL), min_size=0, max_size=2 * JUMP + 3)  # up to 3 windows
-SLOTS = st.integers(0, SERVERS - 1)
+SLOTS = st.integers(0, SERVERS - 1)  # indexes into the machine's `slots`
 TTL_NS = 10**12
-CANDIDATES = (1 << SERVERS) - 1
 
 
 def pack(hashes: list[int]) -> bytes:
@@ -32,17 +33,21 @@ def pack(hashes: list[int]) -> bytes:
 
 
 class _IndexMachine(RuleBasedStateMachine):
-    """A control region with SERVERS healthy context servers, a claimed row, and index
-    generations of 2**cap_log2 slots in private buffers, mirrored by an `IndexModel`."""
+    """A control region of `max_servers` slots with SERVERS healthy context servers (at
+    `slots`), a claimed row, and index generations of 2**cap_log2 slots in private buffers,
+    mirrored by an `IndexModel`."""
 
     cap_log2 = CAP_LOG2
+    max_servers = 64
+    slots = (0, 1, 2, 3)
 
     def __init__(self) -> None:
         super().__init__()
-        self.ctl_buf = bytearray(_native.control_size(2))
+        self.ctl_buf = bytearray(_native.control_size(2, self.max_servers))
         self.ctl = _native.Region(self.ctl_buf)
-        self.ctl.init_control(2, 0)
-        for s in range(SERVERS):
+        self.ctl.init_control(2, 0, self.max_servers)
+        self.candidates = sum(1 << s for s in self.slots)
+        for s in self.slots:
             self.ctl.write_server(s, server_flags(True, True, ROLE_CONTEXT), 64, 32, 0, b"h:1")
         self.row, _ = self.ctl.claim_row(4321, 1)
         self.generation = 0
@@ -52,7 +57,7 @@ class _IndexMachine(RuleBasedStateMachine):
 
     def _new_generation(self) -> _native.Index:
         self.generation += 1
-        buf = bytearray(_native.IX_HEADER_BYTES + _native.IX_SLOT_BYTES * (1 << self.cap_log2))
+        buf = bytearray(_native.IX_HEADER_BYTES + index_slot_bytes(self.max_servers) * (1 << self.cap_log2))
         self.buffers.append(buf)
         ix = _native.Index(buf, self.ctl)
         ix.init_index(self.generation, self.cap_log2, int((1 << self.cap_log2) * 0.6), 0)
@@ -70,14 +75,17 @@ class IndexMatchesModel(_IndexMachine):
 
     @rule(slot=SLOTS, hashes=HASH_LISTS)
     def stored(self, slot: int, hashes: list[int]) -> None:
+        slot = self.slots[slot]
         assert self.ix.apply_stored(slot, pack(hashes), 0) == self.model.stored(slot, hashes)
 
     @rule(slot=SLOTS, hashes=HASH_LISTS)
     def removed(self, slot: int, hashes: list[int]) -> None:
+        slot = self.slots[slot]
         assert self.ix.apply_removed(slot, pack(hashes)) == self.model.removed(slot, hashes)
 
     @rule(slot=SLOTS, everything=st.booleans())
     def clear(self, slot: int, everything: bool) -> None:
+        slot = self.slots[slot]
         op = self.ix.clear_server if everything else self.ix.apply_all_cleared
         assert op(slot) == self.model.clear(slot)
 
@@ -85,7 +93,8 @@ class IndexMatchesModel(_IndexMachine):
     def pick(self, hashes: list[int], exclude: int) -> None:
         if self.ix.state != 1:
             self._publish(self.ix)
-        cand = CANDIDATES & ~(1 << exclude if exclude >= 0 else 0)
+        exclude = self.slots[exclude] if exclude >= 0 else exclude
+        cand = self.candidates & ~(1 << exclude if exclude >= 0 else 0)
         depths = self.model.jump_depths(hashes, cand, JUMP)
         slot, matched = self.ix.pick_kv(
             self.row, ROLE_CONTEXT, exclude, pack(hashes), 10, 0.25, float("inf"), False, True
@@ -121,17 +130,26 @@ class IndexMatchesModel(_IndexMachine):
             got = self.ix.lookup(h)
             assert (None if got is None else got[:2]) == self.model.masks(h), h
         if self.ix.state == 1:
-            want = self.model.depths(POOL, CANDIDATES)
+            want = self.model.depths(POOL, self.candidates)
             assert dict(self.ix.match(pack(POOL))) == want
             for k in range(len(POOL)):
-                assert dict(self.ix.match(pack(POOL[k:]))) == self.model.depths(POOL[k:], CANDIDATES)
+                assert dict(self.ix.match(pack(POOL[k:]))) == self.model.depths(POOL[k:], self.candidates)
             for hashes in (POOL * 3, POOL[::-1] * 3, POOL[:JUMP]):
-                want = self.model.jump_depths(hashes, CANDIDATES, JUMP)
+                want = self.model.jump_depths(hashes, self.candidates, JUMP)
                 assert dict(self.ix.match(pack(hashes), -1, True)) == want
 
 
 TestIndexMatchesModel = IndexMatchesModel.TestCase
 TestIndexMatchesModel.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+
+
+class WideIndexMatchesModel(IndexMatchesModel):
+    max_servers = 256
+    slots = (0, 63, 64, 255)
+
+
+TestWideIndexMatchesModel = WideIndexMatchesModel.TestCase
+TestWideIndexMatchesModel.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
 
 
 # -- prefix-closed states: the jump walk must equal the linear walk ----------------------------------
@@ -177,11 +195,13 @@ class PrefixClosedMatchesLinear(_IndexMachine):
 
     @rule(slot=SLOTS, data=st.data())
     def store_prefix(self, slot: int, data: st.DataObject) -> None:
+        slot = self.slots[slot]
         chain, k = self._prefix(data)
         assert self.ix.apply_stored(slot, pack(chain[:k]), 0) == self.model.stored(slot, chain[:k])
 
     @rule(slot=SLOTS, data=st.data())
     def remove_subtree(self, slot: int, data: st.DataObject) -> None:
+        slot = self.slots[slot]
         chain, k = self._prefix(data)
         if k == len(chain):
             return
@@ -192,6 +212,7 @@ class PrefixClosedMatchesLinear(_IndexMachine):
 
     @rule(slot=SLOTS)
     def clear(self, slot: int) -> None:
+        slot = self.slots[slot]
         assert self.ix.apply_all_cleared(slot) == self.model.clear(slot)
 
     @precondition(lambda self: bool(self.chains))
@@ -199,7 +220,8 @@ class PrefixClosedMatchesLinear(_IndexMachine):
     def pick(self, data: st.DataObject, exclude: int, track: bool) -> None:
         chain, m = self._prefix(data)
         hashes = chain[:m]
-        cand = CANDIDATES & ~(1 << exclude if exclude >= 0 else 0)
+        exclude = self.slots[exclude] if exclude >= 0 else exclude
+        cand = self.candidates & ~(1 << exclude if exclude >= 0 else 0)
         linear = self.model.depths(hashes, cand)
         assert self.model.jump_depths(hashes, cand, JUMP) == linear
         slot, matched = self.ix.pick_kv(
@@ -234,10 +256,19 @@ class PrefixClosedMatchesLinear(_IndexMachine):
                 assert (None if got is None else got[:2]) == self.model.masks(h), h
             for m in {0, 1, JUMP - 1, JUMP, JUMP + 1, len(chain)}:
                 if m <= len(chain):
-                    want = self.model.depths(chain[:m], CANDIDATES)
+                    want = self.model.depths(chain[:m], self.candidates)
                     assert dict(self.ix.match(pack(chain[:m]), -1, True)) == want
                     assert dict(self.ix.match(pack(chain[:m]))) == want
 
 
 TestPrefixClosedMatchesLinear = PrefixClosedMatchesLinear.TestCase
 TestPrefixClosedMatchesLinear.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class WidePrefixClosedMatchesLinear(PrefixClosedMatchesLinear):
+    max_servers = 256
+    slots = (1, 64, 127, 200)
+
+
+TestWidePrefixClosedMatchesLinear = WidePrefixClosedMatchesLinear.TestCase
+TestWidePrefixClosedMatchesLinear.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -47,16 +47,21 @@ def put(off: int, fmt: str, value: int) -> tuple[int, str, int]:
 
 CORRUPTIONS = [
     pytest.param(put(0x00, "<Q", 0xDEADBEEF), "bad magic", id="magic"),
-    pytest.param(put(0x08, "<I", 1), "layout version 1, but this build reads version 4", id="version"),
-    pytest.param(put(0x08, "<I", 3), "layout version 3, but this build reads version 4", id="version_3"),
+    pytest.param(put(0x08, "<I", 1), "layout version 1, but this build reads version 5", id="version"),
+    pytest.param(put(0x08, "<I", 4), "layout version 4, but this build reads version 5", id="version_4"),
     pytest.param(put(0x0C, "<I", 8192), "header_bytes is 8192", id="header_bytes"),
     pytest.param(put(0x18, "<H", 32), "max_servers is 32", id="max_servers"),
+    pytest.param(put(0x18, "<H", 320), "max_servers is 320", id="max_servers_past_limit"),
+    pytest.param(put(0x18, "<H", 128), "offsets/strides .* for 128 servers", id="max_servers_not_the_layout"),
+    pytest.param(put(0x40, "<I", 0x100), "offsets/strides", id="config_offset"),
     pytest.param(put(0x1A, "<H", 0), "max_workers is 0", id="no_workers"),
     pytest.param(put(0x1A, "<H", 60000), "max_workers is 60000", id="too_many_workers"),
     pytest.param(put(0x24, "<I", 128), "offsets/strides", id="server_stride"),
     pytest.param(put(0x28, "<I", 0x100), "offsets/strides", id="worker_offset"),
-    pytest.param(put(0x10, "<Q", 100), "too small for 4 worker rows", id="segment_bytes_small"),
-    pytest.param(put(0x10, "<Q", 1 << 40), "only 28672 are mapped", id="segment_bytes_past_mapping"),
+    pytest.param(put(0x10, "<Q", 100), "too small for 64 servers and 4 worker rows", id="segment_bytes_small"),
+    pytest.param(
+        put(0x10, "<Q", 1 << 40), f"only {_native.control_size(MW)} are mapped", id="segment_bytes_past_mapping"
+    ),
     pytest.param(put(0x38, "<Q", 7), "init_state is 7", id="init_state"),
 ]
 

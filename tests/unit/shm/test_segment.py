@@ -158,10 +158,10 @@ def _copy_with(table: ControlTable, prefix: str, offset: int, fmt: str, value: i
     ("offset", "fmt", "value", "message"),
     [
         (0, "<Q", 0x1122334455667788, r"bad magic 0x1122334455667788 .*not a shmdisagg control segment"),
-        (layout.VERSION_OFFSET, "<I", 9, "layout version 9, but this build reads version 4"),
-        (layout.VERSION_OFFSET, "<I", 3, "layout version 3, but this build reads version 4"),
+        (layout.VERSION_OFFSET, "<I", 9, "layout version 9, but this build reads version 5"),
+        (layout.VERSION_OFFSET, "<I", 4, "layout version 4, but this build reads version 5"),
     ],
-    ids=["magic", "version", "v3_no_fleet_index"],
+    ids=["magic", "version", "v4_one_word_server_sets"],
 )
 def test_attaching_a_corrupt_copy_is_layout_mismatch(
     shm_prefix: str, offset: int, fmt: str, value: int, message: str
