@@ -24,6 +24,7 @@ class ServerDirectory:
         self._version = -1
         self._addr: dict[int, tuple[str, int]] = {}
         self._servers: list[ServerInfo] = []
+        self._healthy = (0, 0)
 
     def _refresh(self) -> None:
         version = self.table.servers_version()
@@ -31,6 +32,10 @@ class ServerDirectory:
             servers = self.table.servers()
             self._servers = servers
             self._addr = {s.slot: split_addr(s.addr) for s in servers}
+            self._healthy = (
+                sum(1 for s in servers if s.healthy and s.role == ROLE_CONTEXT),
+                sum(1 for s in servers if s.healthy and s.role == ROLE_GENERATION),
+            )
             self._version = version
 
     def address(self, slot: int) -> tuple[str, int]:
@@ -52,11 +57,10 @@ class ServerDirectory:
         return self._servers
 
     def healthy_counts(self) -> tuple[int, int]:
-        """(healthy context servers, healthy generation servers)."""
-        servers = self.servers()
-        ctx = sum(1 for s in servers if s.healthy and s.role == ROLE_CONTEXT)
-        gen = sum(1 for s in servers if s.healthy and s.role == ROLE_GENERATION)
-        return ctx, gen
+        """(healthy context servers, healthy generation servers); counted once per
+        `servers_version` (a health change bumps it), so a request can ask."""
+        self._refresh()
+        return self._healthy
 
     def healthy_roles(self) -> tuple[bool, bool]:
         """(some context server healthy, some generation server healthy)."""

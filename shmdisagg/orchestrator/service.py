@@ -92,6 +92,14 @@ class DisaggService:
         # each kv_cache_aware role's {tokens_per_block, kv_cache_hash_algo}, from the coordinator
         self.routing_key_configs: dict[str, Any] = {}
         self.sinks: list[Callable[[Exchange], None]] = []  # called once per routed request, at its end
+        cluster = config.disagg_cluster
+        # (context, generation) healthy servers below which a request is refused: TensorRT-LLM's
+        # readiness gate with a cluster manager (is_ready_with_router); None: static urls, always ready
+        self.minimal: tuple[int, int] | None = (
+            (cluster.minimal_instances.context_servers, cluster.minimal_instances.generation_servers)
+            if cluster is not None
+            else None
+        )
         self.timeout_s = config.shmdisagg.request_timeout_s
         self.body_limit = config.shmdisagg.max_request_body_bytes
         self.schedule_style = schedule_style
@@ -157,6 +165,8 @@ class DisaggService:
             if req.get("chat_template") is not None and not self.allow_request_chat_template:
                 raise RequestError(400, CHAT_TEMPLATE_REFUSED, "chat_template_not_allowed", "chat_template")
             ids32 = validate(req, chat, want_ids=self.keys is not None and self.keys.wants_ids)
+            if self.minimal is not None:
+                self._check_ready(self.minimal)
             if not self.admission.admit():
                 raise RequestError(429, "the deployment is at its in-flight request limit; retry shortly", "overloaded")
         except RequestError as err:
@@ -198,6 +208,27 @@ class DisaggService:
                 ex.error_code = ex.error_code or "client_disconnected"
             for sink in self.sinks:
                 sink(ex)
+
+    def _check_ready(self, minimal: tuple[int, int]) -> None:
+        """TensorRT-LLM's readiness gate with a cluster manager: every request first asks
+        `is_ready()`, ready while each role has `disagg_cluster.minimal_instances` prepared servers
+        (`tensorrt_llm/serve/openai_disagg_service.py`, `disagg_auto_scaling.is_ready_with_router`).
+        Upstream raises `RuntimeError("Cluster is not ready")`, a 500; here a 503
+        `cluster_not_ready` that names the missing servers (a client retries a 503; the same
+        condition is `/health`'s 503). Raises RequestError."""
+        n_ctx, n_gen = self.flows.legs.directory.healthy_counts()
+        if self.flows.options.benchmark_gen_only:  # no context leg is sent then
+            n_ctx = max(n_ctx, minimal[0])
+        if n_ctx >= minimal[0] and n_gen >= minimal[1]:
+            return
+        counts = (("context", n_ctx, minimal[0]), ("generation", n_gen, minimal[1]))
+        missing = ", ".join(f"{role} {have} of {want}" for role, have, want in counts if have < want)
+        raise RequestError(
+            503,
+            f"Cluster is not ready: fewer healthy servers than disagg_cluster.minimal_instances ({missing}); "
+            "retry shortly",
+            "cluster_not_ready",
+        )
 
     async def _run(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, watch: Watch) -> None:
         """The request's flow under its deadline (`request_timeout_s`: one timer that cancels the

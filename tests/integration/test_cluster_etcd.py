@@ -30,7 +30,13 @@ HB, TTL = 1, 3  # the simulators' heartbeat and lease, seconds
 
 
 def cluster_config(
-    tmp: Path, shm_prefix: str, uri: str, name: str, shm: dict[str, Any] | None = None, **top: Any
+    tmp: Path,
+    shm_prefix: str,
+    uri: str,
+    name: str,
+    shm: dict[str, Any] | None = None,
+    minimal: dict[str, int] | None = None,
+    **top: Any,
 ) -> Path:
     cfg: dict[str, Any] = {
         "hostname": "127.0.0.1",
@@ -41,6 +47,7 @@ def cluster_config(
             "cluster_name": name,
             "heartbeat_interval_sec": HB,
             "inactive_timeout_sec": TTL,
+            **({"minimal_instances": minimal} if minimal else {}),
         },
         "context_servers": {"router": {"type": "load_balancing"}},
         "generation_servers": {"router": {"type": "load_balancing"}},
@@ -92,11 +99,15 @@ def sims() -> Iterator[list[Sim]]:
 
 @contextlib.contextmanager
 def cluster(
-    tmp_path: Path, shm_prefix: str, shm: dict[str, Any] | None = None, **top: Any
+    tmp_path: Path,
+    shm_prefix: str,
+    shm: dict[str, Any] | None = None,
+    minimal: dict[str, int] | None = None,
+    **top: Any,
 ) -> Iterator[tuple[Deployment, EtcdServer, str]]:
     name = f"t{uuid.uuid4().hex[:8]}"
     with etcd_server(tmp_path) as etcd:
-        path = cluster_config(tmp_path, shm_prefix, etcd.uri, name, shm, **top)
+        path = cluster_config(tmp_path, shm_prefix, etcd.uri, name, shm, minimal, **top)
         dep = Deployment(load_config(path), str(path), str(tmp_path / "logs"))
         dep.start()
         try:
@@ -154,6 +165,25 @@ def test_registered_workers_serve_and_a_deregistered_one_leaves_at_once(tmp_path
         status, body = health(dep)
         assert status == 503 and "generation 0 of 1" in body["message"]
         assert coordinator_info(dep)["disagg_cluster"]["leaves"] == 1
+
+
+def test_requests_wait_for_minimal_instances_as_upstreams_readiness_gate(tmp_path: Path, shm_prefix: str) -> None:
+    """TensorRT-LLM refuses every request while `is_ready()` is false (fewer prepared servers
+    than minimal_instances), not only /health: one context server of the two asked for is not
+    enough to serve."""
+    with cluster(tmp_path, shm_prefix, minimal={"context_servers": 2}) as (dep, etcd, name), sims() as started:
+        started += [Sim(etcd.uri, name, "context"), Sim(etcd.uri, name, "generation")]
+        wait_until(lambda: len(healthy(dep, "context")) == 1 and len(healthy(dep, "generation")) == 1, 30, "one each")
+        status, body = request_json(
+            "127.0.0.1", dep.config.port, "POST", "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2}
+        )
+        assert status == 503 and body["code"] == 503 and body["object"] == "error"
+        assert body["message"].startswith("Cluster is not ready: fewer healthy servers than")
+        assert "context 1 of 2" in body["message"] and "generation" not in body["message"]
+        assert health(dep)[0] == 503
+        started.append(Sim(etcd.uri, name, "context"))
+        wait_until(lambda: health(dep)[0] == 200, 30, "the second context server")
+        assert complete(dep) == 200
 
 
 def test_a_killed_worker_leaves_when_its_lease_expires(tmp_path: Path, shm_prefix: str) -> None:
