@@ -25,6 +25,7 @@ setup(
                 "native/picks.c",
                 "native/sse.c",
                 "native/json_span.c",
+                "native/json_ids.c",
                 "native/mapping.c",
             ],
             depends=sorted(glob.glob("native/*.h")),  # rebuild when a header changes

@@ -484,8 +484,16 @@ SD_HIDDEN PyObject *mod_v1_impl(PyObject *m, PyObject *const *args, Py_ssize_t n
 #define SSE_USAGE 4
 #define SSE_DONE 8
 SD_HIDDEN PyObject *mod_sse_scan(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
-/* json_span.c */
+/* json_span.c: the value of the last top-level member `key` of the JSON object document in
+ * [s, end), or NULL (absent, or the walk cannot tell: json_span.c's comment); *found_end is past
+ * it. `hook`, if not NULL, is called on each matching member's value: it returns where the value
+ * ends if it read it, or NULL to have it skipped as usual. */
+typedef const char *(*json_value_hook)(const char *value, const char *end, void *ctx);
+SD_HIDDEN const char *json_member_span(const char *s, const char *end, const char *key, Py_ssize_t klen,
+                                       json_value_hook hook, void *ctx, const char **found_end);
 SD_HIDDEN PyObject *mod_json_member(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
+/* json_ids.c */
+SD_HIDDEN PyObject *mod_json_token_ids(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
 /* hashcache.c */
 SD_HIDDEN extern PyTypeObject PrefixHashCacheType;

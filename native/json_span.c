@@ -76,6 +76,53 @@ static const char *skip_value(const char *p, const char *end)
     return p;
 }
 
+const char *json_member_span(const char *s, const char *end, const char *key, Py_ssize_t klen, json_value_hook hook,
+                             void *ctx, const char **found_end)
+{
+    const char *found = NULL;
+    const char *p = ws(s, end);
+    if (p >= end || *p != '{')
+        return NULL;
+    p = ws(p + 1, end);
+    if (p < end && *p == '}')
+        return NULL;
+    while (p < end) {
+        if (*p != '"')
+            return NULL;
+        int escaped = 0;
+        const char *k = p + 1;
+        const char *kend = skip_string(k, end, &escaped);
+        if (kend == NULL || escaped)
+            return NULL;
+        int match = (kend - 1 - k) == klen && memcmp(k, key, (size_t)klen) == 0;
+        p = ws(kend, end);
+        if (p >= end || *p != ':')
+            return NULL;
+        p = ws(p + 1, end);
+        if (p >= end)
+            return NULL;
+        const char *v = p;
+        p = match && hook != NULL ? hook(v, end, ctx) : NULL;
+        if (p == NULL)
+            p = skip_value(v, end);
+        if (p == NULL || p == v)
+            return NULL;
+        if (match) {
+            found = v;
+            *found_end = p;
+        }
+        p = ws(p, end);
+        if (p >= end)
+            return NULL;
+        if (*p == '}')
+            return found;
+        if (*p != ',')
+            return NULL;
+        p = ws(p + 1, end);
+    }
+    return NULL;
+}
+
 PyObject *mod_json_member(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
@@ -84,47 +131,9 @@ PyObject *mod_json_member(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     }
     const char *s = PyBytes_AS_STRING(args[0]);
     const char *end = s + PyBytes_GET_SIZE(args[0]);
-    const char *key = PyBytes_AS_STRING(args[1]);
-    Py_ssize_t klen = PyBytes_GET_SIZE(args[1]);
-    const char *found = NULL, *found_end = NULL;
-    const char *p = ws(s, end);
-    if (p >= end || *p != '{')
-        Py_RETURN_NONE;
-    p = ws(p + 1, end);
-    if (p < end && *p == '}')
-        Py_RETURN_NONE;
-    while (p < end) {
-        if (*p != '"')
-            Py_RETURN_NONE;
-        int escaped = 0;
-        const char *k = p + 1;
-        const char *kend = skip_string(k, end, &escaped);
-        if (kend == NULL || escaped)
-            Py_RETURN_NONE;
-        int match = (kend - 1 - k) == klen && memcmp(k, key, (size_t)klen) == 0;
-        p = ws(kend, end);
-        if (p >= end || *p != ':')
-            Py_RETURN_NONE;
-        p = ws(p + 1, end);
-        if (p >= end)
-            Py_RETURN_NONE;
-        const char *v = p;
-        p = skip_value(p, end);
-        if (p == NULL || p == v)
-            Py_RETURN_NONE;
-        if (match) {
-            found = v;
-            found_end = p;
-        }
-        p = ws(p, end);
-        if (p >= end)
-            Py_RETURN_NONE;
-        if (*p == '}')
-            break;
-        if (*p != ',')
-            Py_RETURN_NONE;
-        p = ws(p + 1, end);
-    }
+    const char *found_end = NULL;
+    const char *found = json_member_span(s, end, PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]), NULL, NULL,
+                                         &found_end);
     if (found == NULL)
         Py_RETURN_NONE;
     return Py_BuildValue("(nn)", (Py_ssize_t)(found - s), (Py_ssize_t)(found_end - s));

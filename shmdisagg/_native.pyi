@@ -367,6 +367,11 @@ def json_member(data: bytes, key: bytes) -> tuple[int, int] | None:
     """Where the value of the last top-level member `key` of the JSON object `data` lies, as
     (start, end) byte offsets; None when absent, not an object, or a top-level key is escaped."""
 
+def json_token_ids(data: bytes, key: bytes) -> tuple[int, int, bytes] | None:
+    """The last top-level member `key` of the JSON object `data` when it is a non-empty array of
+    integers in [0, 2**31): (start, end) byte offsets of the array and its ids as native-order
+    int32 bytes; None otherwise (absent, another value, or as `json_member` gives up)."""
+
 def sse_scan(data: bytes) -> int:
     """One pass over a relayed SSE chunk: `end << 8 | flags`, where `data[:end]` are its complete
     events (0: none) and the flags say what they hold: `SSE_INTERNAL` (1) an internal key with a

@@ -7,19 +7,15 @@ Timing fields are wall-clock seconds (`time.time()`), the unit TensorRT-LLM's pe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from shmdisagg.orchestrator.asgi import JSON_HEADERS, Responder
 from shmdisagg.orchestrator.errors import error_body, sse_error_event
-from shmdisagg.orchestrator.splice import Raw
 
 
 @dataclass(slots=True)
 class Exchange:
     """One client exchange: once `started`, errors must go in-band (an SSE error event).
-    `out` is where the answer goes; `expired`: the request's deadline cancelled it;
-    `prompt_raw`: the client's token-id prompt (the list in the request) and its bytes in the
-    body, relayed as those bytes (`splice.py`)."""
+    `out` is where the answer goes; `expired`: the request's deadline cancelled it."""
 
     out: Responder
     disagg_request_id: int
@@ -41,17 +37,6 @@ class Exchange:
     retries: int = 0
     error_code: str = ""
     expired: bool = False
-    prompt_raw: tuple[list[int], Raw] | None = None
-
-    def leg_request(self, req: dict[str, Any]) -> dict[str, Any]:
-        """`req` as a leg sends it: the client's token-id prompt as its bytes, where it is still
-        the list the client sent (a copy then)."""
-        raw = self.prompt_raw
-        if raw is None or req.get("prompt") is not raw[0]:
-            return req
-        out = dict(req)
-        out["prompt"] = raw[1]
-        return out
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]], eager: bool = False) -> None:
         """Start the answer; its head may wait for the first body bytes unless `eager` (a stream)."""

@@ -172,7 +172,7 @@ class Flows:
     ) -> Opened:
         # take() runs when this coroutine starts: a task cancelled before that leaves the
         # reservation to release_unused().
-        body, headers = self.wire.encode(ex.leg_request(gen_req))
+        body, headers = self.wire.encode(gen_req)
         return await self.legs.open(
             self.gen_policy,
             key,
@@ -244,7 +244,7 @@ class Flows:
             ctx_req["disaggregated_params"] = params
             ctx_req["stream"] = False
             ctx_req.pop("stream_options", None)
-            return self.wire.body(ex.leg_request(ctx_req))
+            return self.wire.body(ctx_req)
 
         return make
 

@@ -43,7 +43,7 @@ from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.orchestrator.flows import Flows
 from shmdisagg.orchestrator.ids import DisaggIdGenerator
-from shmdisagg.orchestrator.splice import Raw
+from shmdisagg.orchestrator.splice import TokenIds
 from shmdisagg.orchestrator.tokenization import RoutingTokenizer, prompt_token_ids
 from shmdisagg.orchestrator.validation import parse_body, prompt_load_tokens, validate
 from shmdisagg.routing import RoutingKey
@@ -159,7 +159,7 @@ class DisaggService:
     ) -> None:
         extra, session = checked
         try:
-            req = parse_body(body)
+            req = _decode(body, chat)
             if session:
                 resolve_conversation_id(req, headers)
             if req.get("chat_template") is not None and not self.allow_request_chat_template:
@@ -178,8 +178,6 @@ class DisaggService:
             await _refuse(out, RequestError(400, str(err), "invalid_request", "messages"))
             return
         ex = Exchange(out, self.ids.next_id(), bool(req.get("stream")), extra, chat=chat, arrival=arrival)
-        if not chat and len(body) >= splice.MIN_BYTES:
-            ex.prompt_raw = _raw_prompt(req, body)
         try:
             await self._run(ex, req, chat, key, watch)
         except asyncio.CancelledError:
@@ -248,16 +246,17 @@ class DisaggService:
             self.inflight.discard(task)
 
 
-def _raw_prompt(req: dict[str, Any], body: bytes) -> tuple[list[int], Raw] | None:
-    """A token-id prompt (validated) and its bytes in the client's body, when they are the same
-    flat array (not a one-prompt batch, which validation unwrapped)."""
-    prompt = req.get("prompt")
-    if type(prompt) is not list:
-        return None
-    raw = splice.array_member(body, b"prompt")
-    if raw is None or not raw.data[1:].lstrip()[:1].isdigit():
-        return None
-    return prompt, raw
+def _decode(body: bytes, chat: bool) -> dict[str, Any]:
+    """The request's JSON object. A completion's token-id prompt in a body of `splice.MIN_BYTES`
+    or more is not decoded: it is read into `splice.TokenIds` (int32 ids and its bytes, relayed
+    as they came) and the rest of the body decoded around it. Raises `RequestError(400)`."""
+    found = None if chat else splice.cut_token_ids(body, b"prompt")
+    if found is None:
+        return parse_body(body)
+    rest, ids = found
+    req = parse_body(rest)
+    req["prompt"] = ids
+    return req
 
 
 def _expire(task: asyncio.Task[Any], ex: Exchange) -> None:
@@ -311,7 +310,10 @@ class KeyBuilder:
     async def build(self, req: dict[str, Any], chat: bool, ids32: bytes | None = None) -> RoutingKey:
         """`ids32`: the prompt's ids as int32 bytes from `validate(..., want_ids=True)` (token-id
         prompts), so the block hashes need not read the list again."""
-        given = not chat and isinstance(req.get("prompt"), list)  # validated: token ids
+        prompt = None if chat else req.get("prompt")
+        given = isinstance(prompt, (list, TokenIds))  # validated: token ids
+        if isinstance(prompt, TokenIds):
+            ids32 = prompt.ids32
         if self.tokenizer is not None:
             ids = await prompt_token_ids(self.tokenizer, req, chat)
         else:

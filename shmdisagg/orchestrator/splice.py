@@ -11,7 +11,10 @@ array's bytes (`_native.json_member`, one pass), and the leg's body gets them as
 - `cut(raw, key)`: a JSON object document with one top-level array member taken out (its value
   replaced by `null`, so the rest decodes cheaply) and that array's bytes;
 - `Raw(data)`: a request field whose JSON value is `data`, written into the body as it is by
-  `dumps` (`wire.Wire.body`).
+  `dumps` (`wire.Wire.body`);
+- `cut_token_ids(raw, key)`: as `cut`, for an array of token ids, read as it is found
+  (`_native.json_token_ids`): a `TokenIds`, the client's token-id prompt as the request holds it,
+  never a list of Python ints (BENCHMARKS.md, "Token-id prompts without Python ints").
 
 Both apply only to bodies of `MIN_BYTES` or more (below, decoding is cheaper than the walk) and
 only to a value the walk found whole and that begins as an array; anything else takes the
@@ -20,11 +23,12 @@ decoded path, so a body is never sent other than a decoder would write it, only 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import orjson
 
-from shmdisagg._native import json_member
+from shmdisagg._native import json_member, json_token_ids
 
 MIN_BYTES = 4096
 # The request fields that may hold a Raw value: what `Wire.body` looks for.
@@ -36,17 +40,50 @@ class Raw:
 
     __slots__ = ("data",)
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | memoryview) -> None:
         self.data = data
 
     @property
     def empty(self) -> bool:
         """The array has no element."""
-        return self.data[1:].lstrip()[:1] == b"]"
+        return bytes(self.data[1:]).lstrip()[:1] == b"]"
 
     def value(self) -> Any:
         """The decoded value (for an encoding that cannot take JSON bytes: msgpack)."""
         return orjson.loads(self.data)
+
+
+class TokenIds(Raw, Sequence[int]):
+    """A token-id prompt kept as its JSON bytes (`data`, a view of the request body) and its ids
+    as native int32 (`ids32`, what the block hashes read): a non-empty sequence of ints in
+    [0, 2**31) that is relayed as those bytes, as `Raw` is. Reading items goes through an int32
+    view; nothing on the request path does more than count them."""
+
+    __slots__ = ("ids32", "view")
+
+    def __init__(self, data: bytes | memoryview, ids32: bytes) -> None:
+        super().__init__(data)
+        self.ids32 = ids32
+        self.view = memoryview(ids32).cast("i")
+
+    @property
+    def empty(self) -> bool:
+        return False  # json_token_ids reads non-empty arrays only
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+        return self.view[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.view)
 
 
 def _array_span(raw: bytes, key: bytes) -> tuple[int, int] | None:
@@ -75,15 +112,28 @@ def cut(raw: bytes, key: bytes) -> tuple[bytes, Raw | None]:
     return raw[:start] + b"null" + raw[end:], Raw(raw[start:end])
 
 
+def cut_token_ids(raw: bytes, key: bytes) -> tuple[bytes, TokenIds] | None:
+    """`raw` with its top-level member `key` replaced by `null`, and that member as `TokenIds`,
+    when `raw` is at least `MIN_BYTES` and the member is a non-empty array of ints in [0, 2**31);
+    else None (the caller decodes `raw` as it is, and refuses or accepts it as before)."""
+    if len(raw) < MIN_BYTES:
+        return None
+    found = json_token_ids(raw, key)
+    if found is None:
+        return None
+    start, end, ids32 = found
+    return raw[:start] + b"null" + raw[end:], TokenIds(memoryview(raw)[start:end], ids32)
+
+
 def dumps(req: dict[str, Any]) -> bytes:
     """`orjson.dumps(req)`, with each `Raw` value among `RAW_FIELDS` written as its bytes (those
     members come last; JSON objects are unordered)."""
-    raws = [(key, value) for key in RAW_FIELDS if type(value := req.get(key)) is Raw]
+    raws = [(key, value) for key in RAW_FIELDS if isinstance(value := req.get(key), Raw)]
     if not raws:
         return orjson.dumps(req)
-    rest = {k: v for k, v in req.items() if type(v) is not Raw}
+    rest = {k: v for k, v in req.items() if not isinstance(v, Raw)}
     head = orjson.dumps(rest)[:-1]
-    parts = [head]
+    parts: list[bytes | memoryview] = [head]
     for i, (key, value) in enumerate(raws):
         parts += (b"," if i or len(head) > 1 else b"", b'"', key.encode(), b'":', value.data)
     parts.append(b"}")
@@ -92,6 +142,6 @@ def dumps(req: dict[str, Any]) -> bytes:
 
 def decoded(req: dict[str, Any]) -> dict[str, Any]:
     """`req` with each `Raw` value among `RAW_FIELDS` decoded (a copy if there is one)."""
-    if not any(type(req.get(key)) is Raw for key in RAW_FIELDS):
+    if not any(isinstance(req.get(key), Raw) for key in RAW_FIELDS):
         return req
-    return {k: (v.value() if type(v) is Raw else v) for k, v in req.items()}
+    return {k: (v.value() if isinstance(v, Raw) else v) for k, v in req.items()}

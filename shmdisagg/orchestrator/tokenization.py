@@ -36,9 +36,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 from shmdisagg.orchestrator import chat_render
+from shmdisagg.orchestrator.splice import TokenIds
 
 INLINE_CHARS = 4096  # below this many characters, tokenize on the loop (thread hand-off costs ~50 µs)
 LEGACY_ENV = "TRTLLM_RENDER_LEGACY"
@@ -140,13 +142,13 @@ def _tokenize(tokenizer: RoutingTokenizer, req: dict[str, Any], chat: bool) -> E
     return tokenizer.encode_prompt(req["prompt"], req)
 
 
-async def prompt_token_ids(tokenizer: RoutingTokenizer, req: dict[str, Any], chat: bool) -> list[int] | None:
+async def prompt_token_ids(tokenizer: RoutingTokenizer, req: dict[str, Any], chat: bool) -> Sequence[int] | None:
     """The request's prompt as routing token ids, written back into the request when they may
     replace the executor's tokenization (`prompt` for completions, `prompt_token_ids` for chats);
     None when it cannot be tokenized as the executor would. Raises ValueError for a chat the
     simulator's template refuses (the caller turns it into a 400)."""
     if not chat:
-        if isinstance(prompt := req["prompt"], list):
+        if isinstance(prompt := req["prompt"], (list, TokenIds)):
             return prompt
     elif isinstance(ids := req.get("prompt_token_ids"), list):  # the client's own ids: the worker uses them
         return ids

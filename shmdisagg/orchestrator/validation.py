@@ -9,12 +9,14 @@ serving needs and raises `RequestError(400)` with an OpenAI error body otherwise
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from shmdisagg._native import token_ids_int32, token_ids_ok
 from shmdisagg.orchestrator.errors import RequestError
+from shmdisagg.orchestrator.splice import TokenIds
 
 # Fields only the orchestrator sets on executor requests: a client's copy is refused with 400 by
 # name rather than trusted or silently dropped (TensorRT-LLM's orchestrator overwrites them; its
@@ -43,8 +45,9 @@ def _is_token_list(value: Any) -> bool:
     return token_ids_ok(value)
 
 
-def normalise_prompt(req: dict[str, Any]) -> str | list[int]:
-    """The single prompt of a completion request: a string or a non-empty list of token ids.
+def normalise_prompt(req: dict[str, Any]) -> str | Sequence[int]:
+    """The single prompt of a completion request: a string or a non-empty list of token ids
+    (`splice.TokenIds` when the fleet read them from the body natively).
 
     A one-element batch is unwrapped (as TensorRT-LLM does); a batch of several prompts is
     refused because disaggregated serving handles one prompt per request.
@@ -52,12 +55,14 @@ def normalise_prompt(req: dict[str, Any]) -> str | list[int]:
     return _normalise_prompt(req, False)[0]
 
 
-def _normalise_prompt(req: dict[str, Any], want_ids: bool) -> tuple[str | list[int], bytes | None]:
+def _normalise_prompt(req: dict[str, Any], want_ids: bool) -> tuple[str | Sequence[int], bytes | None]:
     """`normalise_prompt`, plus the ids of a token-id prompt as int32 bytes when `want_ids`
     (checked and converted in the same native pass)."""
     if "prompt" not in req:
         raise _bad("'prompt' is required", "prompt")
     prompt = req["prompt"]
+    if isinstance(prompt, TokenIds):  # read and checked natively already (service._decode)
+        return prompt, prompt.ids32 if want_ids else None
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):

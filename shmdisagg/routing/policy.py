@@ -9,6 +9,7 @@ before scoring.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
 from shmdisagg._native import token_ids_int32
@@ -47,7 +48,7 @@ class RoutingKey:
     def __init__(
         self,
         num_tokens: int,
-        token_ids: list[int] | None = None,
+        token_ids: Sequence[int] | None = None,
         conversation_id: str | None = None,
         text: str | None = None,
         salt_id: int | None = None,
