@@ -20,6 +20,8 @@
  */
 #include "_native.h"
 
+#include <emmintrin.h> /* SSE2: part of x86-64 */
+
 static inline const char *ws(const char *p, const char *end)
 {
     while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
@@ -48,12 +50,48 @@ static const char *skip_string(const char *p, const char *end, int *escaped)
     return NULL;
 }
 
+/* Past the ']' that closes the array opening at p when no '[', '{', '}' or '"' comes first (a
+ * flat array of numbers: a token-id array), 16 bytes a step; NULL for any other array, which
+ * skip_value then walks byte by byte to the same end. A 128k-token array: ~0.75 ms a byte at a
+ * time, a few tens of µs here. */
+static const char *skip_flat_array(const char *p, const char *end)
+{
+    const char *q = p + 1;
+    const __m128i close = _mm_set1_epi8(']'), open = _mm_set1_epi8('['), obj = _mm_set1_epi8('{'),
+                  obj_end = _mm_set1_epi8('}'), quote = _mm_set1_epi8('"');
+    for (; end - q >= 16; q += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)q);
+        unsigned closes = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, close));
+        __m128i other = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, open), _mm_cmpeq_epi8(v, obj)),
+                                     _mm_or_si128(_mm_cmpeq_epi8(v, obj_end), _mm_cmpeq_epi8(v, quote)));
+        unsigned others = (unsigned)_mm_movemask_epi8(other);
+        if ((closes | others) == 0)
+            continue;
+        unsigned first_close = closes ? (unsigned)__builtin_ctz(closes) : 16;
+        if (others && (unsigned)__builtin_ctz(others) < first_close)
+            return NULL;
+        return q + first_close + 1;
+    }
+    for (; q < end; q++) {
+        if (*q == ']')
+            return q + 1;
+        if (*q == '[' || *q == '{' || *q == '}' || *q == '"')
+            return NULL;
+    }
+    return NULL;
+}
+
 /* Past the value starting at p (not whitespace); NULL if the walk cannot tell where it ends. */
 static const char *skip_value(const char *p, const char *end)
 {
     int escaped = 0;
     if (*p == '"')
         return skip_string(p + 1, end, &escaped);
+    if (*p == '[') {
+        const char *q = skip_flat_array(p, end);
+        if (q != NULL)
+            return q;
+    }
     if (*p == '{' || *p == '[') {
         Py_ssize_t depth = 0;
         while (p < end) {

@@ -46,7 +46,10 @@ class Raw:
     @property
     def empty(self) -> bool:
         """The array has no element."""
-        return bytes(self.data[1:]).lstrip()[:1] == b"]"
+        data, i = self.data, 1
+        while i < len(data) and data[i] in b" \t\r\n":
+            i += 1
+        return data[i : i + 1] == b"]"
 
     def value(self) -> Any:
         """The decoded value (for an encoding that cannot take JSON bytes: msgpack)."""
@@ -95,21 +98,15 @@ def _array_span(raw: bytes, key: bytes) -> tuple[int, int] | None:
     return span
 
 
-def array_member(raw: bytes, key: bytes) -> Raw | None:
-    """The top-level member `key` of the JSON object `raw`, when it is an array and `raw` is at
-    least `MIN_BYTES`; else None."""
-    span = _array_span(raw, key)
-    return None if span is None else Raw(raw[span[0] : span[1]])
-
-
 def cut(raw: bytes, key: bytes) -> tuple[bytes, Raw | None]:
     """`raw` with the array value of its top-level member `key` replaced by `null`, and that
-    array; (`raw`, None) where `array_member` would find none."""
+    array (a view of `raw`); (`raw`, None) when `raw` is under `MIN_BYTES` or the member is not
+    an array the walk found whole."""
     span = _array_span(raw, key)
     if span is None:
         return raw, None
     start, end = span
-    return raw[:start] + b"null" + raw[end:], Raw(raw[start:end])
+    return raw[:start] + b"null" + raw[end:], Raw(memoryview(raw)[start:end])
 
 
 def cut_token_ids(raw: bytes, key: bytes) -> tuple[bytes, TokenIds] | None:

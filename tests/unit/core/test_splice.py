@@ -84,7 +84,25 @@ def test_small_bodies_and_non_arrays_are_left_alone() -> None:
     assert splice.cut(small, b"prompt_token_ids") == (small, None)
     text = orjson.dumps({"prompt_token_ids": "x" * 5000})
     assert splice.cut(text, b"prompt_token_ids") == (text, None)
-    assert splice.array_member(text, b"prompt_token_ids") is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    head=st.lists(st.integers(0, 10**9), max_size=40),
+    odd=st.sampled_from([None, '"]"', "[1]", '{"a": 1}', "[]"]),
+    tail=st.lists(st.integers(0, 9), max_size=20),
+    spaced=st.booleans(),
+)
+def test_long_arrays_end_where_the_decoder_ends_them(
+    head: list[int], odd: str | None, tail: list[int], spaced: bool
+) -> None:
+    """Arrays past 16 bytes (the 16-byte scan for a flat array's `]`), with a string, an array or
+    an object anywhere in them (the byte-by-byte walk takes over), end where orjson ends them."""
+    items = [str(i) for i in head] + ([odd] if odd else []) + [str(i) for i in tail]
+    array_text = "[" + (", " if spaced else ",").join(items) + "]"
+    doc = ('{"prompt_token_ids": ' + array_text + ', "after": ["]", 1], "id": "x"}').encode()
+    assert member(doc, "prompt_token_ids") == orjson.loads(array_text)
+    assert member(doc, "after") == ["]", 1]
 
 
 @settings(max_examples=200, deadline=None)
@@ -107,3 +125,4 @@ def test_dumps_with_raw_values_decodes_as_the_decoded_request(
 
 def test_an_empty_array_is_empty() -> None:
     assert Raw(b"[ ]").empty and Raw(b"[]").empty and not Raw(b"[0]").empty
+    assert Raw(memoryview(b"x[ \n\t]")[1:]).empty and not Raw(memoryview(b"[\n 0]")).empty
