@@ -125,6 +125,21 @@ def key_leases(etcd: EtcdServer, name: str) -> dict[str, int]:
     return {base64.b64decode(kv["key"]).decode(): int(kv.get("lease", 0)) for kv in out.get("kvs", [])}
 
 
+def register_all(etcd: EtcdServer, name: str, workers: list[WorkerInfo]) -> None:
+    """Put every worker's key at once (no lease), as a flood of registrations would."""
+    import aetcd
+
+    async def flood() -> None:
+        client = aetcd.Client(host="127.0.0.1", port=etcd.port)
+        try:
+            await asyncio.gather(*(client.put(worker_key(name, w.worker_id).encode(), w.encode().encode())
+                                   for w in workers))  # fmt: skip
+        finally:
+            await client.close()
+
+    asyncio.run(flood())
+
+
 def servers(dep: Deployment) -> list[dict[str, Any]]:
     return list(coordinator_info(dep)["servers"])
 
@@ -273,20 +288,9 @@ def test_etcd_unreachable_at_start_is_one_clear_line(tmp_path: Path, shm_prefix:
 def test_a_flood_of_registrations_fills_the_table_and_the_rest_wait_for_a_free_slot(
     tmp_path: Path, shm_prefix: str
 ) -> None:
-    import aetcd
-
     with cluster(tmp_path, shm_prefix) as (dep, etcd, name):
         workers = [WorkerInfo(new_worker_id(1, "127.0.0.1", 20000 + i), "127.0.0.1", 20000 + i, 1) for i in range(80)]
-
-        async def flood() -> None:
-            client = aetcd.Client(host="127.0.0.1", port=etcd.port)
-            try:
-                await asyncio.gather(*(client.put(worker_key(name, w.worker_id).encode(), w.encode().encode())
-                                       for w in workers))  # fmt: skip
-            finally:
-                await client.close()
-
-        asyncio.run(flood())
+        register_all(etcd, name, workers)
         wait_until(lambda: len(servers(dep)) == 64, 20, "64 registered")
         info = coordinator_info(dep)["disagg_cluster"]
         assert len(info["pending"]) == 16 and info["waited"] == 16
@@ -402,24 +406,13 @@ def test_a_restarted_coordinator_keeps_the_registered_executors_in_their_slots(t
 def test_a_table_of_128_slots_holds_registrations_past_64_through_a_coordinator_restart(
     tmp_path: Path, shm_prefix: str
 ) -> None:
-    import aetcd
-
     with cluster(tmp_path, shm_prefix, shm={"max_servers": 128}) as (dep, etcd, name), sims() as started:
         started += [Sim(etcd.uri, name, "context"), Sim(etcd.uri, name, "generation")]
         wait_until(lambda: health(dep)[0] == 200, 30, "ready")
         # 130 more registrations (nothing listens there: they are never healthy): 126 fill the
         # table, 4 wait for a slot
         workers = [WorkerInfo(new_worker_id(1, "127.0.0.1", 20000 + i), "127.0.0.1", 20000 + i, 1) for i in range(130)]
-
-        async def flood() -> None:
-            client = aetcd.Client(host="127.0.0.1", port=etcd.port)
-            try:
-                await asyncio.gather(*(client.put(worker_key(name, w.worker_id).encode(), w.encode().encode())
-                                       for w in workers))  # fmt: skip
-            finally:
-                await client.close()
-
-        asyncio.run(flood())
+        register_all(etcd, name, workers)
         wait_until(lambda: len(servers(dep)) == 128, 30, "128 registered")
         assert len(coordinator_info(dep)["disagg_cluster"]["pending"]) == 4
         before = {(s["slot"], s["addr"]) for s in servers(dep)}
