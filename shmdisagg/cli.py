@@ -24,13 +24,28 @@ when interrupted before the command finished starting (130 SIGINT, 143 SIGTERM; 
 
 from __future__ import annotations
 
+import signal
 import sys
+
+# Every SIGINT is recorded before it becomes a KeyboardInterrupt: one raised while a library
+# runs a finalizer or a bare `except:` is swallowed there, and the command would go on to start a
+# deployment nobody wants (found under load: a Ctrl-C during the imports, then a coordinator
+# waiting for its executors). `_stop_if_interrupted` ends the command before it starts anything.
+_received: list[int] = []
+
+
+def _record_sigint(signum: int, frame: object) -> None:
+    _received.append(signum)
+    raise KeyboardInterrupt
+
+
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where someone else handles it
+    signal.signal(signal.SIGINT, _record_sigint)
 
 try:  # a Ctrl-C while the modules load (right after the command is typed) ends in one line
     import argparse
     import logging
     import os
-    import signal
 
     from shmdisagg.config import ConfigError, DisaggConfig, check_machine, config_warnings, load_config
     from shmdisagg.procutil import STOP_SIGNALS
@@ -50,6 +65,15 @@ class Interrupted(KeyboardInterrupt):
 
 def _interrupt(signum: int, frame: object) -> None:
     raise Interrupted(signum)
+
+
+def _take_stop_signals() -> None:
+    """From here a SIGINT or SIGTERM raises `Interrupted`; one that came earlier and was
+    swallowed (see `_received`) raises it now, before anything starts."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, _interrupt)
+    if _received:
+        raise Interrupted(_received[0])
 
 
 def _signal_name(err: BaseException) -> tuple[int, str]:
@@ -129,8 +153,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     # A SIGINT or SIGTERM during start-up stops what was started, then exits 128 + its number
     # (Deployment.wait() takes the signals over once the deployment serves).
-    for s in STOP_SIGNALS:
-        signal.signal(s, _interrupt)
+    _take_stop_signals()
     config = _load(args.config)
     _refuse_port_zero(config, args.config)
     _check_env()
@@ -244,6 +267,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         argv += ["-m", os.path.abspath(metadata)]
     # --metrics-log-interval: a deprecated no-op in TensorRT-LLM too; accepted, nothing to do
     # this process stays as the deployment's supervisor: it restarts a coordinator that dies
+    if _received:  # a Ctrl-C swallowed while the modules loaded: start nothing
+        raise Interrupted(_received[0])
     return run_supervised(config, argv, args.report_addr)
 
 

@@ -76,14 +76,14 @@ class Command:
         os.killpg(self.proc.pid, sig)
         try:
             code = self.proc.wait(timeout=60)
-        finally:
+        finally:  # also when it hung: a pipe left open fails a later test of this worker (ResourceWarning)
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        self._reader.join(timeout=10)
-        assert self.proc.stderr is not None
-        if not self._reader.is_alive():
-            self.proc.stderr.close()
+            self._reader.join(timeout=10)
+            assert self.proc.stderr is not None
+            if not self._reader.is_alive():
+                self.proc.stderr.close()
         while True:
             line = self.lines.get_nowait() if not self.lines.empty() else None
             if line is None:
@@ -119,6 +119,28 @@ def test_a_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(tmp_path: Pat
     assert "Traceback" not in "".join(stderr), stderr
     lines = _shmdisagg_lines(stderr)
     assert len(lines) == 1 and lines[0].startswith("shmdisagg: interrupted"), stderr
+
+
+@pytest.mark.parametrize("command", ["launch", "serve"])
+def test_a_ctrl_c_swallowed_while_the_modules_load_still_stops_the_command(
+    tmp_path: Path, shm_prefix: str, command: str
+) -> None:
+    """A KeyboardInterrupt can be swallowed where it is raised (a finalizer, a library's bare
+    `except:`). The command must still end in one line instead of starting a deployment
+    (seen under load: a coordinator waiting for executors after the Ctrl-C, no exit)."""
+    cfg = write_config(tmp_path, shm_prefix, [f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"])
+    script = (
+        "import os, signal, sys\n"
+        "from shmdisagg import cli\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "except KeyboardInterrupt:\n"
+        "    pass  # swallowed, as a finalizer would\n"
+        f"sys.exit(cli.main([{command!r}, '-c', {str(cfg)!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 130, out.stderr
+    assert _shmdisagg_lines(out.stderr.splitlines()) == ["shmdisagg: interrupted (SIGINT)"], out.stderr
 
 
 def _stuck_executor(tmp_path: Path) -> Path:
