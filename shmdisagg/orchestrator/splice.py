@@ -113,7 +113,7 @@ def cut_token_ids(raw: bytes, key: bytes) -> tuple[bytes, TokenIds] | None:
     """`raw` with its top-level member `key` replaced by `null`, and that member as `TokenIds`,
     when `raw` is at least `MIN_BYTES` and the member is a non-empty array of ints in [0, 2**31);
     else None (the caller decodes `raw` as it is, and refuses or accepts it as before)."""
-    if len(raw) < MIN_BYTES:
+    if len(raw) < MIN_BYTES or type(raw) is not bytes:  # the native walk reads bytes objects only
         return None
     found = json_token_ids(raw, key)
     if found is None:
