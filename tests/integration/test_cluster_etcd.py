@@ -140,6 +140,23 @@ def register_all(etcd: EtcdServer, name: str, workers: list[WorkerInfo]) -> None
     asyncio.run(flood())
 
 
+def kill_coordinator_and_serve_meanwhile(dep: Deployment) -> None:
+    """SIGKILL the coordinator; the fleet serves from the table as it was while the launcher's
+    keeper starts a replacement; back once the replacement answers."""
+    old = coordinator_info(dep)["coordinator_pid"]
+    assert dep.coordinator is not None
+    dep.coordinator.proc.kill()
+    assert complete(dep) == 200
+
+    def replaced() -> bool:
+        try:
+            return bool(coordinator_info(dep)["coordinator_pid"] != old)
+        except (OSError, AssertionError):
+            return False
+
+    wait_until(replaced, 30, "a new coordinator")
+
+
 def servers(dep: Deployment) -> list[dict[str, Any]]:
     return list(coordinator_info(dep)["servers"])
 
@@ -384,18 +401,7 @@ def test_a_restarted_coordinator_keeps_the_registered_executors_in_their_slots(t
         started += [Sim(etcd.uri, name, "context"), Sim(etcd.uri, name, "generation")]
         wait_until(lambda: health(dep)[0] == 200, 30, "ready")
         before = {(s["slot"], s["addr"]) for s in servers(dep)}
-        old = coordinator_info(dep)["coordinator_pid"]
-        assert dep.coordinator is not None
-        dep.coordinator.proc.kill()  # the launcher's keeper starts a replacement, which adopts the table
-        assert complete(dep) == 200  # the fleet serves meanwhile, from the table as it was
-
-        def replaced() -> bool:
-            try:
-                return bool(coordinator_info(dep)["coordinator_pid"] != old)
-            except (OSError, AssertionError):
-                return False
-
-        wait_until(replaced, 30, "a new coordinator")
+        kill_coordinator_and_serve_meanwhile(dep)  # the keeper's replacement adopts the table
         info = coordinator_info(dep)["disagg_cluster"]
         assert {(s["slot"], s["addr"]) for s in servers(dep)} == before and info["leaves"] == 0
         assert complete(dep) == 200
@@ -418,18 +424,7 @@ def test_a_table_of_128_slots_holds_registrations_past_64_through_a_coordinator_
         before = {(s["slot"], s["addr"]) for s in servers(dep)}
         assert {slot for slot, _ in before} == set(range(128))
         table_inode = os.stat(f"/dev/shm/{shm_prefix}-ctl").st_ino
-        old = coordinator_info(dep)["coordinator_pid"]
-        assert dep.coordinator is not None
-        dep.coordinator.proc.kill()  # the keeper starts a replacement, which adopts the 128-slot table
-        assert complete(dep) == 200
-
-        def replaced() -> bool:
-            try:
-                return bool(coordinator_info(dep)["coordinator_pid"] != old)
-            except (OSError, AssertionError):
-                return False
-
-        wait_until(replaced, 30, "a new coordinator")
+        kill_coordinator_and_serve_meanwhile(dep)  # the replacement adopts the 128-slot table
         wait_until(lambda: len(coordinator_info(dep)["disagg_cluster"]["pending"]) == 4, 30, "the store listed again")
         assert {(s["slot"], s["addr"]) for s in servers(dep)} == before
         assert coordinator_info(dep)["disagg_cluster"]["leaves"] == 0
