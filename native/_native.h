@@ -489,6 +489,13 @@ SD_HIDDEN PyObject *mod_sse_scan(PyObject *m, PyObject *const *args, Py_ssize_t 
  * it. `hook`, if not NULL, is called on each matching member's value: it returns where the value
  * ends if it read it, or NULL to have it skipped as usual. */
 typedef const char *(*json_value_hook)(const char *value, const char *end, void *ctx);
+/* Past JSON whitespace (space, tab, newline, carriage return) from p. */
+static inline const char *json_ws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
 SD_HIDDEN const char *json_member_span(const char *s, const char *end, const char *key, Py_ssize_t klen,
                                        json_value_hook hook, void *ctx, const char **found_end);
 SD_HIDDEN PyObject *mod_json_member(PyObject *m, PyObject *const *args, Py_ssize_t nargs);

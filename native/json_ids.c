@@ -25,13 +25,6 @@
 
 #define ONES 0x0101010101010101ULL
 
-static inline const char *skip_ws(const char *p, const char *end)
-{
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
-        p++;
-    return p;
-}
-
 /* One id at p, scalar: its value (-1 if not a JSON integer in [0, 2**31)) and *next past it. */
 static int64_t id_slow(const char *p, const char *end, const char **next)
 {
@@ -89,7 +82,7 @@ static const char *read_ids(const char *v, const char *end, void *ctx)
     }
     uint32_t *ids = (uint32_t *)PyBytes_AS_STRING(out);
     Py_ssize_t n = 0;
-    const char *p = skip_ws(v + 1, end);
+    const char *p = json_ws(v + 1, end);
     for (;;) {
         const char *q;
         int64_t id = end - p >= 8 ? id_fast(p, end, &q) : id_slow(p, end, &q);
@@ -98,17 +91,17 @@ static const char *read_ids(const char *v, const char *end, void *ctx)
         ids[n++] = (uint32_t)id;
         p = q;
         if (p < end && *p == ',') {  /* the usual case: a comma right after the id */
-            p = skip_ws(p + 1, end);
+            p = json_ws(p + 1, end);
             continue;
         }
-        p = skip_ws(p, end);
+        p = json_ws(p, end);
         if (p >= end)
             goto fail;
         if (*p == ']')
             break;
         if (*p != ',')
             goto fail;
-        p = skip_ws(p + 1, end);
+        p = json_ws(p + 1, end);
     }
     if (_PyBytes_Resize(&out, n * 4) < 0) {
         PyErr_Clear();

@@ -22,13 +22,6 @@
 
 #include <emmintrin.h> /* SSE2: part of x86-64 */
 
-static inline const char *ws(const char *p, const char *end)
-{
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
-        p++;
-    return p;
-}
-
 /* Past the closing quote of the string whose opening quote is at p[-1]; NULL if unterminated.
  * *escaped is set when the string holds a backslash. */
 static const char *skip_string(const char *p, const char *end, int *escaped)
@@ -118,10 +111,10 @@ const char *json_member_span(const char *s, const char *end, const char *key, Py
                              void *ctx, const char **found_end)
 {
     const char *found = NULL;
-    const char *p = ws(s, end);
+    const char *p = json_ws(s, end);
     if (p >= end || *p != '{')
         return NULL;
-    p = ws(p + 1, end);
+    p = json_ws(p + 1, end);
     if (p < end && *p == '}')
         return NULL;
     while (p < end) {
@@ -133,10 +126,10 @@ const char *json_member_span(const char *s, const char *end, const char *key, Py
         if (kend == NULL || escaped)
             return NULL;
         int match = (kend - 1 - k) == klen && memcmp(k, key, (size_t)klen) == 0;
-        p = ws(kend, end);
+        p = json_ws(kend, end);
         if (p >= end || *p != ':')
             return NULL;
-        p = ws(p + 1, end);
+        p = json_ws(p + 1, end);
         if (p >= end)
             return NULL;
         const char *v = p;
@@ -149,14 +142,14 @@ const char *json_member_span(const char *s, const char *end, const char *key, Py
             found = v;
             *found_end = p;
         }
-        p = ws(p, end);
+        p = json_ws(p, end);
         if (p >= end)
             return NULL;
         if (*p == '}')
             return found;
         if (*p != ',')
             return NULL;
-        p = ws(p + 1, end);
+        p = json_ws(p + 1, end);
     }
     return NULL;
 }

@@ -67,13 +67,17 @@ def _interrupt(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
-def _take_stop_signals() -> None:
-    """From here a SIGINT or SIGTERM raises `Interrupted`; one that came earlier and was
-    swallowed (see `_received`) raises it now, before anything starts."""
-    for s in STOP_SIGNALS:
-        signal.signal(s, _interrupt)
+def _stop_if_interrupted() -> None:
+    """Raise `Interrupted` for a SIGINT that came earlier and was swallowed (see `_received`)."""
     if _received:
         raise Interrupted(_received[0])
+
+
+def _take_stop_signals() -> None:
+    """From here a SIGINT or SIGTERM raises `Interrupted`; an earlier, swallowed one raises now."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, _interrupt)
+    _stop_if_interrupted()
 
 
 def _signal_name(err: BaseException) -> tuple[int, str]:
@@ -267,8 +271,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         argv += ["-m", os.path.abspath(metadata)]
     # --metrics-log-interval: a deprecated no-op in TensorRT-LLM too; accepted, nothing to do
     # this process stays as the deployment's supervisor: it restarts a coordinator that dies
-    if _received:  # a Ctrl-C swallowed while the modules loaded: start nothing
-        raise Interrupted(_received[0])
+    _stop_if_interrupted()  # a Ctrl-C swallowed while the modules loaded: start nothing
     return run_supervised(config, argv, args.report_addr)
 
 

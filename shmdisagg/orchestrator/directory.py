@@ -61,10 +61,3 @@ class ServerDirectory:
         `servers_version` (a health change bumps it), so a request can ask."""
         self._refresh()
         return self._healthy
-
-    def healthy_roles(self) -> tuple[bool, bool]:
-        """(some context server healthy, some generation server healthy)."""
-        servers = self.servers()
-        ctx = any(s.healthy and s.role == ROLE_CONTEXT for s in servers)
-        gen = any(s.healthy and s.role == ROLE_GENERATION for s in servers)
-        return ctx, gen

@@ -160,16 +160,14 @@ class Flows:
                 total = len(key.token_ids or ())
                 if matched and total - matched <= self.max_local_prefill:
                     self.local_prefills += 1  # the request as it came, prefill and decode there
-                    await relay(ex, await self._open_generation(ex, reserved, key, path, req), max_tokens_of(req))
+                    await relay(ex, await self._open_generation(reserved, key, path, req), max_tokens_of(req))
                     return
             self.disaggregated += 1
             await self._style(ex, req, chat, key, path, reserved)
         finally:
             reserved.release_unused()
 
-    async def _open_generation(
-        self, ex: Exchange, reserved: Reserved, key: RoutingKey, path: str, gen_req: dict[str, Any]
-    ) -> Opened:
+    async def _open_generation(self, reserved: Reserved, key: RoutingKey, path: str, gen_req: dict[str, Any]) -> Opened:
         # take() runs when this coroutine starts: a task cancelled before that leaves the
         # reservation to release_unused().
         body, headers = self.wire.encode(gen_req)
@@ -192,7 +190,7 @@ class Flows:
         gen_req = dict(req)
         gen_req["disaggregated_params"] = dict(GEN_ONLY_PARAMS)
         gen_req["ignore_eos"] = True
-        await relay(ex, await self._open_generation(ex, reserved, key, path, gen_req), max_tokens_of(req))
+        await relay(ex, await self._open_generation(reserved, key, path, gen_req), max_tokens_of(req))
 
     # -- context-first ---------------------------------------------------------------------
 
@@ -227,7 +225,7 @@ class Flows:
         gen_req = generation_request(
             req, chat, ctx, ex.disagg_request_id, style, self.options.gen_strip_message_history, ids
         )
-        await relay(ex, await self._open_generation(ex, reserved, key, path, gen_req), max_tokens_of(req))
+        await relay(ex, await self._open_generation(reserved, key, path, gen_req), max_tokens_of(req))
 
     def _ctx_body(self, ex: Exchange, req: dict[str, Any], style: int) -> Callable[[int], bytes]:
         def make(attempt: int) -> bytes:
@@ -268,7 +266,7 @@ class Flows:
             raise
         # The generation POST goes out first; the context leg is awaited only after it started.
         # The context leg is not retried elsewhere: the generation request names its server.
-        gen_task = asyncio.ensure_future(self._open_generation(ex, reserved, key, path, gen_req))
+        gen_task = asyncio.ensure_future(self._open_generation(reserved, key, path, gen_req))
         started = False
 
         async def ctx_leg() -> tuple[int, bytes, int]:

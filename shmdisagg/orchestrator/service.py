@@ -310,10 +310,7 @@ class KeyBuilder:
     async def build(self, req: dict[str, Any], chat: bool, ids32: bytes | None = None) -> RoutingKey:
         """`ids32`: the prompt's ids as int32 bytes from `validate(..., want_ids=True)` (token-id
         prompts), so the block hashes need not read the list again."""
-        prompt = None if chat else req.get("prompt")
-        given = isinstance(prompt, (list, TokenIds))  # validated: token ids
-        if isinstance(prompt, TokenIds):
-            ids32 = prompt.ids32
+        given = not chat and isinstance(req.get("prompt"), (list, TokenIds))  # validated: token ids
         if self.tokenizer is not None:
             ids = await prompt_token_ids(self.tokenizer, req, chat)
         else:

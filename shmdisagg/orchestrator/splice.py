@@ -16,9 +16,10 @@ array's bytes (`_native.json_member`, one pass), and the leg's body gets them as
   (`_native.json_token_ids`): a `TokenIds`, the client's token-id prompt as the request holds it,
   never a list of Python ints (BENCHMARKS.md, "Token-id prompts without Python ints").
 
-Both apply only to bodies of `MIN_BYTES` or more (below, decoding is cheaper than the walk) and
-only to a value the walk found whole and that begins as an array; anything else takes the
-decoded path, so a body is never sent other than a decoder would write it, only faster.
+The cuts apply only to bodies of `MIN_BYTES` or more (below, decoding is cheaper than the walk)
+and only to a value the walk found whole and that is an array (of token ids, for
+`cut_token_ids`); anything else takes the decoded path, so a body is never sent other than a
+decoder would write it, only faster.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def cut(raw: bytes, key: bytes) -> tuple[bytes, Raw | None]:
     if span is None:
         return raw, None
     start, end = span
-    return raw[:start] + b"null" + raw[end:], Raw(memoryview(raw)[start:end])
+    return _nulled(raw, start, end), Raw(memoryview(raw)[start:end])
 
 
 def cut_token_ids(raw: bytes, key: bytes) -> tuple[bytes, TokenIds] | None:
@@ -119,7 +120,12 @@ def cut_token_ids(raw: bytes, key: bytes) -> tuple[bytes, TokenIds] | None:
     if found is None:
         return None
     start, end, ids32 = found
-    return raw[:start] + b"null" + raw[end:], TokenIds(memoryview(raw)[start:end], ids32)
+    return _nulled(raw, start, end), TokenIds(memoryview(raw)[start:end], ids32)
+
+
+def _nulled(raw: bytes, start: int, end: int) -> bytes:
+    """`raw` with the value at [start, end) replaced by `null`."""
+    return raw[:start] + b"null" + raw[end:]
 
 
 def dumps(req: dict[str, Any]) -> bytes:
