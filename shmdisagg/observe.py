@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from shmdisagg.metrics.jsonl import PerfMetricsJsonlWriter
     from shmdisagg.request_trace import RequestTrace, RequestTraceWriter
     from shmdisagg.tracing import Tracing
-    from shmdisagg.upstream import UpstreamPool, UpstreamResponse
+    from shmdisagg.upstream import Body, UpstreamPool, UpstreamResponse
 
 Handler = Callable[[Scope, Receive, Send, bool], Awaitable[None]]
 
@@ -184,7 +184,7 @@ class RequestObservation:
         host: str,
         port: int,
         path: str,
-        body: bytes,
+        body: Body,
         headers: Sequence[tuple[bytes, bytes]] = (),
         timeout_s: float | None = None,
         whole: bool = False,
@@ -504,7 +504,7 @@ def send_leg(
     host: str,
     port: int,
     path: str,
-    body: bytes,
+    body: Body,
     headers: Sequence[tuple[bytes, bytes]] = (),
     timeout_s: float | None = None,
     whole: bool = False,

@@ -72,7 +72,7 @@ from shmdisagg.orchestrator.legs import LegRunner, Opened, leg_timeout_error
 from shmdisagg.orchestrator.splice import Raw
 from shmdisagg.orchestrator.wire import Wire
 from shmdisagg.routing import Policy, RoutingKey
-from shmdisagg.upstream import UpstreamError, UpstreamResponse, UpstreamTimeout
+from shmdisagg.upstream import Body, UpstreamError, UpstreamResponse, UpstreamTimeout
 
 log = logging.getLogger("shmdisagg.service")
 
@@ -227,8 +227,8 @@ class Flows:
         )
         await relay(ex, await self._open_generation(reserved, key, path, gen_req), max_tokens_of(req))
 
-    def _ctx_body(self, ex: Exchange, req: dict[str, Any], style: int) -> Callable[[int], bytes]:
-        def make(attempt: int) -> bytes:
+    def _ctx_body(self, ex: Exchange, req: dict[str, Any], style: int) -> Callable[[int], Body]:
+        def make(attempt: int) -> Body:
             if attempt:  # never reuse an id a failed attempt may have registered on an executor
                 ex.disagg_request_id = self.new_id()
             ctx_req = dict(req)

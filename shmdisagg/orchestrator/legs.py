@@ -41,6 +41,7 @@ from shmdisagg.orchestrator.reporting import FailureReporter, KvHints
 from shmdisagg.routing import Policy, RoutingKey
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION
 from shmdisagg.upstream import (
+    Body,
     UpstreamConnectError,
     UpstreamDisconnected,
     UpstreamPool,
@@ -136,7 +137,7 @@ class LegRunner:
         policy: Policy,
         key: RoutingKey,
         path: str,
-        make_body: Callable[[int], bytes],
+        make_body: Callable[[int], Body],
         role: str,
         *,
         retry_5xx: bool = False,
@@ -235,7 +236,7 @@ class LegRunner:
         return True
 
     async def call(
-        self, policy: Policy, key: RoutingKey, path: str, make_body: Callable[[int], bytes], role: str, **kw: Any
+        self, policy: Policy, key: RoutingKey, path: str, make_body: Callable[[int], Body], role: str, **kw: Any
     ) -> tuple[int, bytes, int]:
         """A non-streaming leg: (status, body, slot); the pick is released before returning."""
         opened = await self.open(policy, key, path, make_body, role, whole=True, **kw)

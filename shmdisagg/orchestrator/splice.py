@@ -11,7 +11,7 @@ array's bytes (`_native.json_member`, one pass), and the leg's body gets them as
 - `cut(raw, key)`: a JSON object document with one top-level array member taken out (its value
   replaced by `null`, so the rest decodes cheaply) and that array's bytes;
 - `Raw(data)`: a request field whose JSON value is `data`, written into the body as it is by
-  `dumps` (`wire.Wire.body`);
+  `dumps` (`wire.Wire.body`): a piece of the leg's body, sent from the buffer it arrived in;
 - `cut_token_ids(raw, key)`: as `cut`, for an array of token ids, read as it is found
   (`_native.json_token_ids`): a `TokenIds`, the client's token-id prompt as the request holds it,
   never a list of Python ints (BENCHMARKS.md, "Token-id prompts without Python ints").
@@ -32,6 +32,9 @@ import orjson
 from shmdisagg._native import json_member, json_token_ids
 
 MIN_BYTES = 4096
+# A leg whose Raw values hold fewer bytes than this is joined into one buffer: below it a join
+# costs less than uvloop's vectored write (`dumps`; BENCHMARKS.md, "Legs written as pieces").
+PIECES_MIN_BYTES = 32 << 10
 # The request fields that may hold a Raw value: what `Wire.body` looks for.
 RAW_FIELDS = ("prompt", "prompt_token_ids")
 
@@ -128,19 +131,26 @@ def _nulled(raw: bytes, start: int, end: int) -> bytes:
     return raw[:start] + b"null" + raw[end:]
 
 
-def dumps(req: dict[str, Any]) -> bytes:
+def dumps(req: dict[str, Any]) -> bytes | list[bytes | memoryview]:
     """`orjson.dumps(req)`, with each `Raw` value among `RAW_FIELDS` written as its bytes (those
-    members come last; JSON objects are unordered)."""
+    members come last; JSON objects are unordered). From `PIECES_MIN_BYTES` of them on, the
+    document's pieces in order, each `Raw` value's bytes one piece, as a view of the body they
+    came in, never copied (the leg goes out in one vectored write, `upstream.pool.Body`)."""
     raws = [(key, value) for key in RAW_FIELDS if isinstance(value := req.get(key), Raw)]
     if not raws:
         return orjson.dumps(req)
     rest = {k: v for k, v in req.items() if not isinstance(v, Raw)}
     head = orjson.dumps(rest)[:-1]
-    parts: list[bytes | memoryview] = [head]
+    parts: list[bytes | memoryview] = []
+    glue = [head]
     for i, (key, value) in enumerate(raws):
-        parts += (b"," if i or len(head) > 1 else b"", b'"', key.encode(), b'":', value.data)
+        glue += (b"," if i or len(head) > 1 else b"", b'"', key.encode(), b'":')
+        parts += (b"".join(glue), value.data)
+        glue = []
     parts.append(b"}")
-    return b"".join(parts)
+    if sum(len(value.data) for _, value in raws) < PIECES_MIN_BYTES:
+        return b"".join(parts)
+    return parts
 
 
 def decoded(req: dict[str, Any]) -> dict[str, Any]:

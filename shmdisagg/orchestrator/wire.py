@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from shmdisagg.orchestrator import splice
+from shmdisagg.upstream import Body
 
 log = logging.getLogger("shmdisagg.service")
 
@@ -55,13 +56,14 @@ class Wire:
         self._encoder = msgspec.msgpack.Encoder() if msgpack else None
         self._warned = False
 
-    def body(self, req: dict[str, Any]) -> bytes:
-        """The request as the executor reads it (`splice.Raw` values written as their bytes)."""
+    def body(self, req: dict[str, Any]) -> Body:
+        """The request as the executor reads it (`splice.Raw` values written as their bytes, each
+        a piece of the body: `splice.dumps`)."""
         if self._encoder is not None:
             return self._encoder.encode(splice.decoded(req))
         return splice.dumps(req)
 
-    def encode(self, req: dict[str, Any]) -> tuple[bytes, Headers]:
+    def encode(self, req: dict[str, Any]) -> tuple[Body, Headers]:
         """`body(req)` and `headers(req)` together: a leg sent once."""
         return self.body(req), self.headers(req)
 

@@ -20,10 +20,11 @@ from shmdisagg.upstream.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from shmdisagg.upstream.pool import UpstreamPool
+from shmdisagg.upstream.pool import Body, UpstreamPool
 from shmdisagg.upstream.response import UpstreamResponse
 
 __all__ = [
+    "Body",
     "UpstreamConnectError",
     "UpstreamDisconnected",
     "UpstreamError",

@@ -16,7 +16,7 @@ import httptools
 from shmdisagg.upstream.errors import UpstreamDisconnected, UpstreamError, UpstreamProtocolError, UpstreamTimeout
 
 if TYPE_CHECKING:
-    from shmdisagg.upstream.pool import UpstreamPool, _Host
+    from shmdisagg.upstream.pool import Body, UpstreamPool, _Host
 
 # A response head larger than this is refused: executors send a handful of short headers.
 MAX_HEAD_BYTES = 64 << 10
@@ -114,10 +114,11 @@ class Connection(asyncio.Protocol):
     # -- driven by the pool and the response ------------------------------------------------
 
     def start(
-        self, data: bytes, no_body: bool, deadline: float | None, whole: bool = False, total: bool = False
+        self, data: Body, no_body: bool, deadline: float | None, whole: bool = False, total: bool = False
     ) -> asyncio.Future[None]:
-        """Write one request (head and body already joined) and return the head future (with
-        `whole`, resolved once the response is complete, its body collected).
+        """Write one request (head and body already joined, or the pieces of `_Host.encode`) and
+        return the head future (with `whole`, resolved once the response is complete, its body
+        collected).
 
         `deadline` is in loop.time() seconds; past it the exchange fails with `UpstreamTimeout`:
         a response without its head, or with `whole` or `total` one not complete by then.
@@ -138,7 +139,10 @@ class Connection(asyncio.Protocol):
         self.collect = whole
         if deadline is not None:
             self.timer = self.loop.call_at(deadline, self._on_timeout)
-        self.transport.write(data)  # type: ignore[union-attr]  # set by connection_made
+        if isinstance(data, bytes):
+            self.transport.write(data)  # type: ignore[union-attr]  # set by connection_made
+        else:
+            self.transport.writelines(data)  # type: ignore[union-attr]
         return fut
 
     def take(self) -> bytes:

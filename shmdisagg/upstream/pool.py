@@ -19,7 +19,12 @@ from shmdisagg.upstream._connection import Connection, StaleConnection
 from shmdisagg.upstream.errors import UpstreamConnectError, UpstreamDisconnected
 from shmdisagg.upstream.response import UpstreamResponse
 
-__all__ = ["UpstreamPool"]
+__all__ = ["Body", "UpstreamPool"]
+
+# A request body: one buffer, or its pieces in order (a long prompt's bytes left in the client's
+# body, `orchestrator/splice.py`), written with one `writelines` so that no piece is copied into
+# a joined buffer (uvloop sends them with one vectored write).
+Body = bytes | list[bytes | memoryview]
 
 # Methods whose empty body is sent without a Content-Length header.
 _BODYLESS = frozenset({"GET", "HEAD"})
@@ -43,23 +48,21 @@ class _Host:
         self.heads: dict[tuple[str, str], bytes] = {}
         self._host_line = f"host: {self.authority}\r\n".encode("ascii")
 
-    def encode(self, method: str, path: str, body: bytes, headers: Sequence[tuple[bytes, bytes]]) -> bytes:
-        """The request bytes: head, caller headers, Content-Length, blank line, body; one buffer."""
+    def encode(self, method: str, path: str, body: Body, headers: Sequence[tuple[bytes, bytes]]) -> Body:
+        """The request: head, caller headers, Content-Length, blank line, body; one buffer, or
+        the head joined and then the pieces of a body given as pieces."""
         head = self.heads.get((method, path))
         if head is None:
             head = self._head(method, path)
-        if not body and method in _BODYLESS:
-            length = b"\r\n"
-        else:
-            length = b"content-length: %d\r\n\r\n" % len(body)
-        if not headers:
-            return b"".join((head, length, body))
         parts = [head]
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")
-        parts.append(length)
-        parts.append(body)
-        return b"".join(parts)
+        if isinstance(body, bytes):
+            bodyless = not body and method in _BODYLESS
+            parts += (b"\r\n" if bodyless else b"content-length: %d\r\n\r\n" % len(body), body)
+            return b"".join(parts)
+        parts.append(b"content-length: %d\r\n\r\n" % sum(len(piece) for piece in body))
+        return [b"".join(parts), *body]
 
     def _head(self, method: str, path: str) -> bytes:
         if not method.isalpha() or not path.startswith("/") or any(c in path for c in " \r\n"):
@@ -132,7 +135,7 @@ class UpstreamPool:
         port: int,
         method: str,
         path: str,
-        body: bytes = b"",
+        body: Body = b"",
         *,
         headers: Sequence[tuple[bytes, bytes]] = (),
         timeout_s: float | None = None,
@@ -152,7 +155,8 @@ class UpstreamPool:
         Args:
             host, port: the executor.
             method, path: request line, e.g. "POST", "/v1/completions".
-            body: sent with Content-Length in the same write as the head.
+            body: sent with Content-Length in the same write as the head; a list of pieces is
+                sent as they are (`Body`), with one vectored write.
             headers: extra raw header pairs (no Host or Content-Length; no CR/LF inside).
             timeout_s: bound on the whole exchange up to the parsed head (connect included),
                 seconds; None for no bound. With `whole` or `total` it bounds the body too (a body

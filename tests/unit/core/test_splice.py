@@ -119,8 +119,21 @@ def test_dumps_with_raw_values_decodes_as_the_decoded_request(
     if chat_ids is not None:
         req["prompt_token_ids"] = Raw(orjson.dumps(chat_ids, option=orjson.OPT_INDENT_2))
         plain["prompt_token_ids"] = chat_ids
-    assert orjson.loads(splice.dumps(req)) == plain
+    sent = splice.dumps(req)
+    assert orjson.loads(sent if isinstance(sent, bytes) else b"".join(sent)) == plain
     assert splice.decoded(req) == plain
+
+
+@pytest.mark.parametrize("ids", [50, 20_000])
+def test_dumps_leaves_long_raw_values_in_their_buffers_and_joins_short_ones(ids: int) -> None:
+    body = orjson.dumps({"prompt": list(range(ids))})
+    raw = Raw(memoryview(body)[len(b'{"prompt":') : -1])
+    sent = splice.dumps({"model": "m", "prompt": raw})
+    if len(raw.data) < splice.PIECES_MIN_BYTES:
+        assert sent == b'{"model":"m","prompt":' + bytes(raw.data) + b"}"
+    else:
+        assert isinstance(sent, list) and any(piece is raw.data for piece in sent)  # not a copy
+        assert b"".join(sent) == b'{"model":"m","prompt":' + bytes(raw.data) + b"}"
 
 
 def test_an_empty_array_is_empty() -> None:

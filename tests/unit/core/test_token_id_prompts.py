@@ -103,10 +103,14 @@ def test_a_large_token_id_prompt_is_read_natively_and_validates_as_the_list_woul
 
 
 def test_a_leg_carries_the_clients_bytes_and_decodes_to_the_same_request() -> None:
-    raw = b'{"model":"m","prompt":[ 1,2 , 3' + b", 7" * 2000 + b' ],"max_tokens":4,"stream":false}'
+    raw = b'{"model":"m","prompt":[ 1,2 , 3' + b", 7" * 20_000 + b' ],"max_tokens":4,"stream":false}'
     req = _decode(raw, chat=False)
     leg = {**req, "disaggregated_params": {"request_type": "context_only"}}
-    sent = splice.dumps(leg)
+    pieces = splice.dumps(leg)  # over PIECES_MIN_BYTES: the leg's body as pieces
+    assert isinstance(pieces, list)
+    views = [p for p in pieces if isinstance(p, memoryview)]
+    assert len(views) == 1 and views[0].obj is raw  # sent from the client's body, not a copy
+    sent = b"".join(pieces)
     assert raw[raw.index(b"[") : raw.index(b"]") + 1] in sent  # the client's bytes, spacing and all
     assert orjson.loads(sent) == {**orjson.loads(raw), "disaggregated_params": {"request_type": "context_only"}}
     assert splice.decoded(leg)["prompt"] == orjson.loads(raw)["prompt"]  # msgpack's path

@@ -63,6 +63,26 @@ def test_empty_post_body_is_sent_with_content_length_zero(run: Run[None]) -> Non
     run(main())
 
 
+def test_a_body_given_as_pieces_is_sent_as_their_concatenation(run: Run[None]) -> None:
+    # A leg whose prompt stays a view of the client's body (splice.dumps): the pieces go out
+    # with one vectored write, larger than a socket buffer here, so uvloop finishes it later.
+    big = os.urandom(3 << 20)
+    pieces: list[bytes | memoryview] = [b'{"prompt":', memoryview(big)[7:-9], b"}"]
+    sent = b"".join(pieces)
+
+    async def main() -> None:
+        async with ScriptedServer(echo) as srv, UpstreamPool() as pool:
+            for _ in range(2):  # the second on the same connection: the framing ended where it should
+                resp = await pool.request(HOST, srv.port, "POST", "/v1/completions", pieces, headers=[(b"x-id", b"7")])
+                assert await resp.read() == b"/v1/completions|" + sent
+        assert [r.body for r in srv.requests] == [sent, sent]
+        assert srv.requests[0].headers["content-length"] == str(len(sent))
+        assert srv.requests[0].headers["x-id"] == "7"
+        assert [r.conn for r in srv.requests] == [0, 0]
+
+    run(main())
+
+
 def test_chunked_body_is_dechunked(run: Run[None]) -> None:
     async def handler(req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(chunked_head() + chunk(b"hello, ") + chunk(b"chunked ") + chunk(b"world") + chunk(b""))
