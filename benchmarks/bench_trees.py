@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,9 +77,40 @@ def switches(pid: int) -> int:
         return sum(int(line.split(":")[1]) for line in f if "ctxt_switches" in line)
 
 
-def cell(tree: Path, fakes: list[int], mode: str, fleet: int, args: argparse.Namespace) -> dict[str, float]:
-    import uvloop
+def start_fakes() -> list[tuple[int, subprocess.Popen[bytes]]]:
+    """A context and a generation recording fake (`tests/fakes/executor.py`), healthy: (port, process)."""
+    fakes: list[tuple[int, subprocess.Popen[bytes]]] = []
+    try:
+        for role in ("ctx", "gen"):
+            port = free_port()
+            cmd = [sys.executable, "-m", "tests.fakes.executor", "--port", str(port), "--name", role]
+            fakes.append((port, subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL)))
+        for port, proc in fakes:
+            wait_health(f"http://127.0.0.1:{port}/health", proc, f"fake :{port}")
+    except BaseException:
+        for _, proc in fakes:
+            stop_proc(proc)
+        raise
+    return fakes
 
+
+def script_fakes(ports: list[int], mode: str) -> None:
+    """Script the fakes for `mode` (`benchkit.MODES`): 16 chunks, paced or not, recording off."""
+    for port in ports:
+        script = {"chunks": 16, "chunk_interval_s": MODES[mode]["chunk_interval_s"], "record": False}
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/_script",
+            data=json.dumps(script).encode(),
+            headers={"content-type": "application/json"},
+            method="POST",
+        )
+        urllib.request.urlopen(req).read()
+
+
+@contextlib.contextmanager
+def deployment(tree: Path, fakes: list[int], fleet: int) -> Iterator[tuple[str, list[int]]]:
+    """`shmdisagg serve` of `tree` with `fleet` workers in front of the fakes, every worker's row
+    claimed: (base URL, fleet worker pids). Stopped on exit."""
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="bench-trees-"))
     (tmp / "config.yaml").write_text(
@@ -105,6 +138,15 @@ def cell(tree: Path, fakes: list[int], mode: str, fleet: int, args: argparse.Nam
             time.sleep(0.1)
         if len(pids) != fleet:
             raise RuntimeError(f"{tree}: {len(pids)} fleet pids, expected {fleet}")
+        yield base, pids
+    finally:
+        stop_proc(serve)
+
+
+def cell(tree: Path, fakes: list[int], mode: str, fleet: int, args: argparse.Namespace) -> dict[str, float]:
+    import uvloop
+
+    with deployment(tree, fakes, fleet) as (base, pids):
         stream = MODES[mode]["stream"]
         url = f"{base}/v1/completions"
         uvloop.run(load(url, args.warmup, 10_000_000, stream, args.concurrency))
@@ -114,8 +156,6 @@ def cell(tree: Path, fakes: list[int], mode: str, fleet: int, args: argparse.Nam
         cpu_ns_total = sum(cpu_ns(p) - a for p, a in zip(pids, t0, strict=True))
         sw = sum(switches(p) - a for p, a in zip(pids, s0, strict=True))
         return {"cpu_ms": cpu_ns_total / 1e6 / args.n, "switches": sw / args.n, "bad": bad}
-    finally:
-        stop_proc(serve)
 
 
 def main() -> int:
@@ -134,26 +174,12 @@ def main() -> int:
     trees = [Path(t).resolve() for t in args.tree]
     modes = args.modes.split(",")
     fleets = [int(f) for f in args.fleet.split(",")]
-    fakes: list[tuple[int, subprocess.Popen[bytes]]] = []
     results: dict[tuple[str, int, str], list[dict[str, float]]] = {}
+    fakes = start_fakes()
     try:
-        for role in ("ctx", "gen"):
-            port = free_port()
-            cmd = [sys.executable, "-m", "tests.fakes.executor", "--port", str(port), "--name", role]
-            fakes.append((port, subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL)))
-        for port, proc in fakes:
-            wait_health(f"http://127.0.0.1:{port}/health", proc, f"fake :{port}")
         for rnd in range(args.rounds):
             for mode in modes:
-                for port, _ in fakes:
-                    script = {"chunks": 16, "chunk_interval_s": MODES[mode]["chunk_interval_s"], "record": False}
-                    req = urllib.request.Request(
-                        f"http://127.0.0.1:{port}/_script",
-                        data=json.dumps(script).encode(),
-                        headers={"content-type": "application/json"},
-                        method="POST",
-                    )
-                    urllib.request.urlopen(req).read()
+                script_fakes([p for p, _ in fakes], mode)
                 for fleet in fleets:
                     for tree in trees if rnd % 2 == 0 else reversed(trees):
                         row = cell(tree, [p for p, _ in fakes], mode, fleet, args)
