@@ -1,0 +1,84 @@
+#!/usr/bin/env python
+"""CPU of an idle deployment: each fleet worker and the coordinator, in ms of CPU per second.
+
+What a deployment costs with no request in flight: heartbeats, health checks, KV event polls,
+timers. For each `--tree` (a checkout with its `.venv`) and fleet size, one deployment in front
+of the recording fakes (`bench_trees.deployment`), left `--settle-s` seconds, then measured over
+`--seconds` (the run time of each process's threads, schedstat). Trees take turns every round.
+
+    .venv/bin/python benchmarks/bench_idle.py --tree . [--tree /tmp/base] [--fleet 1,4] [--seconds 20] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_trees import deployment, start_fakes  # noqa: E402
+from benchmarks.benchkit import cpu_ns, stop_proc  # noqa: E402
+
+
+def cell(tree: Path, fakes: list[int], fleet: int, args: argparse.Namespace) -> dict[str, float]:
+    """ms of CPU per second: each fleet worker's (their median) and the coordinator's."""
+    with deployment(tree, fakes, fleet) as (base, pids):
+        with urllib.request.urlopen(f"{base}/cluster_info") as r:
+            coordinator = int(json.loads(r.read())["coordinator_pid"])
+        time.sleep(args.settle_s)  # start-up work (imports, first health checks) out of the window
+        procs = [*pids, coordinator]
+        t0, c0 = time.monotonic(), [cpu_ns(p) for p in procs]
+        time.sleep(args.seconds)  # the measurement itself: nothing is sent meanwhile
+        wall = time.monotonic() - t0
+        per_s = [(cpu_ns(p) - c) / 1e6 / wall for p, c in zip(procs, c0, strict=True)]
+        return {"worker": statistics.median(per_s[:-1]), "coordinator": per_s[-1]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tree", action="append", required=True, help="a checkout with its .venv (repeatable)")
+    ap.add_argument("--fleet", default="1,4", help="fleet sizes (num_workers)")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--settle-s", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    trees = [Path(t).resolve() for t in args.tree]
+    fleets = [int(f) for f in args.fleet.split(",")]
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    fakes = start_fakes()
+    try:
+        for rnd in range(args.rounds):
+            for fleet in fleets:
+                for tree in trees if rnd % 2 == 0 else reversed(trees):
+                    row = cell(tree, [p for p, _ in fakes], fleet, args)
+                    results.setdefault((str(tree), fleet), []).append(row)
+                    print(f"round {rnd} f{fleet} {tree}: {row}", flush=True)
+    finally:
+        for _, proc in fakes:
+            stop_proc(proc)
+    print(
+        f"\n{time.strftime('%Y-%m-%d %H:%M')}, idle {args.seconds:g} s after {args.settle_s:g} s, "
+        f"{args.rounds} rounds (median, min-max); load average {os.getloadavg()[0]:.1f}\n"
+    )
+    print("| fleet | tree | a fleet worker, ms/s | the coordinator, ms/s |")
+    print("|---|---|---|---|")
+    for fleet in fleets:
+        for tree in trees:
+            rows = results[(str(tree), fleet)]
+            cells = []
+            for key in ("worker", "coordinator"):
+                v = [r[key] for r in rows]
+                cells.append(f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})")
+            print(f"| {fleet} | {tree} | {' | '.join(cells)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
