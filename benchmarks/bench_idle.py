@@ -3,8 +3,9 @@
 
 What a deployment costs with no request in flight: heartbeats, health checks, KV event polls,
 timers. For each `--tree` (a checkout with its `.venv`) and fleet size, one deployment in front
-of the recording fakes (`bench_trees.deployment`), left `--settle-s` seconds, then measured over
-`--seconds` (the run time of each process's threads, schedstat). Trees take turns every round.
+of the recording fakes (`bench_trees.fakes_running`, `bench_trees.deployment`), left
+`--settle-s` seconds, then measured over `--seconds` (the run time of each process's threads,
+schedstat). Trees take turns every round.
 
     .venv/bin/python benchmarks/bench_idle.py --tree . [--tree /tmp/base] [--fleet 1,4] [--seconds 20] [--rounds 2]
 """
@@ -23,8 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_trees import deployment, start_fakes  # noqa: E402
-from benchmarks.benchkit import cpu_ns, stop_proc  # noqa: E402
+from benchmarks.bench_trees import deployment, fakes_running  # noqa: E402
+from benchmarks.benchkit import cpu_ns  # noqa: E402
 
 
 def cell(tree: Path, fakes: list[int], fleet: int, args: argparse.Namespace) -> dict[str, float]:
@@ -52,17 +53,13 @@ def main() -> int:
     trees = [Path(t).resolve() for t in args.tree]
     fleets = [int(f) for f in args.fleet.split(",")]
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
-    fakes = start_fakes()
-    try:
+    with fakes_running() as fakes:
         for rnd in range(args.rounds):
             for fleet in fleets:
                 for tree in trees if rnd % 2 == 0 else reversed(trees):
-                    row = cell(tree, [p for p, _ in fakes], fleet, args)
+                    row = cell(tree, fakes, fleet, args)
                     results.setdefault((str(tree), fleet), []).append(row)
                     print(f"round {rnd} f{fleet} {tree}: {row}", flush=True)
-    finally:
-        for _, proc in fakes:
-            stop_proc(proc)
     print(
         f"\n{time.strftime('%Y-%m-%d %H:%M')}, idle {args.seconds:g} s after {args.settle_s:g} s, "
         f"{args.rounds} rounds (median, min-max); load average {os.getloadavg()[0]:.1f}\n"

@@ -77,21 +77,23 @@ def switches(pid: int) -> int:
         return sum(int(line.split(":")[1]) for line in f if "ctxt_switches" in line)
 
 
-def start_fakes() -> list[tuple[int, subprocess.Popen[bytes]]]:
-    """A context and a generation recording fake (`tests/fakes/executor.py`), healthy: (port, process)."""
-    fakes: list[tuple[int, subprocess.Popen[bytes]]] = []
+@contextlib.contextmanager
+def fakes_running() -> Iterator[list[int]]:
+    """A context and a generation recording fake (`tests/fakes/executor.py`), healthy: their
+    ports. Stopped on exit."""
+    fakes: list[subprocess.Popen[bytes]] = []
+    ports: list[int] = []
     try:
         for role in ("ctx", "gen"):
-            port = free_port()
-            cmd = [sys.executable, "-m", "tests.fakes.executor", "--port", str(port), "--name", role]
-            fakes.append((port, subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL)))
-        for port, proc in fakes:
+            ports.append(free_port())
+            cmd = [sys.executable, "-m", "tests.fakes.executor", "--port", str(ports[-1]), "--name", role]
+            fakes.append(subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL))
+        for port, proc in zip(ports, fakes, strict=True):
             wait_health(f"http://127.0.0.1:{port}/health", proc, f"fake :{port}")
-    except BaseException:
-        for _, proc in fakes:
+        yield ports
+    finally:
+        for proc in fakes:
             stop_proc(proc)
-        raise
-    return fakes
 
 
 def script_fakes(ports: list[int], mode: str) -> None:
@@ -175,19 +177,15 @@ def main() -> int:
     modes = args.modes.split(",")
     fleets = [int(f) for f in args.fleet.split(",")]
     results: dict[tuple[str, int, str], list[dict[str, float]]] = {}
-    fakes = start_fakes()
-    try:
+    with fakes_running() as fakes:
         for rnd in range(args.rounds):
             for mode in modes:
-                script_fakes([p for p, _ in fakes], mode)
+                script_fakes(fakes, mode)
                 for fleet in fleets:
                     for tree in trees if rnd % 2 == 0 else reversed(trees):
-                        row = cell(tree, [p for p, _ in fakes], mode, fleet, args)
+                        row = cell(tree, fakes, mode, fleet, args)
                         results.setdefault((str(tree), fleet, mode), []).append(row)
                         print(f"round {rnd} {mode:18} f{fleet} {tree}: {row}", flush=True)
-    finally:
-        for _, proc in fakes:
-            stop_proc(proc)
     print(
         f"\n{time.strftime('%Y-%m-%d %H:%M')}, N={args.n} after {args.warmup} warm-up, c={args.concurrency}, "
         f"{args.rounds} rounds (median, min-max); load average {os.getloadavg()[0]:.1f}\n"

@@ -2,7 +2,7 @@
 """Where the fleet's CPU per request goes, by fleet size: `perf record` of every fleet worker.
 
 Issue 14 asks fleet 4 to cost within 10 % of fleet 1 at the same load, or for the profile that
-explains the distance. One pair of recording fakes (`bench_trees.start_fakes`) serves every cell.
+explains the distance. One pair of recording fakes (`bench_trees.fakes_running`) serves every cell.
 A cell starts a deployment of this tree with `--fleet` workers (`bench_trees.deployment`), warms
 it, then sends `--n` requests at `--concurrency` from this process while `perf record -e
 cpu-clock -F HZ -p <every fleet worker>` samples them. Samples become microseconds per request,
@@ -39,8 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_trees import deployment, load, script_fakes, start_fakes, switches  # noqa: E402
-from benchmarks.benchkit import MODES, cpu_ns, stop_proc  # noqa: E402
+from benchmarks.bench_trees import deployment, fakes_running, load, script_fakes, switches  # noqa: E402
+from benchmarks.benchkit import MODES, cpu_ns  # noqa: E402
 
 # Kernel symbols by what they do, first match wins; user-space samples go by their library.
 CATEGORIES = (
@@ -157,21 +157,17 @@ def main() -> int:
     fleets = [int(f) for f in args.fleet.split(",")]
     runs: dict[int, list[dict[str, object]]] = {f: [] for f in fleets}
     tmp = Path(tempfile.mkdtemp(prefix="profile-fleet-"))
-    fakes = start_fakes()
-    try:
-        script_fakes([p for p, _ in fakes], args.mode)
+    with fakes_running() as fakes:
+        script_fakes(fakes, args.mode)
         for rnd in range(args.rounds):
             for fleet in fleets if rnd % 2 == 0 else reversed(fleets):
-                row = cell([p for p, _ in fakes], fleet, args, tmp)
+                row = cell(fakes, fleet, args, tmp)
                 runs[fleet].append(row)
                 print(
                     f"round {rnd} f{fleet}: cpu {row['cpu_ms']:.3f} ms/req, switches {row['switches']:.2f}, "
                     f"migrations {row['migrations']:.3f}, bad {row['bad']}",
                     flush=True,
                 )
-    finally:
-        for _, proc in fakes:
-            stop_proc(proc)
     report(runs, args)
     return 0
 
