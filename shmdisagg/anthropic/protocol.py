@@ -205,6 +205,10 @@ def parse(model: type[CountTokensRequest], body: bytes) -> Any:
         raise AnthropicRequestError(f"{where}: {worst.get('msg', 'invalid')}") from None
 
 
+# The adapter's routes: every error on them, a refusal before the app included, is in the envelope.
+PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+
+
 def error_type(status: int) -> str:
     """The envelope's error `type` for an HTTP status (upstream's `_error_type`)."""
     return "invalid_request_error" if 400 <= status < 500 else "api_error"

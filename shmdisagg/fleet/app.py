@@ -26,10 +26,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shmdisagg import __version__
+from shmdisagg.anthropic.protocol import PATHS as ANTHROPIC_PATHS, error_envelope
 from shmdisagg.anthropic.route import AnthropicRoutes
 from shmdisagg.fleet.hot import HotCycle, HotHandler
 from shmdisagg.orchestrator.answers import executor_error_message
-from shmdisagg.orchestrator.asgi import Receive, Scope, Send
+from shmdisagg.orchestrator.asgi import JSON_HEADERS, Receive, Scope, Send, send_bytes
 from shmdisagg.orchestrator.directory import ServerDirectory, split_addr
 from shmdisagg.orchestrator.errors import error_body
 from shmdisagg.orchestrator.responses_api import responses
@@ -51,6 +52,7 @@ _NEWER = {
     "/v1/messages/count_tokens": "Anthropic token count",
     "/v1/responses": "OpenAI Responses (501)",
 }
+_ALLOW_POST = [*JSON_HEADERS, (b"allow", b"POST")]
 
 
 def control_app(
@@ -265,6 +267,9 @@ class FleetApp:
                 else:
                     await responses(scope, receive, send)
                 return
+        elif scope["type"] == "http" and scope["path"] in ANTHROPIC_PATHS:  # every error in Anthropic's envelope
+            await send_bytes(send, 405, error_envelope(405, "Method Not Allowed"), _ALLOW_POST)
+            return
         await self.control(scope, receive, send)
 
     async def _counted(self, handle: Any, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:

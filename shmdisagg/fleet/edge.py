@@ -58,6 +58,7 @@ import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
+from shmdisagg.anthropic.protocol import PATHS as ANTHROPIC_PATHS, error_envelope
 from shmdisagg.fleet.hot import HOT_TARGETS, HotCycle, HotHandler
 from shmdisagg.orchestrator.errors import error_body
 
@@ -65,6 +66,8 @@ if TYPE_CHECKING:
     from shmdisagg.config import DisaggConfig
 
 log = logging.getLogger("shmdisagg.fleet")
+# The Anthropic adapter's routes (fleet/app.py): their refusals here come in its envelope too.
+ANTHROPIC_TARGETS = frozenset(path.encode() for path in ANTHROPIC_PATHS)
 
 MAX_HEAD_BYTES = 64 << 10
 # How long a refused connection is drained before it is closed (nginx: lingering_timeout 5 s,
@@ -483,8 +486,10 @@ class EdgeProtocol(HttpToolsProtocol):
     # -- refusals ------------------------------------------------------------------------------
 
     def _error(self, status: int, message: str, extra: bytes = b"") -> bytes:
-        """A complete `Connection: close` response with the OpenAI error body."""
-        body = error_body(status, message)
+        """A complete `Connection: close` response with the OpenAI error body (Anthropic's
+        envelope for a request to the Anthropic adapter's routes, as their other errors)."""
+        path = getattr(self, "url", b"").partition(b"?")[0]
+        body = error_envelope(status, message) if path in ANTHROPIC_TARGETS else error_body(status, message)
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]

@@ -5,6 +5,7 @@ executor, and `/v1/responses` refused with 501."""
 from __future__ import annotations
 
 import http.client
+import socket
 from pathlib import Path
 
 import orjson
@@ -159,3 +160,36 @@ def test_responses_is_refused_with_501_naming_what_to_use(pair) -> None:  # type
     assert status == 501 and body["object"] == "error" and body["code"] == 501 and body["type"] == "NotImplementedError"
     assert "/v1/chat/completions" in body["message"]
     assert ctx.recorded() == [] and gen.recorded() == []
+
+
+def _refused(port: int, head: bytes) -> tuple[int, dict]:  # type: ignore[type-arg]
+    """Send `head` (no body), read the refusal until the server closes: status, JSON body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    top, _, body = raw.partition(b"\r\n\r\n")  # a refusal has a content-length and closes
+    return int(top.split()[1]), orjson.loads(body)
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens?beta=true"])
+def test_refusals_before_the_adapter_are_anthropic_envelopes_too(pair, path: str) -> None:  # type: ignore[no-untyped-def]
+    dep, ctx, _ = pair
+    port = dep.config.port
+    big = b"POST %s HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: 100000000\r\n\r\n"
+    status, body = _refused(port, big % path.encode())  # refused by the public port, unread
+    assert status == 413 and body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith("request body is larger than")
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        status, allow, body = r.status, r.getheader("allow"), orjson.loads(r.read())
+    finally:
+        c.close()
+    assert status == 405 and allow == "POST"
+    assert body == {"type": "error", "error": {"type": "invalid_request_error", "message": "Method Not Allowed"}}
+    status, body = _refused(port, big % b"/v1/chat/completions")  # the OpenAI routes keep theirs
+    assert status == 413 and body["object"] == "error" and body["code"] == 413
+    assert ctx.recorded() == []
