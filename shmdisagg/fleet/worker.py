@@ -45,6 +45,7 @@ from shmdisagg.fleet.app import FleetApp, control_app
 from shmdisagg.fleet.cluster import ClusterView, announce_listening, fetch_cluster_info
 from shmdisagg.fleet.edge import EdgeLimits, edge_protocol
 from shmdisagg.fleet.overrides import FleetOverrides
+from shmdisagg.heap import keep_freed_heap
 from shmdisagg.metrics.fleet import FleetMetrics
 from shmdisagg.node_ids import LOCK_DIR, NodeIdClaim, claim_or_inherit
 from shmdisagg.observe import Observability
@@ -314,6 +315,7 @@ def _last_out(config: DisaggConfig) -> None:
 
 
 def main() -> int:
+    keep_freed_heap()  # long prompts' buffers reuse mapped pages (heap.py)
     # the deployment's supervisor, watched from the start: when it dies, so does the deployment
     supervisor = supervisor_of(os.environ)
     supervisor_fd = supervisor.pidfd() if supervisor is not None else None
