@@ -7,7 +7,8 @@ own `.venv` (CONTRIBUTING.md, "compare two builds"). One pair of recording fakes
 deployment of one tree (`<tree>/.venv/bin/shmdisagg serve`, `--fleet` workers), warms it, then
 sends `--n` requests at concurrency `--concurrency` from this process (aiohttp on uvloop) and
 reads the fleet workers' CPU (the run time of their threads, `/proc/<pid>/task/*/schedstat`)
-and their voluntary and involuntary context switches around them; then it stops the deployment.
+their voluntary and involuntary context switches and their page faults around them; then it stops
+the deployment.
 Trees take turns within every round (the order flips each round), so drift hits them alike. Each response is checked as
 `bench_orchestrator_cpu.py` checks it. Prints a table of medians (min-max) and each tree's ratio
 to the first.
@@ -70,6 +71,13 @@ async def load(url: str, n: int, base: int, stream: bool, concurrency: int) -> i
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return bad
+
+
+def page_faults(pid: int) -> int:
+    """Minor and major page faults of `pid` so far (/proc/<pid>/stat: minflt, majflt)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[7]) + int(fields[9])
 
 
 def switches(pid: int) -> int:
@@ -154,10 +162,12 @@ def cell(tree: Path, fakes: list[int], mode: str, fleet: int, args: argparse.Nam
         uvloop.run(load(url, args.warmup, 10_000_000, stream, args.concurrency))
         t0 = [cpu_ns(p) for p in pids]
         s0 = [switches(p) for p in pids]
+        f0 = [page_faults(p) for p in pids]
         bad = uvloop.run(load(url, args.n, 0, stream, args.concurrency))
         cpu_ns_total = sum(cpu_ns(p) - a for p, a in zip(pids, t0, strict=True))
         sw = sum(switches(p) - a for p, a in zip(pids, s0, strict=True))
-        return {"cpu_ms": cpu_ns_total / 1e6 / args.n, "switches": sw / args.n, "bad": bad}
+        faults = sum(page_faults(p) - a for p, a in zip(pids, f0, strict=True))
+        return {"cpu_ms": cpu_ns_total / 1e6 / args.n, "switches": sw / args.n, "faults": faults / args.n, "bad": bad}
 
 
 def main() -> int:
@@ -190,8 +200,8 @@ def main() -> int:
         f"\n{time.strftime('%Y-%m-%d %H:%M')}, N={args.n} after {args.warmup} warm-up, c={args.concurrency}, "
         f"{args.rounds} rounds (median, min-max); load average {os.getloadavg()[0]:.1f}\n"
     )
-    print("| mode | fleet | tree | fleet CPU ms/req | context switches/req | / first tree | bad |")
-    print("|---|---|---|---|---|---|---|")
+    print("| mode | fleet | tree | fleet CPU ms/req | context switches/req | page faults/req | / first tree | bad |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode in modes:
         for fleet in fleets:
             first = None
@@ -201,9 +211,10 @@ def main() -> int:
                 med = statistics.median(cpu)
                 first = first or med
                 sw = statistics.median(r["switches"] for r in rows)
+                faults = statistics.median(r["faults"] for r in rows)
                 print(
                     f"| {mode} | {fleet} | {tree} | {med:.3f} ({min(cpu):.3f}-{max(cpu):.3f}) | {sw:.2f} "
-                    f"| {med / first:.2f}x | {sum(r['bad'] for r in rows):.0f} |"
+                    f"| {faults:.1f} | {med / first:.2f}x | {sum(r['bad'] for r in rows):.0f} |"
                 )
     return 0
 
