@@ -6,9 +6,9 @@ own `.venv` (CONTRIBUTING.md, "compare two builds"). One pair of recording fakes
 (`tests/fakes/executor.py` of this tree, recording off) serves every cell. A cell starts one
 deployment of one tree (`<tree>/.venv/bin/shmdisagg serve`, `--fleet` workers), warms it, then
 sends `--n` requests at concurrency `--concurrency` from this process (aiohttp on uvloop) and
-reads the fleet workers' CPU (the run time of their threads, `/proc/<pid>/task/*/schedstat`)
-their voluntary and involuntary context switches and their page faults around them; then it stops
-the deployment.
+reads the fleet workers' CPU (the run time of their threads, `/proc/<pid>/task/*/schedstat`),
+their voluntary and involuntary context switches and their page faults around them, and the
+largest worker's RSS after them; then it stops the deployment.
 Trees take turns within every round (the order flips each round), so drift hits them alike. Each response is checked as
 `bench_orchestrator_cpu.py` checks it. Prints a table of medians (min-max) and each tree's ratio
 to the first.
@@ -78,6 +78,12 @@ def page_faults(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[7]) + int(fields[9])
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of `pid` now, MiB (/proc/<pid>/status VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
 def switches(pid: int) -> int:
@@ -167,7 +173,14 @@ def cell(tree: Path, fakes: list[int], mode: str, fleet: int, args: argparse.Nam
         cpu_ns_total = sum(cpu_ns(p) - a for p, a in zip(pids, t0, strict=True))
         sw = sum(switches(p) - a for p, a in zip(pids, s0, strict=True))
         faults = sum(page_faults(p) - a for p, a in zip(pids, f0, strict=True))
-        return {"cpu_ms": cpu_ns_total / 1e6 / args.n, "switches": sw / args.n, "faults": faults / args.n, "bad": bad}
+        rss = max(rss_mib(p) for p in pids)
+        return {
+            "cpu_ms": cpu_ns_total / 1e6 / args.n,
+            "switches": sw / args.n,
+            "faults": faults / args.n,
+            "rss_mib": rss,
+            "bad": bad,
+        }
 
 
 def main() -> int:
@@ -200,8 +213,11 @@ def main() -> int:
         f"\n{time.strftime('%Y-%m-%d %H:%M')}, N={args.n} after {args.warmup} warm-up, c={args.concurrency}, "
         f"{args.rounds} rounds (median, min-max); load average {os.getloadavg()[0]:.1f}\n"
     )
-    print("| mode | fleet | tree | fleet CPU ms/req | context switches/req | page faults/req | / first tree | bad |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| mode | fleet | tree | fleet CPU ms/req | context switches/req | page faults/req "
+        "| RSS after, MiB (largest worker) | / first tree | bad |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for mode in modes:
         for fleet in fleets:
             first = None
@@ -212,9 +228,10 @@ def main() -> int:
                 first = first or med
                 sw = statistics.median(r["switches"] for r in rows)
                 faults = statistics.median(r["faults"] for r in rows)
+                rss = statistics.median(r["rss_mib"] for r in rows)
                 print(
                     f"| {mode} | {fleet} | {tree} | {med:.3f} ({min(cpu):.3f}-{max(cpu):.3f}) | {sw:.2f} "
-                    f"| {faults:.1f} | {med / first:.2f}x | {sum(r['bad'] for r in rows):.0f} |"
+                    f"| {faults:.1f} | {rss:.0f} | {med / first:.2f}x | {sum(r['bad'] for r in rows):.0f} |"
                 )
     return 0
 
