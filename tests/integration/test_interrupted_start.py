@@ -215,3 +215,33 @@ def test_serve_says_what_it_waits_for_and_an_interrupt_ends_it_in_one_line(tmp_p
     )
     assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
     assert not os.path.exists(tmp_path / "coord.sock")
+
+
+# A command interrupted inside a C-level `PyRun_*` call (as a Ctrl-C landing in a Cython or pyo3
+# module's init is), run with `python -m` as the tests above run it.
+NESTED_INTERRUPT = """
+import ctypes, sys
+from shmdisagg import cli
+
+def interrupted_in_c(argv):
+    run = ctypes.pythonapi.PyRun_String
+    run.restype, run.argtypes = ctypes.py_object, [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+    run(b"raise KeyboardInterrupt", 257, {}, {})  # 257: Py_file_input; raises the KeyboardInterrupt here
+
+cli._main = interrupted_in_c
+sys.exit(cli.main([]))
+"""
+
+
+def test_the_exit_status_stands_after_an_interrupt_passed_through_c_level_code(tmp_path: Path) -> None:
+    """CPython marks an interrupt that ended a C-level `PyRun_*` call and, under `python -m`,
+    exits by SIGINT at the end whatever status was asked for: a Ctrl-C landing in an extension's
+    import ended as -2, not 130 (seen under load in the test above). The command clears the mark
+    once it has handled the interrupt."""
+    (tmp_path / "nested_interrupt.py").write_text(NESTED_INTERRUPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "nested_interrupt"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 130, (done.returncode, done.stderr)  # not -2
+    assert done.stderr == "shmdisagg: interrupted (SIGINT)\n"
