@@ -142,11 +142,9 @@ def dumps(req: dict[str, Any]) -> bytes | list[bytes | memoryview]:
     rest = {k: v for k, v in req.items() if not isinstance(v, Raw)}
     head = orjson.dumps(rest)[:-1]
     parts: list[bytes | memoryview] = []
-    glue = [head]
     for i, (key, value) in enumerate(raws):
-        glue += (b"," if i or len(head) > 1 else b"", b'"', key.encode(), b'":')
-        parts += (b"".join(glue), value.data)
-        glue = []
+        sep = b"," if i or len(head) > 1 else b""
+        parts += ((head if i == 0 else b"") + sep + b'"' + key.encode() + b'":', value.data)
     parts.append(b"}")
     if sum(len(value.data) for _, value in raws) < PIECES_MIN_BYTES:
         return b"".join(parts)
