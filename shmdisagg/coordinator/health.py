@@ -2,7 +2,10 @@
 
 Each executor of the config gets a slot in the shared table (context servers first). Each one
 has its own probe loop (so one slow executor never delays the others' checks): `GET /health`
-every `health_check_interval_s`, each probe bounded by `health_check_timeout_s`; the first 200
+every `health_check_interval_s`, each probe bounded by `health_check_timeout_s`. The loops wake
+on one grid (multiples of the interval on the loop's clock), so N executors cost one wake-up per
+interval, and probe over the fleet's keep-alive httptools client (`upstream/`); BENCHMARKS.md
+"Health checks at 64 executors" has the CPU this saves. The first 200
 is followed by `/server_info` and `/v1/models` (TensorRT-LLM's "prepare" step,
 `Router._prepare_server` in `tensorrt_llm/serve/router.py`) before the server is published
 healthy. A 503 with `x-trtllm-server-state: starting` is "loading", never healthy.
@@ -54,11 +57,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
+import orjson
 
 from shmdisagg.config import MAX_EXECUTORS, DisaggConfig
 from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
+from shmdisagg.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamTimeout
 
 log = logging.getLogger("shmdisagg.coordinator")
 
@@ -148,7 +152,7 @@ class HealthMonitor:
         self.answered: Callable[[int], float] | None = None
         self.keys: RoutingKeys | None = None  # the kv_cache_aware roles' routing keys, if any
         self._late_until = 0.0  # loop time until which health-check timeouts are not trusted
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: UpstreamPool | None = None  # the probes' keep-alive connections, while `run` runs
         kept = {s.slot: s for s in table.servers()} if adopt else {}
         for ex in executors:
             record = kept.pop(ex.slot, None)
@@ -176,7 +180,7 @@ class HealthMonitor:
             raise ValueError(f"slot {ex.slot} already holds {self._by_slot[ex.slot].addr}")
         self._by_slot[ex.slot] = ex
         self.table.publish_server(ex.slot, ex.addr, ex.role, False)
-        if self._session is not None:
+        if self._pool is not None:
             self._tasks[ex.slot] = asyncio.ensure_future(self._probe_loop(ex))
 
     def remove(self, slot: int) -> Executor | None:
@@ -210,51 +214,67 @@ class HealthMonitor:
     def models(self) -> list[str]:
         return sorted({m for e in self.executors if e.healthy for m in e.models})
 
-    async def run(self) -> None:
-        """Probe every executor, each in its own loop, until cancelled."""
-        lag = asyncio.ensure_future(self._watch_lag())
+    async def run(self, *, watch_lag: bool = True) -> None:
+        """Probe every executor, each in its own loop, until cancelled. `watch_lag`: time this
+        loop's lateness with a timer of its own; False where the caller has a periodic timer
+        already and reports its lateness (`note_lag`), as the coordinator's heartbeat does."""
+        lag = asyncio.ensure_future(self._watch_lag()) if watch_lag else None
+        # The fleet's own HTTP client (httptools, keep-alive): a probe through it costs a few
+        # times less CPU than through aiohttp's session, which at 64 executors probed twice a
+        # second was most of the coordinator's idle CPU (BENCHMARKS.md, "Health checks").
+        pool = self._pool = UpstreamPool(connect_timeout_s=self.timeout_s, idle_timeout_s=max(4.0, 2 * self.interval_s))
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
-                self._session = session
-                for ex in self.executors:
-                    self._tasks[ex.slot] = asyncio.ensure_future(self._probe_loop(ex))
-                await asyncio.Event().wait()  # until cancelled; executors come and go meanwhile
+            for ex in self.executors:
+                self._tasks[ex.slot] = asyncio.ensure_future(self._probe_loop(ex))
+            await asyncio.Event().wait()  # until cancelled; executors come and go meanwhile
         finally:
-            self._session = None
+            self._pool = None
             tasks = list(self._tasks.values())
             self._tasks.clear()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            lag.cancel()
+            if lag is not None:
+                lag.cancel()
+            await pool.close()
 
     async def _probe_loop(self, ex: Executor) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.interval_s
         while True:
             try:
                 await self._check(ex)
             except Exception:  # a bug here must not end the health checks of every server
                 log.exception("health check of %s failed", ex.addr)
-            await asyncio.sleep(self.interval_s)
+            # The next probe at the next multiple of the interval on the loop's clock, not an
+            # interval after this one ended: every server's probe then starts on the same timer
+            # tick, and their answers come back together, so N servers cost one wake-up per
+            # interval rather than N (each still probed on its own: a slow one delays no other).
+            await asyncio.sleep(interval - loop.time() % interval)
 
     async def _watch_lag(self) -> None:
-        """Notes when this process's own event loop runs late: a health check that timed out
-        then says more about us than about the executor, and is not held against it."""
         loop = asyncio.get_running_loop()
         while True:
             before = loop.time()
             await asyncio.sleep(LAG_TICK_S)
-            if loop.time() - before - LAG_TICK_S > LAG_LIMIT_S:
-                self._late_until = loop.time() + max(self.interval_s * 2, 1.0)
+            self.note_lag(loop.time() - before - LAG_TICK_S)
+
+    def note_lag(self, late_s: float) -> None:
+        """A timer of this process's event loop fired `late_s` seconds after its time. Past
+        `LAG_LIMIT_S` the loop itself ran late: a health check that timed out meanwhile says more
+        about us than about the executor, and is not held against it for a while."""
+        if late_s > LAG_LIMIT_S:
+            self._late_until = asyncio.get_running_loop().time() + max(self.interval_s * 2, 1.0)
 
     async def poll_once(self) -> None:
-        """One probe of every executor at once (needs the session `run` opened)."""
+        """One probe of every executor at once (needs the connection pool `run` opened)."""
         await asyncio.gather(*(self._check(e) for e in self.executors))
 
     def _answered(self, slot: int) -> float:
         return self.answered(slot) if self.answered is not None else 0.0
 
     async def _check(self, ex: Executor) -> None:
-        assert self._session is not None
+        assert self._pool is not None
         if self._by_slot.get(ex.slot) is not ex:
             return  # removed (its slot may hold another executor by now)
         loop = asyncio.get_running_loop()
@@ -262,11 +282,10 @@ class HealthMonitor:
             return  # breaker open: no re-admission during the cool-down
         answered = self._answered(ex.slot)  # before the probe: a leg answered during it counts
         try:
-            async with self._session.get(f"{ex.base}/health") as r:
-                ok = r.status == 200
+            ok = (await self._get(ex, "/health"))[0] == 200
             if ok and (ex.server_info is None or loop.time() - ex.info_at > SERVER_INFO_REFRESH_S):
-                info = await self._get_json(f"{ex.base}/server_info")
-                models = await self._get_json(f"{ex.base}/v1/models")
+                info = await self._get_json(ex, "/server_info")
+                models = await self._get_json(ex, "/v1/models")
                 fresh = ex.server_info is None or not ex.healthy
                 changed = ex.server_info is not None and info != ex.server_info
                 ex.server_info, ex.info_at = info, loop.time()
@@ -278,14 +297,18 @@ class HealthMonitor:
                 if ex.healthy:
                     self._set_unhealthy(ex, keep_info=True)
                 return
-        except (aiohttp.ClientConnectorError, ConnectionRefusedError):
-            self._mark(ex, False, answered, refused=True)
-            return
-        except TimeoutError:
+        except UpstreamConnectError as err:
+            if not isinstance(err.__cause__, TimeoutError):  # refused, or no route: nothing listens
+                self._mark(ex, False, answered, refused=True)
+                return
             if loop.time() < self._late_until:
                 return  # our loop was late, not necessarily the executor
             ok = False
-        except (aiohttp.ClientError, OSError, ValueError, KeyError) as err:
+        except UpstreamTimeout:  # the probe took longer than health_check_timeout_s
+            if loop.time() < self._late_until:
+                return
+            ok = False
+        except (UpstreamError, OSError, ValueError, KeyError) as err:
             log.debug("health check of %s failed: %r", ex.addr, err)
             ok = False
         self._mark(ex, ok, answered)
@@ -320,7 +343,7 @@ class HealthMonitor:
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if kind == "refused" and self._session is not None:
+        if kind == "refused" and self._pool is not None:
             asyncio.ensure_future(self._check(ex))  # confirm at once; a refusal marks it unhealthy
         ex.request_failures = [t for t in ex.request_failures if now - t < BREAKER_WINDOW_S] + [now]
         if len(ex.request_failures) >= self.breaker_failures and ex.healthy:
@@ -337,13 +360,22 @@ class HealthMonitor:
             )
             self._set_unhealthy(ex)
 
-    async def _get_json(self, url: str) -> dict[str, Any]:
-        assert self._session is not None
-        async with self._session.get(url) as r:
-            r.raise_for_status()
-            data = await r.json(content_type=None)
+    async def _get(self, ex: Executor, path: str) -> tuple[int, bytes]:
+        """`GET path` of `ex`: (status, body), the whole exchange bounded by `timeout_s`.
+        Raises `UpstreamError` (`UpstreamTimeout` past the bound)."""
+        assert self._pool is not None
+        r = await self._pool.request(ex.host, ex.port, "GET", path, timeout_s=self.timeout_s, whole=True)
+        return r.status, r.body()
+
+    async def _get_json(self, ex: Executor, path: str) -> dict[str, Any]:
+        """`GET path` of `ex` as a JSON object. Raises `UpstreamError`, `ValueError` (not a 200
+        JSON object)."""
+        status, body = await self._get(ex, path)
+        if status != 200:
+            raise ValueError(f"{ex.base}{path} answered {status}")
+        data = orjson.loads(body)  # orjson.JSONDecodeError is a ValueError
         if not isinstance(data, dict):
-            raise ValueError(f"{url} did not return a JSON object")
+            raise ValueError(f"{ex.base}{path} did not return a JSON object")
         return data
 
     def _publish(self, ex: Executor) -> None:

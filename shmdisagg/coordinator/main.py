@@ -57,7 +57,7 @@ from shmdisagg.trtllm_env import NOT_FOR_WORKERS, TrtllmEnv, apply_gc
 
 log = logging.getLogger("shmdisagg.coordinator")
 
-HEARTBEAT_S = 0.1
+HEARTBEAT_S = 0.25  # as a fleet worker's; read by `shmdisagg stats` (yellow past 0.75 s) and as the loop's lag probe
 INDEX_MAINTENANCE_S = 1.0
 WAIT_NOTICE_S = 1.0  # executors not ready after this long at start-up: say what it waits for...
 WAIT_REPORT_S = 10.0  # ...and again this often, naming the servers still not ready
@@ -258,9 +258,14 @@ class Coordinator:
         self._stop.set()
 
     async def _heartbeat(self) -> None:
+        """The table's coordinator heartbeat every HEARTBEAT_S; each tick's lateness goes to the
+        health checks (`HealthMonitor.note_lag`), so one timer serves both."""
+        loop = asyncio.get_running_loop()
         while True:
             self.table.coord_heartbeat()
+            before = loop.time()
             await asyncio.sleep(HEARTBEAT_S)
+            self.health.note_lag(loop.time() - before - HEARTBEAT_S)
 
     async def _wait_fleet_listening(self) -> int:
         """Until every fleet worker's socket on the public port listens (each says so: `POST
@@ -377,7 +382,7 @@ class Coordinator:
                 raise
         tasks = [
             asyncio.ensure_future(self._heartbeat()),
-            asyncio.ensure_future(self.health.run()),
+            asyncio.ensure_future(self.health.run(watch_lag=False)),  # the heartbeat times the loop
             asyncio.ensure_future(self._maintain_index()),
             asyncio.ensure_future(self.supervisor.watch()),
         ]
