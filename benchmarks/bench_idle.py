@@ -5,14 +5,18 @@ What a deployment costs with no request in flight: heartbeats, health checks, KV
 timers. For each `--tree` (a checkout with its `.venv`) and fleet size, one deployment in front
 of the recording fakes (`bench_trees.fakes_running`, `bench_trees.deployment`), left
 `--settle-s` seconds, then measured over `--seconds` (the run time of each process's threads,
-schedstat). Trees take turns every round.
+schedstat). Trees take turns every round. `--executors 2,64`: also in front of 64 executors
+(half of each role; two multi-port fakes, `tests/fakes/multiport.py`), where the coordinator's
+health checks (one probe per executor every `health_check_interval_s`, 0.5 s here) dominate.
 
-    .venv/bin/python benchmarks/bench_idle.py --tree . [--tree /tmp/base] [--fleet 1,4] [--seconds 20] [--rounds 2]
+    .venv/bin/python benchmarks/bench_idle.py --tree . [--tree /tmp/base] [--fleet 1,4] [--executors 2,64] \
+        [--seconds 20] [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -24,13 +28,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import benchkit  # noqa: E402
 from benchmarks.bench_trees import deployment, fakes_running  # noqa: E402
 from benchmarks.benchkit import cpu_ns  # noqa: E402
 
+Urls = tuple[list[str], list[str]]
 
-def cell(tree: Path, fakes: list[int], fleet: int, args: argparse.Namespace) -> dict[str, float]:
+
+def cell(tree: Path, fakes: list[int], fleet: int, urls: Urls | None, args: argparse.Namespace) -> dict[str, float]:
     """ms of CPU per second: each fleet worker's (their median) and the coordinator's."""
-    with deployment(tree, fakes, fleet) as (base, pids):
+    with deployment(tree, fakes, fleet, urls) as (base, pids):
         with urllib.request.urlopen(f"{base}/cluster_info") as r:
             coordinator = int(json.loads(r.read())["coordinator_pid"])
         time.sleep(args.settle_s)  # start-up work (imports, first health checks) out of the window
@@ -46,34 +53,46 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tree", action="append", required=True, help="a checkout with its .venv (repeatable)")
     ap.add_argument("--fleet", default="1,4", help="fleet sizes (num_workers)")
+    ap.add_argument("--executors", default="2", help="executor counts (2: the recording fakes; more: multi-port fakes)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--settle-s", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     trees = [Path(t).resolve() for t in args.tree]
     fleets = [int(f) for f in args.fleet.split(",")]
-    results: dict[tuple[str, int], list[dict[str, float]]] = {}
-    with fakes_running() as fakes:
+    counts = [int(n) for n in args.executors.split(",")]
+    results: dict[tuple[str, int, int], list[dict[str, float]]] = {}
+    with fakes_running() as fakes, contextlib.ExitStack() as stack:
+        urls: dict[int, Urls | None] = {}
+        for n in counts:
+            if n <= 2:
+                urls[n] = None
+                continue
+            ex = benchkit.start_executors("multiport", n // 2, n - n // 2)
+            stack.callback(ex.stop)
+            urls[n] = (ex.ctx, ex.gen)
         for rnd in range(args.rounds):
-            for fleet in fleets:
-                for tree in trees if rnd % 2 == 0 else reversed(trees):
-                    row = cell(tree, fakes, fleet, args)
-                    results.setdefault((str(tree), fleet), []).append(row)
-                    print(f"round {rnd} f{fleet} {tree}: {row}", flush=True)
+            for n in counts:
+                for fleet in fleets:
+                    for tree in trees if rnd % 2 == 0 else reversed(trees):
+                        row = cell(tree, fakes, fleet, urls[n], args)
+                        results.setdefault((str(tree), fleet, n), []).append(row)
+                        print(f"round {rnd} n{n} f{fleet} {tree}: {row}", flush=True)
     print(
         f"\n{time.strftime('%Y-%m-%d %H:%M')}, idle {args.seconds:g} s after {args.settle_s:g} s, "
         f"{args.rounds} rounds (median, min-max); load average {os.getloadavg()[0]:.1f}\n"
     )
-    print("| fleet | tree | a fleet worker, ms/s | the coordinator, ms/s |")
-    print("|---|---|---|---|")
-    for fleet in fleets:
-        for tree in trees:
-            rows = results[(str(tree), fleet)]
-            cells = []
-            for key in ("worker", "coordinator"):
-                v = [r[key] for r in rows]
-                cells.append(f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})")
-            print(f"| {fleet} | {tree} | {' | '.join(cells)} |")
+    print("| executors | fleet | tree | a fleet worker, ms/s | the coordinator, ms/s |")
+    print("|---|---|---|---|---|")
+    for n in counts:
+        for fleet in fleets:
+            for tree in trees:
+                rows = results[(str(tree), fleet, n)]
+                cells = []
+                for key in ("worker", "coordinator"):
+                    v = [r[key] for r in rows]
+                    cells.append(f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})")
+                print(f"| {n} | {fleet} | {tree} | {' | '.join(cells)} |")
     return 0
 
 

@@ -124,15 +124,19 @@ def script_fakes(ports: list[int], mode: str) -> None:
 
 
 @contextlib.contextmanager
-def deployment(tree: Path, fakes: list[int], fleet: int) -> Iterator[tuple[str, list[int]]]:
-    """`shmdisagg serve` of `tree` with `fleet` workers in front of the fakes, every worker's row
-    claimed: (base URL, fleet worker pids). Stopped on exit."""
+def deployment(
+    tree: Path, fakes: list[int], fleet: int, urls: tuple[list[str], list[str]] | None = None
+) -> Iterator[tuple[str, list[int]]]:
+    """`shmdisagg serve` of `tree` with `fleet` workers in front of the fakes (or of `urls`:
+    context and generation `host:port`s), every worker's row claimed: (base URL, fleet worker
+    pids). Stopped on exit."""
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="bench-trees-"))
+    ctx, gen = urls if urls is not None else ([f"127.0.0.1:{fakes[0]}"], [f"127.0.0.1:{fakes[1]}"])
     (tmp / "config.yaml").write_text(
         f"hostname: 127.0.0.1\nport: {port}\nnum_workers: {fleet}\n"
-        f"context_servers: {{num_instances: 1, urls: ['127.0.0.1:{fakes[0]}']}}\n"
-        f"generation_servers: {{num_instances: 1, urls: ['127.0.0.1:{fakes[1]}']}}\n"
+        f"context_servers: {{num_instances: {len(ctx)}, urls: {ctx}}}\n"
+        f"generation_servers: {{num_instances: {len(gen)}, urls: {gen}}}\n"
         f"shmdisagg: {{shm: {{prefix: shmdisagg-bt{port}}}, coordinator_socket: {tmp}/c.sock, "
         "request_timeout_s: 180, health_check_interval_s: 0.5}\n"
     )
