@@ -161,6 +161,12 @@ class ServerSection(BaseModel):
     def _check_urls(cls, urls: list[str]) -> list[str]:
         seen: dict[tuple[str, int], str] = {}
         for url in urls:
+            if url.startswith("https://"):
+                # TensorRT-LLM's router would speak TLS to it (`Router._ensure_url` keeps the
+                # scheme); the fleet's executor client speaks plain HTTP on this host
+                raise ValueError(
+                    f"{url!r}: https executors are not supported (plain HTTP on this host); write host:port"
+                )
             m = _URL.match(url)
             if not m or not 0 < int(m["port"]) < 65536:
                 raise ValueError(f"{url!r} is not host:port")

@@ -106,9 +106,13 @@ def worker_entry(model: str, version: str, role: str, host: str, port: int) -> s
     )
 
 
+_HTTPS_REFUSED: set[str] = set()  # https urls already logged as refused
+
+
 def parse_entry(value: str) -> WorkerInfo | None:
     """A `trtllm/*` value as the router reads it, or None when it names no context or generation
-    server (not JSON, not an object, no `url`, another role)."""
+    server (not JSON, not an object, no `url`, another role) or one at an `https://` url (logged
+    once: the fleet speaks plain HTTP to executors)."""
     try:
         data = json.loads(value)
     except ValueError:
@@ -118,7 +122,12 @@ def parse_entry(value: str) -> WorkerInfo | None:
     kind = str(data.get("server_type") or data.get("server_role") or "").lower()
     if kind not in ROLE_BY_NAME:
         return None
-    url = data["url"].removeprefix("http://").removeprefix("https://").rstrip("/")
+    if data["url"].startswith("https://"):  # upstream would speak TLS to it; the fleet cannot
+        if data["url"] not in _HTTPS_REFUSED:
+            _HTTPS_REFUSED.add(data["url"])
+            log.warning("metadata server entry %s not used: https executors are not supported", data["url"])
+        return None
+    url = data["url"].removeprefix("http://").rstrip("/")
     host, _, port = url.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         return None

@@ -69,6 +69,10 @@ def _error(data: object) -> str:
             "generation_servers: 1 urls but num_instances is 3",
         ),
         (lambda d: d["context_servers"].update(urls=["nohost"]), "context_servers.urls"),
+        (
+            lambda d: d["generation_servers"].update(urls=["https://gen0:8002"]),
+            "generation_servers.urls: 'https://gen0:8002': https executors are not supported (plain HTTP on this host)",
+        ),
         (lambda d: d["generation_servers"]["router"].update(type="fastest"), "generation_servers.router.type"),
         (
             lambda d: d.update(context_server=d.pop("context_servers")),
