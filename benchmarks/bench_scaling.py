@@ -272,7 +272,7 @@ def report_executors(data: dict[str, Any], args: argparse.Namespace) -> None:
                 f"| {n} | {mode} | {spread(rs, 'proxy_ns_ms')} | "
                 f"{med(rs, 'proxy_ns_ms') / med(first, 'proxy_ns_ms'):.2f}× | "
                 f"{med(rs, 'coord_ns_ms'):.3f} | {med(rs, 'req_s'):.0f} | {med(rs, 'p99_ms'):.1f} | "
-                f"{a50:.2f} / {a99:.2f} | {a99 / first_added if first_added > 0 else float('nan'):.2f}× | "
+                f"{a50:.2f} / {a99:.2f} | {f'{a99 / first_added:.2f}×' if first_added > 0 else '–'} | "
                 f"{mib(rss)} | {mib(crss)} | {idle.get(str(n), {}).get('coord', float('nan')):.1f} | "
                 f"{sum(r['bad'] for r in rs)} |"
             )
