@@ -61,11 +61,16 @@ def main() -> int:
     trees = [Path(t).resolve() for t in args.tree]
     fleets = [int(f) for f in args.fleet.split(",")]
     counts = [int(n) for n in args.executors.split(",")]
+    if any(n < 2 for n in counts):
+        ap.error("--executors: at least 2 (one context and one generation executor)")
+    for tree in trees:
+        if not (tree / ".venv/bin/shmdisagg").exists():
+            ap.error(f"--tree {tree}: no .venv/bin/shmdisagg there (CONTRIBUTING.md, 'compare two builds')")
     results: dict[tuple[str, int, int], list[dict[str, float]]] = {}
     with fakes_running() as fakes, contextlib.ExitStack() as stack:
         urls: dict[int, Urls | None] = {}
         for n in counts:
-            if n <= 2:
+            if n == 2:
                 urls[n] = None
                 continue
             ex = benchkit.start_executors("multiport", n // 2, n - n // 2)

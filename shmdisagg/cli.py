@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shmdisagg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    from shmdisagg import __version__
+
+    parser.add_argument("--version", action="version", version=f"shmdisagg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("launch", help="start a single-node deployment")

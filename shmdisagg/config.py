@@ -39,11 +39,25 @@ from shmdisagg.procutil import listen_addr
 from shmdisagg.shm.layout import MAX_SERVERS_LIMIT, check_max_servers, servers_for
 
 ROUTER_TYPES = ("round_robin", "load_balancing", "kv_cache_aware", "conversation")
-_URL = re.compile(r"^(?:https?://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})/?$")
+_URL = re.compile(r"^(?:https?://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>[0-9]{1,5})/?$")
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?"
 _HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?$")
 _WILDCARDS = ("0.0.0.0", "::")
 INDEX_MAX_SLOTS = 1 << 32  # the native index's largest capacity (shm/index.py index_size)
+
+
+def _url_problem(url: str) -> str | None:
+    """Why `url` is not an executor's `host:port` (`http://` and a trailing `/` allowed), or None."""
+    if url.startswith("https://"):
+        # TensorRT-LLM's router would speak TLS to it (`Router._ensure_url` keeps the scheme);
+        # the fleet's executor client speaks plain HTTP on this host
+        return f"{url!r}: https executors are not supported (plain HTTP on this host); write host:port"
+    m = _URL.match(url)
+    if not m:
+        return f"{url!r} is not host:port"
+    if not 0 < int(m["port"]) < 65536:
+        return f"{url!r}: the port must be 1-65535"
+    return None
 
 
 class ConfigError(ValueError):
@@ -160,21 +174,21 @@ class ServerSection(BaseModel):
     @classmethod
     def _check_urls(cls, urls: list[str]) -> list[str]:
         seen: dict[tuple[str, int], str] = {}
+        problems = []  # every bad url of the list, in one message
         for url in urls:
-            if url.startswith("https://"):
-                # TensorRT-LLM's router would speak TLS to it (`Router._ensure_url` keeps the
-                # scheme); the fleet's executor client speaks plain HTTP on this host
-                raise ValueError(
-                    f"{url!r}: https executors are not supported (plain HTTP on this host); write host:port"
-                )
-            m = _URL.match(url)
-            if not m or not 0 < int(m["port"]) < 65536:
-                raise ValueError(f"{url!r} is not host:port")
-            ep = _endpoint(m["host"], int(m["port"]))
-            if ep in seen:
-                same = "" if seen[ep] == url else f" (as {seen[ep]!r})"
-                raise ValueError(f"{url!r} is listed twice{same}: one executor per url")
-            seen[ep] = url
+            problem = _url_problem(url)
+            if problem is None:
+                m = _URL.match(url)
+                assert m is not None
+                ep = _endpoint(m["host"], int(m["port"]))
+                if ep in seen:
+                    same = "" if seen[ep] == url else f" (as {seen[ep]!r})"
+                    problem = f"{url!r} is listed twice{same}: one executor per url"
+                seen[ep] = url
+            if problem is not None:
+                problems.append(problem)
+        if problems:
+            raise ValueError("; ".join(problems))
         return urls
 
     @model_validator(mode="before")
@@ -396,6 +410,10 @@ class ShmSection(_Strict):
 
 
 class ShmdisaggSection(_Strict):
+    # every duration and count here is finite: `.inf` would turn a timer off unnoticed (an
+    # infinite health_check_interval_s probes once, then never again)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
     executors: ExecutorsSection | None = None
     shm: ShmSection = Field(default_factory=ShmSection)
     index: IndexSection = Field(default_factory=IndexSection)

@@ -97,7 +97,8 @@ class Executor:
 
     @property
     def addr(self) -> str:
-        return f"{self.host}:{self.port}"
+        """`host:port`, an IPv6 host in brackets (as a config url and `WorkerInfo.addr` write it)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     @property
     def base(self) -> str:

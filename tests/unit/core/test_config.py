@@ -70,6 +70,15 @@ def _error(data: object) -> str:
         ),
         (lambda d: d["context_servers"].update(urls=["nohost"]), "context_servers.urls"),
         (
+            lambda d: d["context_servers"].update(urls=["127.0.0.1:0", "127.0.0.1:8001", "nohost"]),
+            "context_servers.urls: '127.0.0.1:0': the port must be 1-65535; 'nohost' is not host:port",
+        ),
+        (lambda d: d["context_servers"].update(urls=["127.0.0.1:\uff18\uff10\uff10\uff11"]), "is not host:port"),
+        (
+            lambda d: d.update(shmdisagg={"health_check_interval_s": float("inf")}),
+            "shmdisagg.health_check_interval_s: Input should be a finite number",
+        ),
+        (
             lambda d: d["generation_servers"].update(urls=["https://gen0:8002"]),
             "generation_servers.urls: 'https://gen0:8002': https executors are not supported (plain HTTP on this host)",
         ),

@@ -179,3 +179,18 @@ def test_a_hung_server_does_not_delay_another_servers_checks(shm_prefix: str) ->
             assert mon.executors[0].healthy  # its own probe has not even timed out yet
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost"])
+def test_an_executor_address_as_shown_is_one_a_config_accepts(host: str) -> None:
+    # `/cluster_info`, `shmdisagg stats` and the logs show `Executor.addr`: an IPv6 host must come
+    # bracketed, or the address copied from them is not host:port (and would not match the
+    # `WorkerInfo.addr` a registered executor is known by)
+    from shmdisagg.cluster.workers import WorkerInfo
+    from shmdisagg.config import ServerSection
+    from shmdisagg.orchestrator.directory import split_addr
+
+    addr = Executor(0, ROLE_CONTEXT, host, 8001).addr
+    assert ServerSection.model_validate({"urls": [addr]}).addresses() == [(host, 8001)]
+    assert split_addr(addr) == (host, 8001)
+    assert addr == WorkerInfo("w", host, 8001, ROLE_CONTEXT).addr
