@@ -5,7 +5,7 @@ has its own probe loop (so one slow executor never delays the others' checks): `
 every `health_check_interval_s`, each probe bounded by `health_check_timeout_s`. The loops wake
 on one grid (multiples of the interval on the loop's clock), so N executors cost one wake-up per
 interval, and probe over the fleet's keep-alive httptools client (`upstream/`); BENCHMARKS.md
-"Health checks at 64 executors" has the CPU this saves. The first 200
+"Health checks and timers" has the CPU this saves. The first 200
 is followed by `/server_info` and `/v1/models` (TensorRT-LLM's "prepare" step,
 `Router._prepare_server` in `tensorrt_llm/serve/router.py`) before the server is published
 healthy. A 503 with `x-trtllm-server-state: starting` is "loading", never healthy.
@@ -222,7 +222,7 @@ class HealthMonitor:
         lag = asyncio.ensure_future(self._watch_lag()) if watch_lag else None
         # The fleet's own HTTP client (httptools, keep-alive): a probe through it costs a few
         # times less CPU than through aiohttp's session, which at 64 executors probed twice a
-        # second was most of the coordinator's idle CPU (BENCHMARKS.md, "Health checks").
+        # second was most of the coordinator's idle CPU (BENCHMARKS.md, "Health checks and timers").
         pool = self._pool = UpstreamPool(connect_timeout_s=self.timeout_s, idle_timeout_s=max(4.0, 2 * self.interval_s))
         try:
             for ex in self.executors:
