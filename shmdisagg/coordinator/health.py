@@ -298,16 +298,13 @@ class HealthMonitor:
                 if ex.healthy:
                     self._set_unhealthy(ex, keep_info=True)
                 return
-        except UpstreamConnectError as err:
-            if not isinstance(err.__cause__, TimeoutError):  # refused, or no route: nothing listens
-                self._mark(ex, False, answered, refused=True)
+        except (UpstreamConnectError, UpstreamTimeout) as err:
+            if isinstance(err, UpstreamConnectError) and not isinstance(err.__cause__, TimeoutError):
+                self._mark(ex, False, answered, refused=True)  # refused, or no route: nothing listens
                 return
+            # the connect or the probe took longer than health_check_timeout_s
             if loop.time() < self._late_until:
                 return  # our loop was late, not necessarily the executor
-            ok = False
-        except UpstreamTimeout:  # the probe took longer than health_check_timeout_s
-            if loop.time() < self._late_until:
-                return
             ok = False
         except (UpstreamError, OSError, ValueError, KeyError) as err:
             log.debug("health check of %s failed: %r", ex.addr, err)
