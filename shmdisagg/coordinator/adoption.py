@@ -68,11 +68,17 @@ def take_over(
 def stop_stale_fleet(prefix: str, timeout_s: float = STALE_FLEET_STOP_S) -> int:
     """Stop the fleet workers a dead coordinator of `prefix` left serving (found in its table's
     rows by pid and start time): SIGTERM (their graceful stop), then SIGKILL after `timeout_s`.
-    Returns how many were running. Nothing to do when the table is gone or unreadable."""
+    Returns how many were running. Nothing to do when the table is gone or unreadable, or when
+    the coordinator its line names is alive: then the fleet is a running deployment's (a second
+    `serve` of the same prefix, refused, ends here too) and is not stale."""
     try:
         with ControlTable.attach(prefix, timeout=0.0, read_only=True) as table:
+            coord = table.coordinator()
             procs = [ProcessId(r.pid, r.starttime) for r in table.rows()]
     except (FileNotFoundError, ShmError):
+        return 0
+    if coord["pid"] and ProcessId(coord["pid"], coord["starttime"]).alive():
+        log.debug("the fleet of %s belongs to a running coordinator (pid %d): left alone", prefix, coord["pid"])
         return 0
     live = [p for p in procs if p.alive()]
     for p in live:

@@ -328,3 +328,34 @@ def test_a_sigkilled_supervisor_leaves_no_process_and_no_segment(tmp_path: Path,
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_a_refused_second_serve_of_the_same_prefix_leaves_the_running_fleet_serving(
+    tmp_path: Path, shm_prefix: str
+) -> None:
+    """A second `serve` of a running deployment's shared-memory prefix (another port) is refused,
+    and its stop must not take the running deployment's fleet for a dead coordinator's."""
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr])
+        with deployment(cfg) as dep:
+            _, info = request_json("127.0.0.1", dep.config.port, "GET", "/cluster_info")
+            fleet = [ProcessId.of(p) for p in info["fleet_pids"]]
+            other = yaml.safe_load(cfg.read_text())
+            other["port"] = next(p for p in iter(free_port, None) if p != dep.config.port)
+            other["shmdisagg"]["coordinator_socket"] = str(tmp_path / "second.sock")
+            second = tmp_path / "second.yaml"
+            second.write_text(yaml.safe_dump(other))
+            done = subprocess.run(
+                [sys.executable, "-m", "shmdisagg.cli", "serve", "-c", str(second)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 1 and "is locked by a running coordinator" in done.stderr, done.stderr
+            assert "stopped" not in done.stderr, done.stderr
+            assert all(p.alive() for p in fleet)
+            status, _ = request_json(
+                "127.0.0.1", dep.config.port, "POST", "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2}
+            )
+            assert status == 200
