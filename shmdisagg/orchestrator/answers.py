@@ -55,10 +55,13 @@ INTERNAL_KEYS = (
 # unescaped `"key":` is always a key; a false positive (a token spelled like one in top_logprobs)
 # only costs a parse.
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-# A URL, or host:port (an IPv4 address, a [v6] address, or a name with a letter in it; a port of
-# 2-5 digits): what an executor's error text may say about where it, or its peer, lives.
+# A URL, host:port (an IPv4 address, a [v6] address, or a name with a letter in it; a port of
+# 2-5 digits), or a Python repr's host and port: what an executor's error text may say about
+# where it, or its peer, lives.
 _ADDRESS = re.compile(
-    r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"()<>,]+"
+    # Python reprs name an address as `host='h', port=N` (aiohttp's ConnectionKey) or `('h', N)`
+    r"\bhost=(?:'[^']*'|\"[^\"]*\")|\bport=\d{2,5}\b|\(\s*(?:'[^']*'|\"[^\"]*\")\s*,\s*\d{2,5}\s*\)"
+    r"|[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"()<>,]+"
     r"|(?:\[[0-9A-Fa-f:.]+\]|\d{1,3}(?:\.\d{1,3}){3}|[A-Za-z0-9_\-]*[A-Za-z][A-Za-z0-9_.\-]*):\d{2,5}\b(?:/[^\s'\"]*)?"
 )
 DONE = b"data: [DONE]\n\n"

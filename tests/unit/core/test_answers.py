@@ -208,6 +208,17 @@ def test_executor_error_messages_are_unwrapped_and_redacted(body: bytes, message
     assert executor_error_message(body, 500) == message
 
 
+def test_addresses_in_python_reprs_are_redacted_too() -> None:
+    # an executor's KV-transfer failure, as a simulator's generation leg reported it mid-stream
+    message = (
+        "KV pull from 127.0.0.1:23501 failed: ClientConnectorError(ConnectionKey(host='127.0.0.1', port=23502, "
+        "is_ssl=False), ConnectionRefusedError(111, \"Connect call failed ('127.0.0.1', 23502)\"))"
+    )
+    out = redact(message)
+    assert "127.0.0.1" not in out and "23502" not in out and "23501" not in out, out
+    assert out.startswith("KV pull from <executor> failed: ClientConnectorError(")
+
+
 def test_redact_leaves_ordinary_text_alone() -> None:
     assert redact("the ratio is 3:4 and the time 10:30") == "the ratio is 3:4 and the time 10:30"
     assert redact("see [::1]:8001 and fake-transceiver://h:1/ctx_info") == "see <executor> and <executor>"
