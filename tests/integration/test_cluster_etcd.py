@@ -308,9 +308,12 @@ def test_a_flood_of_registrations_fills_the_table_and_the_rest_wait_for_a_free_s
     with cluster(tmp_path, shm_prefix) as (dep, etcd, name):
         workers = [WorkerInfo(new_worker_id(1, "127.0.0.1", 20000 + i), "127.0.0.1", 20000 + i, 1) for i in range(80)]
         register_all(etcd, name, workers)
-        wait_until(lambda: len(servers(dep)) == 64, 20, "64 registered")
+        # the puts are separate writes, so the watch may still be delivering the last ones when
+        # the table is full: wait for all 80 to be seen, then check where each one went
+        wait_until(lambda: len(servers(dep)) + len(coordinator_info(dep)["disagg_cluster"]["pending"]) == 80,
+                   20, "all 80 registrations seen")  # fmt: skip
         info = coordinator_info(dep)["disagg_cluster"]
-        assert len(info["pending"]) == 16 and info["waited"] == 16
+        assert len(servers(dep)) == 64 and len(info["pending"]) == 16 and info["waited"] == 16
         for w in workers[:20]:  # 20 leave: the 16 waiting take their slots (no leg ever ran on them)
             etcd.etcdctl("del", worker_key(name, w.worker_id))
         wait_until(lambda: not coordinator_info(dep)["disagg_cluster"]["pending"], 20, "the waiting ones admitted")
