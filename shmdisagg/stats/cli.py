@@ -23,6 +23,7 @@ snapshot), 2 bad usage/config (an invalid --prefix included).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -44,6 +45,17 @@ _DEFAULT_PREFIX = re.compile(r"^shmdisagg-[0-9]{1,10}-[0-9]{1,5}$")
 MAX_PREFIX_CHARS = int(re.search(r"\{1,(\d+)\}", _CONFIG_PREFIX.pattern).group(1))  # type: ignore[union-attr]  # the pattern has {1,N}
 
 
+def _interval(text: str) -> float:
+    """--interval's type: a finite number of seconds > 0 (nan and inf would never refresh)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text!r}")
+    return seconds
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("-c", "--config", help="the deployment's config file (its port and shmdisagg.shm.prefix)")
@@ -51,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("--prefix", help="the deployment's shared-memory prefix")
     p.add_argument(
         "--interval",
-        type=float,
+        type=_interval,
         default=1.0,
         help="seconds between refreshes, and the window of the rates (default: %(default)s)",
     )
@@ -97,9 +109,6 @@ def take(reader: StatsReader, interval: float) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, prefix: str) -> int:
-    if args.interval <= 0:
-        print("shmdisagg stats: --interval must be > 0", file=sys.stderr)
-        return 2
     if args.json and not args.once:
         print("shmdisagg stats: --json needs --once", file=sys.stderr)
         return 2

@@ -23,6 +23,17 @@ def test_json_needs_once(shm_prefix: str) -> None:
     assert main(["stats", "--prefix", shm_prefix, "--json"]) == 2
 
 
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "abc"])
+def test_an_interval_that_never_refreshes_is_a_one_line_usage_error(
+    interval: str, shm_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["stats", "--prefix", shm_prefix, "--once", "--interval", interval])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --interval:" in err and repr(interval) in err and "Traceback" not in err
+
+
 def test_once_json_prints_one_snapshot(shm_prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
     coord = ControlTable.create(shm_prefix, max_workers=2)
     seg = MetricsSegment.create(shm_prefix, 1)
