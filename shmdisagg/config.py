@@ -116,7 +116,9 @@ def _no_bool(v: Any) -> Any:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no nan or inf in a float setting: a timeout, TTL or speed-up of inf never fires or divides to
+    # zero, and nan compares false with every bound (load_cap keeps inf as its default, "no cap")
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RouterConfig(_Strict):
@@ -572,7 +574,7 @@ class DisaggConfig(BaseModel):
     port: StrictInt = Field(8000, ge=0, le=65535)
     num_workers: StrictInt = Field(1, ge=1, le=64)
     context_servers: ServerSection = Field(default_factory=ServerSection)
-    generation_servers: ServerSection
+    generation_servers: ServerSection = Field(default_factory=ServerSection)
     max_retries: StrictInt = Field(1, ge=0)
     schedule_style: Literal["context_first", "generation_first"] = "context_first"
     conditional_disagg_config: ConditionalDisaggConfig | None = None
@@ -637,11 +639,18 @@ class DisaggConfig(BaseModel):
                         "server, whose list TensorRT-LLM's routers use instead): remove them",
                     )
             return self
+        absent = [key for key in ("context_servers", "generation_servers") if key not in self.model_fields_set]
+        if len(absent) == 2:  # one line for both: mending one must not reveal the other
+            raise KeyedError(
+                "context_servers, generation_servers",
+                "both missing; a deployment needs at least one executor of each role: list them under "
+                "context_servers.urls and generation_servers.urls as host:port",
+            )
         for key in ("context_servers", "generation_servers"):
             role = key.split("_")[0]
             if getattr(self, key).urls:
                 continue
-            if key not in self.model_fields_set:
+            if key in absent:
                 near = difflib.get_close_matches(key, list(self.model_extra or {}), n=1, cutoff=0.8)
                 hint = f" (is {near[0]!r} a misspelling of it?)" if near else ""
                 raise KeyedError(

@@ -79,10 +79,31 @@ def _error(data: object) -> str:
             "shmdisagg.health_check_interval_s: Input should be a finite number",
         ),
         (
+            lambda d: d["context_servers"]["router"].update(load_cap=float("inf")),
+            "context_servers.router.load_cap: Input should be a finite number",
+        ),
+        (
+            lambda d: d.update(shmdisagg={"index": {"routed_ttl_s": float("nan")}}),
+            "shmdisagg.index.routed_ttl_s: Input should be a finite number",
+        ),
+        (
+            lambda d: d.update(shmdisagg={"executors": {"sim": {"speedup": float("inf")}}}),
+            "shmdisagg.executors.sim.speedup: Input should be a finite number",
+        ),
+        (
             lambda d: d["generation_servers"].update(urls=["https://gen0:8002"]),
             "generation_servers.urls: 'https://gen0:8002': https executors are not supported (plain HTTP on this host)",
         ),
         (lambda d: d["generation_servers"]["router"].update(type="fastest"), "generation_servers.router.type"),
+        (
+            lambda d: [d.pop("context_servers"), d.pop("generation_servers")],
+            "context_servers, generation_servers: both missing; a deployment needs at least one executor of each "
+            "role: list them under context_servers.urls and generation_servers.urls as host:port",
+        ),
+        (
+            lambda d: d.pop("generation_servers"),
+            "generation_servers: missing; a deployment needs at least one generation executor",
+        ),
         (
             lambda d: d.update(context_server=d.pop("context_servers")),
             "context_servers: missing (is 'context_server' a misspelling of it?)",
