@@ -61,6 +61,7 @@ import orjson
 
 from shmdisagg.config import MAX_EXECUTORS, DisaggConfig
 from shmdisagg.coordinator.routing_keys import RoutingKeys
+from shmdisagg.hostport import authority
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable
 from shmdisagg.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamTimeout
 
@@ -98,7 +99,7 @@ class Executor:
     @property
     def addr(self) -> str:
         """`host:port`, an IPv6 host in brackets (as a config url and `WorkerInfo.addr` write it)."""
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return authority(self.host, self.port)
 
     @property
     def base(self) -> str:

@@ -44,6 +44,7 @@ from shmdisagg.coordinator.membership import Membership
 from shmdisagg.coordinator.routing_keys import RoutingKeys
 from shmdisagg.coordinator.supervisor import STOP_MARGIN_S, FleetSupervisor
 from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S, FleetOverrides
+from shmdisagg.hostport import authority
 from shmdisagg.metrics.answered import answered_reader
 from shmdisagg.metrics.perf import PerfStore
 from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
@@ -406,20 +407,18 @@ class Coordinator:
             n = self.config.num_workers
             if self.adopted:
                 log.info(
-                    "coordinator restarted: adopted the table, the KV index and %d of %d fleet worker(s) on %s:%d",
+                    "coordinator restarted: adopted the table, the KV index and %d of %d fleet worker(s) on %s",
                     self.supervisor.adopted,
                     n,
-                    self.config.hostname,
-                    self.config.port,
+                    authority(self.config.hostname, self.config.port),
                 )
             else:
                 log.info(
-                    "coordinator ready: %d of %d fleet worker%s listening on %s:%d",
+                    "coordinator ready: %d of %d fleet worker%s listening on %s",
                     listening,
                     n,
                     "" if n == 1 else "s",
-                    self.config.hostname,
-                    self.config.port,
+                    authority(self.config.hostname, self.config.port),
                 )
             notify_ready(self.options.ready_fd)
             await self._stop.wait()

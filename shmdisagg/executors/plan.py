@@ -31,6 +31,7 @@ import yaml
 
 from shmdisagg.config import ConfigError, DisaggConfig, ExecutorsSection, ServerSection
 from shmdisagg.hashing import KV_CACHE_HASH_ALGO_AUTO, KV_CACHE_HASH_ALGOS
+from shmdisagg.hostport import authority
 
 ROLE_SECTIONS = (("context", "context_servers"), ("generation", "generation_servers"))
 UNSET_RUN_DIR = Path("<log-dir>")  # where files would go when a dry run has no --log-dir
@@ -60,7 +61,7 @@ class InstancePlan:
 
     @property
     def addr(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return authority(self.host, self.port)
 
     def options_yaml(self, redact: bool = False) -> str:
         """The options as YAML; `redact` hides secrets (`SECRET_OPTIONS`) for printing."""

@@ -7,6 +7,7 @@ microseconds, so workers cache `slot -> (host, port)` and re-read only when the 
 
 from __future__ import annotations
 
+from shmdisagg.hostport import authority
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, ServerInfo
 
 
@@ -49,8 +50,7 @@ class ServerDirectory:
         addr = self._addr.get(slot)
         if addr is None:
             return f"slot {slot}"
-        host, port = addr
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return authority(*addr)
 
     def servers(self) -> list[ServerInfo]:
         self._refresh()

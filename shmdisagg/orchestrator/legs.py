@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shmdisagg.hostport import authority
 from shmdisagg.metrics.answered import AnsweredLegs
 from shmdisagg.observe import send_leg
 from shmdisagg.orchestrator.directory import ServerDirectory
@@ -89,8 +90,7 @@ class Opened:
     @property
     def label(self) -> str:
         """The executor's `host:port`, for log lines (never for a client)."""
-        host, port = self.addr
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return authority(*self.addr)
 
     def hint_kv(self) -> None:
         """Tell the coordinator this leg's server has new KV events (one datagram, never blocks)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from shmdisagg.hostport import authority
 from shmdisagg.upstream._connection import Connection, StaleConnection
 from shmdisagg.upstream.errors import UpstreamConnectError, UpstreamDisconnected
 from shmdisagg.upstream.response import UpstreamResponse
@@ -43,7 +44,7 @@ class _Host:
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.port = port
-        self.authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.authority = authority(host, port)
         self.idle: list[Connection] = []
         self.heads: dict[tuple[str, str], bytes] = {}
         self._host_line = f"host: {self.authority}\r\n".encode("ascii")

@@ -14,6 +14,7 @@ from shmdisagg.executors.sim.block_keys import HASH_ALGO_CHOICES
 from shmdisagg.executors.sim.errors import ConfigError
 from shmdisagg.executors.sim.faults import FaultSpec
 from shmdisagg.executors.sim.profiles import DEFAULT_PROFILE, Profile, get_profile
+from shmdisagg.hostport import authority
 
 ROLES = ("context", "generation", "mixed")
 
@@ -168,7 +169,7 @@ class SimConfig:
         host = self.advertise_host or self.host
         if host in ("", "0.0.0.0", "::"):
             host = "127.0.0.1"
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        return authority(host, self.port)
 
     @property
     def fault_specs(self) -> list[FaultSpec]:
