@@ -422,8 +422,11 @@ def test_a_table_of_128_slots_holds_registrations_past_64_through_a_coordinator_
         # table, 4 wait for a slot
         workers = [WorkerInfo(new_worker_id(1, "127.0.0.1", 20000 + i), "127.0.0.1", 20000 + i, 1) for i in range(130)]
         register_all(etcd, name, workers)
-        wait_until(lambda: len(servers(dep)) == 128, 30, "128 registered")
-        assert len(coordinator_info(dep)["disagg_cluster"]["pending"]) == 4
+        # separate writes: the watch may still be delivering the last ones once the table is
+        # full, so wait for all 132 registrations to be seen before checking where each went
+        wait_until(lambda: len(servers(dep)) + len(coordinator_info(dep)["disagg_cluster"]["pending"]) == 132,
+                   30, "all 132 registrations seen")  # fmt: skip
+        assert len(servers(dep)) == 128 and len(coordinator_info(dep)["disagg_cluster"]["pending"]) == 4
         before = {(s["slot"], s["addr"]) for s in servers(dep)}
         assert {slot for slot, _ in before} == set(range(128))
         table_inode = os.stat(f"/dev/shm/{shm_prefix}-ctl").st_ino

@@ -71,6 +71,8 @@ def test_only_the_lease_holder_drains_and_the_other_takes_over(tmp_path: Path) -
                 for dep in (a, b):
                     wait_until(lambda dep=dep: request_json("127.0.0.1", dep.config.port, "GET", "/health")[0] == 200,
                                30, "ready")  # fmt: skip
+                # b learns who drains at its first campaign, a background task /health does not wait for
+                wait_until(lambda: lease(b)["drainer"] is not None, 10, "the second deployment's first campaign")
                 assert not lease(b)["holder"] and lease(b)["drainer"]["shm_prefix"] == prefixes[0]
                 traffic(a, 5)
                 traffic(b, 5)
