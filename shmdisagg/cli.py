@@ -27,6 +27,8 @@ from __future__ import annotations
 import signal
 import sys
 
+from shmdisagg.interrupts import exit_status_stands
+
 # Every SIGINT is recorded before it becomes a KeyboardInterrupt: one raised while a library
 # runs a finalizer or a bare `except:` is swallowed there, and the command would go on to start a
 # deployment nobody wants (found under load: a Ctrl-C during the imports, then a coordinator
@@ -37,23 +39,6 @@ _received: list[int] = []
 def _record_sigint(signum: int, frame: object) -> None:
     _received.append(signum)
     raise KeyboardInterrupt
-
-
-def _exit_status_stands() -> None:
-    """Clear CPython's mark of an unhandled KeyboardInterrupt, so the exit status we give stands.
-
-    CPython sets `_Py_UnhandledKeyboardInterrupt` when a C-level `PyRun_*` call ends in a
-    KeyboardInterrupt (a Cython or pyo3 module's init runs Python that way), even when the
-    interrupt is caught afterwards. Under `python -m shmdisagg.cli`, `Py_RunMain` then exits by
-    SIGINT whatever status the `SystemExit` asked for (Modules/main.c): a Ctrl-C during the
-    imports ended as "killed by SIGINT" instead of 130. Every interrupt that reaches here was
-    handled, so the mark is stale."""
-    import ctypes
-
-    try:
-        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
-    except (AttributeError, ValueError):  # another interpreter: nothing to clear
-        pass
 
 
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where someone else handles it
@@ -69,7 +54,7 @@ try:  # a Ctrl-C while the modules load (right after the command is typed) ends 
     from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_level
 except KeyboardInterrupt:
     print("shmdisagg: interrupted (SIGINT)", file=sys.stderr)
-    _exit_status_stands()
+    exit_status_stands()
     raise SystemExit(130) from None
 
 
@@ -492,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shmdisagg: interrupted ({name})", file=sys.stderr)
         return 128 + signum
     finally:
-        _exit_status_stands()  # the status returned is the command's (an interrupt was handled)
+        exit_status_stands()  # the status returned is the command's (an interrupt was handled)
 
 
 def _main(argv: list[str] | None) -> int:

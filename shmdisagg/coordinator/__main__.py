@@ -11,21 +11,39 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-import uvloop
+from shmdisagg.interrupts import exit_status_stands
 
-from shmdisagg.cluster.metadata import MetadataConfigError, load_metadata_config
-from shmdisagg.config import ConfigError, DisaggConfig, env_tokens_per_block, load_config
-from shmdisagg.coordinator.main import (
-    FleetStartFailed,
-    StartOptions,
-    StartupError,
-    StartupInterrupted,
-    run_coordinator,
-)
-from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S
-from shmdisagg.processes import START_FAILED_EXIT, supervisor_of
-from shmdisagg.shm.segment import ShmError
-from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_level
+
+def says_its_interrupts(environ: Mapping[str, str]) -> bool:
+    """Whether this coordinator prints its own "interrupted during start-up" line: not when
+    `shmdisagg launch` or `serve`'s keeper runs it (SHMDISAGG_LAUNCHED, SHMDISAGG_SUPERVISOR),
+    which say it once for the whole deployment, this process being stopped by them too."""
+    return not (environ.get("SHMDISAGG_LAUNCHED") or environ.get("SHMDISAGG_SUPERVISOR"))
+
+
+# A terminal's Ctrl-C reaches this process with its parent (`shmdisagg serve` keeps it in its
+# process group): one that lands while the modules load ends it with 130, not a traceback
+try:
+    import uvloop
+
+    from shmdisagg.cluster.metadata import MetadataConfigError, load_metadata_config
+    from shmdisagg.config import ConfigError, DisaggConfig, env_tokens_per_block, load_config
+    from shmdisagg.coordinator.main import (
+        FleetStartFailed,
+        StartOptions,
+        StartupError,
+        StartupInterrupted,
+        run_coordinator,
+    )
+    from shmdisagg.fleet.overrides import DEFAULT_LEG_TIMEOUT_S
+    from shmdisagg.processes import START_FAILED_EXIT, supervisor_of
+    from shmdisagg.shm.segment import ShmError
+    from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_level
+except KeyboardInterrupt:
+    if says_its_interrupts(os.environ):
+        print("shmdisagg: interrupted during start-up (SIGINT); nothing had started", file=sys.stderr)
+    exit_status_stands()  # 130, not death by SIGINT (an extension module's init may have marked it)
+    raise SystemExit(128 + signal.SIGINT) from None
 
 
 def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
@@ -86,7 +104,7 @@ def main(argv: list[str] | None = None, env: TrtllmEnv | None = None) -> int:
     try:
         uvloop.run(run_coordinator(config, args.config, options))
     except StartupInterrupted as err:
-        if not os.environ.get("SHMDISAGG_LAUNCHED"):  # else the launcher that stopped it says so
+        if says_its_interrupts(os.environ):
             print(
                 f"shmdisagg: interrupted during start-up ({signal.Signals(err.signum).name}); stopped what had started",
                 file=sys.stderr,

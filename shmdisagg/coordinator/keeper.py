@@ -310,6 +310,24 @@ def _reported_port(path: str | None) -> int | None:
     return int(port) if port.isdigit() else None
 
 
+def _status_after_signal(signum: int, keeper: CoordinatorKeeper, code: int) -> int:
+    """`serve`'s exit status and its one line for a stop before the coordinator served: 128 + the
+    signal's number (the documented start-up contract), whatever status the coordinator ended
+    with. A terminal's Ctrl-C reaches the coordinator too, which may die by it, or by this
+    keeper's SIGTERM, while Python starts: this keeper says it (the coordinator does not)."""
+    if keeper.ever_served:
+        return code
+    if not signum and code in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # a signal to it alone
+        signum = code - 128
+    if not signum:
+        return code
+    print(
+        f"shmdisagg: interrupted during start-up ({signal.Signals(signum).name}); stopped what had started",
+        file=sys.stderr,
+    )
+    return 128 + signum
+
+
 def _serve_preexec() -> None:
     die_with_parent()
 
@@ -348,9 +366,9 @@ def run_supervised(config: DisaggConfig, argv: list[str], report_addr: str | Non
             code = keeper.check()
             if code is not None:
                 stop_stale_fleet(config.shm_prefix, config.shmdisagg.timeout_graceful_shutdown_s + STOP_MARGIN_S)
-                return code
+                return _status_after_signal(stop["signal"], keeper, code)
             time.sleep(POLL_S)
-        return keeper.stop()
+        return _status_after_signal(stop["signal"], keeper, keeper.stop())
     finally:
         for s, h in old.items():
             signal.signal(s, h)

@@ -121,6 +121,27 @@ def test_a_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(tmp_path: Pat
     assert len(lines) == 1 and lines[0].startswith("shmdisagg: interrupted"), stderr
 
 
+def test_a_ctrl_c_while_serves_coordinator_loads_is_one_line_and_exit_130(tmp_path: Path, shm_prefix: str) -> None:
+    """The terminal's Ctrl-C reaches `serve` and its coordinator child at once; here it lands
+    while the coordinator imports (pydantic's native core mapped in the child). Before: the
+    coordinator's KeyboardInterrupt traceback, or no line at all and exit 143 (the keeper's
+    SIGTERM killed the still-starting coordinator, and its status was passed on)."""
+    cfg = write_config(tmp_path, shm_prefix, [f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"])
+    cmd = Command("serve", "-c", str(cfg))
+    deadline = time.monotonic() + 30
+    while not any(_mapped(pid, "pydantic_core") for pid in descendants(cmd.proc.pid)):
+        assert cmd.proc.poll() is None and time.monotonic() < deadline, "the coordinator never imported pydantic"
+        time.sleep(0.001)
+    code, stderr = cmd.interrupt(signal.SIGINT)
+    assert code == 130, stderr
+    assert "Traceback" not in "".join(stderr), stderr
+    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGINT); stopped what had started"], (
+        stderr
+    )
+    assert not [p for p in cmd.seen if alive(p)]
+    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+
+
 @pytest.mark.parametrize("command", ["launch", "serve"])
 def test_a_ctrl_c_swallowed_while_the_modules_load_still_stops_the_command(
     tmp_path: Path, shm_prefix: str, command: str
