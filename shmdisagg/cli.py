@@ -296,6 +296,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if port is not None and not port.ours:
         print(f"shmdisagg: {args.config}: {port.problem}; launch and serve need it free", file=sys.stderr)
         return 1
+    if port is None:  # another deployment (another port) on the same shared-memory prefix
+        from shmdisagg.shm.segment import running_deployment
+
+        held = running_deployment(config.shm_prefix)
+        if held is not None:
+            print(
+                f"shmdisagg: {args.config}: shmdisagg.shm.prefix {config.shm_prefix!r} is in use: {held}; launch and "
+                "serve need it free (stop that deployment, or give this one another prefix)",
+                file=sys.stderr,
+            )
+            return 1
     busy = []  # what launch, which starts the executors there, would refuse; not while this deployment runs
     if port is None and config.shmdisagg.executors is not None:
         from shmdisagg.launch import address_bind_error

@@ -259,3 +259,25 @@ def test_check_config_names_another_deployment_on_its_public_port(
         worker.communicate("")
     err = capsys.readouterr().err
     assert f"already in use by another shmdisagg deployment (config {other}, coordinator pid {os.getpid()})" in err
+
+
+def test_check_config_refuses_a_prefix_another_running_deployment_holds(
+    tmp_path: Path, shm_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two configs with one `shmdisagg.shm.prefix` on two ports: check-config said ok for the
+    second while the first ran, then serve failed on the locked table."""
+    from shmdisagg.cli import main
+    from shmdisagg.shm.table import ControlTable, process_starttime
+
+    path, _ = _config(tmp_path, shm_prefix, free_port())
+    coord = ControlTable.create(shm_prefix, max_workers=2)  # the other deployment's coordinator holds its lock
+    try:
+        coord.set_coordinator(os.getpid(), process_starttime(os.getpid()), 1)
+        assert main(["check-config", "-c", str(path)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"shmdisagg: {path}: shmdisagg.shm.prefix {shm_prefix!r} is in use: /{shm_prefix}-ctl ")
+        assert f"locked by a running coordinator (pid {os.getpid()})" in err and len(err.splitlines()) == 1
+    finally:
+        coord.unlink()
+        coord.close()
+    assert main(["check-config", "-c", str(path)]) == 0  # gone: the prefix is free again
