@@ -86,6 +86,12 @@ def _unlink_all(prefix: str) -> list[str]:
     return removed
 
 
+def _locked(name: str, inode: int) -> str:
+    """What a segment whose flock a live process holds says: its name and the holder's pid."""
+    pid = _lock_holder(inode)
+    return f"{name} is locked by a running coordinator (pid {pid if pid is not None else 'unknown'})"
+
+
 def running_deployment(prefix: str) -> str | None:
     """Why a coordinator could not start on `prefix` now: the `DeploymentRunning` message when
     "/{prefix}-ctl" exists and a live coordinator holds its flock, else None. Changes nothing
@@ -99,8 +105,7 @@ def running_deployment(prefix: str) -> str | None:
         try:
             fcntl.flock(shm.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = _lock_holder(os.fstat(shm.fd).st_ino)
-            return f"{ctl} is locked by a running coordinator (pid {pid if pid is not None else 'unknown'})"
+            return _locked(ctl, os.fstat(shm.fd).st_ino)
         fcntl.flock(shm.fd, fcntl.LOCK_UN)  # a dead deployment's segments: serve clears them
         return None
     finally:
@@ -127,10 +132,8 @@ def cleanup_stale(prefix: str, files: Iterable[str] = ()) -> list[str]:
         try:
             fcntl.flock(shm.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = _lock_holder(os.fstat(shm.fd).st_ino)
             raise DeploymentRunning(
-                f"{ctl} is locked by a running coordinator (pid {pid if pid is not None else 'unknown'}): "
-                f"stop it first or use another port/prefix"
+                f"{_locked(ctl, os.fstat(shm.fd).st_ino)}: stop it first or use another port/prefix"
             ) from None
         for path in files:
             with contextlib.suppress(FileNotFoundError):
@@ -274,10 +277,7 @@ class Segment:
             try:
                 fcntl.flock(shm.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                pid = _lock_holder(st.st_ino)
-                raise DeploymentRunning(
-                    f"{name} is locked by a running coordinator (pid {pid if pid is not None else 'unknown'})"
-                ) from None
+                raise DeploymentRunning(_locked(name, st.st_ino)) from None
             if st.st_uid != os.getuid():
                 raise ShmError(f"{name} belongs to uid {st.st_uid}, not {os.getuid()}: refusing to adopt")
             if st.st_mode & 0o077:
