@@ -91,7 +91,8 @@ class CoordinatorKeeper:
         self.identity = ProcessId.of(os.getpid())
         self.proc: subprocess.Popen[bytes] | None = None
         self.served = False
-        self.ever_served = False
+        self.ever_served = False  # a coordinator's fleet started (F): a death is restarted
+        self.ever_ready = False  # a coordinator reported ready (R): the deployment served
         self.restarts = 0
         self.failed_in_row = 0
         self._crash = ""  # the death of the last coordinator that served, in words
@@ -284,7 +285,7 @@ class CoordinatorKeeper:
         if got:
             self.ever_served = True  # b"F": its fleet started, so a death from now on is restarted
         if b"R" in got:  # ready: every fleet worker listens
-            self.served = True
+            self.served = self.ever_ready = True
             if self.config.port == 0 and self.adopt_port is None:
                 self.adopt_port = _reported_port(self.report_addr)
             if self.restarts:
@@ -311,16 +312,17 @@ def _reported_port(path: str | None) -> int | None:
 
 
 def _status_after_signal(signum: int, keeper: CoordinatorKeeper, code: int) -> int:
-    """`serve`'s exit status and its one line for a stop before the coordinator served: 128 + the
-    signal's number (the documented start-up contract), whatever status the coordinator ended
-    with. A terminal's Ctrl-C reaches the coordinator too, which may die by it, or by this
-    keeper's SIGTERM, while Python starts: this keeper says it (the coordinator does not)."""
-    if keeper.ever_served:
+    """`serve`'s exit status, and its one line for a stop before the deployment was ready:
+    128 + the signal's number (README: the start-up contract). A terminal's Ctrl-C reaches the
+    coordinator too, which may die by it, or by this keeper's SIGTERM, while Python starts, and
+    which leaves the line to this keeper. `code` is the coordinator's status: under 128 it ended
+    for its own reason and said so (0: it was ready and stopped, before this keeper read its R)."""
+    if keeper.ever_ready or code < 128:
         return code
-    if not signum and code in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # a signal to it alone
+    if not signum:  # a signal to the coordinator alone
+        if code - 128 not in (signal.SIGINT, signal.SIGTERM):
+            return code
         signum = code - 128
-    if not signum:
-        return code
     print(
         f"shmdisagg: interrupted during start-up ({signal.Signals(signum).name}); stopped what had started",
         file=sys.stderr,

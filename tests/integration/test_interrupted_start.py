@@ -22,7 +22,7 @@ import yaml
 
 from tests.conftest import free_port
 from tests.fakes.trtllm_shim import small_config
-from tests.integration.harness import REPO, write_config
+from tests.integration.harness import REPO, fake_executors, write_config
 from tests.integration.test_launch_cleanup import alive, descendants
 
 
@@ -133,6 +133,26 @@ def test_a_ctrl_c_while_serves_coordinator_loads_is_one_line_and_exit_130(tmp_pa
         assert cmd.proc.poll() is None and time.monotonic() < deadline, "the coordinator never imported pydantic"
         time.sleep(0.001)
     code, stderr = cmd.interrupt(signal.SIGINT)
+    assert code == 130, stderr
+    assert "Traceback" not in "".join(stderr), stderr
+    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGINT); stopped what had started"], (
+        stderr
+    )
+    assert not [p for p in cmd.seen if alive(p)]
+    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+
+
+def test_a_ctrl_c_while_serves_fleet_starts_is_one_line_and_exit_130(tmp_path: Path, shm_prefix: str) -> None:
+    """The executors are up, the coordinator has started its fleet, the workers are loading:
+    the deployment is not ready yet. Before: exit 130 and no line (the keeper took a started
+    fleet for a served deployment, and the coordinator leaves the line to the keeper)."""
+    with fake_executors(["ctx", "gen"]) as (ctx, gen):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=2)
+        cmd = Command("serve", "-c", str(cfg))
+        cmd.wait_for_line("warm standby fleet worker started")  # the coordinator has said its fleet started
+        cmd.wait_for_line("RLIMIT_NOFILE")  # a fleet worker has loaded; none listens yet
+        code, stderr = cmd.interrupt(signal.SIGINT)
+    assert not any("coordinator ready" in line for line in stderr), "ready before the interrupt: nothing to test"
     assert code == 130, stderr
     assert "Traceback" not in "".join(stderr), stderr
     assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGINT); stopped what had started"], (
