@@ -21,12 +21,14 @@ esac
 cd "$(dirname "$0")/.."
 source scripts/setup_env.sh
 mkdir -p runs
-rm -f runs/demo.json
+# the previous run's results stay until this run writes its own (a bad option writes none)
+started=$(mktemp)
+trap 'rm -f "$started"' EXIT
 status=0
 "$VENV/bin/shmdisagg" bench --launch -c examples/demo.yaml \
   --trace data/mooncake_conversation_300.jsonl --num-requests 300 --speedup 2 \
   --json runs/demo.json "$@" || status=$?
-if [ -f runs/demo.json ]; then
+if [ runs/demo.json -nt "$started" ]; then
   "$VENV/bin/python" - <<'PY' || { [ "$status" -ne 0 ] || status=1; }
 import json, sys
 errors = json.load(open("runs/demo.json"))["errors"]["count"]

@@ -10,3 +10,8 @@ from __future__ import annotations
 
 class BenchError(Exception):
     """A benchmark that cannot start: bad options, an unreadable trace, no model to ask for."""
+
+
+class OutputError(Exception):
+    """A finished run whose results could not all be written (`--json`, `--records`, `--plot`):
+    the table was printed; the message names each output and why (exit status 1)."""

@@ -14,20 +14,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import math
 import os
 import resource
 import secrets
 import signal
 import sys
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import uvloop
 
-from shmdisagg.bench import BenchError, procstat
+from shmdisagg.bench import BenchError, OutputError, procstat
 from shmdisagg.bench.client import Client, RequestRecord, cluster_pids, first_model
 from shmdisagg.bench.load import LoadCounters, LoadInterrupted, closed_loop, jobs, open_loop
 from shmdisagg.bench.metrics import Slo, parse_slo, summarize
@@ -46,12 +48,13 @@ from shmdisagg.bench.trace import (
 from shmdisagg.procutil import STOP_SIGNALS
 
 SCHEMA = "shmdisagg.bench/1"
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The bench options, for `shmdisagg bench` or any parser that wants them."""
     target = parser.add_argument_group("target")
-    target.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (default: %(default)s)")
+    target.add_argument("--url", help=f"server base URL (default: {DEFAULT_URL})")
     target.add_argument("--model", help="model name to send (default: first id from GET /v1/models)")
     target.add_argument(
         "--timeout", type=float, default=600.0, help="per-request timeout in seconds (default: %(default)s)"
@@ -147,6 +150,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
     """The requests to send and the source's description. Raises BenchError for a bad option
     or trace (`bench --launch` calls it before it starts anything)."""
+    for option, value in (("--speedup", args.speedup), ("--timeout", args.timeout)):
+        if not math.isfinite(value) or value <= 0:
+            raise BenchError(f"{option} must be a finite number > 0, not {value}")
+    for option in ("json", "records", "plot"):
+        problem = _unwritable(getattr(args, option, None), directory=option == "plot")
+        if problem:
+            raise BenchError(f"--{option} {getattr(args, option)}: {problem}")
     if args.num_requests is not None and args.num_requests < 1:
         raise BenchError("--num-requests must be >= 1")
     if args.concurrency is not None and args.concurrency < 1:
@@ -172,6 +182,23 @@ def workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
     return requests, str(path)
 
 
+def _unwritable(path: str | None, directory: bool) -> str | None:
+    """Why the run could not write its output at `path` (a file, or with `directory` a folder it
+    creates), else None: checked before any request, not found after the whole run."""
+    if not path:
+        return None
+    if os.path.isdir(path) != directory and os.path.exists(path):
+        return "is a directory" if not directory else "is not a directory"
+    parent = path if directory and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    while directory and not os.path.exists(parent):  # the folder is made with its parents
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot write in {parent}"
+    return None
+
+
 def _parse_pids(items: Sequence[str]) -> list[int]:
     try:
         return sorted({int(p) for item in items for p in item.split(",") if p.strip()})
@@ -188,6 +215,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
     """Benchmark the server at `args.url`; print the table, write `--json`/`--records`, and
     return the summary. Setting `stop` ends the run early: requests in flight are cancelled and
     the summary covers the finished ones (`was_cancelled: true`)."""
+    args.url = args.url or DEFAULT_URL  # None unless given: --launch refuses one (it benches its own)
     compare = load_runs(args.compare) if getattr(args, "compare", None) else []
     slo = _slo(args.goodput or [])
     requests, source = workload(args)
@@ -277,17 +305,43 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
         os.path.splitext(os.path.basename(args.json))[0] if args.json else "run"
     )
     summary["timeline"] = timeline(records, origin, sampler)
-    if args.json:
-        write_json(args.json, summary)
-    if args.records:
-        write_records(args.records, records, origin)
     print_table(summary)
     note = warm_note(summary)
     if note:
         print(f"shmdisagg bench: {note}", file=sys.stderr)
-    if getattr(args, "plot", None):
-        _report_plots(plot_runs([(summary["label"], summary), *compare], args.plot))
+    failed = _write_outputs(args, summary, records, origin, compare)
+    if failed:
+        raise OutputError("could not write " + "; ".join(failed))
     return summary
+
+
+def _write_outputs(
+    args: argparse.Namespace,
+    summary: dict[str, Any],
+    records: list[RequestRecord],
+    origin: float,
+    compare: list[tuple[str, dict[str, Any]]],
+) -> list[str]:
+    """Write --json, --records and --plot; what failed, one "option: why (path)" each. Their
+    paths were checked before the run (`_unwritable`), but a disk can fill or a folder vanish."""
+    steps: list[tuple[str, Callable[[], object]]] = []
+    if args.json:
+        steps.append(("--json", functools.partial(write_json, args.json, summary)))
+    if args.records:
+        steps.append(("--records", functools.partial(write_records, args.records, records, origin)))
+    if getattr(args, "plot", None):
+        steps.append(("--plot", functools.partial(_plot, args, summary, compare)))
+    failed = []
+    for option, write in steps:
+        try:
+            write()
+        except OSError as exc:
+            failed.append(f"{option}: {exc.strerror or exc} ({exc.filename or ''})")
+    return failed
+
+
+def _plot(args: argparse.Namespace, summary: dict[str, Any], compare: list[tuple[str, dict[str, Any]]]) -> None:
+    _report_plots(plot_runs([(summary["label"], summary), *compare], args.plot))
 
 
 def plot_only(args: argparse.Namespace) -> list[str]:
@@ -398,6 +452,9 @@ def run_cli(args: argparse.Namespace) -> int:
     except BenchError as exc:
         print(f"shmdisagg bench: error: {exc}", file=sys.stderr)
         return 2
+    except OutputError as exc:
+        print(f"shmdisagg bench: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("shmdisagg bench: interrupted", file=sys.stderr)
         return interrupted_status(signals[-1] if signals else None)

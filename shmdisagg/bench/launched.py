@@ -107,6 +107,13 @@ def _moved_config(path: str, port: int | None) -> Iterator[str]:
 def run_bench(args: argparse.Namespace, load_config: Callable[[str], Any]) -> int:
     """`shmdisagg bench`: `run_cli` against --url, or with --launch around its own deployment."""
     if not args.launch:
+        if args.config:
+            print(
+                "shmdisagg bench: -c/--config is the config of the deployment --launch starts; to bench a running "
+                "one give --url",
+                file=sys.stderr,
+            )
+            return 2
         if args.port is not None:
             print(
                 "shmdisagg bench: --port moves a deployment started with --launch; to bench a running one give --url",
@@ -122,6 +129,12 @@ def run_launched(args: argparse.Namespace, load_config: Callable[[str], Any]) ->
     validates a config (exits 2 on a bad one)."""
     if not args.config:
         print("shmdisagg bench: --launch needs -c/--config", file=sys.stderr)
+        return 2
+    if args.url:
+        print(
+            "shmdisagg bench: --url and --launch are alternatives: --launch benches the deployment it starts",
+            file=sys.stderr,
+        )
         return 2
     from shmdisagg.bench import BenchError
     from shmdisagg.bench.cli import workload

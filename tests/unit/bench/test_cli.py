@@ -232,11 +232,49 @@ def test_the_same_seed_again_measures_the_cache_it_left_and_says_so(capsys: pyte
         ["--speedup", "0"],
         ["--trace", "/nonexistent/trace.jsonl"],
         ["--cpu-pids", "abc"],
+        ["--speedup", "nan"],
+        ["--speedup", "inf"],
+        ["--timeout", "0"],
+        ["--timeout", "nan"],
+        ["--json", "/nonexistent/dir/run.json"],
+        ["--records", "/"],
+        ["--plot", "/dev/null"],
     ],
 )
 def test_bad_options_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Before any request (the server here does not exist): an output path the run could not
+    write came out as a traceback after the whole run, and nan/inf ran with nan durations."""
     assert cli.main(["--url", f"http://127.0.0.1:{free_port()}", "--model", "m", *argv]) == 2
-    assert "error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+
+
+def test_an_output_that_fails_to_write_after_the_run_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The path passed the check (a writable folder) but the write failed at the end: the table
+    is printed, the other outputs are written, one line names the one that failed."""
+    records = tmp_path / "records.jsonl"
+    blocked = tmp_path / "gone"
+    blocked.mkdir()
+
+    def vanish(n: int) -> str:
+        if blocked.is_dir():  # the folder vanishes during the run, after the options were checked
+            blocked.rmdir()
+            blocked.write_text("now a file")
+        return "ok"
+
+    async def scenario() -> int:
+        async with FakeOpenAI(free_port(), behaviour=vanish) as fake:
+            argv = ["--url", fake.url, "--num-requests", "2", "--concurrency", "1", "--no-progress"]
+            argv += ["--json", str(blocked / "run.json"), "--records", str(records)]
+            return await asyncio.to_thread(cli.main, argv)
+
+    assert asyncio.run(scenario()) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and records.exists()
+    lines = [line for line in captured.err.splitlines() if line.startswith("shmdisagg bench: error:")]
+    assert lines == [f"shmdisagg bench: error: could not write --json: Not a directory ({blocked / 'run.json'})"]
 
 
 def test_unreachable_server_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

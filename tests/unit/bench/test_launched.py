@@ -63,3 +63,23 @@ def test_a_bad_option_with_launch_exits_2_before_starting_anything(
     err = capsys.readouterr().err
     assert "error: --num-requests must be >= 1" in err and "launching" not in err
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["-c", "examples/demo.yaml"], "-c/--config is the config of the deployment --launch starts"),
+        (
+            ["--launch", "-c", "examples/demo.yaml", "--url", "http://127.0.0.1:9"],
+            "--url and --launch are alternatives",
+        ),
+    ],
+)
+def test_an_option_the_mode_would_ignore_is_a_usage_error(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-c` without `--launch` benched --url's server, and `--url` with `--launch` the launched
+    deployment, each silently ignoring the other option."""
+    assert main(["bench", *argv, "--num-requests", "1"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "launching" not in err and "Traceback" not in err
