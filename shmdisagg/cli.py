@@ -50,7 +50,7 @@ try:  # a Ctrl-C while the modules load (right after the command is typed) ends 
     import os
 
     from shmdisagg.config import ConfigError, DisaggConfig, check_machine, config_warnings, load_config
-    from shmdisagg.procutil import STOP_SIGNALS
+    from shmdisagg.procutil import STOP_SIGNALS, unwritable
     from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_level
 except KeyboardInterrupt:
     print("shmdisagg: interrupted (SIGINT)", file=sys.stderr)
@@ -252,6 +252,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"{args.config} has num_workers: {config.num_workers}: set num_workers: 1",
             file=sys.stderr,
         )
+        return 2
+    problem = unwritable(args.report_addr, make_parents=True)  # written once ready: a waiting reader would hang
+    if problem:
+        print(f"shmdisagg: --report_addr {args.report_addr}: {problem}", file=sys.stderr)
         return 2
     if config.port == 0 and args.report_addr is None:
         print(

@@ -219,6 +219,25 @@ def reserve_port(host: str) -> socket.socket:
     return sock
 
 
+def unwritable(path: str | None, directory: bool = False, make_parents: bool = False) -> str | None:
+    """Why a file could not be written at `path` (with `directory`: a folder made there), else
+    None; `make_parents` (implied by `directory`): the writer creates missing parent folders. A
+    command checks its output paths before it starts, rather than failing after its work. A
+    process that may write anywhere (root) passes every access check."""
+    if not path:
+        return None
+    if os.path.exists(path) and os.path.isdir(path) != directory:
+        return "is not a directory" if directory else "is a directory"
+    parent = path if directory and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    while (directory or make_parents) and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot write in {parent}"
+    return None
+
+
 def publish_address(path: str, host: str, port: int) -> None:
     """Write `host:port` and a newline to `path` atomically (a reader polling the file sees
     nothing or the whole line), creating missing parent directories: TensorRT-LLM's

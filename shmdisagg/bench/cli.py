@@ -45,7 +45,7 @@ from shmdisagg.bench.trace import (
     load_trace,
     synthetic_requests,
 )
-from shmdisagg.procutil import STOP_SIGNALS
+from shmdisagg.procutil import STOP_SIGNALS, unwritable
 
 SCHEMA = "shmdisagg.bench/1"
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -154,7 +154,7 @@ def workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
         if not math.isfinite(value) or value <= 0:
             raise BenchError(f"{option} must be a finite number > 0, not {value}")
     for option in ("json", "records", "plot"):
-        problem = _unwritable(getattr(args, option, None), directory=option == "plot")
+        problem = unwritable(getattr(args, option, None), directory=option == "plot")
         if problem:
             raise BenchError(f"--{option} {getattr(args, option)}: {problem}")
     if args.num_requests is not None and args.num_requests < 1:
@@ -180,23 +180,6 @@ def workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
     if not requests:
         raise BenchError(f"trace {path} holds no requests")
     return requests, str(path)
-
-
-def _unwritable(path: str | None, directory: bool) -> str | None:
-    """Why the run could not write its output at `path` (a file, or with `directory` a folder it
-    creates), else None: checked before any request, not found after the whole run."""
-    if not path:
-        return None
-    if os.path.isdir(path) != directory and os.path.exists(path):
-        return "is a directory" if not directory else "is not a directory"
-    parent = path if directory and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    while directory and not os.path.exists(parent):  # the folder is made with its parents
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        return f"{parent} is not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot write in {parent}"
-    return None
 
 
 def _parse_pids(items: Sequence[str]) -> list[int]:
@@ -323,7 +306,7 @@ def _write_outputs(
     compare: list[tuple[str, dict[str, Any]]],
 ) -> list[str]:
     """Write --json, --records and --plot; what failed, one "option: why (path)" each. Their
-    paths were checked before the run (`_unwritable`), but a disk can fill or a folder vanish."""
+    paths were checked before the run (`procutil.unwritable`), but a disk can fill or a folder vanish."""
     steps: list[tuple[str, Callable[[], object]]] = []
     if args.json:
         steps.append(("--json", functools.partial(write_json, args.json, summary)))

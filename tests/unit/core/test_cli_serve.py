@@ -154,3 +154,15 @@ def test_report_addr_is_refused_with_a_fleet_and_port_0_needs_it(tmp_path: Path)
             and "port: 0 (a port the kernel picks) runs only under shmdisagg serve --report_addr PATH" in out.stderr
         ), out
     assert not (tmp_path / "a.addr").exists()
+
+
+@pytest.mark.parametrize("where", ["a folder", "under a file"])
+def test_a_report_addr_that_cannot_be_written_is_refused_before_anything_starts(tmp_path: Path, where: str) -> None:
+    """It was written once the deployment was ready, and a failure there went unsaid: serve ran,
+    and whoever waited for the file waited forever."""
+    path = _write(tmp_path, num_workers=1)
+    target = tmp_path if where == "a folder" else path / "server.addr"
+    out = _serve("disaggregated", "-c", str(path), "--report_addr", str(target))
+    assert out.returncode == 2, out
+    why = "is a directory" if where == "a folder" else f"{path} is not a directory"
+    assert out.stderr.strip().splitlines() == [f"shmdisagg: --report_addr {target}: {why}"]
