@@ -2,7 +2,9 @@
 launch or serve would fail on it.
 
 This config's own deployment running is told apart from anything else: its coordinator holds
-the control segment of the config's shared-memory prefix and is alive. Otherwise the listeners
+the control segment of the config's shared-memory prefix and is alive, and its fleet (if one
+listens yet) serves this config file, not another one that shares the port and so the default
+prefix. Otherwise the listeners
 come from /proc (`procutil.listeners`): a shmdisagg fleet worker names its deployment's config
 (its `SHMDISAGG_CONFIG`) and coordinator (its parent), another process its pid and command line,
 another user's process only its uid.
@@ -43,11 +45,14 @@ def public_port_user(config: DisaggConfig, config_path: str) -> PortUser | None:
         why = f"cannot listen there: {err.strerror or err}"
         return PortUser(False, why, f"public address {where}: {why}")
     pid = running_coordinator(config.shm_prefix)
-    if pid is not None:
-        who = f"by this deployment, which runs now (coordinator pid {pid})"
-        return PortUser(True, who, f"public address {where} is served {who}")
     found = listeners(config.port)
     ours = [x for x in found if _same_file(_config_of(x), config_path)]
+    fleet = [x for x in found if _FLEET_MODULE in x.argv]
+    # the prefix's coordinator is this config's unless the fleet it runs serves another file (two
+    # configs on one port share the default prefix, shmdisagg-<uid>-<port>)
+    if pid is not None and (ours or not fleet):
+        who = f"by this deployment, which runs now (coordinator pid {pid})"
+        return PortUser(True, who, f"public address {where} is served {who}")
     if ours:  # its coordinator is starting or stopping: the segment is not there yet or any more
         who = f"by this deployment's fleet (coordinator pid {parent_pid(ours[0].pid)}), starting or stopping"
         return PortUser(True, who, f"public address {where} is served {who}")

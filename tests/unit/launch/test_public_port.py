@@ -281,3 +281,44 @@ def test_check_config_refuses_a_prefix_another_running_deployment_holds(
         coord.unlink()
         coord.close()
     assert main(["check-config", "-c", str(path)]) == 0  # gone: the prefix is free again
+
+
+def test_check_config_names_another_config_on_the_same_port_and_default_prefix(
+    tmp_path: Path, shm_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two config files on one port share the default prefix, so the running one's coordinator
+    looked like this config's own deployment ("served by this deployment", exit 0); its fleet
+    workers name their file, which is not this one."""
+    import select
+
+    from shmdisagg.cli import main
+    from shmdisagg.shm.table import ControlTable, process_starttime
+
+    other = tmp_path / "other.yaml"
+    other.write_text("# the running deployment's config\n")
+    code = (
+        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", code, "-m", "shmdisagg.fleet.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "SHMDISAGG_CONFIG": str(other)},
+        text=True,
+    )
+    coord = ControlTable.create(shm_prefix, max_workers=2)  # the prefix both configs name
+    try:
+        coord.set_coordinator(os.getpid(), process_starttime(os.getpid()), 1)
+        assert worker.stdout is not None
+        ready, _, _ = select.select([worker.stdout], [], [], 30)
+        assert ready
+        path, _ = _config(tmp_path, shm_prefix, int(worker.stdout.readline()))
+        assert main(["check-config", "-c", str(path)]) == 1
+    finally:
+        worker.communicate("")
+        coord.unlink()
+        coord.close()
+    err = capsys.readouterr().err
+    assert f"already in use by another shmdisagg deployment (config {other}, coordinator pid {os.getpid()})" in err
+    assert "served by this deployment" not in err
