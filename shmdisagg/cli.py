@@ -344,7 +344,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from shmdisagg.stats.cli import resolve_prefix, run
 
-    return run(args, resolve_prefix(args, _load))
+    try:
+        prefix = resolve_prefix(args, _load)
+    except ValueError as err:
+        print(f"shmdisagg stats: {err}", file=sys.stderr)
+        return 2
+    return run(args, prefix)
 
 
 def _positive_int(text: str) -> int:

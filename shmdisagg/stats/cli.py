@@ -56,10 +56,23 @@ def _interval(text: str) -> float:
     return seconds
 
 
+def _port(text: str) -> int:
+    """--port's type: a TCP port, 1-65535 (a deployment of port 0 is named after the port it bound)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 1-65535 (the port the deployment bound), not {port}")
+    return port
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("-c", "--config", help="the deployment's config file (its port and shmdisagg.shm.prefix)")
-    where.add_argument("--port", type=int, help="the deployment's public port (default prefix shmdisagg-<uid>-<port>)")
+    where.add_argument(
+        "--port", type=_port, help="the deployment's public port (default prefix shmdisagg-<uid>-<port>)"
+    )
     where.add_argument("--prefix", help="the deployment's shared-memory prefix")
     p.add_argument(
         "--interval",
@@ -72,12 +85,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_prefix(args: argparse.Namespace, load_config: Any) -> str:
-    """The prefix named by -c/--port/--prefix (port 8000 when none is given)."""
+    """The prefix named by -c/--port/--prefix (port 8000 when none is given). Raises ValueError
+    for a config of `port: 0` without a prefix: its segments are named after the port the
+    kernel picked, which the config does not hold."""
     if args.prefix is not None:  # '' too: prefix_error refuses it rather than using the default
         return str(args.prefix)
     if args.config:
-        return str(load_config(args.config).shm_prefix)
-    return f"shmdisagg-{os.getuid()}-{args.port or 8000}"
+        config = load_config(args.config)
+        if config.port == 0 and not config.shmdisagg.shm.prefix:
+            raise ValueError(
+                f"{args.config} has port: 0, and its deployment's shared memory is named after the port it "
+                "bound: give that port (--port, from the --report_addr file) or set shmdisagg.shm.prefix"
+            )
+        return str(config.shm_prefix)
+    return f"shmdisagg-{os.getuid()}-{8000 if args.port is None else args.port}"
 
 
 def prefix_error(prefix: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import orjson
 import pytest
@@ -270,3 +271,28 @@ def test_the_prefix_error_states_the_configs_rule(capsys: pytest.CaptureFixture[
     # the default prefix of a config without one (a large uid makes it longer) is still accepted
     assert main(["stats", "--prefix", "shmdisagg-4294967294-65535", "--once"]) == 1
     assert "no running deployment" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["0", "99999", "x"])
+def test_a_port_no_deployment_can_have_is_a_usage_error(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--port 0 looked for port 8000's deployment; 99999 said no deployment runs there (exit 1)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["stats", "--port", port, "--once"])
+    assert exit_.value.code == 2
+    assert "argument --port:" in capsys.readouterr().err
+
+
+def test_a_config_of_port_0_asks_for_the_bound_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its deployment's segments are named after the port the kernel picked: the config's prefix
+    (shmdisagg-<uid>-0) names nothing, and stats said no deployment ran."""
+    path = tmp_path / "p0.yaml"
+    path.write_text(
+        "hostname: 127.0.0.1\nport: 0\ncontext_servers: {urls: ['127.0.0.1:18201']}\n"
+        "generation_servers: {urls: ['127.0.0.1:18202']}\n"
+    )
+    assert main(["stats", "-c", str(path), "--once"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == (
+        f"shmdisagg stats: {path} has port: 0, and its deployment's shared memory is named after the port it "
+        "bound: give that port (--port, from the --report_addr file) or set shmdisagg.shm.prefix"
+    )
