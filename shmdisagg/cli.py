@@ -8,7 +8,7 @@ A drop-in for `trtllm-serve disaggregated`: the same config file, the same execu
                                     `shmdisagg disaggregated`, with its flags -t -r -l -s
                                     --report_addr --metrics-log-interval)
     shmdisagg bench [...]           replay a trace or run a fixed-concurrency load
-    shmdisagg check-config -c CONFIG
+    shmdisagg check-config -c CONFIG [--serve]
                                     validate a config, its plan and its addresses here (and is
                                     its public port free?)
     shmdisagg stats -c CONFIG       live view of a running deployment's shared table (--once --json)
@@ -293,7 +293,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"shmdisagg: config error: {args.config}: {err}", file=sys.stderr)
         return 2
     # and the checks against this machine that launch and serve run (addresses, log directory)
-    _check_machine(config, args.config, executors_here=config.shmdisagg.executors is not None)
+    _check_machine(config, args.config, executors_here=config.shmdisagg.executors is not None and not args.serve)
     from shmdisagg.portuser import public_port_user
 
     port = public_port_user(config, args.config)  # what launch and serve would refuse right now
@@ -312,14 +312,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             )
             return 1
     busy = []  # what launch, which starts the executors there, would refuse; not while this deployment runs
-    if port is None and config.shmdisagg.executors is not None:
+    if port is None and config.shmdisagg.executors is not None and not args.serve:
         from shmdisagg.launch import address_bind_error
 
         busy = [inst.addr for inst in plan.instances if address_bind_error(inst.addr) is not None]
     if busy:
         print(
             f"shmdisagg: {args.config}: executor address already in use: {', '.join(busy)}; launch starts the "
-            "executors there and needs them free",
+            "executors there and needs them free (for serve, with these executors running: check-config --serve)",
             file=sys.stderr,
         )
         return 1
@@ -467,6 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check-config", help="validate a config file here (keys, plan, addresses, public port)")
     p.add_argument("-c", "--config", required=True)
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="check it as `serve` runs it: its executors run already (a shmdisagg.executors section then only "
+        "says what they are), so their addresses need not be free",
+    )
     p.set_defaults(func=cmd_check_config)
 
     from shmdisagg.bench.cli import add_arguments

@@ -198,8 +198,10 @@ def test_check_config_refuses_a_busy_executor_port_that_launch_would_refuse(
     out, err = capsys.readouterr()
     assert out == "" and err == (
         f"shmdisagg: {path}: executor address already in use: 127.0.0.1:{busy_port}; launch starts the "
-        "executors there and needs them free\n"
+        "executors there and needs them free (for serve, with these executors running: check-config --serve)\n"
     )
+    # serve with that config: the section says what the running executors are (it said exit 1 here)
+    assert main(["check-config", "-c", str(path), "--serve"]) == 0
     del cfg["shmdisagg"]["executors"]  # executors started elsewhere (serve, or launch without them): not ours to check
     path.write_text(yaml.safe_dump(cfg))
     assert main(["check-config", "-c", str(path)]) == 0
