@@ -554,9 +554,13 @@ class Deployment:
 
     def stop(self) -> None:
         """Stop everything this deployment started; idempotent. A second Ctrl-C (or SIGTERM)
-        while stopping is ignored: interrupting the stop would leave children and segments
-        behind."""
-        with _stop_signals_ignored():
+        while stopping does not interrupt it (that would leave children and segments behind): a
+        Ctrl-C goes on to the coordinator's process group, whose fleet workers then end the
+        requests still running at once instead of after timeout_graceful_shutdown_s (uvicorn's
+        "CTRL+C to force quit"; `fleet.worker.GracefulStop`)."""
+        coordinator = self.coordinator
+        group = coordinator.proc.pid if coordinator is not None and coordinator.proc.poll() is None else None
+        with _stop_signals_ignored(forward_sigint_to=group):
             self._stop()
 
     def _owns(self, pid: int) -> bool:
@@ -612,13 +616,20 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def _stop_signals_ignored() -> Iterator[None]:
+def _stop_signals_ignored(forward_sigint_to: int | None = None) -> Iterator[None]:
     """SIGINT and SIGTERM ignored for the block (main thread only: elsewhere signals cannot be
-    changed)."""
+    changed); `forward_sigint_to`: a process group a SIGINT is sent on to instead."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(forward_sigint_to, signal.SIGINT)  # type: ignore[arg-type]  # set when installed
+
     old = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
+    if forward_sigint_to is not None:
+        signal.signal(signal.SIGINT, forward)
     try:
         yield
     finally:

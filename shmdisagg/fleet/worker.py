@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Mapping
 from typing import TypeVar
@@ -80,24 +81,32 @@ END_MARGIN_S = 2.0
 class GracefulStop:
     """The stop-signal handler of a worker. The first signal tells uvicorn to stop (it closes
     the listener and idle connections, then waits for the open ones) and arms a timer that ends
-    the requests still running after `grace_s` seconds; later signals change nothing (a Ctrl-C
-    reaches the worker and the coordinator's SIGTERM follows)."""
+    the requests still running after `grace_s` seconds. A SIGINT once stopping (a second
+    Ctrl-C: from the terminal under `serve`, passed on by the launcher under `launch`) ends them
+    at once, as uvicorn's "(CTRL+C to force quit)" promises; SIGTERMs change nothing more (one
+    Ctrl-C under `serve` reaches the worker first, then the coordinator's SIGTERM follows)."""
 
     def __init__(self, server: uvicorn.Server, service: DisaggService, grace_s: float) -> None:
         self.server = server
         self.service = service
         self.grace_s = grace_s
         self.timer: asyncio.TimerHandle | None = None
+        self.forced = False
 
-    def __call__(self) -> None:
+    def __call__(self, signum: int = signal.SIGTERM) -> None:
         if self.timer is None:
             self.server.should_exit = True
             self.timer = asyncio.get_running_loop().call_later(self.grace_s, self._end)
+        elif signum == signal.SIGINT and not self.forced:
+            self.forced = True
+            self.timer.cancel()
+            self._end("a second Ctrl-C")
 
-    def _end(self) -> None:
+    def _end(self, why: str = "") -> None:
         running = self.service.end_inflight()
         if running:
-            log.warning("grace period of %g s over: ending %d request(s) with 503", self.grace_s, running)
+            why = why or f"grace period of {self.grace_s:g} s over"
+            log.warning("%s: ending %d request(s) with 503", why, running)
 
 
 async def _housekeeping(
@@ -272,7 +281,7 @@ async def serve(
         house = asyncio.ensure_future(_housekeeping(table, row, view, service, config.coordinator_socket))
         server = EmbeddedServer(uv)
         stop = GracefulStop(server, service, config.shmdisagg.timeout_graceful_shutdown_s)
-        on_stop_signals(stop)
+        on_stop_signals(stop, with_signal=True)
         if supervisor_fd is not None:
             asyncio.get_running_loop().add_reader(supervisor_fd, _supervisor_gone, supervisor_fd, stop)
         try:

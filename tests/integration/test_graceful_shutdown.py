@@ -222,3 +222,65 @@ def test_a_stream_that_finishes_within_the_grace_period_completes_normally(
     # it exits once its last request ended, not at the end of its 30 s grace period
     wait_until(lambda: not alive(pid), timeout_s=10, what="the worker to exit once its last request ended")
     _released_everything(dep, pid)
+
+
+@pytest.mark.parametrize("deployed", [30.0], indirect=True)
+def test_a_sigint_to_a_stopping_fleet_worker_ends_its_requests_at_once(
+    deployed: tuple[Deployment, FakeExecutor],
+) -> None:
+    """uvicorn says "(CTRL+C to force quit)" once a stop waits for open connections; a Ctrl-C
+    then changed nothing and the whole grace period (here 30 s) still ran."""
+    dep, gen = deployed
+    _hold(gen, True)
+    conn, pid = _worker_connection(dep, 60)
+    client, out = _in_thread(_request(dep, True, conn))
+    wait_until(lambda: len(gen.recorded()) == 1, what="the generation leg")
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not _listens(pid, dep.config.port), 10, "the worker stopping (its listener closed)")
+    forced = time.monotonic()
+    os.kill(pid, signal.SIGINT)
+    client.join(timeout=60)
+    conn.close()
+    assert not client.is_alive()
+    _assert_ended_by_shutdown(out, True)
+    assert out["ended"] - forced < 10  # not the 30 s grace period
+    _released_everything(dep, pid)
+
+
+def test_a_second_ctrl_c_to_launch_ends_the_requests_still_running(tmp_path: Path, shm_prefix: str) -> None:
+    """Under `launch` the fleet is in the coordinator's own process group: the launcher passes a
+    second Ctrl-C on to it (the first one stops the deployment in order, over its 30 s grace)."""
+    from tests.integration.test_interrupted_start import Command
+
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(
+            tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1, shmdisagg={"timeout_graceful_shutdown_s": 30}
+        )
+        cmd = Command("launch", "-c", str(cfg), with_stdout=True)
+        cmd.wait_for_line("shmdisagg listening on")  # started: a Ctrl-C now stops a serving deployment
+        port = int(yaml_port(cfg))
+        _hold(gen, True)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request(
+            "POST", "/v1/completions", body=orjson.dumps({**COMPLETION, "stream": True}),
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        resp = conn.getresponse()
+        assert resp.status == 200 and b"t0" in resp.readline()
+        os.killpg(cmd.proc.pid, signal.SIGINT)
+        cmd.wait_for_line("Waiting for connections to close")
+        forced = time.monotonic()
+        status, stderr = cmd.interrupt(signal.SIGINT)
+        rest = resp.read()
+        conn.close()
+    assert status == 0, stderr
+    assert time.monotonic() - forced < 15, stderr  # not the 30 s grace period
+    assert b"ServiceUnavailableError" in rest and rest.rstrip().endswith(b"data: [DONE]"), rest
+    assert "Traceback" not in "".join(stderr)
+    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+
+
+def yaml_port(cfg: Path) -> int:
+    import yaml
+
+    return int(yaml.safe_load(cfg.read_text())["port"])

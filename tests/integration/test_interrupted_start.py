@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
@@ -27,14 +28,15 @@ from tests.integration.test_launch_cleanup import alive, descendants
 
 
 class Command:
-    """`python -m shmdisagg.cli ARGS` in its own process group, stderr read line by line."""
+    """`python -m shmdisagg.cli ARGS` in its own process group, stderr read line by line
+    (`with_stdout`: stdout's lines among them, such as launch's "listening on")."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, with_stdout: bool = False) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shmdisagg.cli", *args],
             cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE if with_stdout else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT if with_stdout else subprocess.PIPE,
             text=True,
             start_new_session=True,
         )
@@ -44,9 +46,14 @@ class Command:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
+    @property
+    def _output(self) -> IO[str]:
+        out = self.proc.stderr or self.proc.stdout  # stdout: stderr merged into it
+        assert out is not None
+        return out
+
     def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
+        for line in self._output:
             self.lines.put(line)
         self.lines.put(None)
 
@@ -81,9 +88,8 @@ class Command:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             self._reader.join(timeout=10)
-            assert self.proc.stderr is not None
             if not self._reader.is_alive():
-                self.proc.stderr.close()
+                self._output.close()
         while True:
             line = self.lines.get_nowait() if not self.lines.empty() else None
             if line is None:
