@@ -794,7 +794,11 @@ def _error_line(error: Any) -> str:
     keyed = (error.get("ctx") or {}).get("error")
     parts = [*error["loc"], *(keyed.key.split(".") if isinstance(keyed, KeyedError) else ())]
     loc = ".".join(str(p) for p in parts) or "(top level)"
-    return f"{loc}: {error['msg'].removeprefix('Value error, ')}"
+    msg = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "model_type":  # "... a valid dictionary or instance of ServerSection": our class name
+        got = error["input"]
+        msg = f"must be a mapping of keys, not {'null (an empty value)' if got is None else repr(got)}"
+    return f"{loc}: {msg}"
 
 
 MAX_EXECUTORS = MAX_SERVERS_LIMIT  # the widest table's server sets (shmdisagg.shm.max_servers)

@@ -105,6 +105,14 @@ def _error(data: object) -> str:
             "generation_servers: missing; a deployment needs at least one generation executor",
         ),
         (
+            lambda d: d.update(context_servers=None),
+            "context_servers: must be a mapping of keys, not null (an empty value)",
+        ),
+        (
+            lambda d: d["generation_servers"].update(router=5),
+            "generation_servers.router: must be a mapping of keys, not 5",
+        ),
+        (
             lambda d: d.update(context_server=d.pop("context_servers")),
             "context_servers: missing (is 'context_server' a misspelling of it?)",
         ),
