@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import errno
 import ipaddress
+import math
 import os
 import re
 import socket
@@ -827,6 +828,7 @@ def _refusals(data: dict[str, Any]) -> list[str]:
         section = data.get(key)
         urls = section.get("urls") if isinstance(section, dict) else None
         counts[key] = len(urls) if isinstance(urls, list) else 0
+    out += [f"{key}: nan is no value TensorRT-LLM can use (an executor's LLM argument)" for key in _llm_arg_nans(data)]
     total = sum(counts.values())
     if total > MAX_EXECUTORS:
         out.append(
@@ -835,6 +837,36 @@ def _refusals(data: dict[str, Any]) -> list[str]:
             "(the widest shared table's server sets); split them over deployments"
         )
     return out
+
+
+def _llm_arg_nans(data: dict[str, Any]) -> list[str]:
+    """The dotted keys of the executors' LLM arguments (the top level's and each section's keys
+    that are no setting of ours) whose value is nan: YAML's `.nan` passes TensorRT-LLM's float
+    fields (pydantic allows it there) and no limit compares true with it. Ours refuse it already
+    (`allow_inf_nan=False`)."""
+    ours = {*DisaggConfig.model_fields, "context_servers", "generation_servers"}
+    found: list[str] = []
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, float) and math.isnan(value):
+            found.append(key)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{key}.{i}")
+
+    for key, value in data.items():
+        if key not in ours:
+            walk(value, str(key))
+    for role in ("context_servers", "generation_servers"):
+        section = data.get(role)
+        if isinstance(section, dict):
+            for key, value in section.items():
+                if key not in ("urls", "router", "num_instances"):
+                    walk(value, f"{role}.{key}")
+    return found
 
 
 def parse_config(data: Any, source: str = "config", *, metadata_server: bool = False) -> DisaggConfig:

@@ -105,6 +105,10 @@ def _error(data: object) -> str:
             "generation_servers: missing; a deployment needs at least one generation executor",
         ),
         (
+            lambda d: d["context_servers"].update(kv_cache_config={"free_gpu_memory_fraction": float("nan")}),
+            "context_servers.kv_cache_config.free_gpu_memory_fraction: nan is no value TensorRT-LLM can use",
+        ),
+        (
             lambda d: d.update(context_servers=None),
             "context_servers: must be a mapping of keys, not null (an empty value)",
         ),
