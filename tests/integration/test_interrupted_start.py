@@ -77,10 +77,11 @@ class Command:
             if text in line:
                 return line
 
-    def interrupt(self, sig: int) -> tuple[int, list[str]]:
-        """`sig` to the process group; (exit status, every stderr line)."""
+    def interrupt(self, sig: int | None) -> tuple[int, list[str]]:
+        """`sig` to the process group (None: sent already); (exit status, every stderr line)."""
         self.seen |= descendants(self.proc.pid)
-        os.killpg(self.proc.pid, sig)
+        if sig is not None:
+            os.killpg(self.proc.pid, sig)
         try:
             code = self.proc.wait(timeout=60)
         finally:  # also when it hung: a pipe left open fails a later test of this worker (ResourceWarning)
@@ -155,9 +156,16 @@ def test_a_ctrl_c_while_serves_fleet_starts_is_one_line_and_exit_130(tmp_path: P
     with fake_executors(["ctx", "gen"]) as (ctx, gen):
         cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=2)
         cmd = Command("serve", "-c", str(cfg))
-        cmd.wait_for_line("warm standby fleet worker started")  # the coordinator has said its fleet started
-        cmd.wait_for_line("RLIMIT_NOFILE")  # a fleet worker has loaded; none listens yet
-        code, stderr = cmd.interrupt(signal.SIGINT)
+        line = cmd.wait_for_line("fleet worker 1 started")
+        held = int(line.rsplit("pid ", 1)[1].rstrip(")\n"))
+        os.kill(held, signal.SIGSTOP)  # still loading: the deployment cannot be ready while it waits
+        try:
+            cmd.wait_for_line("warm standby fleet worker started")  # the coordinator said its fleet started
+            cmd.wait_for_line("RLIMIT_NOFILE")  # worker 0 loaded meanwhile: the keeper has read that
+            os.killpg(cmd.proc.pid, signal.SIGINT)
+        finally:
+            os.kill(held, signal.SIGCONT)
+        code, stderr = cmd.interrupt(None)  # the Ctrl-C went above: this collects the end
     assert not any("coordinator ready" in line for line in stderr), "ready before the interrupt: nothing to test"
     assert code == 130, stderr
     assert "Traceback" not in "".join(stderr), stderr
