@@ -128,6 +128,17 @@ def test_a_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(tmp_path: Pat
     assert len(lines) == 1 and lines[0].startswith("shmdisagg: interrupted"), stderr
 
 
+def _stopped_in_one_line(cmd: Command, code: int, stderr: list[str], shm_prefix: str) -> None:
+    """`serve` stopped by a Ctrl-C before it was ready: 130, its one line, nothing left."""
+    assert code == 130, stderr
+    assert "Traceback" not in "".join(stderr), stderr
+    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGINT); stopped what had started"], (
+        stderr
+    )
+    assert not [p for p in cmd.seen if alive(p)]
+    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+
+
 def test_a_ctrl_c_while_serves_coordinator_loads_is_one_line_and_exit_130(tmp_path: Path, shm_prefix: str) -> None:
     """The terminal's Ctrl-C reaches `serve` and its coordinator child at once; here it lands
     while the coordinator imports (pydantic's native core mapped in the child). Before: the
@@ -140,13 +151,7 @@ def test_a_ctrl_c_while_serves_coordinator_loads_is_one_line_and_exit_130(tmp_pa
         assert cmd.proc.poll() is None and time.monotonic() < deadline, "the coordinator never imported pydantic"
         time.sleep(0.001)
     code, stderr = cmd.interrupt(signal.SIGINT)
-    assert code == 130, stderr
-    assert "Traceback" not in "".join(stderr), stderr
-    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGINT); stopped what had started"], (
-        stderr
-    )
-    assert not [p for p in cmd.seen if alive(p)]
-    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+    _stopped_in_one_line(cmd, code, stderr, shm_prefix)
 
 
 def test_a_ctrl_c_while_serves_fleet_starts_is_one_line_and_exit_130(tmp_path: Path, shm_prefix: str) -> None:
@@ -167,13 +172,7 @@ def test_a_ctrl_c_while_serves_fleet_starts_is_one_line_and_exit_130(tmp_path: P
             os.kill(held, signal.SIGCONT)
         code, stderr = cmd.interrupt(None)  # the Ctrl-C went above: this collects the end
     assert not any("coordinator ready" in line for line in stderr), "ready before the interrupt: nothing to test"
-    assert code == 130, stderr
-    assert "Traceback" not in "".join(stderr), stderr
-    assert _shmdisagg_lines(stderr) == ["shmdisagg: interrupted during start-up (SIGINT); stopped what had started"], (
-        stderr
-    )
-    assert not [p for p in cmd.seen if alive(p)]
-    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+    _stopped_in_one_line(cmd, code, stderr, shm_prefix)
 
 
 @pytest.mark.parametrize("command", ["launch", "serve"])

@@ -4,6 +4,7 @@ crash-loop on "Address already in use"); `shmdisagg check-config` says so before
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -56,6 +57,32 @@ def _config_on(tmp_path: Path, shm_prefix: str, section: str, port: int) -> tupl
     cfg[section]["urls"] = [f"127.0.0.1:{port}"]
     path.write_text(yaml.safe_dump(cfg))
     return path, cfg
+
+
+@contextlib.contextmanager
+def _fleet_worker_of(config: Path) -> Iterator[int]:
+    """A process that looks like another deployment's fleet worker in /proc (its command line
+    and SHMDISAGG_CONFIG, what a coordinator gives its workers), listening: its port."""
+    import select
+
+    code = (
+        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", code, "-m", "shmdisagg.fleet.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "SHMDISAGG_CONFIG": str(config)},
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        ready, _, _ = select.select([worker.stdout], [], [], 30)
+        assert ready
+        yield int(worker.stdout.readline())
+    finally:
+        worker.communicate("")
 
 
 def _errors(stderr: str) -> list[str]:
@@ -234,31 +261,13 @@ def test_check_config_names_another_deployment_on_its_public_port(
 ) -> None:
     """A fleet worker of another config listens there (its command line and SHMDISAGG_CONFIG are
     what a coordinator gives its workers)."""
-    import select
-
     from shmdisagg.cli import main
 
     other = tmp_path / "other.yaml"
     other.write_text("# another deployment's config\n")
-    code = (
-        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-        "print(s.getsockname()[1], flush=True); sys.stdin.read()"
-    )
-    worker = subprocess.Popen(
-        [sys.executable, "-c", code, "-m", "shmdisagg.fleet.worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "SHMDISAGG_CONFIG": str(other)},
-        text=True,
-    )
-    try:
-        assert worker.stdout is not None
-        ready, _, _ = select.select([worker.stdout], [], [], 30)
-        assert ready
-        path, _ = _config(tmp_path, shm_prefix, int(worker.stdout.readline()))
+    with _fleet_worker_of(other) as port:
+        path, _ = _config(tmp_path, shm_prefix, port)
         assert main(["check-config", "-c", str(path)]) == 1
-    finally:
-        worker.communicate("")
     err = capsys.readouterr().err
     assert f"already in use by another shmdisagg deployment (config {other}, coordinator pid {os.getpid()})" in err
 
@@ -291,34 +300,18 @@ def test_check_config_names_another_config_on_the_same_port_and_default_prefix(
     """Two config files on one port share the default prefix, so the running one's coordinator
     looked like this config's own deployment ("served by this deployment", exit 0); its fleet
     workers name their file, which is not this one."""
-    import select
-
     from shmdisagg.cli import main
     from shmdisagg.shm.table import ControlTable, process_starttime
 
     other = tmp_path / "other.yaml"
     other.write_text("# the running deployment's config\n")
-    code = (
-        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-        "print(s.getsockname()[1], flush=True); sys.stdin.read()"
-    )
-    worker = subprocess.Popen(
-        [sys.executable, "-c", code, "-m", "shmdisagg.fleet.worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "SHMDISAGG_CONFIG": str(other)},
-        text=True,
-    )
     coord = ControlTable.create(shm_prefix, max_workers=2)  # the prefix both configs name
     try:
         coord.set_coordinator(os.getpid(), process_starttime(os.getpid()), 1)
-        assert worker.stdout is not None
-        ready, _, _ = select.select([worker.stdout], [], [], 30)
-        assert ready
-        path, _ = _config(tmp_path, shm_prefix, int(worker.stdout.readline()))
-        assert main(["check-config", "-c", str(path)]) == 1
+        with _fleet_worker_of(other) as port:
+            path, _ = _config(tmp_path, shm_prefix, port)
+            assert main(["check-config", "-c", str(path)]) == 1
     finally:
-        worker.communicate("")
         coord.unlink()
         coord.close()
     err = capsys.readouterr().err
