@@ -253,7 +253,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    problem = unwritable(args.report_addr, make_parents=True)  # written once ready: a waiting reader would hang
+    problem = unwritable(args.report_addr, make_parents=True, replaced=True)  # written once ready: check it now
     if problem:
         print(f"shmdisagg: --report_addr {args.report_addr}: {problem}", file=sys.stderr)
         return 2

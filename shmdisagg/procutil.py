@@ -9,6 +9,7 @@ import errno
 import os
 import signal
 import socket
+import tempfile
 from dataclasses import dataclass, field
 
 _PR_SET_PDEATHSIG = 1
@@ -219,22 +220,34 @@ def reserve_port(host: str) -> socket.socket:
     return sock
 
 
-def unwritable(path: str | None, directory: bool = False, make_parents: bool = False) -> str | None:
+def unwritable(
+    path: str | None, directory: bool = False, make_parents: bool = False, replaced: bool = False
+) -> str | None:
     """Why a file could not be written at `path` (with `directory`: a folder made there), else
-    None; `make_parents` (implied by `directory`): the writer creates missing parent folders. A
-    command checks its output paths before it starts, rather than failing after its work. A
-    process that may write anywhere (root) passes every access check."""
+    None; `make_parents` (implied by `directory`): the writer creates missing parent folders;
+    `replaced`: the writer replaces the path (a temporary file renamed over it), so only a
+    regular file may stand there, not a link or a device. A command checks its output paths
+    before it starts, rather than failing after its work: by creating and removing a file in the
+    folder, since a process that may write anywhere (root) passes every access check, /proc too."""
+    if path is not None and not path.strip():
+        return "an empty path"
     if not path:
         return None
-    if os.path.exists(path) and os.path.isdir(path) != directory:
-        return "is not a directory" if directory else "is a directory"
+    if os.path.lexists(path):
+        if os.path.isdir(path) != directory:
+            return "is not a directory" if directory else "is a directory"
+        if replaced and (os.path.islink(path) or not os.path.isfile(path)):
+            return "is not a regular file (a link or a device would be replaced, not written through)"
     parent = path if directory and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     while (directory or make_parents) and not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         return f"{parent} is not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot write in {parent}"
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as err:
+        return f"cannot write in {parent} ({err.strerror or err})"
     return None
 
 

@@ -319,7 +319,8 @@ def _write_outputs(
         try:
             write()
         except OSError as exc:
-            failed.append(f"{option}: {exc.strerror or exc} ({exc.filename or ''})")
+            where = f" ({exc.filename})" if exc.filename else ""
+            failed.append(f"{option}: {exc.strerror or exc}{where}")
     return failed
 
 

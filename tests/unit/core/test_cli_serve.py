@@ -156,13 +156,23 @@ def test_report_addr_is_refused_with_a_fleet_and_port_0_needs_it(tmp_path: Path)
     assert not (tmp_path / "a.addr").exists()
 
 
-@pytest.mark.parametrize("where", ["a folder", "under a file"])
+@pytest.mark.parametrize("where", ["a folder", "under a file", "a link", "in /proc", "empty"])
 def test_a_report_addr_that_cannot_be_written_is_refused_before_anything_starts(tmp_path: Path, where: str) -> None:
     """It was written once the deployment was ready, and a failure there went unsaid: serve ran,
-    and whoever waited for the file waited forever."""
+    and whoever waited for the file waited forever (or, in /proc, where root passes every access
+    check, the coordinator failed five times over). A link (or a device) was replaced by the
+    address file, since it is written to a temporary file renamed over the path."""
     path = _write(tmp_path, num_workers=1)
-    target = tmp_path if where == "a folder" else path / "server.addr"
-    out = _serve("disaggregated", "-c", str(path), "--report_addr", str(target))
+    link = tmp_path / "addr.link"
+    link.symlink_to(tmp_path / "elsewhere")
+    target, why = {
+        "a folder": (str(tmp_path), "is a directory"),
+        "under a file": (str(path / "server.addr"), f"{path} is not a directory"),
+        "a link": (str(link), "is not a regular file (a link or a device would be replaced, not written through)"),
+        "in /proc": ("/proc/shmdisagg-test.addr", "cannot write in /proc ("),
+        "empty": ("", "an empty path"),
+    }[where]
+    out = _serve("disaggregated", "-c", str(path), "--report_addr", target)
     assert out.returncode == 2, out
-    why = "is a directory" if where == "a folder" else f"{path} is not a directory"
-    assert out.stderr.strip().splitlines() == [f"shmdisagg: --report_addr {target}: {why}"]
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"shmdisagg: --report_addr {target}: {why}"), line
