@@ -828,7 +828,10 @@ def _refusals(data: dict[str, Any]) -> list[str]:
         section = data.get(key)
         urls = section.get("urls") if isinstance(section, dict) else None
         counts[key] = len(urls) if isinstance(urls, list) else 0
-    out += [f"{key}: nan is no value TensorRT-LLM can use (an executor's LLM argument)" for key in _llm_arg_nans(data)]
+    out += [
+        f"{key}: {value} is no value TensorRT-LLM can use (an executor's LLM argument)"
+        for key, value in _llm_arg_non_finite(data)
+    ]
     total = sum(counts.values())
     if total > MAX_EXECUTORS:
         out.append(
@@ -839,17 +842,17 @@ def _refusals(data: dict[str, Any]) -> list[str]:
     return out
 
 
-def _llm_arg_nans(data: dict[str, Any]) -> list[str]:
-    """The dotted keys of the executors' LLM arguments (the top level's and each section's keys
-    that are no setting of ours) whose value is nan: YAML's `.nan` passes TensorRT-LLM's float
-    fields (pydantic allows it there) and no limit compares true with it. Ours refuse it already
-    (`allow_inf_nan=False`)."""
+def _llm_arg_non_finite(data: dict[str, Any]) -> list[tuple[str, float]]:
+    """(dotted key, value) of the executors' LLM arguments (the top level's and each section's
+    keys that are no setting of ours) whose value is nan or inf: YAML's `.nan` and `.inf` pass
+    TensorRT-LLM's float fields (pydantic allows them there), nan compares false with every
+    limit and inf is no size, fraction or timeout. Ours refuse them already (`allow_inf_nan`)."""
     ours = {*DisaggConfig.model_fields, "context_servers", "generation_servers"}
-    found: list[str] = []
+    found: list[tuple[str, float]] = []
 
     def walk(value: Any, key: str) -> None:
-        if isinstance(value, float) and math.isnan(value):
-            found.append(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append((key, value))
         elif isinstance(value, dict):
             for k, v in value.items():
                 walk(v, f"{key}.{k}")

@@ -109,6 +109,10 @@ def _error(data: object) -> str:
             "context_servers.kv_cache_config.free_gpu_memory_fraction: nan is no value TensorRT-LLM can use",
         ),
         (
+            lambda d: d["generation_servers"].update(max_attention_window=[1024, float("inf")]),
+            "generation_servers.max_attention_window.1: inf is no value TensorRT-LLM can use",
+        ),
+        (
             lambda d: d.update(context_servers=None),
             "context_servers: must be a mapping of keys, not null (an empty value)",
         ),
