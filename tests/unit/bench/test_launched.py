@@ -73,6 +73,7 @@ def test_a_bad_option_with_launch_exits_2_before_starting_anything(
             ["--launch", "-c", "examples/demo.yaml", "--url", "http://127.0.0.1:9"],
             "--url and --launch are alternatives",
         ),
+        (["--launch", "-c", "examples/demo.yaml", "--plot-only", "--plot", "/tmp"], "--plot-only draws earlier runs"),
     ],
 )
 def test_an_option_the_mode_would_ignore_is_a_usage_error(
