@@ -137,7 +137,10 @@ def run_launched(args: argparse.Namespace, load_config: Callable[[str], Any]) ->
         )
         return 2
     if getattr(args, "plot_only", False):
-        print("shmdisagg bench: --plot-only draws earlier runs (--compare) and sends nothing: drop --launch", file=sys.stderr)
+        print(
+            "shmdisagg bench: --plot-only draws earlier runs (--compare) and sends nothing: drop --launch",
+            file=sys.stderr,
+        )
         return 2
     from shmdisagg.bench import BenchError
     from shmdisagg.bench.cli import workload
