@@ -38,11 +38,18 @@ _received: list[int] = []
 
 def _record_sigint(signum: int, frame: object) -> None:
     _received.append(signum)
-    raise KeyboardInterrupt
+    interrupt = KeyboardInterrupt()
+    interrupt.signum = signum  # type: ignore[attr-defined]  # read as `Interrupted.signum` is (_signal_name)
+    raise interrupt
 
 
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where someone else handles it
     signal.signal(signal.SIGINT, _record_sigint)
+# and SIGTERM, when this module runs as the command (`shmdisagg`, `python -m shmdisagg.cli`), not
+# when a program imports it: killed by it while loading, the command said nothing
+if sys.argv and sys.argv[0].rsplit("/", 1)[-1] in ("shmdisagg", "cli.py"):
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _record_sigint)
 
 try:  # a Ctrl-C while the modules load (right after the command is typed) ends in one line
     import argparse
@@ -53,9 +60,10 @@ try:  # a Ctrl-C while the modules load (right after the command is typed) ends 
     from shmdisagg.procutil import STOP_SIGNALS, unwritable
     from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_level
 except KeyboardInterrupt:
-    print("shmdisagg: interrupted (SIGINT)", file=sys.stderr)
+    _signum = _received[-1] if _received else signal.SIGINT
+    print(f"shmdisagg: interrupted ({signal.Signals(_signum).name})", file=sys.stderr)
     exit_status_stands()
-    raise SystemExit(130) from None
+    raise SystemExit(128 + _signum) from None
 
 
 class Interrupted(KeyboardInterrupt):

@@ -111,21 +111,25 @@ def _mapped(pid: int, name: str) -> bool:
         return False
 
 
-def test_a_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(tmp_path: Path, shm_prefix: str) -> None:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(
+    tmp_path: Path, shm_prefix: str, sig: int, code: int
+) -> None:
     """The command's first imports load pydantic (its native core shows in /proc/PID/maps),
     and imports go on well after that: the interrupt lands in them. Before: a
-    KeyboardInterrupt traceback through pydantic's modules."""
+    KeyboardInterrupt traceback through pydantic's modules; for SIGTERM, death by it and no line."""
     cfg = write_config(tmp_path, shm_prefix, [f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"])
     cmd = Command("launch", "-c", str(cfg))
     deadline = time.monotonic() + 30
     while not _mapped(cmd.proc.pid, "pydantic_core"):
         assert cmd.proc.poll() is None and time.monotonic() < deadline, "the command never imported pydantic"
         time.sleep(0.001)
-    code, stderr = cmd.interrupt(signal.SIGINT)
-    assert code == 130, stderr
+    status, stderr = cmd.interrupt(sig)
+    assert status == code, stderr
     assert "Traceback" not in "".join(stderr), stderr
     lines = _shmdisagg_lines(stderr)
     assert len(lines) == 1 and lines[0].startswith("shmdisagg: interrupted"), stderr
+    assert f"({signal.Signals(sig).name})" in lines[0], stderr
 
 
 def _stopped_in_one_line(cmd: Command, code: int, stderr: list[str], shm_prefix: str) -> None:
