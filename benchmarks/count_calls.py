@@ -33,14 +33,14 @@ HOOK = Path(__file__).resolve().parent / "count_calls_hook"
 
 
 def counted(out: Path, pids: list[int], timeout_s: float = 30.0) -> dict[tuple[str, str, str, int], int]:
-    """The fleet workers' counts, summed, once every worker has written its file."""
+    """The fleet workers' counts, summed, once every worker has written its file (each renames
+    its file into place whole)."""
     files = [out / f"calls.{pid}.tsv" for pid in pids]
     deadline = time.monotonic() + timeout_s
     while not all(f.exists() for f in files):  # written by each worker's SIGUSR2 handler
         if time.monotonic() > deadline:
             raise RuntimeError(f"no call counts from {[f.name for f in files if not f.exists()]}")
         time.sleep(0.05)
-    time.sleep(0.2)  # a file that exists may still be being written: let its writer finish
     total: dict[tuple[str, str, str, int], int] = defaultdict(int)
     for f in files:
         for line in f.read_text().splitlines():

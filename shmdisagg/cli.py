@@ -36,11 +36,17 @@ from shmdisagg.interrupts import exit_status_stands
 _received: list[int] = []
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGINT or SIGTERM) turned into an exception; `signum` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def _record_sigint(signum: int, frame: object) -> None:
     _received.append(signum)
-    interrupt = KeyboardInterrupt()
-    interrupt.signum = signum  # type: ignore[attr-defined]  # read as `Interrupted.signum` is (_signal_name)
-    raise interrupt
+    raise Interrupted(signum)
 
 
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where someone else handles it
@@ -59,19 +65,11 @@ try:  # a Ctrl-C while the modules load (right after the command is typed) ends 
     from shmdisagg.config import ConfigError, DisaggConfig, check_machine, config_warnings, load_config
     from shmdisagg.procutil import STOP_SIGNALS, unwritable
     from shmdisagg.trtllm_env import LOG_LEVELS, TrtllmEnv, read_env, resolve_log_level
-except KeyboardInterrupt:
-    _signum = _received[-1] if _received else signal.SIGINT
+except KeyboardInterrupt as _err:
+    _signum = getattr(_err, "signum", signal.SIGINT)
     print(f"shmdisagg: interrupted ({signal.Signals(_signum).name})", file=sys.stderr)
     exit_status_stands()
     raise SystemExit(128 + _signum) from None
-
-
-class Interrupted(KeyboardInterrupt):
-    """A stop signal (SIGINT or SIGTERM) turned into an exception; `signum` says which."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -302,23 +300,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return 2
     # and the checks against this machine that launch and serve run (addresses, log directory)
     _check_machine(config, args.config, executors_here=config.shmdisagg.executors is not None and not args.serve)
-    from shmdisagg.portuser import public_port_user
+    from shmdisagg.portuser import public_port_user, running_coordinator
 
     port = public_port_user(config, args.config)  # what launch and serve would refuse right now
     if port is not None and not port.ours:
         print(f"shmdisagg: {args.config}: {port.problem}; launch and serve need it free", file=sys.stderr)
         return 1
-    if port is None:  # another deployment (another port) on the same shared-memory prefix
-        from shmdisagg.shm.segment import running_deployment
-
-        held = running_deployment(config.shm_prefix)
-        if held is not None:
-            print(
-                f"shmdisagg: {args.config}: shmdisagg.shm.prefix {config.shm_prefix!r} is in use: {held}; launch and "
-                "serve need it free (stop that deployment, or give this one another prefix)",
-                file=sys.stderr,
-            )
-            return 1
+    held = running_coordinator(config.shm_prefix) if port is None else None
+    if held is not None:  # another deployment (another port) on the same shared-memory prefix
+        print(
+            f"shmdisagg: {args.config}: shmdisagg.shm.prefix {config.shm_prefix!r} is in use: "
+            f"/{config.shm_prefix}-ctl is locked by a running coordinator (pid {held}); launch and serve need it "
+            "free (stop that deployment, or give this one another prefix)",
+            file=sys.stderr,
+        )
+        return 1
     busy = []  # what launch, which starts the executors there, would refuse; not while this deployment runs
     if port is None and config.shmdisagg.executors is not None and not args.serve:
         from shmdisagg.launch import address_bind_error

@@ -39,9 +39,11 @@ def _install() -> None:
 
     def stop(signum: int, frame: Any) -> None:
         sys.setprofile(None)
-        with open(os.path.join(out, f"calls.{os.getpid()}.tsv"), "w") as f:
+        final = os.path.join(out, f"calls.{os.getpid()}.tsv")
+        with open(final + ".tmp", "w") as f:
             for (kind, path, name, line), n in counts.most_common():
                 f.write(f"{n}\t{kind}\t{path}\t{name}\t{line}\n")
+        os.replace(final + ".tmp", final)  # the reader sees the whole file or none
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)

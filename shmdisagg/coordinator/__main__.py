@@ -12,13 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from shmdisagg.interrupts import exit_status_stands
+from shmdisagg.processes import SUPERVISOR_ENV  # light: what a Ctrl-C during the imports below needs
 
 
 def says_its_interrupts(environ: Mapping[str, str]) -> bool:
     """Whether this coordinator prints its own "interrupted during start-up" line: not when
-    `shmdisagg launch` or `serve`'s keeper runs it (SHMDISAGG_LAUNCHED, SHMDISAGG_SUPERVISOR),
-    which say it once for the whole deployment, this process being stopped by them too."""
-    return not (environ.get("SHMDISAGG_LAUNCHED") or environ.get("SHMDISAGG_SUPERVISOR"))
+    `shmdisagg launch` or `serve`'s keeper runs it (SHMDISAGG_LAUNCHED, SUPERVISOR_ENV), which
+    say it once for the whole deployment, this process being stopped by them too."""
+    return not (environ.get("SHMDISAGG_LAUNCHED") or environ.get(SUPERVISOR_ENV))
 
 
 # A terminal's Ctrl-C reaches this process with its parent (`shmdisagg serve` keeps it in its

@@ -92,26 +92,6 @@ def _locked(name: str, inode: int) -> str:
     return f"{name} is locked by a running coordinator (pid {pid if pid is not None else 'unknown'})"
 
 
-def running_deployment(prefix: str) -> str | None:
-    """Why a coordinator could not start on `prefix` now: the `DeploymentRunning` message when
-    "/{prefix}-ctl" exists and a live coordinator holds its flock, else None. Changes nothing
-    (`shmdisagg check-config`'s question; `cleanup_stale` answers it by raising)."""
-    ctl = f"/{prefix.lstrip('/')}-ctl"
-    try:
-        shm = posix_ipc.SharedMemory(ctl)
-    except posix_ipc.ExistentialError:
-        return None
-    try:
-        try:
-            fcntl.flock(shm.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _locked(ctl, os.fstat(shm.fd).st_ino)
-        fcntl.flock(shm.fd, fcntl.LOCK_UN)  # a dead deployment's segments: serve clears them
-        return None
-    finally:
-        shm.close_fd()
-
-
 def cleanup_stale(prefix: str, files: Iterable[str] = ()) -> list[str]:
     """Unlink every segment "/{prefix}-*" left by a dead deployment; returns their POSIX names.
 
