@@ -878,10 +878,12 @@ def parse_config(data: Any, source: str = "config", *, metadata_server: bool = F
     runs with `-m` (its executors come from the metadata server, not from urls)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of keys")
-    problems = _refusals(data)
+    problems = _refusals(data) + _inheritance_conflicts(data)
     config = None
     try:
-        config = DisaggConfig.model_validate(_normalise(data), context={"metadata_server": metadata_server})
+        config = DisaggConfig.model_validate(
+            _normalise(data, metadata_server), context={"metadata_server": metadata_server}
+        )
     except ValidationError as err:
         lines = [_error_line(e) for e in err.errors()]
         if data.get("multimodal_servers") is not None and "context_servers" not in data:
@@ -896,9 +898,58 @@ def parse_config(data: Any, source: str = "config", *, metadata_server: bool = F
     return config
 
 
-def _normalise(data: dict[str, Any]) -> dict[str, Any]:
-    """Accept TensorRT-LLM's spellings: a section's router may be `null`; a router `type: null`."""
-    out = dict(data)
+# TensorRT-LLM's top level: `extract_disagg_cfg` (`llmapi/disagg_utils.py` @0228a712, id
+# 54588247121) takes its own settings as named parameters and gives every other key to both
+# server sections. Its named parameters, and the newer ones (`return_perf_metrics`,
+# `perf_metrics_output_dir`, `server_keep_alive_timeout`, `internal_request_auth_key`: reference
+# trtllm_protocol.md section 5.1), are DisaggConfig's fields; so is `shmdisagg`, ours.
+# The inherited keys a section declares (the routers and launchers read them from the section);
+# the first three are no LLM argument, so they leave the top level once inherited.
+_SECTION_ONLY = ("router", "urls", "num_instances")
+_INHERITED_FIELDS = (*_SECTION_ONLY, "max_batch_size", "max_num_tokens", "kv_cache_config")
+
+
+def _inheritance_conflicts(data: dict[str, Any]) -> list[str]:
+    """A top-level key that a section sets to another value: TensorRT-LLM's `extract_disagg_cfg`
+    raises "Parameter ... is specified both in the top-level and in the ... section, but with
+    different values" (values compared as loaded, a mapping as a whole)."""
+    out = []
+    for key, value in data.items():
+        if key in DisaggConfig.model_fields:
+            continue
+        for role in ("context_servers", "generation_servers"):
+            section = data.get(role)
+            if isinstance(section, dict) and key in section and section[key] != value:
+                out.append(
+                    f"{role}.{key}: differs from the top-level {key}, which TensorRT-LLM gives both sections "
+                    "(it refuses this too): set it in one place"
+                )
+    return out
+
+
+def _inherit(data: dict[str, Any], metadata_server: bool) -> dict[str, Any]:
+    """TensorRT-LLM's top-level inheritance (`extract_disagg_cfg`, before `extract_router_config`
+    reads a section's `router`, `max_batch_size`, `max_num_tokens` and
+    `kv_cache_config.tokens_per_block`): each of `_INHERITED_FIELDS` set at the top level goes into
+    each section that does not set it. A missing section receives them where it may be missing
+    (executors that register themselves); elsewhere it is refused as missing anyway. The LLM
+    arguments among them stay at the top level too, for the launchers."""
+    inherited = {k: data[k] for k in _INHERITED_FIELDS if k in data and data[k] is not None}
+    if not inherited:
+        return data
+    out = {k: v for k, v in data.items() if k not in _SECTION_ONLY}
+    self_registering = metadata_server or data.get("disagg_cluster") is not None
+    for role in ("context_servers", "generation_servers"):
+        section = data.get(role, {} if self_registering else None)
+        if isinstance(section, dict):
+            out[role] = {**inherited, **section}
+    return out
+
+
+def _normalise(data: dict[str, Any], metadata_server: bool = False) -> dict[str, Any]:
+    """Accept TensorRT-LLM's spellings: a section's router may be `null`; a router `type: null`;
+    top-level section keys are inherited (`_inherit`)."""
+    out = _inherit(data, metadata_server)
     for key in ("context_servers", "generation_servers"):
         section = out.get(key)
         if isinstance(section, dict) and isinstance(section.get("router"), dict):

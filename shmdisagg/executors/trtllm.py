@@ -110,12 +110,7 @@ def role_options(config: DisaggConfig, spec: ExecutorsSection, role: str) -> dic
     section: ServerSection = getattr(config, key)
     top = config.model_extra or {}
     inherited = {k: v for k, v in top.items() if k not in _NOT_INHERITED}
-    own = _section_llm_args(section)
-    for k in inherited.keys() & own.keys():
-        if inherited[k] != own[k]:
-            raise PlanError(
-                f"{key}.{k}: differs from the top-level {k} (TensorRT-LLM refuses this too; set it in one place)"
-            )
+    own = _section_llm_args(section)  # agrees with `inherited` where both set a key (config._inheritance_conflicts)
 
     options: dict[str, Any] = {
         "cache_transceiver_config": {},

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shmdisagg.config import ConfigError, load_config, parse_config
+from shmdisagg.config import ConfigError, config_warnings, load_config, parse_config
 
 TRTLLM_EXAMPLE = """
 hostname: localhost
@@ -464,6 +464,94 @@ def test_the_router_s_tokens_per_block_wins_over_kv_cache_config_and_the_environ
     # the conversation router takes it too (both call BlockHashMixin._init_block_hashing); others ignore it
     assert _section(router={"type": "conversation"}).router_args(env).tokens_per_block == 16
     assert _section(router={"type": "round_robin"}).router_args(env).tokens_per_block is None
+
+
+def _top(**top: object) -> dict[str, object]:
+    data: dict[str, object] = {
+        "hostname": "localhost",
+        "port": 8000,
+        "context_servers": {"urls": ["localhost:8001"]},
+        "generation_servers": {"urls": ["localhost:8002"]},
+    }
+    data.update(top)
+    return data
+
+
+def test_top_level_section_keys_reach_both_routers_as_tensorrt_llm_inherits_them():
+    # extract_disagg_cfg copies every top-level key it does not name into both sections before
+    # extract_router_config reads `router`, `max_batch_size` and kv_cache_config.tokens_per_block
+    cfg = parse_config(
+        _top(
+            router={"type": "kv_cache_aware", "load_weight": 0.5},
+            max_batch_size=7,
+            max_num_tokens=512,
+            kv_cache_config={"tokens_per_block": 64},
+        ),
+        "t.yaml",
+    )
+    for section in (cfg.context_servers, cfg.generation_servers):
+        args = section.router_args({})
+        assert (args.type, args.load_weight, args.max_batch_size, args.max_num_tokens, args.tokens_per_block) == (
+            "kv_cache_aware",
+            0.5,
+            7,
+            512,
+            64,
+        )
+    # router is no LLM argument: it leaves the top level, so it is neither warned of nor passed on
+    assert "router" not in (cfg.model_extra or {})
+    assert cfg.model_extra == {"max_batch_size": 7, "max_num_tokens": 512, "kv_cache_config": {"tokens_per_block": 64}}
+    assert config_warnings(cfg) == []
+
+
+def test_a_section_that_repeats_a_top_level_key_with_the_same_value_is_accepted():
+    cfg = parse_config(
+        _top(
+            kv_cache_config={"tokens_per_block": 64},
+            generation_servers={"urls": ["localhost:8002"], "kv_cache_config": {"tokens_per_block": 64}},
+        ),
+        "t.yaml",
+    )
+    assert cfg.generation_servers.kv_cache_config == {"tokens_per_block": 64}
+
+
+@pytest.mark.parametrize(
+    ("key", "top", "own"),
+    [
+        ("kv_cache_config", {"tokens_per_block": 64}, {"tokens_per_block": 32}),
+        ("router", {"type": "kv_cache_aware"}, {"type": "round_robin"}),
+        ("max_batch_size", 8, 16),
+        ("disable_overlap_scheduler", True, False),  # an LLM argument for the executors
+    ],
+)
+def test_a_section_that_sets_a_top_level_key_otherwise_is_refused_naming_it(key: str, top: object, own: object):
+    data = _top(**{key: top})
+    data["generation_servers"] = {"urls": ["localhost:8002"], key: own}
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "t.yaml")
+    assert str(info.value).startswith(
+        f"t.yaml: generation_servers.{key}: differs from the top-level {key}, which TensorRT-LLM gives both sections"
+    )
+
+
+def test_a_cluster_config_without_sections_takes_the_top_level_router():
+    cfg = parse_config(
+        {"hostname": "localhost", "port": 8000, "router": {"type": "kv_cache_aware"},
+         "disagg_cluster": {"cluster_uri": "http://localhost:8000"}},
+        "t.yaml",
+    )  # fmt: skip
+    assert cfg.context_servers.router_args({}).type == cfg.generation_servers.router_args({}).type == "kv_cache_aware"
+
+
+def test_the_simulators_are_started_with_the_inherited_block_size_and_batch_size():
+    from shmdisagg.executors.plan import executor_command
+
+    cfg = parse_config(
+        _top(kv_cache_config={"tokens_per_block": 64}, max_batch_size=7, shmdisagg={"executors": {"backend": "sim"}}),
+        "t.yaml",
+    )
+    argv, _ = executor_command(cfg.shmdisagg.executors, "generation", cfg.generation_servers, "localhost", 8002)
+    assert argv[argv.index("--tokens-per-block") + 1] == "64" and argv[argv.index("--max-batch-size") + 1] == "7"
 
 
 @pytest.mark.parametrize("value", ["", "abc", "0", "-32", "1.5"])

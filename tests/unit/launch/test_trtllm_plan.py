@@ -195,8 +195,10 @@ def test_top_level_llm_arguments_are_inherited_and_may_not_conflict() -> None:
     plan = plan_of(cfg)
     assert all(i.options and i.options["disable_overlap_scheduler"] is True for i in plan.instances)
     cfg["generation_servers"]["disable_overlap_scheduler"] = False
-    assert refusal(cfg).startswith(
-        "generation_servers.disable_overlap_scheduler: differs from the top-level disable_overlap_scheduler"
+    with pytest.raises(ConfigError) as info:  # refused by the config itself, as extract_disagg_cfg does
+        plan_of(cfg)
+    assert str(info.value).startswith(
+        "cfg.yaml: generation_servers.disable_overlap_scheduler: differs from the top-level disable_overlap_scheduler"
     )
 
 
