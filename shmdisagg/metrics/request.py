@@ -165,6 +165,8 @@ class RequestMetrics:
             row[_INTERNAL] += 1.0
         else:
             row[_HTTP_EXC] += 1.0
+            if 400 <= ex.status < 500:  # the client's fault, though it passed validation: `stats` shows it as 4xx
+                row[_ROUTED_4XX] += 1.0
 
         ctx_ok, gen_ok = note.ctx_ok, note.gen_ok
         ctx_retries = gen_retries = 0
@@ -261,6 +263,7 @@ _C = LAYOUT.counter
     _NONSTREAM,
     _RESPONSES,
     _DISCONNECTS,
+    _ROUTED_4XX,
     _INTERNAL,
     _HTTP_EXC,
     _CTX_TOTAL,
@@ -278,6 +281,7 @@ _C = LAYOUT.counter
         "nonstream_requests",
         "total_responses",
         "shmdisagg_client_disconnects",
+        "shmdisagg_routed_client_errors",
         "internal_errors",
         "http_exceptions",
         "ctx_total_requests",

@@ -122,6 +122,10 @@ COUNTERS = (
     Counter("gen_completed_requests", "Generation legs streamed to the end"),
     Counter("shmdisagg_admission_rejections", "Requests refused with 429 at max_inflight_requests"),
     Counter("shmdisagg_client_disconnects", "Routed requests whose client went away before the end"),
+    Counter(
+        "shmdisagg_routed_client_errors",
+        "Routed requests answered with a 4xx, most by an executor refusing a parameter (also in http_exceptions)",
+    ),
     Counter("shmdisagg_perf_records_dropped", "Per-request records a fleet worker could not hand to the coordinator"),
     Counter(
         "shmdisagg_worker_lost_requests", "Requests in flight on a fleet worker that died (counted when it is reaped)"

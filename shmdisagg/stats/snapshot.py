@@ -319,6 +319,7 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
                 "internal_errors",
                 "shmdisagg_admission_rejections",
                 "shmdisagg_client_disconnects",
+                "shmdisagg_routed_client_errors",
                 "shmdisagg_worker_lost_requests",
                 "ctx_retry_requests",
                 "gen_retry_requests",
@@ -330,7 +331,10 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
             **counts,
             "in_flight": _in_flight(totals),
             "cancelled": counts["shmdisagg_client_disconnects"],
-            "failed": counts["http_exceptions"] + counts["internal_errors"],
+            # 4xx: refused before routing, or answered with a 4xx after (an executor refusing a
+            # parameter); failed: every other error answer
+            "client_errors": counts["validation_exceptions"] + counts["shmdisagg_routed_client_errors"],
+            "failed": counts["http_exceptions"] - counts["shmdisagg_routed_client_errors"] + counts["internal_errors"],
             "lost": counts["shmdisagg_worker_lost_requests"],
             "requests_per_s": _rate(
                 totals[_C["total_requests"]], prev_totals[_C["total_requests"]] if prev_totals else None, dt

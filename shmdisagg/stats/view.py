@@ -51,7 +51,7 @@ def render(snap: dict[str, Any]) -> RenderableType:
             f"\nrequests     {_n(req['total_requests'])} total  {_rate(req['requests_per_s'])}/s  "
             f"{_n(req['in_flight'])} in flight  {_n(req['total_responses'])} ok  "
             f"{_n(req.get('cancelled', 0))} cancelled  "
-            f"{_n(req['validation_exceptions'])} 4xx  {_n(req['http_exceptions'] + req['internal_errors'])} failed  "
+            f"{_n(req['client_errors'])} 4xx  {_n(req['failed'])} failed  "
             f"{_n(req['shmdisagg_admission_rejections'])} 429  "
             + (f"{_n(lost)} lost  " if lost else "")
             + f"{_n(req['ctx_retry_requests'] + req['gen_retry_requests'])} retries  hit {_pct(req['hit_rate'])}"

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from shmdisagg.shm.table import ControlTable
+from shmdisagg.stats.snapshot import StatsReader, snapshot
 from tests.integration.harness import (
     deployment,
     fake_executors,
@@ -132,6 +133,15 @@ def test_generation_400_reaches_the_client_and_is_not_retried(pair) -> None:  # 
     assert status == 400 and body["message"] == "scripted 400"
     assert len(g0.recorded()) + len(g1.recorded()) == 1
     assert _idle(dep)
+
+    # `shmdisagg stats` shows it as the client's 4xx, not as a failure of the deployment
+    def requests() -> dict:  # type: ignore[type-arg]
+        with StatsReader(dep.config.shm_prefix) as reader:
+            return snapshot(None, reader.sample(), dep.config.shm_prefix)["requests"]
+
+    wait_until(lambda: requests()["in_flight"] == 0, what="the request's end counted")
+    req = requests()
+    assert (req["client_errors"], req["failed"], req["http_exceptions"]) == (1, 0, 1)
 
 
 @pytest.mark.parametrize("pair", [{"shmdisagg": {"request_timeout_s": 1.5}}], indirect=True)

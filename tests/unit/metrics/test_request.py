@@ -66,6 +66,7 @@ def disagg_handle(
     ctx_picks: int = 1,
     code: str = "",
     stream: bool = False,
+    status: int = 200,
 ) -> Any:
     """A context-first request: arrival 100.0, context 100.001-100.021, generation picked at
     100.0215, first token 100.05, last 100.25 (wall-clock seconds)."""
@@ -80,7 +81,7 @@ def disagg_handle(
         ex.gen_slot = gen.pick(None, -1)
         NOTE.get().gen_dispatch = 100.0215  # type: ignore[union-attr]
         ex.first_token, ex.last_token = 100.05, 100.25
-        ex.status, ex.error_code = 200, code
+        ex.status, ex.error_code = status, code
         metrics.sink(ex)
 
     return handle
@@ -209,6 +210,16 @@ def test_a_failed_generation_leg_is_a_gen_error_and_internal_errors_are_apart() 
         run_one(m, disagg_handle(m, ctx, gen, code=code))
     assert row[C["gen_error_requests"]] == 2 and row[C["http_exceptions"]] == 1 and row[C["internal_errors"]] == 1
     assert row[C["ctx_completed_requests"]] == 2 and row[C["total_responses"]] == 0
+
+
+def test_an_executors_4xx_is_an_http_exception_and_a_routed_client_error_and_a_5xx_only_the_first() -> None:
+    row = new_row()
+    m = RequestMetrics(row)
+    for status in (400, 422, 502):
+        ctx, gen = CountingPolicy(FakePolicy([0]), False), CountingPolicy(FakePolicy([2]), True)
+        run_one(m, disagg_handle(m, ctx, gen, code=f"http_{status}", status=status))
+    assert row[C["http_exceptions"]] == 3 and row[C["shmdisagg_routed_client_errors"]] == 2
+    assert row[C["internal_errors"]] == 0 and row[C["total_responses"]] == 0
 
 
 def test_counting_policy_passes_everything_else_through() -> None:

@@ -124,11 +124,20 @@ def test_cancelled_requests_are_counted_and_the_parts_add_up_to_the_total(live, 
         "total_responses",
         "cancelled",
         "failed",
-        "validation_exceptions",
+        "client_errors",
         "shmdisagg_admission_rejections",
         "lost",
     )
     assert sum(req[p] for p in parts) == req["total_requests"] == 168
+    # 7 more routed requests end in error answers: 5 an executor's 4xx, 2 a 502
+    row[C["total_requests"]] += 7
+    row[C["nonstream_requests"]] += 7
+    row[C["http_exceptions"]] = 7
+    row[C["shmdisagg_routed_client_errors"]] = 5
+    with StatsReader(shm_prefix) as reader:
+        req = snapshot(None, reader.sample(), shm_prefix)["requests"]
+    assert req["client_errors"] == 29 + 5 and req["failed"] == 2
+    assert sum(req[p] for p in parts) == req["total_requests"] == 175
 
 
 def test_workers_are_numbered_as_the_coordinator_numbers_them(live, shm_prefix: str) -> None:  # type: ignore[no-untyped-def]
