@@ -889,7 +889,7 @@ def parse_config(data: Any, source: str = "config", *, metadata_server: bool = F
         if data.get("multimodal_servers") is not None and "context_servers" not in data:
             # TensorRT-LLM's EPD example has no context_servers: multimodal_servers is the problem
             lines = [line for line in lines if not line.startswith("context_servers")]
-        problems += lines
+        problems += _at_the_top_level(lines, data)
     if problems:
         lines = [f"{source}: {p}" for p in problems]
         more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
@@ -924,6 +924,23 @@ def _inheritance_conflicts(data: dict[str, Any]) -> list[str]:
                     f"{role}.{key}: differs from the top-level {key}, which TensorRT-LLM gives both sections "
                     "(it refuses this too): set it in one place"
                 )
+    return out
+
+
+def _at_the_top_level(lines: list[str], data: dict[str, Any]) -> list[str]:
+    """Problems of an inherited value named where the file sets it: `kv_cache_config...` once,
+    not `context_servers.kv_cache_config...` and `generation_servers.kv_cache_config...`."""
+    out: list[str] = []
+    for line in lines:
+        for role in ("context_servers", "generation_servers"):
+            section = data.get(role)
+            for key in _INHERITED_FIELDS:
+                prefix = f"{role}.{key}"
+                inherited = key in data and not (isinstance(section, dict) and key in section)
+                if inherited and line.startswith(prefix) and line[len(prefix) : len(prefix) + 1] in (":", "."):
+                    line = key + line[len(prefix) :]
+        if line not in out:
+            out.append(line)
     return out
 
 

@@ -534,6 +534,20 @@ def test_a_section_that_sets_a_top_level_key_otherwise_is_refused_naming_it(key:
     )
 
 
+@pytest.mark.parametrize(
+    ("top", "expected"),
+    [
+        ({"kv_cache_config": "x"}, "t.yaml: kv_cache_config: Input should be a valid dictionary"),
+        ({"kv_cache_config": {"tokens_per_block": 0}}, "t.yaml: kv_cache_config.tokens_per_block: must be a positive"),
+        ({"router": 5}, "t.yaml: router: must be a mapping of keys, not 5"),
+    ],
+)
+def test_a_bad_inherited_value_is_named_once_where_the_file_sets_it(top: dict[str, object], expected: str):
+    with pytest.raises(ConfigError) as info:
+        parse_config(_top(**top), "t.yaml")
+    assert info.value.problems[0].startswith(expected) and len(info.value.problems) == 1
+
+
 def test_a_cluster_config_without_sections_takes_the_top_level_router():
     cfg = parse_config(
         {"hostname": "localhost", "port": 8000, "router": {"type": "kv_cache_aware"},
