@@ -965,14 +965,20 @@ def _inherit(data: dict[str, Any], metadata_server: bool) -> dict[str, Any]:
 
 def _normalise(data: dict[str, Any], metadata_server: bool = False) -> dict[str, Any]:
     """Accept TensorRT-LLM's spellings: a section's router may be `null`; a router `type: null`;
-    top-level section keys are inherited (`_inherit`)."""
+    the type in any case (`create_router` looks up `router_type.lower()`, `serve/router.py`);
+    `conditional_disagg_config: {}` is off (`ConditionalDisaggConfig(**c) if c else None`,
+    `extract_disagg_cfg`); top-level section keys are inherited (`_inherit`)."""
     out = _inherit(data, metadata_server)
+    if out.get("conditional_disagg_config") == {}:
+        out["conditional_disagg_config"] = None
     for key in ("context_servers", "generation_servers"):
         section = out.get(key)
         if isinstance(section, dict) and isinstance(section.get("router"), dict):
             router = dict(section["router"])
             if router.get("type") is None:
                 router.pop("type", None)
+            elif isinstance(router["type"], str):
+                router["type"] = router["type"].lower()
             out[key] = {**section, "router": router}
         elif isinstance(section, dict) and "router" in section and section["router"] is None:
             out[key] = {k: v for k, v in section.items() if k != "router"}

@@ -72,7 +72,9 @@ class ConversationPolicy(TablePolicy):
     def __init__(self, table: ControlTable, row: int, role: int, args: RouterConfig, index: BlockIndex) -> None:
         super().__init__(table, row, role, args)
         self.index = index
-        self.tpb = args.tokens_per_block or 128
+        # ConversationRouter's default is 128; a `tokens_per_block: null` it passes on gets
+        # BlockHashMixin._init_block_hashing's 32 (TensorRT-LLM serve/router.py, router_utils.py)
+        self.tpb = args.tokens_per_block or (32 if "tokens_per_block" in args.model_fields_set else 128)
         self.needs_tokens = args.use_token_ids  # type: ignore[misc]  # per-instance override
 
     def _hashes(self, key: RoutingKey) -> bytes:

@@ -3,7 +3,9 @@ load penalty — TensorRT-LLM's newest formula, score = matched blocks - `load_w
 requests, among servers with active requests / `max_batch_size` < `load_cap`
 (`KvCacheAwareRouter._route` in TensorRT-LLM's `tensorrt_llm/serve/router.py`).
 `max_batch_size` is the router arg (64 by default, or the section's, `ServerSection.router_args`)
-for every server, as there, not each executor's `/server_info` value.
+for every server, as there, not each executor's `/server_info` value. `use_tokens` changes no
+decision, as there: `_route` scores with `num_active_requests()` whatever it says (it only makes
+the servers' states count tokens, which that router never reads).
 
 The block index is shared by the whole fleet: KV events from every executor (applied by the
 coordinator) and the blocks any worker routed a moment ago (routed-block tracking) both count,
@@ -81,7 +83,7 @@ class KvCacheAwarePolicy(TablePolicy):
             key.num_tokens,
             a.load_weight,
             a.load_cap,
-            a.use_tokens,
+            False,  # load in requests, whatever use_tokens says: `workloads = [...num_active_requests()...]`
             a.track_routed_blocks,
             a.max_batch_size,
         )

@@ -548,6 +548,27 @@ def test_a_bad_inherited_value_is_named_once_where_the_file_sets_it(top: dict[st
     assert info.value.problems[0].startswith(expected) and len(info.value.problems) == 1
 
 
+def test_router_types_are_read_in_any_case_and_an_empty_conditional_disagg_config_is_off():
+    # create_router looks up router_type.lower(); extract_disagg_cfg: ConditionalDisaggConfig(**c) if c else None
+    data = _top(conditional_disagg_config={})
+    data["generation_servers"] = {"urls": ["localhost:8002"], "router": {"type": "KV_Cache_Aware"}}
+    cfg = parse_config(data, "t.yaml")
+    assert cfg.generation_servers.router.type == "kv_cache_aware" and cfg.conditional_disagg_config is None
+    assert parse_config(_top(conditional_disagg_config={}), "t.yaml").conditional_disagg_config is None
+
+
+def test_the_conversation_routers_block_size_is_128_unset_and_32_when_null():
+    from shmdisagg.routing.conversation import ConversationPolicy
+
+    def tpb(router: dict[str, object]) -> int:
+        args = parse_config(_top(router=router), "t.yaml").context_servers.router_args({})
+        return ConversationPolicy(None, 0, 0, args, None).tpb  # type: ignore[arg-type]
+
+    assert tpb({"type": "conversation"}) == 128  # ConversationRouter's default
+    assert tpb({"type": "conversation", "tokens_per_block": None}) == 32  # _init_block_hashing(None)
+    assert tpb({"type": "conversation", "tokens_per_block": 64}) == 64
+
+
 def test_a_cluster_config_without_sections_takes_the_top_level_router():
     cfg = parse_config(
         {"hostname": "localhost", "port": 8000, "router": {"type": "kv_cache_aware"},

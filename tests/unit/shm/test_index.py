@@ -273,6 +273,35 @@ def test_use_tokens_counts_load_in_blocks_of_active_tokens(index: BlockIndex, wo
     assert slot != 1
 
 
+class _Key:
+    """A routing key whose block hashes are given (the policy asks for them by block size)."""
+
+    def __init__(self, hashes: bytes) -> None:
+        self.hashes, self.num_tokens, self.matched_blocks = hashes, 100, 0
+
+    def block_hashes(self, tokens_per_block: int, algo: str) -> bytes:
+        return self.hashes
+
+
+def test_the_kv_cache_aware_router_scores_load_in_requests_even_with_use_tokens(
+    index: BlockIndex, worker: Worker, load_on
+) -> None:  # type: ignore[no-untyped-def]
+    # TensorRT-LLM's KvCacheAwareRouter._route: workloads = [num_active_requests() ...] whatever
+    # use_tokens says; 3 blocks - 0.25 x 1 request wins, though 20 blocks of tokens would lose
+    from shmdisagg.config import RouterConfig
+    from shmdisagg.routing.kv_cache_aware import KvCacheAwarePolicy, RoutingKeyConfig
+
+    blocks = chain(7, 8)
+    index.apply_stored(1, blocks[:3])
+    load_on(1, 1, tokens=32 * 20)
+    args = RouterConfig(type="kv_cache_aware", use_tokens=True, track_routed_blocks=False)
+    policy = KvCacheAwarePolicy(
+        worker.table, worker.row, ROLE_CONTEXT, args, worker.index, lambda: RoutingKeyConfig(32)
+    )
+    key = _Key(P(blocks))
+    assert policy.pick(key, -1) == 1 and key.matched_blocks == 3  # type: ignore[arg-type]
+
+
 def test_load_cap_excludes_servers_at_capacity_unless_all_are(
     coord: ControlTable, index: BlockIndex, worker: Worker, load_on
 ) -> None:  # type: ignore[no-untyped-def]
