@@ -356,21 +356,32 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return run(args, prefix)
 
 
+def _whole_seconds(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+
+
 def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value == 0:
+    value = _whole_seconds(text)
+    if value < 1:  # 0 and a negative number alike: `-t 0` and `-t -1` were worded differently
         raise argparse.ArgumentTypeError("must be a positive number of seconds")
     return value
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    value = _whole_seconds(text)
     if value < 0:
         raise argparse.ArgumentTypeError("must not be negative")
     return value
+
+
+def _config_path(text: str) -> str:
+    """-c's type: a path, not '' (which the loader read as '.', a directory, and named that)."""
+    if not text:
+        raise argparse.ArgumentTypeError("needs the path of a config file, not ''")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -383,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("launch", help="start a single-node deployment")
-    p.add_argument("-c", "--config", required=True)
+    p.add_argument("-c", "--config", type=_config_path, required=True)
     p.add_argument(
         "--log-dir",
         help="where executor logs (appended to) and option files go (default: the config's "
@@ -415,7 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
         "with its flags. A flag wins over the config's own setting.",
     )
     p.add_argument(
-        "-c", "--config", "--config_file", dest="config", required=True, help="the disaggregated config YAML"
+        "-c",
+        "--config",
+        "--config_file",
+        dest="config",
+        type=_config_path,
+        required=True,
+        help="the disaggregated config YAML",
     )
     p.add_argument(
         "-t",
@@ -444,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-s",
         "--schedule_style",
+        type=str.lower,  # click.Choice(..., case_sensitive=False) in TensorRT-LLM's commands/serve.py
         choices=["context_first", "generation_first"],
         help="overrides the config and TRTLLM_DISAGG_SCHEDULE_STYLE",
     )
@@ -470,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check-config", help="validate a config file here (keys, plan, addresses, public port)")
-    p.add_argument("-c", "--config", required=True)
+    p.add_argument("-c", "--config", type=_config_path, required=True)
     p.add_argument(
         "--serve",
         action="store_true",

@@ -22,6 +22,7 @@ import secrets
 import signal
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -49,12 +50,44 @@ from shmdisagg.procutil import STOP_SIGNALS, unwritable
 
 SCHEMA = "shmdisagg.bench/1"
 DEFAULT_URL = "http://127.0.0.1:8000"
+# The slowest replay: 1000x the trace's own pace. Far smaller divisors scale the arrival times
+# past any run's length (1e-300 made them ~1e300 s: the replay never sent its second request).
+MIN_SPEEDUP = 1e-3
+
+
+def _server_url(text: str) -> str:
+    """--url's type: the server's base URL, http(s)://host[:port][/path]. An OpenAI client's base
+    URL (ending in /v1, maybe with a slash) names the same server: the paths sent add /v1 themselves."""
+    parts = urllib.parse.urlsplit(text)
+    try:
+        port_ok = parts.port is None or parts.port > 0  # .port raises for a non-number or one past 65535
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok or parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(f"needs http://host:port (e.g. {DEFAULT_URL}), not {text!r}")
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/').removesuffix('/v1')}"
+
+
+def _speedup(text: str) -> float:
+    """--speedup's type: a finite divisor of the trace's timestamps, at least `MIN_SPEEDUP`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value >= MIN_SPEEDUP):
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least {MIN_SPEEDUP:g}, not {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The bench options, for `shmdisagg bench` or any parser that wants them."""
     target = parser.add_argument_group("target")
-    target.add_argument("--url", help=f"server base URL (default: {DEFAULT_URL})")
+    target.add_argument(
+        "--url",
+        type=_server_url,
+        help=f"server base URL, http://host:port (default: {DEFAULT_URL}); an OpenAI client's base URL, "
+        "ending in /v1, names the same server",
+    )
     target.add_argument("--model", help="model name to send (default: first id from GET /v1/models)")
     target.add_argument(
         "--timeout", type=float, default=600.0, help="per-request timeout in seconds (default: %(default)s)"
@@ -73,7 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="send the first N requests of the trace (synthetic: default 10 x concurrency)",
     )
     load.add_argument(
-        "--speedup", type=float, default=1.0, help="open loop: divide trace timestamps by this (default: %(default)s)"
+        "--speedup",
+        type=_speedup,
+        default=1.0,
+        help=f"open loop: divide trace timestamps by this; at least {MIN_SPEEDUP:g}, 1000x slower than the "
+        "trace (default: %(default)s)",
     )
     load.add_argument(
         "--concurrency",
@@ -150,9 +187,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
     """The requests to send and the source's description. Raises BenchError for a bad option
     or trace (`bench --launch` calls it before it starts anything)."""
-    for option, value in (("--speedup", args.speedup), ("--timeout", args.timeout)):
-        if not math.isfinite(value) or value <= 0:
-            raise BenchError(f"{option} must be a finite number > 0, not {value}")
+    if not math.isfinite(args.timeout) or args.timeout <= 0:  # --speedup is checked at parsing (`_speedup`)
+        raise BenchError(f"--timeout must be a finite number > 0, not {args.timeout}")
     for option in ("json", "records", "plot"):
         problem = unwritable(getattr(args, option, None), directory=option == "plot")
         if problem:
@@ -211,8 +247,6 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
         synth = PromptSynthesizer(seed=seed, vocab=(low, high))
     except ValueError as exc:
         raise BenchError(str(exc)) from None
-    if args.speedup <= 0:
-        raise BenchError("--speedup must be > 0")
     closed = args.concurrency is not None
 
     counters = LoadCounters(total=len(requests))

@@ -43,16 +43,20 @@ _CONFIG_PREFIX = re.compile(
 )
 _DEFAULT_PREFIX = re.compile(r"^shmdisagg-[0-9]{1,10}-[0-9]{1,5}$")
 MAX_PREFIX_CHARS = int(re.search(r"\{1,(\d+)\}", _CONFIG_PREFIX.pattern).group(1))  # type: ignore[union-attr]  # the pattern has {1,N}
+# An hour: a view refreshed less often looks hung, and `--once` sleeps one interval before printing.
+MAX_INTERVAL_S = 3600.0
 
 
 def _interval(text: str) -> float:
-    """--interval's type: a finite number of seconds > 0 (nan and inf would never refresh)."""
+    """--interval's type: seconds > 0 and at most `MAX_INTERVAL_S` (nan, inf or 1e9 would never refresh)."""
     try:
         seconds = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text!r}")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_INTERVAL_S):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds > 0 and at most {MAX_INTERVAL_S:g}, not {text!r}"
+        )
     return seconds
 
 
@@ -78,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--interval",
         type=_interval,
         default=1.0,
-        help="seconds between refreshes, and the window of the rates (default: %(default)s)",
+        help=f"seconds between refreshes, and the window of the rates; > 0 and at most {MAX_INTERVAL_S:g} "
+        "(default: %(default)s)",
     )
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--json", action="store_true", help="with --once: JSON instead of the table")

@@ -229,11 +229,8 @@ def test_the_same_seed_again_measures_the_cache_it_left_and_says_so(capsys: pyte
         ["--input-len", "100"],  # synthetic needs --concurrency
         ["--concurrency", "2", "--input-len", "100", "--trace", str(SHIPPED_TRACE)],
         ["--goodput", "ttft"],
-        ["--speedup", "0"],
         ["--trace", "/nonexistent/trace.jsonl"],
         ["--cpu-pids", "abc"],
-        ["--speedup", "nan"],
-        ["--speedup", "inf"],
         ["--timeout", "0"],
         ["--timeout", "nan"],
         ["--json", "/nonexistent/dir/run.json"],
@@ -275,6 +272,72 @@ def test_an_output_that_fails_to_write_after_the_run_is_one_line_and_exit_1(
     assert "Traceback" not in captured.err and records.exists()
     lines = [line for line in captured.err.splitlines() if line.startswith("shmdisagg bench: error:")]
     assert lines == [f"shmdisagg bench: error: could not write --json: Not a directory ({blocked / 'run.json'})"]
+
+
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one error line of a refusal at parsing (exit 2), before any request."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "speedup", ["0", "-1", "nan", "inf", "1e-300", "0.0009", "abc"]
+)  # 1e-300 scaled the arrivals to ~1e300 s: the replay stalled for ever
+def test_a_speedup_that_would_stall_the_replay_is_refused_at_parsing(
+    speedup: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = _usage_error(["--url", f"http://127.0.0.1:{free_port()}", "--speedup", speedup], capsys)
+    assert line.startswith("shmdisagg bench: error: argument --speedup: ") and repr(speedup) in line, line
+
+
+def test_the_slowest_speedup_is_accepted_and_said_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse(["--speedup", "0.001"]).speedup == 0.001
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "at least 0.001" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize(
+    "url", ["notaurl", "127.0.0.1:8000", "", "ftp://127.0.0.1:8000", "http://:8000", "http://h:99999", "http://h:x"]
+)
+def test_a_url_that_is_not_http_host_port_is_refused_at_parsing(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--url notaurl` went to the server and blamed it ("is the server up?")."""
+    line = _usage_error(["--url", url, "--model", "m"], capsys)
+    assert line == (
+        f"shmdisagg bench: error: argument --url: needs http://host:port (e.g. http://127.0.0.1:8000), not {url!r}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+        ("https://[::1]:8000", "https://[::1]:8000"),
+        ("http://gateway:80/llm/v1", "http://gateway:80/llm"),  # a server behind a path prefix keeps it
+    ],
+)
+def test_a_url_is_read_as_the_servers_base(url: str, base: str) -> None:
+    assert parse(["--url", url]).url == base
+
+
+def test_an_openai_clients_base_url_benches_the_same_server() -> None:
+    """OpenAI clients take a base URL ending in /v1: the bench asked /v1/v1/models and failed."""
+
+    async def scenario() -> tuple[dict[str, Any], FakeOpenAI]:
+        async with FakeOpenAI(free_port()) as fake:
+            argv = ["--url", f"{fake.url}/v1/", "--no-progress", "--num-requests", "2", "--concurrency", "1"]
+            return await cli.run(parse(argv)), fake
+
+    summary, fake = asyncio.run(scenario())
+    assert summary["requests"]["completed"] == 2 and len(fake.bodies) == 2
+    assert {b["model"] for b in fake.bodies} == {"fake-model"}  # found at /v1/models
+    assert summary["config"]["url"] == fake.url
 
 
 def test_unreachable_server_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,7 +24,7 @@ def test_json_needs_once(shm_prefix: str) -> None:
     assert main(["stats", "--prefix", shm_prefix, "--json"]) == 2
 
 
-@pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "abc"])
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "abc", "1e9", "3600.5"])
 def test_an_interval_that_never_refreshes_is_a_one_line_usage_error(
     interval: str, shm_prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -33,6 +33,21 @@ def test_an_interval_that_never_refreshes_is_a_one_line_usage_error(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "argument --interval:" in err and repr(interval) in err and "Traceback" not in err
+
+
+def test_the_longest_interval_is_an_hour_and_the_help_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """--interval 1e9 was taken: a view that would never refresh."""
+    from shmdisagg.cli import build_parser
+
+    assert build_parser().parse_args(["stats", "--interval", "3600"]).interval == 3600
+    with pytest.raises(SystemExit):
+        main(["stats", "--interval", "1e9"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "shmdisagg stats: error: argument --interval: must be a number of seconds > 0 and at most 3600, not '1e9'"
+    )
+    with pytest.raises(SystemExit):
+        main(["stats", "--help"])
+    assert "at most 3600" in " ".join(capsys.readouterr().out.split())
 
 
 def test_once_json_prints_one_snapshot(shm_prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
