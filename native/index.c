@@ -964,7 +964,7 @@ static PyMethodDef Index_methods[] = {
     IFAST(copy_into, "copy_into(dst) -> (copied, refused): live keys into a BUILDING generation"),
     IFAST(lookup, "lookup(hash, kind=0, role=0) -> (event_mask, routed_mask, ts_ns) | None"),
     IFAST(pick_kv, "pick_kv(row, role, exclude, hashes, num_tokens, load_weight, load_cap, "
-                   "use_tokens, track_routed[, max_batch_size]) -> (slot, matched) | None"),
+                   "use_tokens, track_routed[, max_batch_size[, pin_key]]) -> (slot, matched) | None"),
     IFAST(match, "match(hashes, role=-1) -> [(slot, depth)] | None"),
     IFAST(conv_pick_explicit, "conv_pick_explicit(row, role, exclude, conv_key, num_tokens) -> "
                               "slot | None"),

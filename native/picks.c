@@ -230,6 +230,7 @@ static int least_tokens(Region *r, const Set *mask, int role)
 
 typedef struct {
     int role, use_tokens;
+    int pinned; /* the conversation's pinned server, -1 none */
     double load_weight, load_cap;
     uint64_t max_batch; /* the load_cap denominator; 0: each server's record */
     Set cand;
@@ -268,6 +269,10 @@ INLINE int kv_choose(Index *self, KvPick *k, const Set *claimed, Py_ssize_t clai
         memcpy(qualify, slots, (size_t)n * sizeof(int));
         nq = n;
     }
+    if (k->pinned >= 0)
+        for (int j = 0; j < nq; j++)
+            if (qualify[j] == k->pinned) /* a conversation's pin under the cap wins, scores unread; */
+                return pick_tied(self->ctl, k->role, &k->pinned, 1); /* the tie rotation moves on */
     for (int j = 0; j < nq; j++) {
         int s = qualify[j];
         if (k->use_tokens) {
@@ -447,9 +452,12 @@ claimed:
 }
 
 /* pick_kv(row, role, exclude_slot, hashes, num_tokens, load_weight, load_cap, use_tokens,
- *         track_routed[, max_batch_size]) -> (slot, matched_blocks) | (-1, 0) | None (generation
- * changed: remap). max_batch_size is the load_cap denominator for every candidate (TensorRT-LLM's
- * router arg); 0 or absent: each server's record (its /server_info value). */
+ *         track_routed[, max_batch_size[, pin_key]]) -> (slot, matched_blocks) | (-1, 0) | None
+ * (generation changed: remap). max_batch_size is the load_cap denominator for every candidate
+ * (TensorRT-LLM's router arg); 0 or absent: each server's record (its /server_info value).
+ * pin_key (0: none) names a conversation: the server it was last routed to wins while it is a
+ * candidate under the cap, and the winner becomes its pin (a session slot of the index, LRU as
+ * the conversation router's; TensorRT-LLM's KvCacheAwareRouter._route_affinity). */
 PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *result = NULL;
@@ -460,14 +468,16 @@ PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t d = 0;
     Hashes hb = {0};
     char *p;
+    uint64_t pin = 0, *ps = NULL;
     k.walk.found = found_stack;
-    if (!nargs_ok("pick_kv", nargs, nargs == 10 ? 10 : 9) ||
+    if (!nargs_ok("pick_kv", nargs, nargs >= 10 ? (nargs == 11 ? 11 : 10) : 9) ||
         (p = pick_head(self, args, &role, &k.cand)) == NULL ||
         !hashes_open(args[3], &hb) || !arg_range(args[4], 0, INT64_MAX, "num_tokens", &tokens) ||
         !arg_double(args[5], "load_weight", &k.load_weight) ||
         !arg_double(args[6], "load_cap", &k.load_cap) ||
         (k.use_tokens = PyObject_IsTrue(args[7])) < 0 || (track = PyObject_IsTrue(args[8])) < 0 ||
-        (nargs == 10 && !arg_range(args[9], 0, INT64_MAX, "max_batch_size", &max_batch)))
+        (nargs >= 10 && !arg_range(args[9], 0, INT64_MAX, "max_batch_size", &max_batch)) ||
+        (nargs == 11 && !arg_u64(args[10], &pin)))
         goto fail;
     k.max_batch = (uint64_t)max_batch;
     if (stale(self)) {
@@ -486,11 +496,19 @@ PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
     k.walk.h = hb.h;
     k.walk.n = hb.n;
     k.walk.maxp = max_probe(self);
+    k.pinned = -1;
     if (set_any(&k.cand, self->nw)) {
+        if (pin != 0 && (ps = ix_upsert(self, key_of(pin, KIND_CONV, (int)role), 1)) != NULL) {
+            /* the stamp first: it marks the slot a session before any value (conv_pick_explicit) */
+            ST(&ps[SL_TS(self->nw)], (monotonic_ns() & TS_MASK) | KIND_CONV << TS_KIND_SHIFT);
+            k.pinned = session_server(LDA(&ps[SL_RT(0)]), self->nw);
+        }
         ok = self->nw == 1 ? kv_decide(self, &k, &hb, track, &slot, &d, 1)
                            : kv_decide(self, &k, &hb, track, &slot, &d, self->nw);
         if (!ok)
             goto fail;
+        if (ps != NULL && slot != k.pinned) /* the last decision is the pin, as TensorRT-LLM's */
+            __atomic_store_n(&ps[SL_RT(0)], (uint64_t)slot + 1, __ATOMIC_RELEASE); /* affinity map */
         row_add_pick(self->ctl, p, slot, tokens);
     }
     result = Py_BuildValue("(in)", slot, slot >= 0 ? d : (Py_ssize_t)0);

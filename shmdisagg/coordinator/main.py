@@ -51,6 +51,7 @@ from shmdisagg.metrics.rows import ROW_COORDINATOR, MetricsSegment, worker_row
 from shmdisagg.node_ids import NodeIdError, claim_or_inherit
 from shmdisagg.processes import ProcessId
 from shmdisagg.procutil import listening, private_unix_socket, public_port_problem, publish_address, reserve_port
+from shmdisagg.routing.affinity import ROUTE_AFFINITY_CACHE_SIZE
 from shmdisagg.serving import EmbeddedServer, on_stop_signals
 from shmdisagg.shm.index import BlockIndex, IndexSettings
 from shmdisagg.shm.table import ROLE_CONTEXT, ROLE_GENERATION, ControlTable, process_starttime
@@ -506,18 +507,20 @@ def bind_private_unix_socket(path: str, backlog: int = 2048) -> socket.socket:
 
 
 def index_settings(config: DisaggConfig) -> IndexSettings:
-    """Index sizing: `shmdisagg.index` plus the conversation router's `max_sessions`."""
+    """Index sizing: `shmdisagg.index`, and sessions for each router that keeps them (LRU over
+    them all): a conversation router's `max_sessions`, a kv_cache_aware router's
+    `ROUTE_AFFINITY_CACHE_SIZE` chat pins."""
     sessions = [
-        a.max_sessions
+        a.max_sessions if a.type == "conversation" else ROUTE_AFFINITY_CACHE_SIZE
         for a in (config.context_servers.router, config.generation_servers.router)
-        if a.type == "conversation"
+        if a.type in ("conversation", "kv_cache_aware")
     ]
     ix = config.shmdisagg.index
     return IndexSettings(
         capacity=ix.capacity,
         max_capacity=ix.max_capacity,
         routed_ttl_s=ix.routed_ttl_s,
-        max_sessions=max(sessions) if sessions else IndexSettings.max_sessions,
+        max_sessions=sum(sessions) if sessions else IndexSettings.max_sessions,
     )
 
 

@@ -247,7 +247,7 @@ async def serve(
             tokenizer = (
                 await _beating(table, row, asyncio.to_thread(load_routing_tokenizer, config)) if needs_tokens else None
             )
-            service.keys = KeyBuilder(tokenizer, conversations)
+            service.keys = KeyBuilder(tokenizer, conversations, "kv_cache_aware" in (ctx_args.type, gen_args.type))
         service.models, service.routing_key_configs = view.models, view.routing_key_configs
         # return_perf_metrics, perf_metrics_output_dir, otlp_config, TRTLLM_REQUEST_TRACE_DIR
         observe = Observability.from_config(config)

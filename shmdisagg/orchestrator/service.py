@@ -47,6 +47,7 @@ from shmdisagg.orchestrator.splice import TokenIds
 from shmdisagg.orchestrator.tokenization import RoutingTokenizer, prompt_token_ids
 from shmdisagg.orchestrator.validation import parse_body, prompt_load_tokens, validate
 from shmdisagg.routing import RoutingKey
+from shmdisagg.routing.affinity import content_affinity_key
 from shmdisagg.routing.conversation import SESSION_HEADERS, canonical_text, conversation_id, header_conversation_id
 from shmdisagg.upstream import UpstreamError
 
@@ -299,9 +300,10 @@ class KeyBuilder:
     """Builds the routing key when a policy needs more than the load: token ids (tokenized as
     the executor will, written back into the request) and the conversation id."""
 
-    def __init__(self, tokenizer: RoutingTokenizer | None, conversations: bool) -> None:
+    def __init__(self, tokenizer: RoutingTokenizer | None, conversations: bool, affinity: bool = False) -> None:
         self.tokenizer = tokenizer
         self.conversations = conversations
+        self.affinity = affinity  # a kv_cache_aware router pins chats (routing/affinity.py)
         # Token-id prompts are read as ids when something routes on them: a tokenizing policy,
         # or the conversation router, which hashes a request's pre-existing token ids even in
         # text mode (TensorRT-LLM's ConversationRouter, `tensorrt_llm/serve/router.py`).
@@ -323,6 +325,8 @@ class KeyBuilder:
             ids32=ids32 if ids is not None else None,
         )
         key.ids_given = given
+        if self.affinity and chat:
+            key.affinity = content_affinity_key(req)
         if self.conversations:
             # the session headers are in the body by now (`resolve_conversation_id`)
             key.conversation_id = conversation_id(req, [])

@@ -7,6 +7,9 @@ for every server, as there, not each executor's `/server_info` value. `use_token
 decision, as there: `_route` scores with `num_active_requests()` whatever it says (it only makes
 the servers' states count tokens, which that router never reads).
 
+A chat's turns are pinned to the server of its previous turn while it is under the cap
+(`affinity.py`, TensorRT-LLM's `_route_affinity`).
+
 The block index is shared by the whole fleet: KV events from every executor (applied by the
 coordinator) and the blocks any worker routed a moment ago (routed-block tracking) both count,
 so every worker decides as a single router would. One native call per decision
@@ -86,6 +89,7 @@ class KvCacheAwarePolicy(TablePolicy):
             False,  # load in requests, whatever use_tokens says: `workloads = [...num_active_requests()...]`
             a.track_routed_blocks,
             a.max_batch_size,
+            key.affinity,
         )
         key.matched_blocks = matched if slot >= 0 else 0
         return slot

@@ -43,6 +43,7 @@ class RoutingKey:
         "_view",
         "matched_blocks",
         "ids_given",
+        "affinity",
     )
 
     def __init__(
@@ -64,6 +65,7 @@ class RoutingKey:
         self._view: memoryview | None = None
         self.matched_blocks = 0  # the chosen server's match on the last KV-aware pick
         self.ids_given = False  # the request itself carried `token_ids` (a token-id prompt)
+        self.affinity = 0  # a chat's conversation key for kv_cache_aware pins (`affinity.py`); 0: none
 
     def ids_view(self) -> memoryview | None:
         """The token ids as an int32 memoryview (from `ids32`, else converted once from

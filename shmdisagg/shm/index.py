@@ -461,6 +461,7 @@ class BlockIndex:
         use_tokens: bool = False,
         track_routed: bool = True,
         max_batch_size: int = 0,
+        pin_key: int = 0,
     ) -> tuple[int, int]:
         """KV-cache-aware pick, one native call: (slot, matched_blocks), or (-1, 0) if no server
         of `role` is eligible.
@@ -479,6 +480,11 @@ class BlockIndex:
         block past the winner's match: a worker that lost that claim to a different server for
         the same prefix re-scores once, so racing workers converge on one server. The pick's load
         is added to `row`; release it with `ControlTable.release(row, slot, num_tokens)`.
+
+        `pin_key` (a u64, 0: none) names a conversation (`routing.affinity`): the server its last
+        pick chose wins, scores unread, while it is a candidate under the cap; whichever wins
+        becomes its pin. Pins are session slots of the index, one per role, dropped with their
+        server and least recently used first past `IndexSettings.max_sessions`.
         """
         return self._pick(  # type: ignore[no-any-return]  # _pick calls Index.pick_kv by name
             "pick_kv",
@@ -492,6 +498,7 @@ class BlockIndex:
             use_tokens,
             track_routed,
             max_batch_size,
+            pin_key,
         )
 
     def match(self, hashes: bytes, role: int = -1, jump: bool = False) -> list[tuple[int, int]]:

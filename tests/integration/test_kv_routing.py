@@ -305,3 +305,37 @@ def test_the_fast_event_decoder_applies_what_the_tolerant_one_does(shm_prefix: s
             assert ing.apply_raw(0, b"{not json", 2.0) == 1 and ing.dropped_events == 2
             index.unlink()
         table.unlink()
+
+
+def test_a_chats_turns_return_to_its_server_from_any_fleet_worker(
+    tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str
+) -> None:
+    """TensorRT-LLM's kv_cache_aware router pins a chat (its first two messages) to the server of
+    its previous turn. No KV events and no routed-block tracking here, so only the pin keeps a
+    conversation together: every score ties, and ties rotate over the three servers."""
+    with fake_executors(["c0", "c1", "c2", "g0"]) as (*ctxs, gen):
+        kv = {"type": "kv_cache_aware", "tokenizer_dir": hf_tokenizer_dir, "track_routed_blocks": False}
+        cfg = write_config(tmp_path, shm_prefix, [c.addr for c in ctxs], [gen.addr], routers=(kv, "round_robin"))
+        with deployment(cfg) as dep:
+            conns = [connection_to_worker(dep, 0), connection_to_worker(dep, 1)]
+
+            def chat(messages: list[dict], worker: int) -> str:
+                body = {"model": "fake-model", "messages": messages, "max_tokens": 2}
+                assert post(dep, "/v1/chat/completions", body, conn=conns[worker])[0] == 200
+                (name,) = [c.name for c in ctxs if any(r.get("messages") == messages for r in c.recorded())]
+                return name
+
+            try:
+                for n in range(3):
+                    # the key is the first two messages: a system prompt and the first question
+                    first = [
+                        {"role": "system", "content": "Be terse."},
+                        {"role": "user", "content": f"chat {n}: a KV cache?"},
+                    ]
+                    home = chat(first, 0)
+                    chat([{"role": "user", "content": f"an unrelated question {n}"}], 1)  # the tie rotation moves on
+                    second = [*first, {"role": "assistant", "content": "a cache"}, {"role": "user", "content": "and?"}]
+                    assert chat(second, 1) == home  # the other fleet worker, the same server
+            finally:
+                for c in conns:
+                    c.close()

@@ -277,7 +277,7 @@ class _Key:
     """A routing key whose block hashes are given (the policy asks for them by block size)."""
 
     def __init__(self, hashes: bytes) -> None:
-        self.hashes, self.num_tokens, self.matched_blocks = hashes, 100, 0
+        self.hashes, self.num_tokens, self.matched_blocks, self.affinity = hashes, 100, 0, 0
 
     def block_hashes(self, tokens_per_block: int, algo: str) -> bytes:
         return self.hashes
@@ -300,6 +300,45 @@ def test_the_kv_cache_aware_router_scores_load_in_requests_even_with_use_tokens(
     )
     key = _Key(P(blocks))
     assert policy.pick(key, -1) == 1 and key.matched_blocks == 3  # type: ignore[arg-type]
+
+
+# -- kv_cache_aware chat pins (TensorRT-LLM's _route_affinity) -----------------------------------
+
+PIN = 0xC0FFEE
+
+
+def test_a_pinned_conversation_returns_to_its_server_over_a_better_score(
+    index: BlockIndex, worker: Worker, other: Worker
+) -> None:
+    blocks = chain(11, 6)
+    index.apply_stored(2, blocks[:2])
+    assert worker.kv(P(blocks), track_routed=False, pin_key=PIN) == (2, 2)  # the best score; now the pin
+    index.apply_stored(1, blocks)  # server 1 now holds the whole prompt
+    assert worker.kv(P(blocks), track_routed=False) == (1, 6)  # unpinned: the score decides
+    assert worker.kv(P(blocks), track_routed=False, pin_key=PIN) == (2, 2)  # pinned: its server
+    assert other.kv(P(blocks), track_routed=False, pin_key=PIN) == (2, 2)  # from every fleet worker
+
+
+def test_a_pin_over_the_cap_or_excluded_yields_and_the_winner_becomes_the_pin(
+    index: BlockIndex, worker: Worker, load_on
+) -> None:  # type: ignore[no-untyped-def]
+    blocks = chain(12, 4)
+    index.apply_stored(3, blocks)
+    index.apply_stored(0, blocks[:1])
+    assert worker.kv(P(blocks), track_routed=False, pin_key=PIN)[0] == 3
+    assert worker.kv(P(blocks), track_routed=False, pin_key=PIN, exclude=3)[0] == 0  # a retry elsewhere
+    assert worker.kv(P(blocks), track_routed=False, pin_key=PIN)[0] == 0  # ...which is the pin now
+    load_on(0, 2)  # 2 / max_batch_size 4: at a load_cap of 0.5
+    assert worker.kv(P(blocks), track_routed=False, pin_key=PIN, load_cap=0.5)[0] == 3  # over the cap: scored
+
+
+def test_a_pin_goes_with_its_server(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(13, 4)
+    index.apply_stored(1, blocks[:1])
+    assert worker.kv(P(blocks), track_routed=False, pin_key=PIN)[0] == 1
+    index.clear_server(1)  # the executor left: its blocks and sessions with it
+    index.apply_stored(2, blocks[:1])
+    assert worker.kv(P(blocks), track_routed=False, pin_key=PIN)[0] == 2
 
 
 def test_load_cap_excludes_servers_at_capacity_unless_all_are(
