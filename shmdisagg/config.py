@@ -951,7 +951,7 @@ def _inherit(data: dict[str, Any], metadata_server: bool) -> dict[str, Any]:
     each section that does not set it. A missing section receives them where it may be missing
     (executors that register themselves); elsewhere it is refused as missing anyway. The LLM
     arguments among them stay at the top level too, for the launchers."""
-    inherited = {k: data[k] for k in _INHERITED_FIELDS if k in data and data[k] is not None}
+    inherited = {k: data[k] for k in _INHERITED_FIELDS if k in data}
     if not inherited:
         return data
     out = {k: v for k, v in data.items() if k not in _SECTION_ONLY}
