@@ -538,6 +538,7 @@ def test_a_section_that_sets_a_top_level_key_otherwise_is_refused_naming_it(key:
     ("top", "expected"),
     [
         ({"kv_cache_config": "x"}, "t.yaml: kv_cache_config: Input should be a valid dictionary"),
+        ({"kv_cache_config": None}, "t.yaml: kv_cache_config: Input should be a valid dictionary"),
         ({"kv_cache_config": {"tokens_per_block": 0}}, "t.yaml: kv_cache_config.tokens_per_block: must be a positive"),
         ({"router": 5}, "t.yaml: router: must be a mapping of keys, not 5"),
     ],
