@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_routing import Deployment  # noqa: E402
-from shmdisagg import hashing  # noqa: E402
-from shmdisagg.routing.affinity import content_affinity_key  # noqa: E402
-from shmdisagg.shm.table import ROLE_CONTEXT  # noqa: E402
+from benchmarks.bench_routing import Deployment
+from shmdisagg import hashing
+from shmdisagg.routing.affinity import content_affinity_key
+from shmdisagg.shm.table import ROLE_CONTEXT
 
 CHAT = {
     "messages": [
