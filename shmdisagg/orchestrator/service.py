@@ -313,6 +313,9 @@ class KeyBuilder:
         """`ids32`: the prompt's ids as int32 bytes from `validate(..., want_ids=True)` (token-id
         prompts), so the block hashes need not read the list again."""
         given = not chat and isinstance(req.get("prompt"), (list, TokenIds))  # validated: token ids
+        # the chat's key from the body as the client sent it: the ids written back below are the
+        # router's, and they grow with each turn (turn 1's 22 ids and turn 2's 36 keyed apart)
+        affinity = content_affinity_key(req) if self.affinity and chat else 0
         if self.tokenizer is not None:
             ids = await prompt_token_ids(self.tokenizer, req, chat)
         else:
@@ -325,8 +328,7 @@ class KeyBuilder:
             ids32=ids32 if ids is not None else None,
         )
         key.ids_given = given
-        if self.affinity and chat:
-            key.affinity = content_affinity_key(req)
+        key.affinity = affinity
         if self.conversations:
             # the session headers are in the body by now (`resolve_conversation_id`)
             key.conversation_id = conversation_id(req, [])

@@ -40,3 +40,19 @@ def test_multimodal_contents_are_keyed_by_their_text_form() -> None:
     key = content_affinity_key({"messages": [{"role": "user", "content": parts}]})
     assert key == content_affinity_key({"messages": [{"role": "user", "content": same}]})
     assert key != content_affinity_key({"messages": [{"role": "user", "content": other}]})
+
+
+def test_a_chats_key_is_taken_before_the_router_writes_its_token_ids_back() -> None:
+    """The simulator's tokenizer writes each chat's ids back into the body, and they grow with
+    every turn: keyed after that, no short chat's turns would ever share a key."""
+    import asyncio
+
+    from shmdisagg.orchestrator.service import KeyBuilder
+    from shmdisagg.orchestrator.tokenization import SimTokenizer
+
+    builder = KeyBuilder(SimTokenizer(), conversations=False, affinity=True)
+    turn1 = {"model": "m", "messages": [SYSTEM, FIRST]}
+    turn2 = {"model": "m", "messages": [SYSTEM, FIRST, {"role": "assistant", "content": "A cache."}]}
+    keys = [asyncio.run(builder.build(req, chat=True)).affinity for req in (turn1, turn2)]
+    assert "prompt_token_ids" in turn1 and "prompt_token_ids" in turn2  # written back, as the simulator's router does
+    assert keys[0] == keys[1] == content_affinity_key({"messages": [SYSTEM, FIRST]}) > 0
