@@ -247,6 +247,11 @@ async def first_model(session: aiohttp.ClientSession, url: str) -> str:
     """The first model id served at `url` (`GET /v1/models`)."""
     try:
         listing = await fetch_json(session, url.rstrip("/") + "/v1/models")
+        if listing is None:  # 404: a server that has no such route at this base
+            raise BenchError(
+                f"GET {url}/v1/models: 404 Not Found; give --url as the server's base (http://host:port), "
+                "without a route such as /v1/completions"
+            )
         return str(listing["data"][0]["id"])
     except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
         raise BenchError(f"cannot list models at {url}/v1/models ({exc}); is the server up?") from None

@@ -340,6 +340,17 @@ def test_an_openai_clients_base_url_benches_the_same_server() -> None:
     assert summary["config"]["url"] == fake.url
 
 
+def test_a_url_with_a_route_in_it_is_told_to_give_the_base() -> None:
+    """--url .../v1/completions asked .../v1/completions/v1/models, got a 404, and advised --model."""
+
+    async def scenario() -> None:
+        async with FakeOpenAI(free_port()) as fake:
+            await cli.run(parse(["--url", f"{fake.url}/v1/completions", "--no-progress", "--num-requests", "1"]))
+
+    with pytest.raises(cli.BenchError, match=r"404 Not Found; give --url as the server's base \(http://host:port\)"):
+        asyncio.run(scenario())
+
+
 def test_unreachable_server_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--url", f"http://127.0.0.1:{free_port()}", "--num-requests", "1"]) == 2
     assert "cannot list models" in capsys.readouterr().err
