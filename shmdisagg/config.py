@@ -29,6 +29,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictInt,
     ValidationError,
     ValidationInfo,
@@ -597,6 +598,17 @@ class DisaggConfig(BaseModel):
     # service discovery: executors register at disagg_cluster.cluster_uri (shmdisagg/cluster/)
     disagg_cluster: DisaggClusterConfig | None = None
     shmdisagg: ShmdisaggSection = Field(default_factory=ShmdisaggSection)
+    # the keys the file itself sets: "" the top level's, a section's name its own (parse_config)
+    _given: dict[str, frozenset[str]] = PrivateAttr(default_factory=dict)
+
+    def key_of(self, section: str, dotted: str) -> str:
+        """The key to name in a message about `dotted` of `section` ("context_servers"): the
+        top level's where the section inherits it from there (`kv_cache_config.tokens_per_block`,
+        not `context_servers.kv_cache_config.tokens_per_block`, which the file does not set)."""
+        first = dotted.split(".", 1)[0]
+        if first in self._given.get("", ()) and first not in self._given.get(section, ()):
+            return dotted
+        return f"{section}.{dotted}"
 
     @field_validator("allow_request_chat_template", "return_perf_metrics", mode="before")
     @classmethod
@@ -895,6 +907,11 @@ def parse_config(data: Any, source: str = "config", *, metadata_server: bool = F
         more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
         raise ConfigError(lines[0] + more, lines)
     assert config is not None
+    sections = ("context_servers", "generation_servers")
+    config._given = {
+        "": frozenset(data),
+        **{role: frozenset(data[role]) for role in sections if isinstance(data.get(role), dict)},
+    }
     return config
 
 

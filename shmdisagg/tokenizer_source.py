@@ -67,7 +67,7 @@ class Source:
 
 
 def _role_source(config: DisaggConfig, role: str, args: RouterConfig) -> Source | None:
-    router = f"{role}.router"
+    router = config.key_of(role, "router")
     if args.custom_tokenizer:
         raise ConfigError(
             f"{router}.custom_tokenizer: TensorRT-LLM's custom tokenizers "

@@ -209,18 +209,20 @@ def sim_llm_flags(config: DisaggConfig, key: str, section: ServerSection) -> lis
             continue
         if kind is bool:
             if not isinstance(value, bool):
-                raise PlanError(f"{key}.{name}: must be true or false, got {value!r}")
+                raise PlanError(f"{config.key_of(key, name)}: must be true or false, got {value!r}")
             flags.append(f"--{flag}" if value else f"--no-{flag}")
         elif kind is str:
             choices = (KV_CACHE_HASH_ALGO_AUTO, *KV_CACHE_HASH_ALGOS)
             if value not in choices:
-                raise PlanError(f"{key}.{name}: must be one of {', '.join(choices)}, got {value!r}")
+                raise PlanError(f"{config.key_of(key, name)}: must be one of {', '.join(choices)}, got {value!r}")
             flags += [f"--{flag}", value]
         else:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise PlanError(f"{key}.{name}: must be an integer >= 0, got {value!r}")
+                raise PlanError(f"{config.key_of(key, name)}: must be an integer >= 0, got {value!r}")
             if name.endswith("event_buffer_max_size") and value == 0 and section.router.type == "kv_cache_aware":
-                raise PlanError(f"{key}.{name}: 0 turns KV events off, and the kv_cache_aware router needs them")
+                raise PlanError(
+                    f"{config.key_of(key, name)}: 0 turns KV events off, and the kv_cache_aware router needs them"
+                )
             flags += [f"--{flag}", str(value)]
     return flags
 

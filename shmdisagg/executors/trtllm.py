@@ -27,7 +27,8 @@ This module decides; it never starts a process or writes a file (launch.py does)
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ def trtllm_plan(
         section: ServerSection = getattr(config, key)
         if section.num_instances:
             options = role_options(config, spec, role)
-            roles.append((role, key, section, options, _ranks(options, key)))
+            roles.append((role, key, section, options, _ranks(options, functools.partial(config.key_of, key))))
     gpu_lists, note = assign_gpus(
         [(role, len(launch_addresses(config, section)), ranks) for role, _, section, _, ranks in roles],
         spec.gpus,
@@ -137,7 +138,7 @@ def role_options(config: DisaggConfig, spec: ExecutorsSection, role: str) -> dic
         # The workers verify the signature of every handoff with the same key (a trtllm-serve
         # LLM argument, tensorrt_llm/serve/disagg_auth.py); only the option file, mode 0600, holds it.
         options["internal_request_auth_key"] = config.internal_request_auth_key
-    _check(options, key, section)
+    _check(options, functools.partial(config.key_of, key), section)
     return options
 
 
@@ -228,35 +229,35 @@ def _positive_int(options: dict[str, Any], name: str, where: str, default: int |
     return value
 
 
-def _ranks(options: dict[str, Any], key: str) -> int:
+def _ranks(options: dict[str, Any], where: Callable[[str], str]) -> int:
     ranks = 1
     for name in _PARALLEL_KEYS:
-        ranks *= _positive_int(options, name, f"{key}.{name}", 1)
+        ranks *= _positive_int(options, name, where(name), 1)
     return ranks
 
 
-def _check(options: dict[str, Any], key: str, section: ServerSection) -> None:
+def _check(options: dict[str, Any], where: Callable[[str], str], section: ServerSection) -> None:
     ctc = options.get("cache_transceiver_config")
     backend = ctc.get("backend") if isinstance(ctc, dict) else None
     if not isinstance(backend, str) or not backend.strip():
         raise PlanError(
-            f"{key}.cache_transceiver_config.backend: not set; without it TensorRT-LLM starts but silently does not "
-            "disaggregate (set NIXL or UCX, the same for both roles)"
+            f"{where('cache_transceiver_config.backend')}: not set; without it TensorRT-LLM starts but silently "
+            "does not disaggregate (set NIXL or UCX, the same for both roles)"
         )
     kv = options["kv_cache_config"]
     if not isinstance(kv, dict):
-        raise PlanError(f"{key}.kv_cache_config: must be a mapping")
-    _positive_int(kv, "tokens_per_block", f"{key}.kv_cache_config.tokens_per_block")
+        raise PlanError(f"{where('kv_cache_config')}: must be a mapping")
+    _positive_int(kv, "tokens_per_block", where("kv_cache_config.tokens_per_block"))
     events = kv.get("event_buffer_max_size")
     if isinstance(events, bool) or not isinstance(events, int) or events < 0:
-        raise PlanError(f"{key}.kv_cache_config.event_buffer_max_size: must be an integer >= 0, got {events!r}")
+        raise PlanError(f"{where('kv_cache_config.event_buffer_max_size')}: must be an integer >= 0, got {events!r}")
     if events == 0 and section.router.type == "kv_cache_aware":
         raise PlanError(
-            f"{key}.kv_cache_config.event_buffer_max_size: 0 turns KV events off, and the kv_cache_aware router "
+            f"{where('kv_cache_config.event_buffer_max_size')}: 0 turns KV events off, and the kv_cache_aware router "
             "needs them"
         )
     fraction = kv.get("free_gpu_memory_fraction")
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise PlanError(f"{key}.kv_cache_config.free_gpu_memory_fraction: must be within (0, 1], got {fraction!r}")
-    _positive_int(options, "max_batch_size", f"{key}.max_batch_size")
-    _positive_int(options, "max_num_tokens", f"{key}.max_num_tokens")
+        raise PlanError(f"{where('kv_cache_config.free_gpu_memory_fraction')}: must be within (0, 1], got {fraction!r}")
+    _positive_int(options, "max_batch_size", where("max_batch_size"))
+    _positive_int(options, "max_num_tokens", where("max_num_tokens"))

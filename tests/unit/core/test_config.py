@@ -570,6 +570,40 @@ def test_the_conversation_routers_block_size_is_128_unset_and_32_when_null():
     assert tpb({"type": "conversation", "tokens_per_block": 64}) == 64
 
 
+@pytest.mark.parametrize(
+    ("top", "expected"),
+    [
+        (
+            {"kv_cache_config": {"enable_block_reuse": "maybe"}},
+            "kv_cache_config.enable_block_reuse: must be true or false",
+        ),
+        ({"enable_chunked_prefill": "x"}, "enable_chunked_prefill: must be true or false"),
+        (
+            {"router": {"type": "kv_cache_aware", "tokenizer_dir": "/x"}},
+            "router.tokenizer_dir: the executors are simulators",
+        ),
+    ],
+)
+def test_the_launch_plan_names_an_inherited_value_where_the_file_sets_it(top: dict[str, object], expected: str):
+    from pathlib import Path
+
+    from shmdisagg.executors.plan import build_plan
+    from shmdisagg.tokenizer_source import routing_source
+
+    cfg = parse_config(_top(**top, shmdisagg={"executors": {"backend": "sim", "model": "m"}}), "t.yaml")
+    with pytest.raises(ConfigError) as info:
+        build_plan(cfg, Path("/run/dir"), {})
+        routing_source(cfg)
+    assert str(info.value).startswith(expected), info.value
+    own = _top(shmdisagg={"executors": {"backend": "sim", "model": "m"}})
+    own["generation_servers"] = {"urls": ["localhost:8002"], **top}  # the section's own: named there
+    with pytest.raises(ConfigError) as info:
+        cfg = parse_config(own, "t.yaml")
+        build_plan(cfg, Path("/run/dir"), {})
+        routing_source(cfg)
+    assert str(info.value).startswith(f"generation_servers.{expected}"), info.value
+
+
 def test_a_cluster_config_without_sections_takes_the_top_level_router():
     cfg = parse_config(
         {"hostname": "localhost", "port": 8000, "router": {"type": "kv_cache_aware"},
