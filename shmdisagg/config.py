@@ -20,7 +20,7 @@ import os
 import re
 import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -605,10 +605,7 @@ class DisaggConfig(BaseModel):
         """The key to name in a message about `dotted` of `section` ("context_servers"): the
         top level's where the section inherits it from there (`kv_cache_config.tokens_per_block`,
         not `context_servers.kv_cache_config.tokens_per_block`, which the file does not set)."""
-        first = dotted.split(".", 1)[0]
-        if first in self._given.get("", ()) and first not in self._given.get(section, ()):
-            return dotted
-        return f"{section}.{dotted}"
+        return _named(section, dotted, self._given.get("", ()), self._given.get(section, ()))
 
     @field_validator("allow_request_chat_template", "return_perf_metrics", mode="before")
     @classmethod
@@ -915,21 +912,29 @@ def parse_config(data: Any, source: str = "config", *, metadata_server: bool = F
     return config
 
 
-# TensorRT-LLM's top level: `extract_disagg_cfg` (`llmapi/disagg_utils.py` @0228a712, id
-# 54588247121) takes its own settings as named parameters and gives every other key to both
-# server sections. Its named parameters, and the newer ones (`return_perf_metrics`,
-# `perf_metrics_output_dir`, `server_keep_alive_timeout`, `internal_request_auth_key`: reference
-# trtllm_protocol.md section 5.1), are DisaggConfig's fields; so is `shmdisagg`, ours.
 # The inherited keys a section declares (the routers and launchers read them from the section);
 # the first three are no LLM argument, so they leave the top level once inherited.
 _SECTION_ONLY = ("router", "urls", "num_instances")
 _INHERITED_FIELDS = (*_SECTION_ONLY, "max_batch_size", "max_num_tokens", "kv_cache_config")
 
 
+def _named(role: str, dotted: str, top: Collection[str], own: Collection[str]) -> str:
+    """Where a problem with `dotted` of section `role` is named: at the top level when the
+    section inherits its first key from there (`top`, `own`: the keys the file sets at the top
+    level and in the section), else in the section."""
+    first = dotted.split(".", 1)[0]
+    return dotted if first in top and first not in own else f"{role}.{dotted}"
+
+
 def _inheritance_conflicts(data: dict[str, Any]) -> list[str]:
-    """A top-level key that a section sets to another value: TensorRT-LLM's `extract_disagg_cfg`
-    raises "Parameter ... is specified both in the top-level and in the ... section, but with
-    different values" (values compared as loaded, a mapping as a whole)."""
+    """A top-level key that a section sets to another value. TensorRT-LLM's `extract_disagg_cfg`
+    (`llmapi/disagg_utils.py` @0228a712, id 54588247121) takes its own settings as named
+    parameters, gives every other key to both sections, and raises "Parameter ... is specified
+    both in the top-level and in the ... section, but with different values" (compared as
+    loaded, a mapping as a whole). Its named parameters, and the newer ones
+    (`return_perf_metrics`, `perf_metrics_output_dir`, `server_keep_alive_timeout`,
+    `internal_request_auth_key`: reference trtllm_protocol.md section 5.1), are DisaggConfig's
+    fields; so is `shmdisagg`, ours."""
     out = []
     for key, value in data.items():
         if key in DisaggConfig.model_fields:
@@ -951,11 +956,11 @@ def _at_the_top_level(lines: list[str], data: dict[str, Any]) -> list[str]:
     for line in lines:
         for role in ("context_servers", "generation_servers"):
             section = data.get(role)
+            own = section if isinstance(section, dict) else {}
             for key in _INHERITED_FIELDS:
                 prefix = f"{role}.{key}"
-                inherited = key in data and not (isinstance(section, dict) and key in section)
-                if inherited and line.startswith(prefix) and line[len(prefix) : len(prefix) + 1] in (":", "."):
-                    line = key + line[len(prefix) :]
+                if line.startswith(prefix) and line[len(prefix) : len(prefix) + 1] in (":", "."):
+                    line = _named(role, key, data, own) + line[len(prefix) :]
         if line not in out:
             out.append(line)
     return out
