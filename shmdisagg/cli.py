@@ -178,6 +178,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(f"shmdisagg: config error: {args.config}: {err}", file=sys.stderr)
         return 2
     if args.dry_run:
+        from shmdisagg.tokenizer_source import routing_source
+
+        try:  # the routers' tokenizer settings, as launch checks them (without loading a tokenizer)
+            routing_source(config)
+        except ConfigError as err:
+            print(f"shmdisagg: config error: {args.config}: {err}", file=sys.stderr)
+            return 2
         print(describe_plan(plan, config, args.config))
         return 0
     _check_machine(config, args.config, executors_here=spec is not None)

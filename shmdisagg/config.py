@@ -117,6 +117,11 @@ def _no_bool(v: Any) -> Any:
     return v
 
 
+# TensorRT-LLM's sizes (batch, tokens, block size) are SizeType32 in its executor: a larger value
+# cannot reach an executor (the simulator's msgpack answers overflowed on one)
+INT32_MAX = 2**31 - 1
+
+
 class _Strict(BaseModel):
     # no nan or inf in a float setting: a timeout, TTL or speed-up of inf never fires or divides to
     # zero, and nan compares false with every bound (load_cap keeps inf as its default, "no cap")
@@ -133,9 +138,9 @@ class RouterConfig(_Strict):
     type: Literal["round_robin", "load_balancing", "kv_cache_aware", "conversation"] = "round_robin"
     use_tokens: bool = False
     # kv_cache_aware
-    max_batch_size: int = Field(64, ge=1)
-    max_num_tokens: int | None = Field(None, ge=1)
-    tokens_per_block: int | None = Field(None, ge=1)
+    max_batch_size: int = Field(64, ge=1, le=INT32_MAX)
+    max_num_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    tokens_per_block: int | None = Field(None, ge=1, le=INT32_MAX)
     load_weight: float = Field(0.25, ge=0)
     load_cap: float = Field(float("inf"), gt=0)
     track_routed_blocks: bool = True
@@ -158,8 +163,8 @@ class ServerSection(BaseModel):
     num_instances: int = Field(1, ge=0)
     urls: list[str] = Field(default_factory=list)
     router: RouterConfig = Field(default_factory=RouterConfig)
-    max_batch_size: int | None = Field(None, ge=1)
-    max_num_tokens: int | None = Field(None, ge=1)
+    max_batch_size: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_num_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     kv_cache_config: dict[str, Any] = Field(default_factory=dict)
 
     _numbers = field_validator("max_batch_size", "max_num_tokens", mode="before")(_no_bool)
@@ -172,6 +177,8 @@ class ServerSection(BaseModel):
             tpb = kv["tokens_per_block"]
             if isinstance(tpb, bool) or not isinstance(tpb, int) or tpb < 1:
                 raise KeyedError("tokens_per_block", f"must be a positive integer, got {tpb!r}")
+            if tpb > INT32_MAX:
+                raise KeyedError("tokens_per_block", f"must be at most {INT32_MAX}, got {tpb!r}")
         return kv
 
     @field_validator("urls")
@@ -287,10 +294,10 @@ class SimSettings(_Strict):
             raise ValueError(f"unknown simulator profile {name!r}; known: {', '.join(sorted(PROFILES))}")
         return name
 
-    num_blocks: int = Field(8192, ge=1)
-    tokens_per_block: int = Field(32, ge=1)
-    max_batch_size: int = Field(64, ge=1)
-    max_num_tokens: int = Field(8192, ge=1)
+    num_blocks: int = Field(8192, ge=1, le=INT32_MAX)
+    tokens_per_block: int = Field(32, ge=1, le=INT32_MAX)
+    max_batch_size: int = Field(64, ge=1, le=INT32_MAX)
+    max_num_tokens: int = Field(8192, ge=1, le=INT32_MAX)
     speedup: float = Field(1.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from shmdisagg.config import ConfigError, DisaggConfig, ExecutorsSection, ServerSection
+from shmdisagg.config import INT32_MAX, ConfigError, DisaggConfig, ExecutorsSection, ServerSection
 from shmdisagg.hashing import KV_CACHE_HASH_ALGO_AUTO, KV_CACHE_HASH_ALGOS
 from shmdisagg.hostport import authority
 
@@ -191,6 +191,32 @@ SIM_LLM_OPTIONS: dict[str, tuple[str, type, Any]] = {
 }
 
 
+# the least value of an integer option (TensorRT-LLM: a sequence of no token is no limit)
+_LEAST = {"max_seq_len": 1}
+
+
+def check_llm_option(name: str, value: Any, where: str, router_type: str) -> None:
+    """Refuse a `SIM_LLM_OPTIONS` value of the wrong type or range (`PlanError` naming `where`):
+    the simulator's flags and trtllm-serve's option files are checked alike, so a value that
+    TensorRT-LLM's LLM arguments would refuse at its start-up is refused in check-config."""
+    kind = SIM_LLM_OPTIONS[name][1]
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise PlanError(f"{where}: must be true or false, got {value!r}")
+    elif kind is str:
+        choices = (KV_CACHE_HASH_ALGO_AUTO, *KV_CACHE_HASH_ALGOS)
+        if value not in choices:
+            raise PlanError(f"{where}: must be one of {', '.join(choices)}, got {value!r}")
+    else:
+        least = _LEAST.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise PlanError(f"{where}: must be an integer >= {least}, got {value!r}")
+        if value > INT32_MAX:
+            raise PlanError(f"{where}: must be at most {INT32_MAX} (TensorRT-LLM's sizes are 32-bit), got {value!r}")
+        if name.endswith("event_buffer_max_size") and value == 0 and router_type == "kv_cache_aware":
+            raise PlanError(f"{where}: 0 turns KV events off, and the kv_cache_aware router needs them")
+
+
 def sim_llm_flags(config: DisaggConfig, key: str, section: ServerSection) -> list[str]:
     """The simulator flags for the `SIM_LLM_OPTIONS` of section `key` (its own value, else the
     top level's, which TensorRT-LLM passes to both sections, else the default). Raises
@@ -207,22 +233,12 @@ def sim_llm_flags(config: DisaggConfig, key: str, section: ServerSection) -> lis
         value = default if value is None else value
         if value is None:
             continue
+        check_llm_option(name, value, config.key_of(key, name), section.router.type)
         if kind is bool:
-            if not isinstance(value, bool):
-                raise PlanError(f"{config.key_of(key, name)}: must be true or false, got {value!r}")
             flags.append(f"--{flag}" if value else f"--no-{flag}")
         elif kind is str:
-            choices = (KV_CACHE_HASH_ALGO_AUTO, *KV_CACHE_HASH_ALGOS)
-            if value not in choices:
-                raise PlanError(f"{config.key_of(key, name)}: must be one of {', '.join(choices)}, got {value!r}")
             flags += [f"--{flag}", value]
         else:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise PlanError(f"{config.key_of(key, name)}: must be an integer >= 0, got {value!r}")
-            if name.endswith("event_buffer_max_size") and value == 0 and section.router.type == "kv_cache_aware":
-                raise PlanError(
-                    f"{config.key_of(key, name)}: 0 turns KV events off, and the kv_cache_aware router needs them"
-                )
             flags += [f"--{flag}", str(value)]
     return flags
 

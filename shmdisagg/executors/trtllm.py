@@ -32,13 +32,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from shmdisagg.config import DisaggConfig, ExecutorsSection, ServerSection
+from shmdisagg.config import INT32_MAX, DisaggConfig, ExecutorsSection, ServerSection
 from shmdisagg.executors.plan import (
     ROLE_SECTIONS,
+    SIM_LLM_OPTIONS,
     UNSET_RUN_DIR,
     InstancePlan,
     LaunchPlan,
     PlanError,
+    check_llm_option,
     launch_addresses,
 )
 
@@ -125,6 +127,7 @@ def role_options(config: DisaggConfig, spec: ExecutorsSection, role: str) -> dic
     options["return_perf_metrics"] = True
     _merge(options, spec.trtllm.extra_llm_api_options)
     if "free_gpu_memory_fraction" in top:  # TensorRT-LLM's older example sets it at the top level
+        _fraction(top["free_gpu_memory_fraction"], "free_gpu_memory_fraction")
         options["kv_cache_config"]["free_gpu_memory_fraction"] = top["free_gpu_memory_fraction"]
     _merge(options, inherited)
     _merge(options, own)
@@ -226,6 +229,8 @@ def _positive_int(options: dict[str, Any], name: str, where: str, default: int |
     value = options.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PlanError(f"{where}: must be a positive integer, got {value!r}")
+    if value > INT32_MAX:
+        raise PlanError(f"{where}: must be at most {INT32_MAX} (TensorRT-LLM's sizes are 32-bit), got {value!r}")
     return value
 
 
@@ -234,6 +239,11 @@ def _ranks(options: dict[str, Any], where: Callable[[str], str]) -> int:
     for name in _PARALLEL_KEYS:
         ranks *= _positive_int(options, name, where(name), 1)
     return ranks
+
+
+def _fraction(value: Any, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise PlanError(f"{where}: must be within (0, 1], got {value!r}")
 
 
 def _check(options: dict[str, Any], where: Callable[[str], str], section: ServerSection) -> None:
@@ -256,8 +266,11 @@ def _check(options: dict[str, Any], where: Callable[[str], str], section: Server
             f"{where('kv_cache_config.event_buffer_max_size')}: 0 turns KV events off, and the kv_cache_aware router "
             "needs them"
         )
-    fraction = kv.get("free_gpu_memory_fraction")
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise PlanError(f"{where('kv_cache_config.free_gpu_memory_fraction')}: must be within (0, 1], got {fraction!r}")
+    _fraction(kv.get("free_gpu_memory_fraction"), where("kv_cache_config.free_gpu_memory_fraction"))
     _positive_int(options, "max_batch_size", where("max_batch_size"))
     _positive_int(options, "max_num_tokens", where("max_num_tokens"))
+    for name in SIM_LLM_OPTIONS:  # what the simulator refuses, trtllm-serve's LLM arguments refuse at start-up
+        head, _, tail = name.partition(".")  # the dotted ones are kv_cache_config's
+        value = kv.get(tail) if tail else options.get(head)
+        if value is not None:
+            check_llm_option(name, value, where(name), section.router.type)

@@ -58,6 +58,20 @@ def test_a_missing_transceiver_backend_exits_2_naming_the_key(
     )
 
 
+def test_a_dry_run_refuses_the_routers_tokenizer_settings_as_launch_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A simulated deployment tokenizes with the simulator's tokenizer: a tokenizer_dir is refused
+    by launch and check-config; --dry-run printed the plan and exited 0."""
+    cfg = small_config(executors={"backend": "sim"})
+    cfg["context_servers"]["router"] = {"type": "kv_cache_aware", "tokenizer_dir": "/nonexistent"}
+    path = _write(tmp_path, cfg)
+    assert main(["launch", "-c", path, "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"shmdisagg: config error: {path}: context_servers.router.tokenizer_dir: the executors are")
+
+
 def test_gpus_that_do_not_add_up_exit_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _write(tmp_path, small_config(executors={"gpus": [0, 1, 2]}))
     assert main(["launch", "-c", path, "--dry-run"]) == 2

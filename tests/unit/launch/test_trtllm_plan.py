@@ -356,6 +356,41 @@ def test_the_simulator_plan_refuses_what_trtllm_would(section: dict[str, Any], e
         _sim_argv(small_config(context_servers=section))
 
 
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ({"enable_chunked_prefill": "sure"}, "context_servers.enable_chunked_prefill: must be true or false"),
+        ({"disable_overlap_scheduler": "x"}, "context_servers.disable_overlap_scheduler: must be true or false"),
+        ({"max_seq_len": 0}, "context_servers.max_seq_len: must be an integer >= 1, got 0"),
+        (
+            {"kv_cache_config": {"enable_block_reuse": "maybe"}},
+            "context_servers.kv_cache_config.enable_block_reuse: must be true or false, got 'maybe'",
+        ),
+    ],
+)
+def test_the_trtllm_plan_refuses_what_the_simulator_plan_refuses(section: dict[str, Any], expected: str) -> None:
+    """trtllm-serve's LLM arguments would refuse these only once the executors start."""
+    assert refusal(small_config(context_servers=section)).startswith(expected)
+    with pytest.raises(PlanError, match="^" + expected.replace(".", r"\.").replace("(", r"\(")):
+        _sim_argv(small_config(context_servers=section))
+
+
+def test_sizes_past_32_bits_are_refused_before_any_executor_gets_them() -> None:
+    """A max_batch_size of 10**20 passed; the simulators' /server_info then failed to encode it and
+    launch waited for executors that would never answer."""
+    with pytest.raises(ConfigError, match="max_batch_size: Input should be less than or equal to 2147483647"):
+        plan_of(small_config(context_servers={"max_batch_size": 10**20}))
+    cfg = small_config()
+    cfg["shmdisagg"]["executors"]["trtllm"] = {"extra_llm_api_options": {"max_num_tokens": 2**31}}
+    assert refusal(cfg).startswith("context_servers.max_num_tokens: must be at most 2147483647")
+
+
+def test_a_top_level_free_gpu_memory_fraction_is_named_where_it_is_set() -> None:
+    cfg = small_config()
+    cfg["free_gpu_memory_fraction"] = 2.5
+    assert refusal(cfg) == "free_gpu_memory_fraction: must be within (0, 1], got 2.5"
+
+
 def test_the_internal_auth_key_reaches_each_executor_in_its_private_option_file_only(tmp_path: Path) -> None:
     from dataclasses import replace
 
