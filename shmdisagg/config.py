@@ -1048,12 +1048,19 @@ def config_warnings(config: DisaggConfig) -> list[str]:
         for key in section.model_extra or {}:
             if key not in LLM_ARG_NAMES:
                 out.append(unknown(f"{name}.{key}", key, [*_SECTION_FIELDS, *LLM_ARG_NAMES]))
+    for name in ("context_servers", "generation_servers"):
+        section = getattr(config, name)
+        if section.router.type == "kv_cache_aware" and section.kv_cache_config.get("enable_block_reuse") is False:
+            out.append(  # once for a top-level value both sections inherit (dict.fromkeys below)
+                f"{config.key_of(name, 'kv_cache_config.enable_block_reuse')}: false under a kv_cache_aware router: "
+                "the executors reuse no cached block, so no prefix the router matches is a hit; it balances load only"
+            )
     if config.port == 0:
         out.append(
             "port: 0 lets the kernel pick the port; only shmdisagg serve --report_addr PATH can run it (it "
             "writes host:port to PATH)"
         )
-    return out
+    return list(dict.fromkeys(out))
 
 
 def load_config(path: str | os.PathLike[str], *, metadata_server: bool = False) -> DisaggConfig:
