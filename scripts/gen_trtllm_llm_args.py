@@ -1,40 +1,96 @@
-"""Regenerate `shmdisagg/trtllm_llm_args.py`: the names of every LLM argument TensorRT-LLM knows.
+"""Regenerate `shmdisagg/trtllm_llm_args.py`: the names of every LLM argument TensorRT-LLM knows,
+and of every field of its `KvCacheConfig`.
 
-    python scripts/gen_trtllm_llm_args.py TRTLLM_CHECKOUT [COMMIT] > shmdisagg/trtllm_llm_args.py
+    python scripts/gen_trtllm_llm_args.py TRTLLM_CHECKOUT [COMMIT] [--serve-commit COMMIT]
+        [--note TEXT] > shmdisagg/trtllm_llm_args.py
 
 TRTLLM_CHECKOUT is a TensorRT-LLM source tree (`git clone https://github.com/NVIDIA/TensorRT-LLM`);
-COMMIT is what the header cites (default: `git -C TRTLLM_CHECKOUT rev-parse HEAD`). The names are
-read with `ast`, nothing is imported (TensorRT-LLM needs CUDA to import):
+COMMIT is what the header cites (default: `git -C TRTLLM_CHECKOUT rev-parse HEAD`), for
+`commands/serve.py` too unless `--serve-commit` names another; `--note` adds a paragraph to the
+header (how the sources were taken, when not from one checkout). The names are read with `ast`,
+nothing is imported (TensorRT-LLM needs CUDA to import):
 
-- from `tensorrt_llm/llmapi/llm_args.py`: every public annotated field of the classes whose name
-  ends in `LlmArgs` (`BaseLlmArgs`, `TorchLlmArgs`, and `TrtLlmArgs` where it still exists), the
-  keys of `_TORCH_LLMARGS_REMOVED_ARG_CHECKS` (removed arguments still accepted on input), and the
-  legacy spellings `update_llm_args_with_extra_dict` tests for (`'hf_revision' in llm_args_dict`);
-- from `tensorrt_llm/commands/serve.py`: the parameters of `get_llm_args`, which the disaggregated
-  MPI launcher calls with a section's keys (`get_llm_args(**server_cfg.other_args)`), so keys such
-  as `free_gpu_memory_fraction` are accepted there although they are no `LlmArgs` field.
+- `LLM_ARG_NAMES`, from `tensorrt_llm/llmapi/llm_args.py`: every public annotated field of the
+  classes whose name ends in `LlmArgs` (`BaseLlmArgs`, `TorchLlmArgs`, and `TrtLlmArgs` where it
+  still exists), the keys of `_TORCH_LLMARGS_REMOVED_ARG_CHECKS` (removed arguments still
+  accepted on input), and the legacy spellings `update_llm_args_with_extra_dict` tests for
+  (`'hf_revision' in llm_args_dict`); from `tensorrt_llm/commands/serve.py`: the parameters of
+  `get_llm_args`, which the disaggregated MPI launcher calls with a section's keys
+  (`get_llm_args(**server_cfg.other_args)`), so keys such as `free_gpu_memory_fraction` are
+  accepted there although they are no `LlmArgs` field;
+- `KV_CACHE_CONFIG_NAMES`, from `tensorrt_llm/llmapi/llm_args.py`: every public annotated field
+  of the class `KvCacheConfig` (a `StrictBaseModel`: any other key of `kv_cache_config` is refused
+  when the LLM arguments are built; its bases `StrictBaseModel` and `PybindMirror` declare no
+  field), and the input aliases a field declares (`alias="..."`, `validation_alias="..."` or
+  `validation_alias=AliasChoices("...", ...)`).
+
+A pydantic `ClassVar` annotation and `model_config` are no field, nor is a name starting with `_`.
+The output is formatted as `ruff format` writes it.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 LLM_ARGS = "tensorrt_llm/llmapi/llm_args.py"
 SERVE = "tensorrt_llm/commands/serve.py"
+KV_CACHE_CONFIG = "KvCacheConfig"
+
+
+def _is_classvar(annotation: ast.expr) -> bool:
+    target = annotation.value if isinstance(annotation, ast.Subscript) else annotation
+    return (isinstance(target, ast.Name) and target.id == "ClassVar") or (
+        isinstance(target, ast.Attribute) and target.attr == "ClassVar"
+    )
+
+
+def _fields(cls: ast.ClassDef) -> list[ast.AnnAssign]:
+    """The class's own annotated statements that pydantic makes fields."""
+    return [
+        item
+        for item in cls.body
+        if isinstance(item, ast.AnnAssign)
+        and isinstance(item.target, ast.Name)
+        and not item.target.id.startswith("_")
+        and item.target.id != "model_config"
+        and not _is_classvar(item.annotation)
+    ]
+
+
+def _aliases(value: ast.expr | None) -> set[str]:
+    """The input names a `Field(..., alias=..., validation_alias=...)` call declares."""
+    out: set[str] = set()
+    if not isinstance(value, ast.Call):
+        return out
+    for kw in value.keywords:
+        if kw.arg not in ("alias", "validation_alias"):
+            continue
+        if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+            out.add(kw.value.value)
+        elif isinstance(kw.value, ast.Call):  # AliasChoices("a", "b", AliasPath("c", 0))
+            for arg in kw.value.args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    out.add(arg.value)
+                elif (
+                    isinstance(arg, ast.Call)
+                    and arg.args
+                    and isinstance(arg.args[0], ast.Constant)
+                    and isinstance(arg.args[0].value, str)
+                ):
+                    out.add(arg.args[0].value)  # AliasPath's first step is the key of the mapping
+    return out
 
 
 def llm_args_names(tree: ast.Module) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name.endswith("LlmArgs"):
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    name = item.target.id
-                    if not name.startswith("_") and name != "model_config":
-                        names.add(name)
+            names.update(item.target.id for item in _fields(node) if isinstance(item.target, ast.Name))
         elif (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
@@ -58,6 +114,18 @@ def llm_args_names(tree: ast.Module) -> set[str]:
     return names
 
 
+def kv_cache_config_names(tree: ast.Module) -> set[str]:
+    """The fields of `class KvCacheConfig` and their aliases; empty when there is no such class."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == KV_CACHE_CONFIG:
+            for item in _fields(node):
+                assert isinstance(item.target, ast.Name)
+                names.add(item.target.id)
+                names |= _aliases(item.value)
+    return names
+
+
 def get_llm_args_params(tree: ast.Module) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "get_llm_args":
@@ -66,35 +134,68 @@ def get_llm_args_params(tree: ast.Module) -> set[str]:
     return set()
 
 
+def _frozenset(name: str, names: set[str]) -> str:
+    body = "".join(f'        "{n}",\n' for n in sorted(names))
+    return f"{name} = frozenset(\n    {{\n{body}    }}\n)\n"
+
+
+def _paragraph(text: str) -> str:
+    return textwrap.fill(text, width=99, break_long_words=False, break_on_hyphens=False)
+
+
+def render(names: set[str], kv_names: set[str], commit: str, serve_commit: str | None, note: str | None) -> str:
+    serve = f"`{SERVE}` (`get_llm_args`) at commit {serve_commit}" if serve_commit else f"no `{SERVE}`"
+    paragraphs = [
+        "Names TensorRT-LLM knows in a disaggregated config (generated; do not edit by hand).",
+        _paragraph(
+            "`LLM_ARG_NAMES`: the LLM arguments (the public fields of the `*LlmArgs` classes, the "
+            "removed-but-accepted arguments of `_TORCH_LLMARGS_REMOVED_ARG_CHECKS`, the legacy spellings "
+            "`update_llm_args_with_extra_dict` accepts, the parameters of `get_llm_args`). A disaggregated "
+            "config's unknown top-level and section keys are LLM arguments for the executors (TensorRT-LLM "
+            "inherits top-level ones into both sections); `config_warnings` names any key that is none of these."
+        ),
+        _paragraph(
+            f"`KV_CACHE_CONFIG_NAMES`: the fields of `{KV_CACHE_CONFIG}` and their aliases. It is a "
+            "StrictBaseModel: trtllm-serve refuses any other key of `kv_cache_config` at start-up, while "
+            "shmdisagg's router and simulator ignore it; `config_warnings` names any such key."
+        ),
+        f"Source: NVIDIA/TensorRT-LLM `{LLM_ARGS}` at commit {commit}\nand {serve}.",
+    ]
+    if note:
+        paragraphs.append(_paragraph(note))
+    paragraphs.append(
+        "Regenerate: `python scripts/gen_trtllm_llm_args.py TRTLLM_CHECKOUT > shmdisagg/trtllm_llm_args.py`."
+    )
+    header = '"""' + "\n\n".join(paragraphs) + '\n"""\n'
+    return f"{header}\n{_frozenset('LLM_ARG_NAMES', names)}\n{_frozenset('KV_CACHE_CONFIG_NAMES', kv_names)}"
+
+
 def main(argv: list[str]) -> int:
-    if not 1 <= len(argv) <= 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    root = Path(argv[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkout", type=Path)
+    parser.add_argument("commit", nargs="?")
+    parser.add_argument("--serve-commit", help=f"the commit of `{SERVE}`, when another than COMMIT")
+    parser.add_argument("--note", help="a paragraph for the header: how the sources were taken")
+    args = parser.parse_args(argv)
+    root: Path = args.checkout
     commit = (
-        argv[1]
-        if len(argv) == 2
-        else subprocess.run(
+        args.commit
+        or subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
     )
-    names = llm_args_names(ast.parse((root / LLM_ARGS).read_text()))
+    tree = ast.parse((root / LLM_ARGS).read_text())
+    names = llm_args_names(tree)
+    kv_names = kv_cache_config_names(tree)
+    if not kv_names:
+        print(f"{root / LLM_ARGS}: no class {KV_CACHE_CONFIG} with fields", file=sys.stderr)
+        return 1
     serve = root / SERVE
+    serve_commit = None
     if serve.exists():
         names |= get_llm_args_params(ast.parse(serve.read_text()))
-    body = "\n".join(f"    {name!r}," for name in sorted(names))
-    print(f'''"""Names of the LLM arguments TensorRT-LLM knows (generated; do not edit by hand).
-
-Source: NVIDIA/TensorRT-LLM `{LLM_ARGS}` and `{SERVE}` (`get_llm_args`) at commit {commit}.
-Regenerate: `python scripts/gen_trtllm_llm_args.py TRTLLM_CHECKOUT > shmdisagg/trtllm_llm_args.py`.
-A disaggregated config's unknown top-level and section keys are LLM arguments for the executors
-(TensorRT-LLM inherits top-level ones into both sections); `config_warnings` names any key that
-is none of these.
-"""
-
-LLM_ARG_NAMES = frozenset({{
-{body}
-}})''')
+        serve_commit = args.serve_commit or commit
+    sys.stdout.write(render(names, kv_names, commit, serve_commit, args.note))
     return 0
 
 

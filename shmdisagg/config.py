@@ -1022,21 +1022,29 @@ _SECTION_FIELDS = ("num_instances", "urls", "router", "max_batch_size", "max_num
 
 def config_warnings(config: DisaggConfig) -> list[str]:
     """Every key of the file that is neither a key of TensorRT-LLM's disaggregated config nor an
-    LLM argument TensorRT-LLM knows (`trtllm_llm_args.LLM_ARG_NAMES`), with the closest known
-    key when one is near (`num_workrs`: did you mean num_workers?), and a port-0 reminder.
+    LLM argument TensorRT-LLM knows (`trtllm_llm_args.LLM_ARG_NAMES`), every key of a
+    `kv_cache_config` (top level or a section's) that is no field of TensorRT-LLM's
+    `KvCacheConfig` (`trtllm_llm_args.KV_CACHE_CONFIG_NAMES`), each with the closest known key
+    when one is near (`num_workrs`: did you mean num_workers?), and a port-0 reminder.
 
     TensorRT-LLM passes such a key to the executors as an LLM argument, where `trtllm-serve`
-    refuses it (its LLM arguments forbid unknown fields); `shmdisagg serve` does nothing with it.
+    refuses it (its LLM arguments and `KvCacheConfig` forbid unknown fields); `shmdisagg serve`
+    does nothing with it (`kv_cache_config: {tokens_per_blok: 64}` leaves the router's and the
+    simulator's block size at the default). A top-level `kv_cache_config` that the sections
+    inherit is named once, where the file sets it (`config.key_of`).
     """
-    from shmdisagg.trtllm_llm_args import LLM_ARG_NAMES
+    from shmdisagg.trtllm_llm_args import KV_CACHE_CONFIG_NAMES, LLM_ARG_NAMES
 
-    def unknown(dotted: str, key: str, known: list[str]) -> str:
+    def unknown(dotted: str, key: str, known: list[str], what: str = "disaggregated-config key or LLM argument") -> str:
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
         hint = f", did you mean {close[0]}?" if close else ""
         return (
-            f"{dotted}: unknown key{hint} (no TensorRT-LLM disaggregated-config key or LLM argument: "
+            f"{dotted}: unknown key{hint} (no TensorRT-LLM {what}: "
             "trtllm-serve executors would refuse it, shmdisagg serve ignores it)"
         )
+
+    def unknown_kv(dotted: str, key: str) -> str:
+        return unknown(dotted, key, sorted(KV_CACHE_CONFIG_NAMES), "KvCacheConfig field")
 
     out = []
     top = [*DisaggConfig.model_fields, *TRTLLM_TOP_LEVEL_EXTRAS]
@@ -1048,6 +1056,15 @@ def config_warnings(config: DisaggConfig) -> list[str]:
         for key in section.model_extra or {}:
             if key not in LLM_ARG_NAMES:
                 out.append(unknown(f"{name}.{key}", key, [*_SECTION_FIELDS, *LLM_ARG_NAMES]))
+    top_kv = (config.model_extra or {}).get("kv_cache_config")
+    for key in top_kv if isinstance(top_kv, dict) else ():
+        if key not in KV_CACHE_CONFIG_NAMES:
+            out.append(unknown_kv(f"kv_cache_config.{key}", key))
+    for name in ("context_servers", "generation_servers"):
+        section = getattr(config, name)
+        for key in section.kv_cache_config:  # the top level's, inherited, is named there (deduplicated below)
+            if key not in KV_CACHE_CONFIG_NAMES:
+                out.append(unknown_kv(config.key_of(name, f"kv_cache_config.{key}"), key))
     for name in ("context_servers", "generation_servers"):
         section = getattr(config, name)
         if section.router.type == "kv_cache_aware" and section.kv_cache_config.get("enable_block_reuse") is False:

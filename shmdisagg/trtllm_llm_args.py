@@ -1,15 +1,26 @@
-"""Names of the LLM arguments TensorRT-LLM knows (generated; do not edit by hand).
+"""Names TensorRT-LLM knows in a disaggregated config (generated; do not edit by hand).
 
-Source: NVIDIA/TensorRT-LLM `tensorrt_llm/llmapi/llm_args.py` at commit
-0004396720054fd8e205cbf616f21f0b57c6b412 (`BaseLlmArgs`, `TorchLlmArgs`, the removed-but-accepted
-`sampler_type`, the legacy spelling `hf_revision`) and `tensorrt_llm/commands/serve.py`
-(`get_llm_args`) at commit 00209af149e7774406881a37283dce303571eb11. This copy was taken with the
-rules of `scripts/gen_trtllm_llm_args.py` from those two files as the code index stores them (no
-TensorRT-LLM checkout on the machine that wrote it); with a checkout, regenerate it with
-`python scripts/gen_trtllm_llm_args.py TRTLLM_CHECKOUT > shmdisagg/trtllm_llm_args.py`.
-A disaggregated config's unknown top-level and section keys are LLM arguments for the executors
-(TensorRT-LLM inherits top-level ones into both sections); `config_warnings` names any key that
-is none of these.
+`LLM_ARG_NAMES`: the LLM arguments (the public fields of the `*LlmArgs` classes, the
+removed-but-accepted arguments of `_TORCH_LLMARGS_REMOVED_ARG_CHECKS`, the legacy spellings
+`update_llm_args_with_extra_dict` accepts, the parameters of `get_llm_args`). A disaggregated
+config's unknown top-level and section keys are LLM arguments for the executors (TensorRT-LLM
+inherits top-level ones into both sections); `config_warnings` names any key that is none of these.
+
+`KV_CACHE_CONFIG_NAMES`: the fields of `KvCacheConfig` and their aliases. It is a StrictBaseModel:
+trtllm-serve refuses any other key of `kv_cache_config` at start-up, while shmdisagg's router and
+simulator ignore it; `config_warnings` names any such key.
+
+Source: NVIDIA/TensorRT-LLM `tensorrt_llm/llmapi/llm_args.py` at commit 0004396720054fd8e205cbf616f21f0b57c6b412
+and `tensorrt_llm/commands/serve.py` (`get_llm_args`) at commit 00209af149e7774406881a37283dce303571eb11.
+
+Taken from excerpts of those two files as the code index stores them (no TensorRT-LLM checkout on
+the machine that wrote it; llm_args.py was read whole, serve.py up to get_llm_args):
+`KvCacheConfig` whole and verbatim; the annotated statements of `BaseLlmArgs` and `TorchLlmArgs`
+(values elided); `_TORCH_LLMARGS_REMOVED_ARG_CHECKS` and `update_llm_args_with_extra_dict`
+verbatim; `get_llm_args` verbatim. With a checkout, regenerate from it (with --serve-commit where
+the two commits differ).
+
+Regenerate: `python scripts/gen_trtllm_llm_args.py TRTLLM_CHECKOUT > shmdisagg/trtllm_llm_args.py`.
 """
 
 LLM_ARG_NAMES = frozenset(
@@ -135,5 +146,51 @@ LLM_ARG_NAMES = frozenset(
         "use_cute_dsl_blockscaling_bmm",
         "use_cute_dsl_blockscaling_mm",
         "use_fine_grained_sync",
+    }
+)
+
+KV_CACHE_CONFIG_NAMES = frozenset(
+    {
+        "attention_dp_events_gather_period_ms",
+        "avg_seq_len",
+        "block_reuse_config",
+        "copy_on_partial_reuse",
+        "cross_kv_cache_fraction",
+        "disk_cache_path",
+        "disk_cache_size",
+        "disk_prefetch_num_reqs",
+        "dtype",
+        "enable_block_reuse",
+        "enable_kv_pool_rebalance",
+        "enable_partial_reuse",
+        "enable_swa_scratch_reuse",
+        "event_buffer_max_size",
+        "fp8_context_mla_kv_len_cap",
+        "free_gpu_memory_fraction",
+        "host_cache_size",
+        "iteration_stats_interval",
+        "kv_cache_event_hash_algo",
+        "kv_events_config",
+        "kv_pool_rebalance_check_interval",
+        "kv_pool_rebalance_cooldown_secs",
+        "kv_pool_rebalance_min_sampled_kv_caches",
+        "kv_pool_rebalance_moving_average_decay",
+        "kv_pool_rebalance_ratio_threshold",
+        "kv_pool_rebalance_target_ratio_update_interval",
+        "mamba_ssm_cache_dtype",
+        "mamba_ssm_philox_rounds",
+        "mamba_ssm_stochastic_rounding",
+        "mamba_state_cache_interval",
+        "mamba_state_config",
+        "max_attention_window",
+        "max_gpu_total_bytes",
+        "max_tokens",
+        "max_util_for_resume",
+        "pool_ratio",
+        "secondary_offload_min_priority",
+        "sink_token_length",
+        "tokens_per_block",
+        "use_kv_cache_manager_v2",
+        "use_uvm",
     }
 )

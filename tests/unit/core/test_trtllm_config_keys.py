@@ -3,6 +3,7 @@ key, no LLM argument either) is named in a warning; check-config lists every pro
 
 from __future__ import annotations
 
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,59 @@ def test_unknown_keys_are_each_named_in_a_warning_and_llm_arguments_are_not() ->
     assert warnings[2].startswith(
         "generation_servers.tensor_paralel_size: unknown key, did you mean tensor_parallel_size?"
     )
+
+
+KNOWN_KV = {"tokens_per_block": 64, "enable_block_reuse": True, "event_buffer_max_size": 1024}
+
+
+@pytest.mark.parametrize(
+    ("where", "typo", "named", "meant"),
+    [
+        ("top", "tokens_per_blok", "kv_cache_config.tokens_per_blok", "tokens_per_block"),
+        (
+            "context_servers",
+            "event_buffer_max_sise",
+            "context_servers.kv_cache_config.event_buffer_max_sise",
+            "event_buffer_max_size",
+        ),
+        (
+            "generation_servers",
+            "enable_blok_reuse",
+            "generation_servers.kv_cache_config.enable_blok_reuse",
+            "enable_block_reuse",
+        ),
+    ],
+)
+def test_unknown_kv_cache_config_keys_are_named_once_where_the_file_sets_them(
+    where: str, typo: str, named: str, meant: str
+) -> None:
+    """KvCacheConfig is a StrictBaseModel: trtllm-serve refuses the typo, shmdisagg would silently
+    keep the default; a top-level kv_cache_config both sections inherit is named once, there."""
+    kv = {**KNOWN_KV, "free_gpu_memory_fraction": 0.8, typo: 64}
+    data = _base()
+    if where == "top":
+        data["kv_cache_config"] = kv
+    else:
+        data[where]["kv_cache_config"] = kv
+        other = "generation_servers" if where == "context_servers" else "context_servers"
+        data[other]["kv_cache_config"] = dict(KNOWN_KV)  # known fields only: no warning
+    warnings = config_warnings(parse_config(data))
+    assert len(warnings) == 1, warnings
+    assert warnings[0] == (
+        f"{named}: unknown key, did you mean {meant}? (no TensorRT-LLM KvCacheConfig field: "
+        "trtllm-serve executors would refuse it, shmdisagg serve ignores it)"
+    ), warnings
+
+
+def test_the_kv_cache_config_options_shmdisagg_reads_are_kv_cache_config_fields() -> None:
+    from shmdisagg.executors.plan import SIM_LLM_OPTIONS
+    from shmdisagg.trtllm_llm_args import KV_CACHE_CONFIG_NAMES
+
+    read = {name.split(".", 1)[1] for name in SIM_LLM_OPTIONS if name.startswith("kv_cache_config.")}
+    assert read == {"enable_block_reuse", "event_buffer_max_size", "kv_cache_event_hash_algo"}
+    assert read | {"tokens_per_block", "free_gpu_memory_fraction", "max_tokens"} <= KV_CACHE_CONFIG_NAMES
+    data = _base(kv_cache_config={**dict.fromkeys(sorted(KV_CACHE_CONFIG_NAMES)), "tokens_per_block": 32})
+    assert config_warnings(parse_config(data)) == []
 
 
 def test_check_config_prints_every_warning_and_still_passes(tmp_path: Path) -> None:
@@ -221,14 +275,18 @@ def test_port_0_and_the_trtllm_log_level_names_load() -> None:
 
 def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) -> None:
     """The generator reads a TensorRT-LLM tree with ast: LlmArgs fields, removed-but-accepted and
-    legacy names, get_llm_args' parameters; the committed list holds what TensorRT-LLM's own
+    legacy names, get_llm_args' parameters; KvCacheConfig's fields and their aliases (no
+    ClassVar, private name or model_config); the committed lists hold what TensorRT-LLM's own
     examples use."""
-    from shmdisagg.trtllm_llm_args import LLM_ARG_NAMES
+    from shmdisagg.trtllm_llm_args import KV_CACHE_CONFIG_NAMES, LLM_ARG_NAMES
 
     (tmp_path / "tensorrt_llm/llmapi").mkdir(parents=True)
     (tmp_path / "tensorrt_llm/commands").mkdir(parents=True)
     (tmp_path / "tensorrt_llm/llmapi/llm_args.py").write_text(
-        "class KvCacheConfig:\n    tokens_per_block: int = 32\n"
+        "class KvCacheConfig(StrictBaseModel, PybindMirror):\n    model_config = None\n    tokens_per_block: int = 32\n"
+        "    kind: ClassVar[str] = 'kv'\n    _pybind: int = 0\n"
+        "    old: int = Field(default=0, alias='older')\n"
+        "    new: int = Field(0, validation_alias=AliasChoices('new', 'newer', AliasPath('newest', 0)))\n"
         "class BaseLlmArgs:\n    model_config = None\n    model: str\n    _hidden: int = 0\n    max_batch_size: "
         "int = 2048\n"
         "_TORCH_LLMARGS_REMOVED_ARG_CHECKS: dict = {'sampler_type': print}\n"
@@ -240,7 +298,7 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
         "def get_llm_args(model, free_gpu_memory_fraction=0.9, **rest):\n    pass\n"
     )
     out = subprocess.run(
-        [sys.executable, "scripts/gen_trtllm_llm_args.py", str(tmp_path), "abc123"],
+        [sys.executable, "scripts/gen_trtllm_llm_args.py", str(tmp_path), "abc123", "--serve-commit", "def456"],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[3],
@@ -256,7 +314,8 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
         "hf_revision",
         "free_gpu_memory_fraction",
     }
-    assert "commit abc123" in out.stdout
+    assert namespace["KV_CACHE_CONFIG_NAMES"] == {"tokens_per_block", "old", "older", "new", "newer", "newest"}
+    assert "commit abc123" in out.stdout and "commit def456" in out.stdout
     assert {
         "kv_cache_config",
         "cache_transceiver_config",
@@ -274,6 +333,33 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
         "trust_remote_code",
         "stream_interval",
     } <= LLM_ARG_NAMES
+    assert {
+        "tokens_per_block",
+        "enable_block_reuse",
+        "event_buffer_max_size",
+        "free_gpu_memory_fraction",
+        "kv_cache_event_hash_algo",
+        "max_tokens",
+        "host_cache_size",
+        "enable_partial_reuse",
+        "dtype",
+    } <= KV_CACHE_CONFIG_NAMES
+    # the committed file is the script's output (its lists as the script writes them), which ruff leaves as it is
+    root = Path(__file__).resolve().parents[3]
+    committed = (root / "shmdisagg/trtllm_llm_args.py").read_text()
+    frozen = runpy.run_path(str(root / "scripts/gen_trtllm_llm_args.py"))["_frozenset"]
+    assert committed.startswith('"""Names TensorRT-LLM knows in a disaggregated config (generated; do not edit')
+    assert committed[committed.index("\nLLM_ARG_NAMES = ") + 1 :] == (
+        frozen("LLM_ARG_NAMES", set(LLM_ARG_NAMES)) + "\n" + frozen("KV_CACHE_CONFIG_NAMES", set(KV_CACHE_CONFIG_NAMES))
+    )
+    (tmp_path / "tensorrt_llm/llmapi/llm_args.py").write_text("class BaseLlmArgs:\n    model: str\n")
+    missing = subprocess.run(
+        [sys.executable, "scripts/gen_trtllm_llm_args.py", str(tmp_path), "abc123"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert missing.returncode == 1 and "no class KvCacheConfig" in missing.stderr
 
 
 def _cluster(**cluster: Any) -> dict[str, Any]:
