@@ -163,6 +163,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from shmdisagg.executors.plan import build_plan, describe_plan
     from shmdisagg.launch import Deployment, LaunchError
     from shmdisagg.processes import become_subreaper
+    from shmdisagg.tokenizer_source import routing_source
 
     # A SIGINT or SIGTERM during start-up stops what was started, then exits 128 + its number
     # (Deployment.wait() takes the signals over once the deployment serves).
@@ -174,17 +175,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     log_dir = args.log_dir or (spec.log_dir if spec else None)
     try:
         plan = build_plan(config, Path(log_dir) if log_dir else None)
+        routing_source(config)  # the routers' tokenizer settings, without loading one: a dry run checks them too
     except ConfigError as err:
         print(f"shmdisagg: config error: {args.config}: {err}", file=sys.stderr)
         return 2
     if args.dry_run:
-        from shmdisagg.tokenizer_source import routing_source
-
-        try:  # the routers' tokenizer settings, as launch checks them (without loading a tokenizer)
-            routing_source(config)
-        except ConfigError as err:
-            print(f"shmdisagg: config error: {args.config}: {err}", file=sys.stderr)
-            return 2
         print(describe_plan(plan, config, args.config))
         return 0
     _check_machine(config, args.config, executors_here=spec is not None)

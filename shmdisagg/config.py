@@ -883,7 +883,7 @@ def _llm_arg_non_finite(data: dict[str, Any]) -> list[tuple[str, float]]:
         section = data.get(role)
         if isinstance(section, dict):
             for key, value in section.items():
-                if key not in ("urls", "router", "num_instances"):
+                if key not in _SECTION_ONLY:
                     walk(value, f"{role}.{key}")
     return found
 
@@ -1065,8 +1065,6 @@ def config_warnings(config: DisaggConfig) -> list[str]:
         for key in section.kv_cache_config:  # the top level's, inherited, is named there (deduplicated below)
             if key not in KV_CACHE_CONFIG_NAMES:
                 out.append(unknown_kv(config.key_of(name, f"kv_cache_config.{key}"), key))
-    for name in ("context_servers", "generation_servers"):
-        section = getattr(config, name)
         if section.router.type == "kv_cache_aware" and section.kv_cache_config.get("enable_block_reuse") is False:
             out.append(  # once for a top-level value both sections inherit (dict.fromkeys below)
                 f"{config.key_of(name, 'kv_cache_config.enable_block_reuse')}: false under a kv_cache_aware router: "
