@@ -1099,14 +1099,15 @@ def load_config(path: str | os.PathLike[str], *, metadata_server: bool = False) 
             f"{p}: line {line} not UTF-8 text (byte 0x{raw[err.start]:02x} at column {column}); save the file as UTF-8"
         ) from None
     try:
-        data = _safe_load_unique(text)
+        return parse_config(_safe_load_unique(text), str(p), metadata_server=metadata_server)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{p}:{where} not valid YAML: {getattr(err, 'problem', None) or err}") from None
     except _DuplicateKey as err:
         raise ConfigError(f"{p}: {err.key}: {err}") from None
-    return parse_config(data, str(p), metadata_server=metadata_server)
+    except RecursionError:  # an alias inside its own anchor (`a: &a [*a]`): safe_load builds a cycle
+        raise ConfigError(f"{p}: a value contains itself (a YAML alias inside its own anchor)") from None
 
 
 class _DuplicateKey(ValueError):

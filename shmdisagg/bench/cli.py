@@ -366,6 +366,9 @@ def plot_only(args: argparse.Namespace) -> list[str]:
     """`--plot-only`: draw the `--compare` runs into `--plot DIR`; returns the files."""
     if not args.plot or not args.compare:
         raise BenchError("--plot-only needs --plot DIR and --compare RUN_JSON [RUN_JSON ...]")
+    problem = unwritable(args.plot, directory=True)  # as a run checks it (`workload`)
+    if problem:
+        raise BenchError(f"--plot {args.plot}: {problem}")
     plots = plot_runs(load_runs(args.compare), args.plot)
     _report_plots(plots)
     return [str(f) for f in plots.files]

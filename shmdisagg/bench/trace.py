@@ -148,8 +148,8 @@ class PromptSynthesizer:
         cache_blocks: int = 4096,
     ) -> None:
         low, high = vocab
-        if not 0 <= low < high:
-            raise ValueError(f"vocab range must satisfy 0 <= low < high, got [{low}, {high})")
+        if not 0 <= low < high <= 2**31:  # token ids are int32 here, as the executors take them
+            raise ValueError(f"vocab range must satisfy 0 <= low < high <= 2**31, got [{low}, {high})")
         self.seed = seed
         self.low = low
         self.span = high - low

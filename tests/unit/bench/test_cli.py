@@ -236,6 +236,8 @@ def test_the_same_seed_again_measures_the_cache_it_left_and_says_so(capsys: pyte
         ["--json", "/nonexistent/dir/run.json"],
         ["--records", "/"],
         ["--plot", "/dev/null"],
+        ["--plot-only", "--plot", "/dev/null", "--compare", str(SHIPPED_TRACE)],  # was a FileExistsError traceback
+        ["--concurrency", "1", "--input-len", "10", "--vocab-range", "0", "99999999999"],  # an OverflowError
     ],
 )
 def test_bad_options_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

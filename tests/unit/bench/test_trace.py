@@ -69,6 +69,9 @@ def test_a_prompt_that_does_not_fit_its_blocks_is_refused() -> None:
         PromptSynthesizer().prompt([1, 2], 2 * BLOCK_TOKENS + 1)
     with pytest.raises(ValueError):
         PromptSynthesizer(vocab=(5, 5))
+    with pytest.raises(ValueError):  # ids past int32 cannot be token ids
+        PromptSynthesizer(vocab=(0, 2**31 + 1))
+    assert max(PromptSynthesizer(vocab=(2**31 - 2, 2**31)).block(1)) <= 2**31 - 1
 
 
 def test_shipped_slice_loads_and_satisfies_the_trace_invariants() -> None:

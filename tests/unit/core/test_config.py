@@ -670,3 +670,12 @@ def test_check_config_exits_2_naming_a_bad_tokens_per_block_override(tmp_path: P
     assert r.returncode == 2
     assert "TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK: 'lots' is not a positive integer" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("text", ["a: &a [*a]\n", "context_servers:\n  foo: &x [*x]\n"])
+def test_a_yaml_value_that_contains_itself_is_one_line(tmp_path: Path, text: str) -> None:
+    """An alias inside its own anchor: safe_load builds a cycle, and validating it recursed to a traceback."""
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"a value contains itself \(a YAML alias inside its own anchor\)$"):
+        load_config(path)
