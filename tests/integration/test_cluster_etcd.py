@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -302,11 +303,29 @@ def test_etcd_unreachable_at_start_is_one_clear_line(tmp_path: Path, shm_prefix:
     assert "Traceback" not in out.stderr.decode()
 
 
+@contextlib.contextmanager
+def silent_workers(n: int) -> Iterator[list[WorkerInfo]]:
+    """n registrations at addresses where nothing listens, for the test's whole length: each port
+    is held bound but not listening, so a probe is refused and no other server (this test's own
+    deployment or etcd, or another test's) can take it. Fixed ports (20000 + i) could be this
+    deployment's: a generation leg then went to its own public port and came back 400."""
+    held = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("127.0.0.1", free_port()))
+        ports = [s.getsockname()[1] for s in held]
+        yield [WorkerInfo(new_worker_id(1, "127.0.0.1", port), "127.0.0.1", port, 1) for port in ports]
+    finally:
+        for s in held:
+            s.close()
+
+
 def test_a_flood_of_registrations_fills_the_table_and_the_rest_wait_for_a_free_slot(
     tmp_path: Path, shm_prefix: str
 ) -> None:
-    with cluster(tmp_path, shm_prefix) as (dep, etcd, name):
-        workers = [WorkerInfo(new_worker_id(1, "127.0.0.1", 20000 + i), "127.0.0.1", 20000 + i, 1) for i in range(80)]
+    with cluster(tmp_path, shm_prefix) as (dep, etcd, name), silent_workers(80) as workers:
         register_all(etcd, name, workers)
         # the puts are separate writes, so the watch may still be delivering the last ones when
         # the table is full: wait for all 80 to be seen, then check where each one went
@@ -418,12 +437,15 @@ def test_a_restarted_coordinator_keeps_the_registered_executors_in_their_slots(t
 def test_a_table_of_128_slots_holds_registrations_past_64_through_a_coordinator_restart(
     tmp_path: Path, shm_prefix: str
 ) -> None:
-    with cluster(tmp_path, shm_prefix, shm={"max_servers": 128}) as (dep, etcd, name), sims() as started:
+    with (
+        cluster(tmp_path, shm_prefix, shm={"max_servers": 128}) as (dep, etcd, name),
+        sims() as started,
+        silent_workers(130) as workers,
+    ):
         started += [Sim(etcd.uri, name, "context"), Sim(etcd.uri, name, "generation")]
         wait_until(lambda: health(dep)[0] == 200, 30, "ready")
         # 130 more registrations (nothing listens there: they are never healthy): 126 fill the
         # table, 4 wait for a slot
-        workers = [WorkerInfo(new_worker_id(1, "127.0.0.1", 20000 + i), "127.0.0.1", 20000 + i, 1) for i in range(130)]
         register_all(etcd, name, workers)
         # separate writes: the watch may still be delivering the last ones once the table is
         # full, so wait for all 132 registrations to be seen before checking where each went
