@@ -185,7 +185,7 @@ def test_a_stopped_fleet_worker_ends_its_requests_and_releases_every_pick_itself
     conn.close()
     assert not client.is_alive()
     _assert_ended_by_shutdown(out, stream)
-    assert out["ended"] - signalled >= GRACE_S
+    assert out["ended"] - signalled >= GRACE_S - 0.005  # uvloop timers fire on a 1 ms grid
     _released_everything(dep, pid)
     gen.script(hold=False, delay_s=0)
     assert post(dep, "/v1/completions", COMPLETION)[0] == 200  # the rest of the fleet serves on
