@@ -370,6 +370,9 @@ async def relay(ex: Exchange, opened: Opened, max_tokens: int | None) -> None:
             raw = await resp.read()
             opened.close()
             await relay_error(ex, resp.status, raw)
+        elif not resp.is_event_stream:  # its body is no SSE: StreamGuard would pass it on unscrubbed
+            ctype = (resp.header(b"content-type") or b"no content-type").decode("latin-1")
+            raise ContractError(f"generation executor answered a stream with {ctype[:60]}, not text/event-stream")
         else:
             await _relay_stream(ex, opened, StreamGuard(max_tokens))
     except ContractError as err:

@@ -17,6 +17,8 @@ completion request it receives (`GET /_recorded`). `POST /_script` changes its b
   and a `kv_transfer_params` naming this executor, as a careless executor might
 - `error_message`: the message of scripted error bodies (default "scripted <status>")
 - `stream_error`: a streamed generation leg sends this SSE error event after its first chunk and ends
+- `stream_as_json`: a streamed generation leg is answered as a non-streaming one (one JSON body,
+  `application/json`), as a misbehaving executor might
 - `auth_key`: verify the `x-trtllm-disagg-auth` signature of requests carrying protected handoff
   fields and refuse them with 400 when it is missing or wrong, as a worker holding
   `internal_request_auth_key` does (`validate_internal_disagg_request`, disagg_auth.py)
@@ -82,6 +84,7 @@ def build_app(name: str, addr: str) -> Starlette:
         "leak": False,
         "error_message": None,
         "stream_error": None,
+        "stream_as_json": False,
         "auth_key": None,
         "perf_metrics": True,
         "event_split": 0,
@@ -213,7 +216,7 @@ def build_app(name: str, addr: str) -> Starlette:
             }
             return JSONResponse(answer, headers=_metrics_headers(arrival) if metrics else None)
         leak = {"disaggregated_params": params, "kv_transfer_params": {"remote_host": addr}} if script["leak"] else {}
-        if body.get("stream"):
+        if body.get("stream") and not script["stream_as_json"]:
             return StreamingResponse(
                 _stream(script, release, name, events, leak, chat, arrival if metrics else None),
                 media_type="text/event-stream",

@@ -151,6 +151,19 @@ def test_a_stream_that_ends_without_finish_reason_ends_with_an_error_event(pair)
     assert _idle(dep)
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_stream_answered_with_a_json_body_is_an_executor_error_with_nothing_relayed(pair, chat: bool) -> None:  # type: ignore[no-untyped-def]
+    dep, ctx, gen = pair
+    gen.script(stream_as_json=True, leak=True)
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    status, raw, headers = _raw(dep, path, {**(CHAT if chat else COMPLETION), "stream": True})
+    assert status == 502, raw
+    error = orjson.loads(raw)["error"] if b'"error"' in raw[:10] else orjson.loads(raw)
+    assert error["code"] == 502 and "text/event-stream" in error["message"]
+    assert b"ABCD" not in raw and _leaks(raw + headers, ctx.addr, gen.addr) == []
+    assert _idle(dep)
+
+
 @pytest.mark.parametrize(
     "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]
 )
