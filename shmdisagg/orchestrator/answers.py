@@ -232,21 +232,30 @@ class StreamGuard:
                 )
 
     def _rewrite(self, chunk: bytes) -> bytes:
+        """The complete events of a chunk `sse_scan` found an internal key or an error in, each
+        rewritten; b"" if none is left."""
         out = []
         for event in chunk.replace(b"\r\n", b"\n").split(b"\n\n"):
-            if not event:
-                continue
-            out.append(self._rewrite_event(event))
-        return b"\n\n".join(out) + b"\n\n"
+            if event:
+                event = self._rewrite_event(event)
+            if event:
+                out.append(event)
+        return b"\n\n".join(out) + b"\n\n" if out else b""
 
     def _rewrite_event(self, event: bytes) -> bytes:
+        """One event without its blank line: scrubbed, an error event in our shape, or b"" for an
+        event with no data line (comments and unknown fields, which a client ignores, but which
+        may hold what was found). Raises `ContractError` for a data line that is no JSON (it may
+        hold what was found, and cannot be scrubbed)."""
         head, sep, data = event.partition(b"data:")
         if not sep:
-            return event
+            return b""
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return event
+            if data.strip() == b"[DONE]":
+                return event
+            raise ContractError("generation executor streamed an event that is not JSON") from None
         if not isinstance(obj, dict):
             return event
         inner = obj.get("error")

@@ -94,6 +94,26 @@ def test_a_clean_stream_is_relayed_byte_for_byte_whatever_its_chunking() -> None
         assert _relay(guard, pieces) == stream
 
 
+def test_an_event_with_an_internal_key_outside_a_data_line_is_dropped() -> None:
+    guard = StreamGuard(max_tokens=None)
+    leaky = b'{"choices":[{"finish_reason":"length","disaggregated_params":{"ctx_request_id":9}}]}\n\n'
+    out = guard.feed(b": keep-alive\n\n" + leaky + _chunk("a", "length"))
+    assert out == _chunk("a", "length")  # a client ignores lines with no field it knows
+    assert guard.finished
+
+
+def test_a_data_line_with_an_internal_key_that_is_not_json_is_a_contract_error() -> None:
+    guard = StreamGuard(max_tokens=None)
+    with pytest.raises(ContractError, match="not JSON"):
+        guard.feed(b'data: {"text":"a","ctx_info_endpoint":"ucx://10.1.2.3:5000",\n\n')
+
+
+def test_done_after_an_event_that_is_rewritten_is_still_held_back() -> None:
+    guard = StreamGuard(max_tokens=None)
+    out = guard.feed(_chunk("a", "length", ctx_request_id=9) + b"data: [DONE]\n\n") + guard.end()
+    assert b"ctx_request_id" not in out and out.count(b"[DONE]") == 1 and out.endswith(b"data: [DONE]\n\n")
+
+
 def test_an_event_split_across_chunks_is_held_until_it_is_complete() -> None:
     guard = StreamGuard(max_tokens=None)
     first = _chunk("a")
