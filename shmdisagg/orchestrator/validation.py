@@ -40,6 +40,10 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return req
 
 
+# What `token_ids_ok` accepts: the executor's token ids are int32 (TensorRT-LLM's `TokenIdType`).
+TOKEN_ID_RANGE = "integers from 0 to 2147483647"
+
+
 def _is_token_list(value: Any) -> bool:
     # In C: a 14k-token prompt took ~0.6 ms to check in Python, on every request.
     return token_ids_ok(value)
@@ -80,7 +84,7 @@ def _normalise_prompt(req: dict[str, Any], want_ids: bool) -> tuple[str | Sequen
             return prompt, None
         if all(isinstance(p, (str, list)) for p in prompt):  # only once it is not token ids
             raise _bad("a batch of prompts is not supported; send one prompt per request", "prompt")
-    raise _bad("'prompt' must be a string or a list of non-negative token ids", "prompt")
+    raise _bad(f"'prompt' must be a string or a list of token ids ({TOKEN_ID_RANGE})", "prompt")
 
 
 def _check_messages(req: dict[str, Any]) -> None:
@@ -137,7 +141,9 @@ def validate(req: dict[str, Any], chat: bool, want_ids: bool = False) -> bytes |
         _check_messages(req)
         given = req.get("prompt_token_ids")
         if given is not None and not token_ids_ok(given):
-            raise _bad("'prompt_token_ids' must be a non-empty list of non-negative token ids", "prompt_token_ids")
+            raise _bad(
+                f"'prompt_token_ids' must be a non-empty list of token ids ({TOKEN_ID_RANGE})", "prompt_token_ids"
+            )
     else:
         req["prompt"], ids = _normalise_prompt(req, want_ids)
     for key in ("n", "best_of"):

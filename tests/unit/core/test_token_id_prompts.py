@@ -119,7 +119,8 @@ def test_a_leg_carries_the_clients_bytes_and_decodes_to_the_same_request() -> No
 @pytest.mark.parametrize(
     "prompt, message",
     [
-        ([0] * 2000 + [-1], "non-negative token ids"),
+        ([0] * 2000 + [-1], "token ids (integers from 0 to 2147483647)"),
+        ([0] * 2000 + [2**31], "token ids (integers from 0 to 2147483647)"),
         ([[1] * 2000, [2]], "a batch of prompts is not supported"),
         ([], "must not be empty"),
     ],
