@@ -1,5 +1,5 @@
 """Regenerate `shmdisagg/trtllm_llm_args.py`: the names of every LLM argument TensorRT-LLM knows,
-and of every field of its `KvCacheConfig`.
+and of the fields of the config classes that LLM arguments such as `kv_cache_config` take.
 
     python scripts/gen_trtllm_llm_args.py TRTLLM_CHECKOUT [COMMIT] [--serve-commit COMMIT]
         [--note TEXT] > shmdisagg/trtllm_llm_args.py
@@ -18,11 +18,14 @@ nothing is imported (TensorRT-LLM needs CUDA to import):
   `get_llm_args`, which the disaggregated MPI launcher calls with a section's keys
   (`get_llm_args(**server_cfg.other_args)`), so keys such as `free_gpu_memory_fraction` are
   accepted there although they are no `LlmArgs` field;
-- `KV_CACHE_CONFIG_NAMES`, from `tensorrt_llm/llmapi/llm_args.py`: every public annotated field
-  of the class `KvCacheConfig` (a `StrictBaseModel`: any other key of `kv_cache_config` is refused
-  when the LLM arguments are built; its bases `StrictBaseModel` and `PybindMirror` declare no
-  field), and the input aliases a field declares (`alias="..."`, `validation_alias="..."` or
-  `validation_alias=AliasChoices("...", ...)`).
+- `NESTED_CONFIG_NAMES` and `NESTED_CONFIG_CLASSES`, from `tensorrt_llm/llmapi/llm_args.py`: for
+  each LLM argument (a field of a `*LlmArgs` class) whose type is one class of that file, or
+  `Optional` of one, which is a `StrictBaseModel` (directly or through bases of the file): the
+  class's name, and every public annotated field of it and of its bases in the file, with the
+  input aliases a field declares (`alias="..."`, `validation_alias="..."` or
+  `validation_alias=AliasChoices("...", ...)`). A StrictBaseModel forbids other keys: such a key
+  of `kv_cache_config` or `cache_transceiver_config` is refused when the LLM arguments are built.
+  `kv_cache_config` (`KvCacheConfig`) must be among them.
 
 A pydantic `ClassVar` annotation and `model_config` are no field, nor is a name starting with `_`.
 The output is formatted as `ruff format` writes it.
@@ -39,7 +42,7 @@ from pathlib import Path
 
 LLM_ARGS = "tensorrt_llm/llmapi/llm_args.py"
 SERVE = "tensorrt_llm/commands/serve.py"
-KV_CACHE_CONFIG = "KvCacheConfig"
+STRICT_BASE = "StrictBaseModel"
 
 
 def _is_classvar(annotation: ast.expr) -> bool:
@@ -114,16 +117,63 @@ def llm_args_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def kv_cache_config_names(tree: ast.Module) -> set[str]:
-    """The fields of `class KvCacheConfig` and their aliases; empty when there is no such class."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == KV_CACHE_CONFIG:
-            for item in _fields(node):
-                assert isinstance(item.target, ast.Name)
-                names.add(item.target.id)
-                names |= _aliases(item.value)
-    return names
+def _single_class(annotation: ast.expr) -> str | None:
+    """`X`, `Optional[X]` or `X | None` as written: the name X; None for anything else."""
+    if isinstance(annotation, ast.Name):
+        return annotation.id
+    if (
+        isinstance(annotation, ast.Subscript)
+        and isinstance(annotation.value, ast.Name)
+        and annotation.value.id == "Optional"
+        and isinstance(annotation.slice, ast.Name)
+    ):
+        return annotation.slice.id
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        sides = [annotation.left, annotation.right]
+        names = [s.id for s in sides if isinstance(s, ast.Name)]
+        nones = [s for s in sides if isinstance(s, ast.Constant) and s.value is None]
+        if len(names) == 1 and len(nones) == 1:
+            return names[0]
+    return None
+
+
+def _bases(cls: ast.ClassDef) -> list[str]:
+    return [b.id for b in cls.bases if isinstance(b, ast.Name)]
+
+
+def nested_config_names(tree: ast.Module) -> dict[str, tuple[str, set[str]]]:
+    """{LLM argument: (its StrictBaseModel class, the class's field names and aliases)}."""
+    classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+    def lineage(name: str) -> list[ast.ClassDef]:  # the class and its bases defined in the file
+        out, todo = [], [name]
+        while todo:
+            cls = classes.get(todo.pop())
+            if cls is not None and cls not in out:
+                out.append(cls)
+                todo.extend(_bases(cls))
+        return out
+
+    def strict(name: str) -> bool:
+        return any(STRICT_BASE in _bases(cls) for cls in lineage(name))
+
+    out: dict[str, tuple[str, set[str]]] = {}
+    for cls in classes.values():
+        if not cls.name.endswith("LlmArgs"):
+            continue
+        for item in _fields(cls):
+            assert isinstance(item.target, ast.Name)
+            name = _single_class(item.annotation)
+            if name is None or name.endswith("LlmArgs") or not strict(name):
+                continue
+            fields: set[str] = set()
+            for part in lineage(name):
+                for field in _fields(part):
+                    assert isinstance(field.target, ast.Name)
+                    fields.add(field.target.id)
+                    fields |= _aliases(field.value)
+            out[item.target.id] = (name, fields)
+    return out
 
 
 def get_llm_args_params(tree: ast.Module) -> set[str]:
@@ -143,7 +193,20 @@ def _paragraph(text: str) -> str:
     return textwrap.fill(text, width=99, break_long_words=False, break_on_hyphens=False)
 
 
-def render(names: set[str], kv_names: set[str], commit: str, serve_commit: str | None, note: str | None) -> str:
+def _nested(nested: dict[str, tuple[str, set[str]]]) -> str:
+    classes = "".join(f'    "{arg}": "{nested[arg][0]}",\n' for arg in sorted(nested))
+    names = "".join(
+        f'    "{arg}": frozenset(\n        {{\n'
+        + "".join(f'            "{n}",\n' for n in sorted(nested[arg][1]))
+        + "        }\n    ),\n"
+        for arg in sorted(nested)
+    )
+    return f"NESTED_CONFIG_CLASSES = {{\n{classes}}}\n\nNESTED_CONFIG_NAMES = {{\n{names}}}\n"
+
+
+def render(
+    names: set[str], nested: dict[str, tuple[str, set[str]]], commit: str, serve_commit: str | None, note: str | None
+) -> str:
     serve = f"`{SERVE}` (`get_llm_args`) at commit {serve_commit}" if serve_commit else f"no `{SERVE}`"
     paragraphs = [
         "Names TensorRT-LLM knows in a disaggregated config (generated; do not edit by hand).",
@@ -155,9 +218,10 @@ def render(names: set[str], kv_names: set[str], commit: str, serve_commit: str |
             "inherits top-level ones into both sections); `config_warnings` names any key that is none of these."
         ),
         _paragraph(
-            f"`KV_CACHE_CONFIG_NAMES`: the fields of `{KV_CACHE_CONFIG}` and their aliases. It is a "
-            "StrictBaseModel: trtllm-serve refuses any other key of `kv_cache_config` at start-up, while "
-            "shmdisagg's router and simulator ignore it; `config_warnings` names any such key."
+            "`NESTED_CONFIG_NAMES`: for each LLM argument that takes one of TensorRT-LLM's StrictBaseModel "
+            "config classes (`NESTED_CONFIG_CLASSES`: `kv_cache_config` is a `KvCacheConfig`), the fields of "
+            "that class and their aliases. trtllm-serve refuses any other key of such a mapping at start-up; "
+            "`config_warnings` names one, and the simulator refuses it as trtllm-serve does."
         ),
         f"Source: NVIDIA/TensorRT-LLM `{LLM_ARGS}` at commit {commit}\nand {serve}.",
     ]
@@ -167,7 +231,7 @@ def render(names: set[str], kv_names: set[str], commit: str, serve_commit: str |
         "Regenerate: `python scripts/gen_trtllm_llm_args.py TRTLLM_CHECKOUT > shmdisagg/trtllm_llm_args.py`."
     )
     header = '"""' + "\n\n".join(paragraphs) + '\n"""\n'
-    return f"{header}\n{_frozenset('LLM_ARG_NAMES', names)}\n{_frozenset('KV_CACHE_CONFIG_NAMES', kv_names)}"
+    return f"{header}\n{_frozenset('LLM_ARG_NAMES', names)}\n{_nested(nested)}"
 
 
 def main(argv: list[str]) -> int:
@@ -186,16 +250,16 @@ def main(argv: list[str]) -> int:
     )
     tree = ast.parse((root / LLM_ARGS).read_text())
     names = llm_args_names(tree)
-    kv_names = kv_cache_config_names(tree)
-    if not kv_names:
-        print(f"{root / LLM_ARGS}: no class {KV_CACHE_CONFIG} with fields", file=sys.stderr)
+    nested = nested_config_names(tree)
+    if not nested.get("kv_cache_config", ("", set()))[1]:
+        print(f"{root / LLM_ARGS}: no kv_cache_config argument of a StrictBaseModel class with fields", file=sys.stderr)
         return 1
     serve = root / SERVE
     serve_commit = None
     if serve.exists():
         names |= get_llm_args_params(ast.parse(serve.read_text()))
         serve_commit = args.serve_commit or commit
-    sys.stdout.write(render(names, kv_names, commit, serve_commit, args.note))
+    sys.stdout.write(render(names, nested, commit, serve_commit, args.note))
     return 0
 
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import difflib
 import errno
+import functools
 import ipaddress
 import math
 import os
 import re
 import socket
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -1023,17 +1024,18 @@ _SECTION_FIELDS = ("num_instances", "urls", "router", "max_batch_size", "max_num
 def config_warnings(config: DisaggConfig) -> list[str]:
     """Every key of the file that is neither a key of TensorRT-LLM's disaggregated config nor an
     LLM argument TensorRT-LLM knows (`trtllm_llm_args.LLM_ARG_NAMES`), every key of a
-    `kv_cache_config` (top level or a section's) that is no field of TensorRT-LLM's
-    `KvCacheConfig` (`trtllm_llm_args.KV_CACHE_CONFIG_NAMES`), each with the closest known key
-    when one is near (`num_workrs`: did you mean num_workers?), and a port-0 reminder.
+    `kv_cache_config`, `cache_transceiver_config` or `scheduler_config` (top level or a
+    section's) that is no field of TensorRT-LLM's class for it (`KvCacheConfig`, ...:
+    `trtllm_llm_args.NESTED_CONFIG_NAMES`), each with the closest known key when one is near
+    (`num_workrs`: did you mean num_workers?), and a port-0 reminder.
 
     TensorRT-LLM passes such a key to the executors as an LLM argument, where `trtllm-serve`
-    refuses it (its LLM arguments and `KvCacheConfig` forbid unknown fields); `shmdisagg serve`
+    refuses it (its LLM arguments and those classes forbid unknown fields); `shmdisagg serve`
     does nothing with it (`kv_cache_config: {tokens_per_blok: 64}` leaves the router's and the
     simulator's block size at the default). A top-level `kv_cache_config` that the sections
     inherit is named once, where the file sets it (`config.key_of`).
     """
-    from shmdisagg.trtllm_llm_args import KV_CACHE_CONFIG_NAMES, LLM_ARG_NAMES
+    from shmdisagg.trtllm_llm_args import LLM_ARG_NAMES, NESTED_CONFIG_CLASSES, NESTED_CONFIG_NAMES
 
     def unknown(dotted: str, key: str, known: list[str], what: str = "disaggregated-config key or LLM argument") -> str:
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
@@ -1043,12 +1045,16 @@ def config_warnings(config: DisaggConfig) -> list[str]:
             "trtllm-serve executors would refuse it, shmdisagg serve ignores it)"
         )
 
-    def unknown_kv(dotted: str, key: str) -> str:
-        return unknown(dotted, key, sorted(KV_CACHE_CONFIG_NAMES), "KvCacheConfig field")
+    def unknown_nested(where: Callable[[str], str], arg: str, mapping: Any) -> list[str]:
+        names = NESTED_CONFIG_NAMES[arg]
+        known, what = sorted(names), f"{NESTED_CONFIG_CLASSES[arg]} field"
+        keys = mapping if isinstance(mapping, dict) else ()
+        return [unknown(where(f"{arg}.{key}"), str(key), known, what) for key in keys if key not in names]
 
     out = []
     top = [*DisaggConfig.model_fields, *TRTLLM_TOP_LEVEL_EXTRAS]
-    for key in config.model_extra or {}:
+    extra = config.model_extra or {}
+    for key in extra:
         if key not in LLM_ARG_NAMES and key not in TRTLLM_TOP_LEVEL_EXTRAS:
             out.append(unknown(key, key, [*top, *LLM_ARG_NAMES]))
     for name in ("context_servers", "generation_servers"):
@@ -1056,15 +1062,15 @@ def config_warnings(config: DisaggConfig) -> list[str]:
         for key in section.model_extra or {}:
             if key not in LLM_ARG_NAMES:
                 out.append(unknown(f"{name}.{key}", key, [*_SECTION_FIELDS, *LLM_ARG_NAMES]))
-    top_kv = (config.model_extra or {}).get("kv_cache_config")
-    for key in top_kv if isinstance(top_kv, dict) else ():
-        if key not in KV_CACHE_CONFIG_NAMES:
-            out.append(unknown_kv(f"kv_cache_config.{key}", key))
+    for arg in NESTED_CONFIG_NAMES:
+        out += unknown_nested(str, arg, extra.get(arg))
     for name in ("context_servers", "generation_servers"):
         section = getattr(config, name)
-        for key in section.kv_cache_config:  # the top level's, inherited, is named there (deduplicated below)
-            if key not in KV_CACHE_CONFIG_NAMES:
-                out.append(unknown_kv(config.key_of(name, f"kv_cache_config.{key}"), key))
+        own = section.model_extra or {}
+        for arg in NESTED_CONFIG_NAMES:
+            # kv_cache_config is a section field: the top level's, inherited, is named there (deduplicated below)
+            mapping = section.kv_cache_config if arg == "kv_cache_config" else own.get(arg)
+            out += unknown_nested(functools.partial(config.key_of, name), arg, mapping)
         if section.router.type == "kv_cache_aware" and section.kv_cache_config.get("enable_block_reuse") is False:
             out.append(  # once for a top-level value both sections inherit (dict.fromkeys below)
                 f"{config.key_of(name, 'kv_cache_config.enable_block_reuse')}: false under a kv_cache_aware router: "

@@ -6,19 +6,21 @@ removed-but-accepted arguments of `_TORCH_LLMARGS_REMOVED_ARG_CHECKS`, the legac
 config's unknown top-level and section keys are LLM arguments for the executors (TensorRT-LLM
 inherits top-level ones into both sections); `config_warnings` names any key that is none of these.
 
-`KV_CACHE_CONFIG_NAMES`: the fields of `KvCacheConfig` and their aliases. It is a StrictBaseModel:
-trtllm-serve refuses any other key of `kv_cache_config` at start-up, while shmdisagg's router and
-simulator ignore it; `config_warnings` names any such key.
+`NESTED_CONFIG_NAMES`: for each LLM argument that takes one of TensorRT-LLM's StrictBaseModel
+config classes (`NESTED_CONFIG_CLASSES`: `kv_cache_config` is a `KvCacheConfig`), the fields of
+that class and their aliases. trtllm-serve refuses any other key of such a mapping at start-up;
+`config_warnings` names one, and the simulator refuses it as trtllm-serve does.
 
 Source: NVIDIA/TensorRT-LLM `tensorrt_llm/llmapi/llm_args.py` at commit 0004396720054fd8e205cbf616f21f0b57c6b412
 and `tensorrt_llm/commands/serve.py` (`get_llm_args`) at commit 00209af149e7774406881a37283dce303571eb11.
 
 Taken from excerpts of those two files as the code index stores them (no TensorRT-LLM checkout on
 the machine that wrote it; llm_args.py was read whole, serve.py up to get_llm_args):
-`KvCacheConfig` whole and verbatim; the annotated statements of `BaseLlmArgs` and `TorchLlmArgs`
-(values elided); `_TORCH_LLMARGS_REMOVED_ARG_CHECKS` and `update_llm_args_with_extra_dict`
-verbatim; `get_llm_args` verbatim. With a checkout, regenerate from it (with --serve-commit where
-the two commits differ).
+`DynamicBatchConfig`, `SchedulerConfig`, `KvCacheConfig` and `CacheTransceiverConfig` whole and
+verbatim; the annotated statements of `BaseLlmArgs` and `TorchLlmArgs` (values elided);
+`_TORCH_LLMARGS_REMOVED_ARG_CHECKS` and `update_llm_args_with_extra_dict` verbatim; `get_llm_args`
+verbatim. The other config classes were not copied, so only these arguments' mappings are checked.
+With a checkout, regenerate from it (with --serve-commit where the two commits differ).
 
 Regenerate: `python scripts/gen_trtllm_llm_args.py TRTLLM_CHECKOUT > shmdisagg/trtllm_llm_args.py`.
 """
@@ -149,48 +151,78 @@ LLM_ARG_NAMES = frozenset(
     }
 )
 
-KV_CACHE_CONFIG_NAMES = frozenset(
-    {
-        "attention_dp_events_gather_period_ms",
-        "avg_seq_len",
-        "block_reuse_config",
-        "copy_on_partial_reuse",
-        "cross_kv_cache_fraction",
-        "disk_cache_path",
-        "disk_cache_size",
-        "disk_prefetch_num_reqs",
-        "dtype",
-        "enable_block_reuse",
-        "enable_kv_pool_rebalance",
-        "enable_partial_reuse",
-        "enable_swa_scratch_reuse",
-        "event_buffer_max_size",
-        "fp8_context_mla_kv_len_cap",
-        "free_gpu_memory_fraction",
-        "host_cache_size",
-        "iteration_stats_interval",
-        "kv_cache_event_hash_algo",
-        "kv_events_config",
-        "kv_pool_rebalance_check_interval",
-        "kv_pool_rebalance_cooldown_secs",
-        "kv_pool_rebalance_min_sampled_kv_caches",
-        "kv_pool_rebalance_moving_average_decay",
-        "kv_pool_rebalance_ratio_threshold",
-        "kv_pool_rebalance_target_ratio_update_interval",
-        "mamba_ssm_cache_dtype",
-        "mamba_ssm_philox_rounds",
-        "mamba_ssm_stochastic_rounding",
-        "mamba_state_cache_interval",
-        "mamba_state_config",
-        "max_attention_window",
-        "max_gpu_total_bytes",
-        "max_tokens",
-        "max_util_for_resume",
-        "pool_ratio",
-        "secondary_offload_min_priority",
-        "sink_token_length",
-        "tokens_per_block",
-        "use_kv_cache_manager_v2",
-        "use_uvm",
-    }
-)
+NESTED_CONFIG_CLASSES = {
+    "cache_transceiver_config": "CacheTransceiverConfig",
+    "kv_cache_config": "KvCacheConfig",
+    "scheduler_config": "SchedulerConfig",
+}
+
+NESTED_CONFIG_NAMES = {
+    "cache_transceiver_config": frozenset(
+        {
+            "backend",
+            "enable_pipelined_transfer",
+            "kv_cache_bounce_size_mb",
+            "kv_transfer_poll_interval_ms",
+            "kv_transfer_sender_future_timeout_ms",
+            "kv_transfer_timeout_ms",
+            "max_tokens_in_buffer",
+            "transceiver_runtime",
+        }
+    ),
+    "kv_cache_config": frozenset(
+        {
+            "attention_dp_events_gather_period_ms",
+            "avg_seq_len",
+            "block_reuse_config",
+            "copy_on_partial_reuse",
+            "cross_kv_cache_fraction",
+            "disk_cache_path",
+            "disk_cache_size",
+            "disk_prefetch_num_reqs",
+            "dtype",
+            "enable_block_reuse",
+            "enable_kv_pool_rebalance",
+            "enable_partial_reuse",
+            "enable_swa_scratch_reuse",
+            "event_buffer_max_size",
+            "fp8_context_mla_kv_len_cap",
+            "free_gpu_memory_fraction",
+            "host_cache_size",
+            "iteration_stats_interval",
+            "kv_cache_event_hash_algo",
+            "kv_events_config",
+            "kv_pool_rebalance_check_interval",
+            "kv_pool_rebalance_cooldown_secs",
+            "kv_pool_rebalance_min_sampled_kv_caches",
+            "kv_pool_rebalance_moving_average_decay",
+            "kv_pool_rebalance_ratio_threshold",
+            "kv_pool_rebalance_target_ratio_update_interval",
+            "mamba_ssm_cache_dtype",
+            "mamba_ssm_philox_rounds",
+            "mamba_ssm_stochastic_rounding",
+            "mamba_state_cache_interval",
+            "mamba_state_config",
+            "max_attention_window",
+            "max_gpu_total_bytes",
+            "max_tokens",
+            "max_util_for_resume",
+            "pool_ratio",
+            "secondary_offload_min_priority",
+            "sink_token_length",
+            "tokens_per_block",
+            "use_kv_cache_manager_v2",
+            "use_uvm",
+        }
+    ),
+    "scheduler_config": frozenset(
+        {
+            "capacity_scheduler_policy",
+            "context_chunking_policy",
+            "dynamic_batch_config",
+            "enable_prefix_aware_scheduling",
+            "use_python_scheduler",
+            "waiting_queue_policy",
+        }
+    ),
+}

@@ -29,7 +29,9 @@ Honoured from the YAML (TensorRT-LLM LLM-API keys, TensorRT-LLM defaults when ab
 
 Command-line values win over the YAML, as in trtllm-serve. Any other top-level key must be a
 known TensorRT-LLM LLM-API key (`_KNOWN_IGNORED_KEYS`); anything else is an error, as
-TensorRT-LLM's strict argument model rejects it.
+TensorRT-LLM's strict argument model rejects it. So is a key of `kv_cache_config`,
+`cache_transceiver_config` or `scheduler_config` that is no field of TensorRT-LLM's class for it
+(StrictBaseModels: `trtllm_llm_args.NESTED_CONFIG_NAMES`), read or not.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import yaml
 from shmdisagg.executors.sim.config import FIELD_NAMES, SimConfig
 from shmdisagg.executors.sim.errors import ConfigError, RaisingArgumentParser
 from shmdisagg.executors.sim.profiles import get_profile, guess_profile
+from shmdisagg.trtllm_llm_args import NESTED_CONFIG_CLASSES, NESTED_CONFIG_NAMES
 
 _IGNORED_VALUE_OPTIONS = (
     "--backend", "--pp_size", "--ep_size", "--cluster_size", "--gpus_per_node", "--tokenizer",
@@ -69,14 +72,6 @@ _KNOWN_IGNORED_KEYS = frozenset(
         "mm_encoder_only", "peft_cache_config", "enable_lora", "reasoning_parser", "revision",
     }
 )  # fmt: skip
-_KV_CACHE_KEYS = {
-    "tokens_per_block",
-    "enable_block_reuse",
-    "event_buffer_max_size",
-    "free_gpu_memory_fraction",
-    "max_tokens",
-    "kv_cache_event_hash_algo",
-}
 
 
 def parse_serve_args(argv: list[str], prog: str = "python -m shmdisagg.executors.sim serve") -> SimConfig:
@@ -182,6 +177,7 @@ def load_extra_options(path: str) -> dict[str, Any]:
     sim: dict[str, Any] = {}
     llm_cluster: Any = None
     for key, value in data.items():
+        _check_strict_mapping(key, value, path)
         if key == "sim":
             sim = _sim_section(value, path)
         elif key == "disagg_cluster":
@@ -207,6 +203,21 @@ def load_extra_options(path: str) -> dict[str, Any]:
     if "disagg_cluster" in data:
         out["disagg_cluster"] = llm_cluster
     return out
+
+
+def _check_strict_mapping(key: str, value: Any, path: str) -> None:
+    """A mapping TensorRT-LLM validates as a StrictBaseModel (`KvCacheConfig`, ...) refuses keys
+    that are none of its fields ("Extra inputs are not permitted"), whether or not the simulator
+    reads them. Raises `ConfigError`."""
+    names = NESTED_CONFIG_NAMES.get(key)
+    if names is None or not isinstance(value, dict):
+        return
+    unknown = sorted(str(k) for k in value if k not in names)
+    if unknown:
+        raise ConfigError(
+            f"{path}: {key}: unknown key(s) {', '.join(unknown)} (no field of TensorRT-LLM's "
+            f"{NESTED_CONFIG_CLASSES[key]}, which refuses them: Extra inputs are not permitted)"
+        )
 
 
 def _kv_cache_config(value: Any, path: str) -> dict[str, Any]:

@@ -128,9 +128,54 @@ def test_unknown_kv_cache_config_keys_are_named_once_where_the_file_sets_them(
     ), warnings
 
 
+@pytest.mark.parametrize(
+    "where, arg, typo, named, meant, cls",
+    [
+        (
+            "top",
+            "cache_transceiver_config",
+            "kv_transfer_timeout_msec",
+            "cache_transceiver_config.kv_transfer_timeout_msec",
+            "kv_transfer_timeout_ms",
+            "CacheTransceiverConfig",
+        ),
+        (
+            "context_servers",
+            "cache_transceiver_config",
+            "backnd",
+            "context_servers.cache_transceiver_config.backnd",
+            "backend",
+            "CacheTransceiverConfig",
+        ),
+        (
+            "generation_servers",
+            "scheduler_config",
+            "capacity_scheduler_polcy",
+            "generation_servers.scheduler_config.capacity_scheduler_polcy",
+            "capacity_scheduler_policy",
+            "SchedulerConfig",
+        ),
+    ],
+)
+def test_unknown_keys_of_the_other_strict_config_mappings_are_named(
+    where: str, arg: str, typo: str, named: str, meant: str, cls: str
+) -> None:
+    """CacheTransceiverConfig and SchedulerConfig are StrictBaseModels too (llm_args.py)."""
+    mapping = {"backend": "UCX", typo: 1} if arg == "cache_transceiver_config" else {typo: "MAX_UTILIZATION"}
+    data = _base()
+    (data if where == "top" else data[where])[arg] = mapping
+    warnings = config_warnings(parse_config(data))
+    assert warnings == [
+        f"{named}: unknown key, did you mean {meant}? (no TensorRT-LLM {cls} field: "
+        "trtllm-serve executors would refuse it, shmdisagg serve ignores it)"
+    ]
+
+
 def test_the_kv_cache_config_options_shmdisagg_reads_are_kv_cache_config_fields() -> None:
     from shmdisagg.executors.plan import SIM_LLM_OPTIONS
-    from shmdisagg.trtllm_llm_args import KV_CACHE_CONFIG_NAMES
+    from shmdisagg.trtllm_llm_args import NESTED_CONFIG_NAMES
+
+    KV_CACHE_CONFIG_NAMES = NESTED_CONFIG_NAMES["kv_cache_config"]
 
     read = {name.split(".", 1)[1] for name in SIM_LLM_OPTIONS if name.startswith("kv_cache_config.")}
     assert read == {"enable_block_reuse", "event_buffer_max_size", "kv_cache_event_hash_algo"}
@@ -278,7 +323,7 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
     legacy names, get_llm_args' parameters; KvCacheConfig's fields and their aliases (no
     ClassVar, private name or model_config); the committed lists hold what TensorRT-LLM's own
     examples use."""
-    from shmdisagg.trtllm_llm_args import KV_CACHE_CONFIG_NAMES, LLM_ARG_NAMES
+    from shmdisagg.trtllm_llm_args import LLM_ARG_NAMES, NESTED_CONFIG_CLASSES, NESTED_CONFIG_NAMES
 
     (tmp_path / "tensorrt_llm/llmapi").mkdir(parents=True)
     (tmp_path / "tensorrt_llm/commands").mkdir(parents=True)
@@ -287,8 +332,13 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
         "    kind: ClassVar[str] = 'kv'\n    _pybind: int = 0\n"
         "    old: int = Field(default=0, alias='older')\n"
         "    new: int = Field(0, validation_alias=AliasChoices('new', 'newer', AliasPath('newest', 0)))\n"
+        "class BaseTransceiverConfig(StrictBaseModel):\n    backend: str = 'UCX'\n"
+        "class CacheTransceiverConfig(BaseTransceiverConfig):\n    max_tokens_in_buffer: int = 0\n"
+        "class NotStrict(BaseModel):\n    x: int = 0\n"
         "class BaseLlmArgs:\n    model_config = None\n    model: str\n    _hidden: int = 0\n    max_batch_size: "
-        "int = 2048\n"
+        "int = 2048\n    kv_cache_config: KvCacheConfig = ...\n"
+        "    cache_transceiver_config: Optional[CacheTransceiverConfig] = ...\n    loose: NotStrict | None = None\n"
+        "    either: Optional[Union[KvCacheConfig, CacheTransceiverConfig]] = None\n"
         "_TORCH_LLMARGS_REMOVED_ARG_CHECKS: dict = {'sampler_type': print}\n"
         "class TorchLlmArgs(BaseLlmArgs):\n    print_iter_log: bool = False\n"
         "def update_llm_args_with_extra_dict(llm_args, llm_args_dict):\n    if 'hf_revision' in llm_args_dict:\n "
@@ -313,8 +363,20 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
         "print_iter_log",
         "hf_revision",
         "free_gpu_memory_fraction",
+        "kv_cache_config",
+        "cache_transceiver_config",
+        "loose",
+        "either",
     }
-    assert namespace["KV_CACHE_CONFIG_NAMES"] == {"tokens_per_block", "old", "older", "new", "newer", "newest"}
+    # one StrictBaseModel class (or Optional of one), its bases' fields included; not a union, not a plain BaseModel
+    assert namespace["NESTED_CONFIG_CLASSES"] == {
+        "kv_cache_config": "KvCacheConfig",
+        "cache_transceiver_config": "CacheTransceiverConfig",
+    }
+    assert namespace["NESTED_CONFIG_NAMES"] == {
+        "kv_cache_config": {"tokens_per_block", "old", "older", "new", "newer", "newest"},
+        "cache_transceiver_config": {"backend", "max_tokens_in_buffer"},
+    }
     assert "commit abc123" in out.stdout and "commit def456" in out.stdout
     assert {
         "kv_cache_config",
@@ -343,14 +405,18 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
         "host_cache_size",
         "enable_partial_reuse",
         "dtype",
-    } <= KV_CACHE_CONFIG_NAMES
+    } <= NESTED_CONFIG_NAMES["kv_cache_config"]
+    assert {"backend", "kv_transfer_timeout_ms", "max_tokens_in_buffer"} <= NESTED_CONFIG_NAMES[
+        "cache_transceiver_config"
+    ]
     # the committed file is the script's output (its lists as the script writes them), which ruff leaves as it is
     root = Path(__file__).resolve().parents[3]
     committed = (root / "shmdisagg/trtllm_llm_args.py").read_text()
-    frozen = runpy.run_path(str(root / "scripts/gen_trtllm_llm_args.py"))["_frozenset"]
+    script = runpy.run_path(str(root / "scripts/gen_trtllm_llm_args.py"))
+    nested = {arg: (NESTED_CONFIG_CLASSES[arg], set(names)) for arg, names in NESTED_CONFIG_NAMES.items()}
     assert committed.startswith('"""Names TensorRT-LLM knows in a disaggregated config (generated; do not edit')
     assert committed[committed.index("\nLLM_ARG_NAMES = ") + 1 :] == (
-        frozen("LLM_ARG_NAMES", set(LLM_ARG_NAMES)) + "\n" + frozen("KV_CACHE_CONFIG_NAMES", set(KV_CACHE_CONFIG_NAMES))
+        script["_frozenset"]("LLM_ARG_NAMES", set(LLM_ARG_NAMES)) + "\n" + script["_nested"](nested)
     )
     (tmp_path / "tensorrt_llm/llmapi/llm_args.py").write_text("class BaseLlmArgs:\n    model: str\n")
     missing = subprocess.run(
@@ -359,7 +425,7 @@ def test_the_llm_argument_names_are_regenerated_by_the_script(tmp_path: Path) ->
         text=True,
         cwd=Path(__file__).resolve().parents[3],
     )
-    assert missing.returncode == 1 and "no class KvCacheConfig" in missing.stderr
+    assert missing.returncode == 1 and "no kv_cache_config argument of a StrictBaseModel class" in missing.stderr
 
 
 def _cluster(**cluster: Any) -> dict[str, Any]:

@@ -133,6 +133,12 @@ def test_command_line_values_win_over_the_yaml(tmp_path):
         ({"not_a_trtllm_key": 1}, "unknown extra_llm_api_options key"),
         ({"sim": {"warp": 9}}, "unknown sim option"),
         ({"kv_cache_config": {"tokens_per_block": "32"}}, "must be an integer"),
+        (
+            {"kv_cache_config": {"tokens_per_blok": 64}},
+            r"kv_cache_config: unknown key\(s\) tokens_per_blok \(no field of TensorRT-LLM's KvCacheConfig",
+        ),
+        ({"cache_transceiver_config": {"backend": "UCX", "kv_transfer_timeout_msec": 5}}, "CacheTransceiverConfig"),
+        ({"scheduler_config": {"policy": "FCFS"}}, "scheduler_config: unknown key"),
         ({"kv_cache_config": {"enable_block_reuse": "yes"}}, "true or false"),
         ({"sim": {"faults": [1]}}, "sim.faults"),
         ({"sim": {"speedup": -1}}, "speedup"),
