@@ -7,10 +7,13 @@ Hugging Face tokenizer (`HFTokenizer`), or the simulator's built-in one for simu
 When the ids are written back into the request (so the executor does not tokenize again and its
 KV blocks hash to exactly what the router matched on), following TensorRT-LLM
 (`serve/router_utils.py` `BlockHashMixin._tokenize` / `_tokenize_chat` @00d403d7):
-- completions: a text prompt is replaced by its ids (`prompt`), always, as upstream does; its
+- completions: a text prompt is replaced by its ids (`prompt`), as upstream does; its
   `add_special_tokens` is the request's (default true), as the worker's `DefaultInputProcessor`
   applies it. With `truncate_prompt_tokens` the text is sent as it came: the worker truncates
   with its own tokenizer's `truncation_side` (left), which the router's tokenizer does not share.
+  With `echo` too, unlike upstream: the worker prepends the prompt to the answer's text, and
+  with ids instead of it refuses the request (`openai_server.py`'s echo concatenates the id list
+  to the text: 400 "can only concatenate list (not "str") to list").
 - chats: upstream's router writes `prompt_token_ids` only when every worker reports a
   `render_fingerprint` (in `/server_info`) equal to the router's own (`_may_write_back_token_ids`),
   or always under `TRTLLM_RENDER_LEGACY=1` (`render/chat.py` `legacy_render_enabled`). That
@@ -158,6 +161,6 @@ async def prompt_token_ids(tokenizer: RoutingTokenizer, req: dict[str, Any], cha
         out = await asyncio.to_thread(_tokenize, tokenizer, req, chat)
     if out is None:
         return None
-    if out.write_back:
+    if out.write_back and (chat or not req.get("echo")):  # echo needs the text (module docstring)
         req["prompt_token_ids" if chat else "prompt"] = out.ids
     return out.ids

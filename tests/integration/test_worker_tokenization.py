@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -102,3 +103,29 @@ def test_the_ids_the_router_writes_for_a_completion_are_the_workers(
     ids = asyncio.run(prompt_token_ids(router, sent, False))
     assert sent["prompt"] == ids
     assert ids == _context_only(worker, "/v1/completions", body)
+
+
+def test_an_echo_completion_is_routed_on_its_ids_and_sent_as_text_which_the_worker_echoes(
+    worker: str, router: HFTokenizer
+) -> None:
+    """The worker echoes a text prompt; with the ids written back instead it answers 400 ("can
+    only concatenate list (not "str") to list"), which upstream's router causes."""
+    body = {"prompt": "hello world", "echo": True}
+    sent = copy.deepcopy(body)
+    ids = asyncio.run(prompt_token_ids(router, sent, False))
+    assert sent == body and ids == _context_only(worker, "/v1/completions", {"prompt": "hello world"})
+    answer = _complete(worker, {**sent, "model": "tinytok", "max_tokens": 2})
+    assert answer[0] == 200 and answer[1]["choices"][0]["text"].startswith("hello world"), answer
+    refused = _complete(worker, {**sent, "prompt": ids, "model": "tinytok", "max_tokens": 2})
+    assert refused[0] == 400 and "concatenate" in refused[1]["message"], refused
+
+
+def _complete(base: str, body: dict[str, Any]) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        base + "/v1/completions", json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())

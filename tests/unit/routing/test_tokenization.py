@@ -66,6 +66,23 @@ def test_a_truncated_completion_goes_as_text_for_the_worker_to_truncate(tok: Any
     assert req["prompt"] == "hello world " * 20
 
 
+@pytest.mark.parametrize("hf", [False, True])
+def test_an_echo_completion_is_routed_on_its_ids_but_sent_as_text(tok: Any, hf: bool) -> None:
+    """The worker echoes the prompt's text, and refuses echo with a token-id prompt."""
+    req = {"prompt": "hello world", "echo": True}
+    tokenizer = HFTokenizer(tok) if hf else SimTokenizer()
+    ids = asyncio.run(prompt_token_ids(tokenizer, req, False))
+    assert ids and all(isinstance(i, int) for i in ids)
+    assert req["prompt"] == "hello world"
+    executed = parse_request(
+        orjson.dumps({"model": "m", **req}),
+        False,
+        Tokenizer(),
+        Limits(vocab_size=Tokenizer.vocab_size, max_seq_len=1 << 20),
+    )
+    assert executed.echo_text == "hello world"  # the simulator, as the worker, echoes the text
+
+
 def test_chat_ids_route_but_are_not_written_back_unless_legacy(tok: Any) -> None:
     """TensorRT-LLM's router writes prompt_token_ids only when the workers' render fingerprint
     matches its own, or under TRTLLM_RENDER_LEGACY=1."""
