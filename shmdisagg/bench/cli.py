@@ -215,6 +215,12 @@ def workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
         raise BenchError(f"cannot read trace {path}: {exc.strerror or exc}") from None
     if not requests:
         raise BenchError(f"trace {path} holds no requests")
+    if args.num_requests is not None and len(requests) < args.num_requests:
+        print(
+            f"shmdisagg bench: the trace holds {len(requests):,} requests, fewer than --num-requests "
+            f"{args.num_requests:,}: sending those {len(requests):,}",
+            file=sys.stderr,
+        )
     return requests, str(path)
 
 

@@ -223,6 +223,18 @@ def test_the_same_seed_again_measures_the_cache_it_left_and_says_so(capsys: pyte
     ) in err
 
 
+def test_more_requests_than_the_trace_holds_sends_the_trace_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    whole = len(load_trace(SHIPPED_TRACE, None))
+    requests, _ = cli.workload(parse(["--num-requests", str(whole + 1)]))
+    assert len(requests) == whole
+    assert capsys.readouterr().err == (
+        f"shmdisagg bench: the trace holds {whole:,} requests, fewer than --num-requests {whole + 1:,}: "
+        f"sending those {whole:,}\n"
+    )
+    cli.workload(parse(["--num-requests", str(whole)]))
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     "argv",
     [
