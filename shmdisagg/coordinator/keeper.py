@@ -265,6 +265,14 @@ class CoordinatorKeeper:
             self.final = exit_status(proc.returncode) if proc is not None and proc.returncode is not None else 0
         return self.final
 
+    def interrupt(self) -> None:
+        """Pass a SIGINT on to the coordinator (a second Ctrl-C: its fleet then ends the requests
+        still running at once). Safe in a signal handler: no wait, no lock."""
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+
     def owns(self, pid: int) -> bool:
         """For `reap_orphans`: the current coordinator is ours (reaped through its Popen)."""
         for proc in (self.proc, self.standby):
@@ -343,6 +351,8 @@ def run_supervised(config: DisaggConfig, argv: list[str], report_addr: str | Non
     stop = {"signal": 0}
 
     def on_signal(signum: int, frame: object) -> None:
+        if stop["signal"] and signum == signal.SIGINT:  # a second Ctrl-C, maybe to this pid alone
+            keeper.interrupt()
         stop["signal"] = signum
 
     def spawn(env: dict[str, str], fds: Sequence[int]) -> subprocess.Popen[bytes]:

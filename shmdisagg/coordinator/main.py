@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import socket
 from dataclasses import dataclass, field
 
@@ -255,8 +256,15 @@ class Coordinator:
                 log.exception("index maintenance failed")
 
     def request_stop(self, signum: int | None = None) -> None:
+        """The stop signal `signum` (None: asked by the API). A SIGINT once stopping is a second
+        Ctrl-C: the fleet ends its requests at once, not after the grace period (uvicorn's "CTRL+C
+        to force quit"); it reaches the coordinator alone when sent to `shmdisagg serve`'s pid or
+        passed on by its supervisor, and the workers are told here."""
         if not self._stop.is_set():
             self.stop_signal = signum
+        elif signum == signal.SIGINT:
+            log.warning("a second Ctrl-C: the fleet ends the requests still running now")
+            self.supervisor.force_quit()
         self._stop.set()
 
     async def _heartbeat(self) -> None:

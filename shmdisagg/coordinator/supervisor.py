@@ -342,6 +342,14 @@ class FleetSupervisor:
         if not self._stopping and index not in self.workers and index < self.num_workers:
             self._spawn(index, quick_deaths)
 
+    def force_quit(self) -> None:
+        """A second Ctrl-C while stopping: SIGINT every worker, which then ends the requests still
+        running at once instead of after its grace period (`fleet.worker.GracefulStop`); `stop`
+        goes on waiting for them to exit."""
+        for w in list(self.workers.values()):
+            with contextlib.suppress(ProcessLookupError):  # it may have just exited
+                w.proc.send_signal(signal.SIGINT)
+
     async def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM every worker, wait up to `timeout_s` seconds (their grace period plus
         STOP_MARGIN_S), SIGKILL the rest; rows are reclaimed."""

@@ -284,3 +284,43 @@ def yaml_port(cfg: Path) -> int:
     import yaml
 
     return int(yaml.safe_load(cfg.read_text())["port"])
+
+
+@pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_sigint_to_the_serve_pid_alone_ends_the_requests_still_running(
+    tmp_path: Path, shm_prefix: str, first: int
+) -> None:
+    """`kill -INT` twice (or a SIGTERM, then a SIGINT) to `shmdisagg serve`'s own pid: the second
+    one goes on to the coordinator, whose fleet then ends its requests at once, as a second
+    Ctrl-C in the terminal (which reaches every process of the group) does."""
+    from tests.integration.test_interrupted_start import Command
+
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(
+            tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=2, shmdisagg={"timeout_graceful_shutdown_s": 30}
+        )
+        cmd = Command("serve", "-c", str(cfg))
+        cmd.wait_for_line("coordinator ready")
+        _hold(gen, True)
+        conn = http.client.HTTPConnection("127.0.0.1", yaml_port(cfg), timeout=60)
+        conn.request(
+            "POST", "/v1/completions", body=orjson.dumps({**COMPLETION, "stream": True}),
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        resp = conn.getresponse()
+        assert resp.status == 200 and b"t0" in resp.readline()
+        os.kill(cmd.proc.pid, first)  # the serve process alone, not its group
+        cmd.wait_for_line("Waiting for connections to close")
+        forced = time.monotonic()
+        os.kill(cmd.proc.pid, signal.SIGINT)
+        rest = resp.read()
+        ended = time.monotonic() - forced
+        conn.close()
+        status, stderr = cmd.interrupt(None)
+    assert ended < 15, "".join(stderr)  # not the 30 s grace period
+    assert b"ServiceUnavailableError" in rest and rest.rstrip().endswith(b"data: [DONE]"), rest
+    assert status == 0, "".join(stderr)  # a stop after start-up is a clean exit
+    assert any("a second Ctrl-C" in line for line in stderr), "".join(stderr)
+    assert "Traceback" not in "".join(stderr)
+    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+    assert [pid for pid in cmd.seen if alive(pid)] == []
