@@ -18,7 +18,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
-SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+# Starlette's StreamingResponse(media_type="text/event-stream"), which TensorRT-LLM's servers
+# answer streams with, adds the charset to a text/ type
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
 class Responder(Protocol):

@@ -242,10 +242,10 @@ def answer_diff(direct: Answer, via: Answer) -> list[str]:
     if via.status != direct.status:
         out.append(f"status: via shmdisagg {via.status}, direct {direct.status} (via body {via.raw[:300]!r})")
         return out
-    kind = [a.headers.get("content-type", "").split(";")[0] for a in (direct, via)]
-    if kind[0] != kind[1]:
-        out.append(f"content-type: via shmdisagg {kind[1]!r}, direct {kind[0]!r}")
+    ctype = [a.headers.get("content-type", "") for a in (direct, via)]
+    if ctype[0] != ctype[1]:  # charset included: a client may read it
+        out.append(f"content-type: via shmdisagg {ctype[1]!r}, direct {ctype[0]!r}")
         return out
-    if kind[0] == "text/event-stream":
+    if ctype[0].split(";")[0] == "text/event-stream":
         return out + stream_diff(direct, via)
     return out + body_diff(direct.json, via.json)

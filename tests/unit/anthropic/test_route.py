@@ -135,7 +135,7 @@ def test_a_stream_is_reframed_chunk_by_chunk() -> None:
         )
 
     status, headers, body = serve(ChatRoute(answer), orjson.dumps({**REQUEST, "stream": True}))
-    assert status == 200 and headers[b"content-type"] == b"text/event-stream"
+    assert status == 200 and headers[b"content-type"] == b"text/event-stream; charset=utf-8"
     names = [line[7:] for line in body.split(b"\n") if line.startswith(b"event: ")]
     assert names == [
         b"message_start",
