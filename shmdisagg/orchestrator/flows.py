@@ -491,7 +491,12 @@ def generation_request(
     """The generation leg: the client's request with the context executor's handoff
     (`_get_gen_request`, openai_disagg_service.py); with `strip_history` a chat keeps only its
     last message (`gen_strip_message_history`: the ids carry the prompt; tools are kept). `ids`:
-    the context answer's `prompt_token_ids` when they were cut from it as bytes (`splice.cut`)."""
+    the context answer's `prompt_token_ids` when they were cut from it as bytes (`splice.cut`).
+
+    A completion with `echo` keeps its text prompt, unlike upstream: the worker prepends the
+    prompt's text to the answer, and with the ids in its place it refuses the request (its echo
+    concatenates the id list to the text: 400, which upstream's orchestrator relays). The
+    generation executor tokenizes the same text to the same ids."""
     if ids is not None and ids.empty:
         ids = None
     params = dict(ctx["choices"][0]["disaggregated_params"])
@@ -512,6 +517,8 @@ def generation_request(
         messages = gen.get("messages")
         if strip_history and isinstance(messages, list) and len(messages) > 1:
             gen["messages"] = messages[-1:]
+    elif req.get("echo") and isinstance(req.get("prompt"), str):
+        pass
     elif ids is not None:
         gen["prompt"] = ids
     elif ctx.get("prompt_token_ids"):

@@ -161,6 +161,8 @@ async def prompt_token_ids(tokenizer: RoutingTokenizer, req: dict[str, Any], cha
         out = await asyncio.to_thread(_tokenize, tokenizer, req, chat)
     if out is None:
         return None
-    if out.write_back and (chat or not req.get("echo")):  # echo needs the text (module docstring)
+    # echo needs the text (module docstring); no ids (an empty text without BOS) is the worker's
+    # to refuse in its own words, where an empty id list would fail in it another way
+    if out.write_back and out.ids and (chat or not req.get("echo")):
         req["prompt_token_ids" if chat else "prompt"] = out.ids
     return out.ids

@@ -70,8 +70,8 @@ def _normalise_prompt(req: dict[str, Any], want_ids: bool) -> tuple[str | Sequen
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        if not prompt:
-            raise _bad("'prompt' must not be empty", "prompt")
+        # "" is the executor's to judge: TensorRT-LLM's worker serves it (the BOS token is the
+        # prompt) and refuses it with add_special_tokens false ("The prompt must not be empty")
         return prompt, None
     if isinstance(prompt, list):
         if not prompt:
@@ -132,10 +132,8 @@ def validate(req: dict[str, Any], chat: bool, want_ids: bool = False) -> bytes |
     model = req.get("model")
     if model is None:
         raise _bad("'model' is required", "model")
-    if not isinstance(model, str):
+    if not isinstance(model, str):  # "" too is a string TensorRT-LLM's protocol serves
         raise _bad(f"'model' must be a string, got {_json_type(model)}", "model")
-    if not model:
-        raise _bad("'model' must not be empty", "model")
     ids = None
     if chat:
         _check_messages(req)

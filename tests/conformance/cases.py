@@ -136,6 +136,7 @@ CASES = [
     Case("cmpl-long", COMPLETIONS, lambda r: _long_cmpl(r)),
     Case("cmpl-long-stream", COMPLETIONS, lambda r: {**_long_cmpl(r), **USAGE}),
     Case("cmpl-n-1", COMPLETIONS, lambda r: _cmpl(r, n=1)),
+    Case("cmpl-empty-model", COMPLETIONS, lambda r: _cmpl(r, model="")),  # a string: served
     Case("cmpl-n-2", COMPLETIONS, lambda r: _cmpl(r, n=2), kind="refused"),
     Case(
         "cmpl-over-max-seq-len",
@@ -144,6 +145,13 @@ CASES = [
         kind="error",
     ),
     Case("cmpl-unknown-field", COMPLETIONS, lambda r: _cmpl(r, bogus_field=1), kind="error"),
+    # the worker serves an empty text (its BOS is the prompt) and refuses one without BOS
+    Case("cmpl-empty-text", COMPLETIONS, lambda r: _cmpl(r, prompt="")),
+    Case("cmpl-empty-text-stream", COMPLETIONS, lambda r: _cmpl(r, prompt="", **USAGE)),
+    Case("cmpl-empty-text-no-bos", COMPLETIONS, lambda r: _cmpl(r, prompt="", add_special_tokens=False), kind="error"),
+    # the worker prepends the prompt's text; a tokenizing router must not send it as ids
+    Case("cmpl-echo", COMPLETIONS, lambda r: _cmpl(r, echo=True)),
+    Case("cmpl-echo-stream", COMPLETIONS, lambda r: _cmpl(r, echo=True, **STREAM)),
     # chat
     Case("chat-text", CHAT, lambda r: _chat(r)),
     Case("chat-text-stream", CHAT, lambda r: _chat(r, **STREAM)),

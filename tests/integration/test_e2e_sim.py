@@ -122,3 +122,24 @@ def test_server_info_names_the_schedule_style_and_servers(sim_deployment) -> Non
     assert info["models"] == [MODEL] and info["num_workers"] == 2
     assert info["roles"]["context"]["servers"] == dep.config.context_servers.urls
     assert info["roles"]["generation"]["servers"] == dep.config.generation_servers.urls
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_echo_completion_and_an_empty_prompt_are_served_as_the_worker_serves_them(
+    sim_deployment, stream: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """The simulator follows TensorRT-LLM's worker (tests/conformance cmpl-echo*, cmpl-empty-*):
+    echo prepends the prompt's text; an empty text is served with its BOS as the prompt."""
+    dep = sim_deployment
+    for prompt, echo in (("Once upon a time", True), ("", False)):
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "echo": echo}
+        if stream:
+            status, events, _ = stream_lines(dep, "/v1/completions", {**body, "stream": True})
+            assert status == 200 and events[-1] == b"[DONE]", events
+            text = "".join(c["choices"][0]["text"] for c in map(orjson.loads, events[:-1]) if c["choices"])
+        else:
+            status, answer = post(dep, "/v1/completions", body)
+            assert status == 200, answer
+            text = answer["choices"][0]["text"]
+        assert text.startswith(prompt) and len(text) > len(prompt), text
+    assert _idle(dep)
