@@ -77,10 +77,39 @@ def redact(message: str) -> str:
     return _ADDRESS.sub("<executor>", message)
 
 
+# One error of a pydantic ValidationError's `errors()` list as the worker writes it in its
+# `{"error": str(exc.errors())}` body (a Python repr): its `loc` tuple and `msg` string.
+_REPR_ERROR = re.compile(r"""'loc': \(([^)]*)\), 'msg': (?:'((?:[^'\\]|\\.)*)'|"((?:[^"\\]|\\.)*)")""")
+# A handoff field with its value, as a repr or JSON dump of a request writes it
+_INTERNAL_NAMES = re.compile("['\"](?:" + "|".join(INTERNAL_KEYS) + ")['\"]\\s*:")
+
+
+def _validation_summary(message: Any) -> str | None:
+    """A request validation error without the request in it: "loc: msg" per error. The
+    worker's validation errors carry their `input`, the whole leg for a model-level check
+    (`stream_options` without `stream`), handoff included; None when `message` is none."""
+    if isinstance(message, list):  # FastAPI's own `detail`: [{"loc": [...], "msg": ...}, ...]
+        parts = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}"
+            for e in message
+            if isinstance(e, dict) and "msg" in e
+        ]
+    elif isinstance(message, str):
+        parts = [
+            ".".join(p.strip().strip("'\"") for p in loc.split(",") if p.strip()) + ": " + (single or double)
+            for loc, single, double in _REPR_ERROR.findall(message)
+        ]
+    else:
+        return None
+    return "; ".join(parts) or None
+
+
 def executor_error_message(raw: bytes, status: int) -> str:
     """The message of an executor's error body, unwrapped as TensorRT-LLM's orchestrator does it
     (`error.message`, then `message`, then FastAPI's `detail`, then the worker's validation
-    `{"error": str}`), redacted; else a line naming only the status."""
+    `{"error": str}`), redacted; else a line naming only the status. A message that holds a
+    handoff field with its value (`INTERNAL_KEYS`: the worker echoing the leg it refused) is cut
+    down to its validation errors' locations and messages, or to the status."""
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -95,7 +124,12 @@ def executor_error_message(raw: bytes, status: int) -> str:
         message = message or payload.get("message") or payload.get("detail")
     if not message:
         return f"executor answered HTTP {status}"
-    return redact(message if isinstance(message, str) else orjson.dumps(message).decode())
+    text = message if isinstance(message, str) else orjson.dumps(message).decode()
+    if _INTERNAL_NAMES.search(text):
+        text = _validation_summary(message) or f"executor refused the request (HTTP {status})"
+        if _INTERNAL_NAMES.search(text):  # cannot happen: the summary holds no input
+            text = f"executor refused the request (HTTP {status})"
+    return redact(text)
 
 
 def max_tokens_of(req: dict[str, Any]) -> int | None:

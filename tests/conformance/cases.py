@@ -90,6 +90,7 @@ class Case:
     # "same": equal to the direct answer; "refused": shmdisagg's documented 400; "error": the
     # worker's error relayed
     kind: str = "same"
+    field: str = "bogus_field"  # "error": the field the worker's validation error names
 
 
 def _cmpl(req: Req, **kw: Any) -> dict[str, Any]:
@@ -111,6 +112,12 @@ def _long_chat(req: Req, max_tokens: int = 8) -> dict[str, Any]:
 def over_max_seq_len(req: Req, path: str, make: Callable[[int], dict[str, Any]], **kw: Any) -> dict[str, Any]:
     body, n = req.filled(path, make, 8)
     return {**body, "max_tokens": MAX_SEQ_LEN - n + 1, **kw}  # one token over max_seq_len
+
+
+def _stop_string(req: Req) -> dict[str, Any]:
+    """A stop string given as a string, not a list."""
+    body = req.stop_at(COMPLETIONS, _cmpl(req, max_tokens=12), 3)
+    return {**body, "stop": body["stop"][0]}
 
 
 USAGE = {"stream": True, "stream_options": {"include_usage": True}}
@@ -207,6 +214,90 @@ CASES = [
     Case("chat-long-stream", CHAT, lambda r: {**_long_chat(r), **USAGE}),
     Case("chat-cache-salt", CHAT, lambda r: _chat(r, cache_salt=r.nonce)),
     Case("chat-n-2", CHAT, lambda r: _chat(r, n=2), kind="refused"),
+    # more of the protocol: each answered as the worker answers it, its refusals relayed (the
+    # worker's validation errors echo the leg they refuse, handoff included: none may reach the
+    # client)
+    Case(
+        "cmpl-stream-options-without-stream",
+        COMPLETIONS,
+        lambda r: _cmpl(r, stream_options={"include_usage": True}),
+        kind="error",
+        field="Stream options",
+    ),
+    Case("cmpl-max-tokens-null", COMPLETIONS, lambda r: _cmpl(r, max_tokens=None)),
+    Case("cmpl-stream-false", COMPLETIONS, lambda r: _cmpl(r, stream=False)),
+    Case("cmpl-stop-as-string", COMPLETIONS, lambda r: _stop_string(r)),
+    Case("cmpl-stop-token-ids", COMPLETIONS, lambda r: _cmpl(r, stop_token_ids=[5])),
+    Case("cmpl-ignore-eos-min-tokens", COMPLETIONS, lambda r: _cmpl(r, ignore_eos=True, min_tokens=4)),
+    Case("cmpl-logprobs-0", COMPLETIONS, lambda r: _cmpl(r, logprobs=0)),
+    Case("cmpl-user-seed-temperature", COMPLETIONS, lambda r: _cmpl(r, user="u1", seed=7, temperature=0.0)),
+    Case("cmpl-detokenize-false", COMPLETIONS, lambda r: _cmpl(r, detokenize=False)),
+    Case("cmpl-token-ids-batch-of-1", COMPLETIONS, lambda r: _cmpl(r, prompt=[r.ids(20)])),
+    Case("cmpl-text-batch-of-1", COMPLETIONS, lambda r: _cmpl(r, prompt=[r.text()])),
+    Case(  # the nonce at the end: the 20 tokens kept are new to every worker
+        "cmpl-truncate-prompt-tokens",
+        COMPLETIONS,
+        lambda r: _cmpl(r, prompt=f"Tell me a story. {r.nonce}", truncate_prompt_tokens=20),
+    ),
+    Case(
+        "cmpl-continuous-usage-stats",
+        COMPLETIONS,
+        lambda r: _cmpl(r, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}),
+    ),
+    Case(
+        "cmpl-return-token-ids",
+        COMPLETIONS,
+        lambda r: _cmpl(r, return_token_ids=True),
+        kind="error",
+        field="return_token_ids",
+    ),
+    Case(
+        "chat-empty-content",
+        CHAT,
+        lambda r: _chat(r, messages=[{"role": "system", "content": r.nonce}, {"role": "user", "content": ""}]),
+    ),
+    Case("chat-system-only", CHAT, lambda r: _chat(r, messages=[{"role": "system", "content": r.text()}])),
+    Case("chat-logprobs-without-top", CHAT, lambda r: _chat(r, logprobs=True)),
+    Case("chat-echo", CHAT, lambda r: _chat(r, echo=True)),
+    Case("chat-echo-stream", CHAT, lambda r: _chat(r, echo=True, stream=True)),
+    Case(
+        "chat-tool-choice-none",
+        CHAT,
+        lambda r: _chat(
+            r,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}],
+            tool_choice="none",
+        ),
+    ),
+    Case(
+        "chat-truncate-prompt-tokens",
+        CHAT,
+        lambda r: _chat(r, messages=r.messages(f"Tell me a story. {r.nonce}"), truncate_prompt_tokens=20),
+    ),
+    Case(
+        "chat-continuous-usage-stats",
+        CHAT,
+        lambda r: _chat(r, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}),
+    ),
+    Case(
+        "chat-continue-final-message",
+        CHAT,
+        lambda r: _chat(
+            r,
+            messages=[*r.messages(), {"role": "assistant", "content": "Once"}],
+            add_generation_prompt=False,
+            continue_final_message=True,
+        ),
+        kind="error",
+        field="continue_final_message",
+    ),
+    Case(
+        "chat-max-tokens-and-max-completion-tokens",
+        CHAT,
+        lambda r: _chat(r, max_completion_tokens=3),
+        kind="error",
+        field="max_completion_tokens",
+    ),
 ]
 BY_NAME = {c.name: c for c in CASES}
 # The cases a router can change (which server, and for tokenizing routers the prompt they write

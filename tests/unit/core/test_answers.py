@@ -268,3 +268,44 @@ def test_a_crlf_framed_stream_with_internal_keys_is_rewritten_too() -> None:
     guard = StreamGuard(max_tokens=None)
     out = guard.feed(_chunk("a", "length", disaggregated_params=HANDOFF).replace(b"\n\n", b"\r\n\r\n")) + guard.end()
     assert b"disaggregated_params" not in out and b"encoded_opaque_state" not in out and b'"text":"a"' in out
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (  # the worker's validation body for a model-level check: the whole leg as `input`
+            {
+                "error": "[{'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, Stream options can only be "
+                "defined when stream is true.', 'input': {'model': 'm', 'prompt': [1, 2], 'disaggregated_params': "
+                "{'request_type': 'generation_only', 'encoded_opaque_state': 'c2VjcmV0', 'ctx_info_endpoint': "
+                "'ucx://10.1.2.3:5000'}}, 'ctx': {'error': ValueError('Stream options can only be defined when stream "
+                "is true.')}}]"
+            },
+            "body: Value error, Stream options can only be defined when stream is true.",
+        ),
+        (  # two errors, one message in double quotes (it holds a single quote)
+            {
+                "error": "[{'type': 'extra_forbidden', 'loc': ('body', 'bogus'), 'msg': \"Extra inputs aren't "
+                "permitted\", 'input': 1}, {'type': 'missing', 'loc': ('body', 'model'), 'msg': 'Field required', "
+                "'input': {'disaggregated_params': {'ctx_request_id': 9}}}]"
+            },
+            "body.bogus: Extra inputs aren't permitted; body.model: Field required",
+        ),
+        (  # FastAPI's own 422 detail
+            {
+                "detail": [
+                    {"loc": ["body", "x"], "msg": "bad", "input": {"disaggregated_params": {"ctx_request_id": 9}}}
+                ]
+            },
+            "body.x: bad",
+        ),
+        ({"message": 'leg {"ctx_info_endpoint": "x"} refused'}, "executor refused the request (HTTP 400)"),
+        ({"message": "unknown ctx_request_id 5"}, "unknown ctx_request_id 5"),  # a name, no value: kept
+    ],
+)
+def test_an_executor_error_that_echoes_the_leg_keeps_only_its_validation_errors(
+    body: dict[str, object], expected: str
+) -> None:
+    message = executor_error_message(orjson.dumps(body), 400)
+    assert message == expected
+    assert "c2VjcmV0" not in message and "10.1.2.3" not in message
