@@ -124,11 +124,18 @@ def executor_error_message(raw: bytes, status: int) -> str:
         message = message or payload.get("message") or payload.get("detail")
     if not message:
         return f"executor answered HTTP {status}"
+    return public_message(message, f"executor refused the request (HTTP {status})")
+
+
+def public_message(message: Any, fallback: str) -> str:
+    """An executor's error message (a string, or FastAPI's list of errors) as a client may read
+    it: addresses redacted, and cut down to its validation errors' locations and messages (else
+    `fallback`) when it holds a handoff field with its value."""
     text = message if isinstance(message, str) else orjson.dumps(message).decode()
     if _INTERNAL_NAMES.search(text):
-        text = _validation_summary(message) or f"executor refused the request (HTTP {status})"
+        text = _validation_summary(message) or fallback
         if _INTERNAL_NAMES.search(text):  # cannot happen: the summary holds no input
-            text = f"executor refused the request (HTTP {status})"
+            text = fallback
     return redact(text)
 
 
@@ -296,7 +303,8 @@ class StreamGuard:
         if inner is not None:
             self.errored = True
             message = inner.get("message") if isinstance(inner, dict) else inner
-            text = redact(message) if isinstance(message, str) and message else "generation executor failed mid-stream"
+            failed = "generation executor failed mid-stream"
+            text = public_message(message, failed) if isinstance(message, str) and message else failed
             return head + b"data: " + orjson.dumps({"error": error_object(502, text)})
         _scrub_chunk(obj)
         return head + b"data: " + orjson.dumps(obj)

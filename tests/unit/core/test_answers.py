@@ -309,3 +309,10 @@ def test_an_executor_error_that_echoes_the_leg_keeps_only_its_validation_errors(
     message = executor_error_message(orjson.dumps(body), 400)
     assert message == expected
     assert "c2VjcmV0" not in message and "10.1.2.3" not in message
+
+
+def test_an_executor_error_event_that_echoes_the_leg_keeps_only_its_message() -> None:
+    guard = StreamGuard(max_tokens=None)
+    leak = "'input': {'disaggregated_params': {'encoded_opaque_state': 'c2VjcmV0'}}"
+    out = guard.feed(_event({"error": {"message": f"[{{'loc': ('body',), 'msg': 'Value error, bad', {leak}}}]"}}))
+    assert orjson.loads(out[6:])["error"]["message"] == "body: Value error, bad" and guard.errored
