@@ -121,6 +121,7 @@ def _stop_string(req: Req) -> dict[str, Any]:
 
 
 USAGE = {"stream": True, "stream_options": {"include_usage": True}}
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
 STREAM = {"stream": True}
 
 CASES = [
@@ -298,6 +299,32 @@ CASES = [
         kind="error",
         field="max_completion_tokens",
     ),
+    Case("chat-tool-choice-auto", CHAT, lambda r: _chat(r, tools=TOOLS, tool_choice="auto")),
+    Case("chat-tool-choice-required", CHAT, lambda r: _chat(r, tools=TOOLS, tool_choice="required")),
+    Case(
+        "chat-tool-choice-named",
+        CHAT,
+        lambda r: _chat(r, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "f"}}),
+    ),
+    Case("chat-response-format-json-object", CHAT, lambda r: _chat(r, response_format={"type": "json_object"})),
+    Case(
+        "chat-message-name", CHAT, lambda r: _chat(r, messages=[{"role": "user", "content": r.text(), "name": "bob"}])
+    ),
+    Case("chat-template-kwargs", CHAT, lambda r: _chat(r, chat_template_kwargs={"enable_thinking": False})),
+    Case("chat-add-special-tokens", CHAT, lambda r: _chat(r, add_special_tokens=True)),
+    Case("chat-unknown-role", CHAT, lambda r: _chat(r, messages=[{"role": "wizard", "content": r.text()}])),
+    Case("cmpl-logit-bias", COMPLETIONS, lambda r: _cmpl(r, logit_bias={"5": 10.0})),
+    Case("cmpl-best-of-1", COMPLETIONS, lambda r: _cmpl(r, best_of=1)),
+    Case(
+        "cmpl-penalties",
+        COMPLETIONS,
+        lambda r: _cmpl(r, frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.1),
+    ),
+    Case("cmpl-top-k-top-p-min-p", COMPLETIONS, lambda r: _cmpl(r, top_k=5, top_p=0.9, min_p=0.1)),
+    # the worker's sampling checks, relayed as it words them
+    Case("cmpl-temperature-negative", COMPLETIONS, lambda r: _cmpl(r, temperature=-1.0), kind="error"),
+    Case("cmpl-top-p-over-1", COMPLETIONS, lambda r: _cmpl(r, top_p=2.0), kind="error"),
+    Case("cmpl-token-id-out-of-vocabulary", COMPLETIONS, lambda r: _cmpl(r, prompt=[100000]), kind="error"),
 ]
 BY_NAME = {c.name: c for c in CASES}
 # The cases a router can change (which server, and for tokenizing routers the prompt they write

@@ -15,6 +15,7 @@ executor address, appears anywhere in a body, a header or an SSE event.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -141,10 +142,17 @@ def _short(value: Any, limit: int = 160) -> str:
 
 
 def _without_per_request(doc: Any) -> Any:
-    """`doc` with per-request values replaced by their type (so only presence and type count)."""
+    """`doc` with per-request values replaced by their type (so only presence and type count):
+    the answer's own, and each tool call's random `id` (`chatcmpl-tool-<uuid>`)."""
     if not isinstance(doc, dict):
         return doc
-    return {k: (shape(v) if k in PER_REQUEST else v) for k, v in doc.items()}
+    out = {k: (shape(v) if k in PER_REQUEST else v) for k, v in copy.deepcopy(doc).items()}
+    for choice in out.get("choices") or ():
+        calls = (choice.get("message") or {}).get("tool_calls") if isinstance(choice, dict) else None
+        for call in calls if isinstance(calls, list) else ():
+            if isinstance(call, dict) and "id" in call:
+                call["id"] = shape(call["id"])
+    return out
 
 
 def body_diff(direct: Any, via: Any) -> list[str]:
