@@ -341,7 +341,8 @@ def _check_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[list[tuple[b
     """The request headers the hot routes act on, in one pass: a `content-type` that is not JSON
     is refused with 415 (TensorRT-LLM's FastAPI routes cannot parse such a body either, and
     answer it with a bare 500; no content type is read as JSON, as FastAPI does), and a client's
-    `x-request-id` is returned to be echoed back once validated (it may reach logs). The flag
+    `x-request-id` is returned to be echoed back when it is 1-128 characters of
+    `[A-Za-z0-9._:-]` (any other value is ignored: it would go into a response header). The flag
     says whether a conversation-id header (`SESSION_HEADERS`) came with it."""
     echo: list[tuple[bytes, bytes]] = []
     session = False
@@ -355,14 +356,9 @@ def _check_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[list[tuple[b
                 "content-type",
             )
         if name == b"x-request-id":
-            if not _REQUEST_ID.match(value):
-                raise RequestError(
-                    400,
-                    "x-request-id must be 1-128 characters of [A-Za-z0-9._:-]",
-                    "invalid_request_id",
-                    "x-request-id",
-                )
-            echo = [(b"x-request-id", value)]
+            # echoed only when it is a plain id; any other value is not ours to refuse
+            # (TensorRT-LLM does not read the header and serves the request)
+            echo = [(b"x-request-id", value)] if _REQUEST_ID.match(value) else []
         elif name in SESSION_HEADERS:
             session = True
     return echo, session

@@ -237,15 +237,16 @@ def test_request_hygiene(pair) -> None:  # type: ignore[no-untyped-def]
     status, body = post_raw(dep, "/v1/completions", orjson.dumps({**COMPLETION, "prompt": "x" * 4096}))
     assert status == 413 and body["object"] == "error"
     c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=5)
-    for bad in ("has spaces; and=more", "x" * 200, "a{b}"):
+    for odd in ("has spaces; and=more", "x" * 200, "a{b}"):  # served, as TensorRT-LLM serves it, not echoed
         c.request(
             "POST",
             "/v1/completions",
             body=orjson.dumps(COMPLETION),
-            headers={"content-type": "application/json", "x-request-id": bad},
+            headers={"content-type": "application/json", "x-request-id": odd},
         )
         r = c.getresponse()
-        assert r.status == 400 and orjson.loads(r.read())["param"] == "x-request-id"
+        r.read()
+        assert r.status == 200 and r.getheader("x-request-id") is None
     c.request(
         "POST",
         "/v1/completions",
@@ -256,7 +257,7 @@ def test_request_hygiene(pair) -> None:  # type: ignore[no-untyped-def]
     r.read()
     assert r.status == 200 and r.getheader("x-request-id") == "abc-123"
     c.close()
-    assert len(ctx.recorded()) == 1
+    assert len(ctx.recorded()) == 4
     assert _idle(dep)
 
 
