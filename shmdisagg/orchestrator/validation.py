@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+from pydantic import TypeAdapter, ValidationError
 
 from shmdisagg._native import token_ids_int32, token_ids_ok
 from shmdisagg.orchestrator.errors import RequestError
@@ -23,6 +24,10 @@ from shmdisagg.orchestrator.splice import TokenIds
 # protocol marks `prompt_token_ids_b64` "not for clients", tensorrt_llm/serve/openai_protocol.py).
 # A chat's `prompt_token_ids` is a client field there (it skips the worker's template) and is kept.
 ORCHESTRATOR_FIELDS = ("disaggregated_params", "prompt_token_ids_b64", "ctx_usage")
+
+
+_INT = TypeAdapter(int)
+_BOOL = TypeAdapter(bool)
 
 
 def _bad(message: str, param: str | None = None) -> RequestError:
@@ -111,9 +116,47 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _check_positive_int(req: dict[str, Any], key: str) -> None:
+_INVALID = object()
+
+
+def _lax(value: Any, kind: type) -> Any:
+    """`value` as pydantic's lax mode reads it for an `int` or `bool` field, as TensorRT-LLM's
+    request models (`openai_protocol.py`) do: "3", 3.0 and true are the int 3, 3, 1; "false",
+    "no", 0 the bool False. `_INVALID` when pydantic would refuse it."""
+    if type(value) is kind:
+        return value
+    try:
+        return (_INT if kind is int else _BOOL).validate_python(value)
+    except ValidationError:
+        return _INVALID
+
+
+def _int_field(req: dict[str, Any], key: str) -> int | None:
+    """The request's `key`, an int field, coerced in place (None when absent or null)."""
     value = req.get(key)
-    if value is not None and (type(value) is not int or value < 1):
+    if value is None or type(value) is int:
+        return value
+    coerced = _lax(value, int)
+    if coerced is _INVALID:
+        raise _bad(f"'{key}' must be an integer, got {_json_type(value)}", key)
+    req[key] = coerced
+    return coerced  # type: ignore[no-any-return]
+
+
+def _bool_field(mapping: dict[str, Any], key: str, name: str) -> None:
+    """`mapping[key]`, a bool field, coerced in place; `name` is its name in a message."""
+    value = mapping.get(key)
+    if value is None or type(value) is bool:
+        return
+    coerced = _lax(value, bool)
+    if coerced is _INVALID:
+        raise _bad(f"'{name}' must be true or false", name)
+    mapping[key] = coerced
+
+
+def _check_positive_int(req: dict[str, Any], key: str) -> None:
+    value = _int_field(req, key)
+    if value is not None and value < 1:
         raise _bad(f"'{key}' must be a positive integer", key)
 
 
@@ -145,16 +188,16 @@ def validate(req: dict[str, Any], chat: bool, want_ids: bool = False) -> bytes |
     else:
         req["prompt"], ids = _normalise_prompt(req, want_ids)
     for key in ("n", "best_of"):
-        value = req.get(key)
-        if value is not None and (type(value) is not int or value < 1):
-            raise _bad(f"'{key}' must be a positive integer", key)
-        if value is not None and value > 1:
+        _check_positive_int(req, key)
+        if (req.get(key) or 1) > 1:
             raise _bad(f"'{key}' > 1 is not supported by disaggregated serving", key)
     _check_positive_int(req, "max_tokens")
     _check_positive_int(req, "max_completion_tokens")
-    stream = req.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise _bad("'stream' must be true or false", "stream")
+    for key in ("stream", "echo"):  # the flows branch on them
+        _bool_field(req, key, key)
+    options = req.get("stream_options")
+    if isinstance(options, dict):
+        _bool_field(options, "include_usage", "stream_options.include_usage")
     return ids
 
 

@@ -325,6 +325,10 @@ CASES = [
     Case("cmpl-temperature-negative", COMPLETIONS, lambda r: _cmpl(r, temperature=-1.0), kind="error"),
     Case("cmpl-top-p-over-1", COMPLETIONS, lambda r: _cmpl(r, top_p=2.0), kind="error"),
     Case("cmpl-token-id-out-of-vocabulary", COMPLETIONS, lambda r: _cmpl(r, prompt=[100000]), kind="error"),
+    # numbers and booleans as pydantic's lax mode reads them (TensorRT-LLM's request models)
+    Case("cmpl-lax-numbers", COMPLETIONS, lambda r: _cmpl(r, max_tokens="8", n="1", best_of=1.0)),
+    Case("cmpl-lax-stream-false", COMPLETIONS, lambda r: _cmpl(r, stream="false")),
+    Case("chat-lax-stream", CHAT, lambda r: _chat(r, stream="true", stream_options={"include_usage": "yes"})),
 ]
 BY_NAME = {c.name: c for c in CASES}
 # The cases a router can change (which server, and for tokenizing routers the prompt they write

@@ -34,7 +34,14 @@ def _check(body: bytes, chat: bool = False, want_ids: bool = False) -> dict:
         (b'{"model":"m","prompt":"hi","best_of":3}', False, "best_of"),
         (b'{"model":"m","prompt":"hi","max_tokens":-1}', False, "max_tokens"),
         (b'{"model":"m","prompt":"hi","max_tokens":0}', False, "max_tokens"),
-        (b'{"model":"m","prompt":"hi","stream":"yes"}', False, "stream"),
+        (b'{"model":"m","prompt":"hi","stream":"maybe"}', False, "stream"),
+        (b'{"model":"m","prompt":"hi","max_tokens":2.5}', False, "max_tokens"),
+        (b'{"model":"m","prompt":"hi","max_tokens":"many"}', False, "max_tokens"),
+        (
+            b'{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":2}}',
+            False,
+            "stream_options.include_usage",
+        ),
         (b'{"prompt":"hi"}', False, "model"),
         (b'{"model":"m","messages":[]}', True, "messages"),
         (b'{"model":"m"}', True, "messages"),
@@ -52,6 +59,18 @@ def test_bad_requests_are_400_with_openai_error_body(
     parsed = orjson.loads(err.body())
     assert parsed["object"] == "error" and parsed["type"] == "BadRequestError" and parsed["message"]
     assert parsed["param"] == param
+
+
+def test_numbers_and_booleans_are_read_as_tensorrt_llms_models_read_them() -> None:
+    """pydantic's lax mode, as TensorRT-LLM's request models (and its worker) accept them:
+    the fields the flows read are coerced in place, so both legs carry the same types."""
+    req = _check(
+        b'{"model":"m","prompt":"hi","max_tokens":"8","n":1.0,"best_of":true,"stream":"false","echo":0,'
+        b'"stream_options":{"include_usage":"yes"}}'
+    )
+    assert (req["max_tokens"], req["n"], req["best_of"]) == (8, 1, 1)
+    assert req["stream"] is False and req["echo"] is False and req["stream_options"]["include_usage"] is True
+    assert _check(b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"1"}', chat=True)["stream"] is True
 
 
 @pytest.mark.parametrize("chat", [False, True])
