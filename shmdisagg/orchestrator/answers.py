@@ -286,8 +286,8 @@ class StreamGuard:
     def _rewrite_event(self, event: bytes) -> bytes:
         """One event without its blank line: scrubbed, an error event in our shape, or b"" for an
         event with no data line (comments and unknown fields, which a client ignores, but which
-        may hold what was found). Raises `ContractError` for a data line that is no JSON (it may
-        hold what was found, and cannot be scrubbed)."""
+        may hold what was found). Raises `ContractError` for a data line that is no JSON object
+        (it may hold what was found, and cannot be scrubbed)."""
         head, sep, data = event.partition(b"data:")
         if not sep:
             return b""
@@ -298,7 +298,7 @@ class StreamGuard:
                 return event
             raise ContractError("generation executor streamed an event that is not JSON") from None
         if not isinstance(obj, dict):
-            return event
+            raise ContractError("generation executor streamed an event that is not a JSON object")
         inner = obj.get("error")
         if inner is not None:
             self.errored = True

@@ -102,10 +102,17 @@ def test_an_event_with_an_internal_key_outside_a_data_line_is_dropped() -> None:
     assert guard.finished
 
 
-def test_a_data_line_with_an_internal_key_that_is_not_json_is_a_contract_error() -> None:
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'data: {"text":"a","ctx_info_endpoint":"ucx://10.1.2.3:5000",\n\n',  # cut short
+        b'data: [{"ctx_info_endpoint":"ucx://10.1.2.3:5000"}]\n\n',  # JSON, not an object
+    ],
+)
+def test_a_data_line_with_an_internal_key_that_is_no_json_object_is_a_contract_error(event: bytes) -> None:
     guard = StreamGuard(max_tokens=None)
-    with pytest.raises(ContractError, match="not JSON"):
-        guard.feed(b'data: {"text":"a","ctx_info_endpoint":"ucx://10.1.2.3:5000",\n\n')
+    with pytest.raises(ContractError, match="not (JSON|a JSON object)"):
+        guard.feed(event)
 
 
 def test_done_after_an_event_that_is_rewritten_is_still_held_back() -> None:
