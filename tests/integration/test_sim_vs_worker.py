@@ -232,6 +232,11 @@ PLAIN = {
     "chat_echo": (CHAT, {"messages": [*MESSAGES, {"role": "assistant", "content": "Well,"}], "max_tokens": 3,
                          "echo": True}),
     "chat_prompt_token_ids": (CHAT, {"messages": [], "prompt_token_ids": [1, 2, 3, 4], "max_tokens": 3}),
+    # pydantic's lax mode (TensorRT-LLM's request models): numbers and booleans in other JSON types
+    "completion_lax_types": (COMPLETIONS, {"prompt": TEXT, "max_tokens": 3.0, "n": "1", "stream": "false",
+                                           "echo": 0}),
+    "completion_empty_text": (COMPLETIONS, {"prompt": "", "max_tokens": 3}),
+    "completion_empty_model": (COMPLETIONS, {"prompt": TEXT, "max_tokens": 2, "model": ""}),
 }  # fmt: skip
 
 
