@@ -215,9 +215,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # SIGINT/SIGTERM that came before wait() took over the handlers
         code = 0
     finally:
-        # A second signal must not cut the ordered, bounded stop short.
+        # A second signal must not cut the ordered, bounded stop short; a second SIGINT goes on to
+        # the fleet (uvicorn's "CTRL+C to force quit"), from here on as during dep.stop()
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, lambda signum, frame: dep.forward_sigint())
         dep.stop()
         print("shmdisagg stopped", flush=True)
     if code:  # the coordinator ended for good (its restarts kept failing): the launcher stopped the rest

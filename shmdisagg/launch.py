@@ -40,7 +40,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -524,6 +524,8 @@ class Deployment:
         stop = {"flag": False}
 
         def on_signal(signum: int, frame: object) -> None:
+            if stop["flag"] and signum == signal.SIGINT:  # a second Ctrl-C before the stop began
+                self.forward_sigint()
             stop["flag"] = True
 
         old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
@@ -555,13 +557,19 @@ class Deployment:
     def stop(self) -> None:
         """Stop everything this deployment started; idempotent. A second Ctrl-C (or SIGTERM)
         while stopping does not interrupt it (that would leave children and segments behind): a
-        Ctrl-C goes on to the coordinator's process group, whose fleet workers then end the
-        requests still running at once instead of after timeout_graceful_shutdown_s (uvicorn's
-        "CTRL+C to force quit"; `fleet.worker.GracefulStop`)."""
-        coordinator = self.coordinator
-        group = coordinator.proc.pid if coordinator is not None and coordinator.proc.poll() is None else None
-        with _stop_signals_ignored(forward_sigint_to=group):
+        Ctrl-C goes on to the coordinator's process group (`forward_sigint`), whose fleet workers
+        then end the requests still running at once instead of after timeout_graceful_shutdown_s
+        (uvicorn's "CTRL+C to force quit"; `fleet.worker.GracefulStop`)."""
+        with _stop_signals_ignored(forward_sigint=self.forward_sigint):
             self._stop()
+
+    def forward_sigint(self) -> None:
+        """Pass a SIGINT on to the coordinator's process group (itself and its fleet): a second
+        Ctrl-C. Safe in a signal handler: no wait, no lock."""
+        coordinator = self.coordinator
+        if coordinator is not None and coordinator.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(coordinator.proc.pid, signal.SIGINT)
 
     def _owns(self, pid: int) -> bool:
         """For `reap_orphans`: an executor or the coordinator is reaped through its Popen."""
@@ -616,20 +624,15 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def _stop_signals_ignored(forward_sigint_to: int | None = None) -> Iterator[None]:
+def _stop_signals_ignored(forward_sigint: Callable[[], None] | None = None) -> Iterator[None]:
     """SIGINT and SIGTERM ignored for the block (main thread only: elsewhere signals cannot be
-    changed); `forward_sigint_to`: a process group a SIGINT is sent on to instead."""
+    changed); `forward_sigint`: called for a SIGINT instead (passing it on)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def forward(signum: int, frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(forward_sigint_to, signal.SIGINT)  # type: ignore[arg-type]  # set when installed
-
     old = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
-    if forward_sigint_to is not None:
-        signal.signal(signal.SIGINT, forward)
+    if forward_sigint is not None:
+        signal.signal(signal.SIGINT, lambda signum, frame: forward_sigint())
     try:
         yield
     finally:

@@ -286,21 +286,23 @@ def yaml_port(cfg: Path) -> int:
     return int(yaml.safe_load(cfg.read_text())["port"])
 
 
+@pytest.mark.parametrize("command", ["serve", "launch"])
 @pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT])
-def test_a_second_sigint_to_the_serve_pid_alone_ends_the_requests_still_running(
-    tmp_path: Path, shm_prefix: str, first: int
+def test_a_second_sigint_to_the_commands_pid_alone_ends_the_requests_still_running(
+    tmp_path: Path, shm_prefix: str, first: int, command: str
 ) -> None:
-    """`kill -INT` twice (or a SIGTERM, then a SIGINT) to `shmdisagg serve`'s own pid: the second
-    one goes on to the coordinator, whose fleet then ends its requests at once, as a second
-    Ctrl-C in the terminal (which reaches every process of the group) does."""
+    """`kill -INT` twice (or a SIGTERM, then a SIGINT) to `shmdisagg serve`'s or `launch`'s own
+    pid, as a script or supervisor signals it: the second one goes on to the coordinator, whose
+    fleet then ends its requests at once, as a second Ctrl-C in the terminal (which reaches every
+    process of the group) does."""
     from tests.integration.test_interrupted_start import Command
 
     with fake_executors(["c0", "g0"]) as (ctx, gen):
         cfg = write_config(
             tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=2, shmdisagg={"timeout_graceful_shutdown_s": 30}
         )
-        cmd = Command("serve", "-c", str(cfg))
-        cmd.wait_for_line("coordinator ready")
+        cmd = Command(command, "-c", str(cfg), with_stdout=command == "launch")
+        cmd.wait_for_line("coordinator ready" if command == "serve" else "shmdisagg listening on")
         _hold(gen, True)
         conn = http.client.HTTPConnection("127.0.0.1", yaml_port(cfg), timeout=60)
         conn.request(
