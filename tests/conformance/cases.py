@@ -329,6 +329,9 @@ CASES = [
     Case("cmpl-lax-numbers", COMPLETIONS, lambda r: _cmpl(r, max_tokens="8", n="1", best_of=1.0)),
     Case("cmpl-lax-stream-false", COMPLETIONS, lambda r: _cmpl(r, stream="false")),
     Case("chat-lax-stream", CHAT, lambda r: _chat(r, stream="true", stream_options={"include_usage": "yes"})),
+    Case(  # only completions refuse it
+        "chat-stream-options-without-stream", CHAT, lambda r: _chat(r, stream_options={"include_usage": True})
+    ),
 ]
 BY_NAME = {c.name: c for c in CASES}
 # The cases a router can change (which server, and for tokenizing routers the prompt they write

@@ -35,6 +35,7 @@ def _check(body: bytes, chat: bool = False, want_ids: bool = False) -> dict:
         (b'{"model":"m","prompt":"hi","max_tokens":-1}', False, "max_tokens"),
         (b'{"model":"m","prompt":"hi","max_tokens":0}', False, "max_tokens"),
         (b'{"model":"m","prompt":"hi","stream":"maybe"}', False, "stream"),
+        (b'{"model":"m","prompt":"hi","stream_options":{"include_usage":true}}', False, "stream_options"),
         (b'{"model":"m","prompt":"hi","max_tokens":2.5}', False, "max_tokens"),
         (b'{"model":"m","prompt":"hi","max_tokens":"many"}', False, "max_tokens"),
         (
@@ -71,6 +72,10 @@ def test_numbers_and_booleans_are_read_as_tensorrt_llms_models_read_them() -> No
     assert (req["max_tokens"], req["n"], req["best_of"]) == (8, 1, 1)
     assert req["stream"] is False and req["echo"] is False and req["stream_options"]["include_usage"] is True
     assert _check(b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"1"}', chat=True)["stream"] is True
+    # the protocol's stream_options check reads the values as sent: "false" is a true string
+    _check(b'{"model":"m","prompt":"x","stream":"false","stream_options":{"include_usage":true}}')
+    # and only completions have it
+    _check(b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}', True)
 
 
 @pytest.mark.parametrize("chat", [False, True])
