@@ -193,11 +193,14 @@ def validate(req: dict[str, Any], chat: bool, want_ids: bool = False) -> bytes |
             raise _bad(f"'{key}' > 1 is not supported by disaggregated serving", key)
     _check_positive_int(req, "max_tokens")
     _check_positive_int(req, "max_completion_tokens")
-    if not chat and req.get("stream_options") and not req.get("stream"):
-        # CompletionRequest's `validate_stream_options` (openai_protocol.py; a "before" validator:
-        # the values as sent), which upstream's orchestrator runs at its edge; a context leg
-        # (sent without stream_options) would pass it and only the generation leg fail
-        raise _bad("Stream options can only be defined when stream is true.", "stream_options")
+    # The request models' `validate_stream_options` (openai_protocol.py; "before" validators: the
+    # values as sent), which upstream's orchestrator runs at its edge; a context leg (sent without
+    # stream_options) would pass them and only the generation leg fail. Their wordings differ.
+    if not req.get("stream"):
+        if chat and req.get("stream_options") is not None:
+            raise _bad("stream_options can only be set if stream is true", "stream_options")
+        if not chat and req.get("stream_options"):
+            raise _bad("Stream options can only be defined when stream is true.", "stream_options")
     for key in ("stream", "echo"):  # the flows branch on them
         _bool_field(req, key, key)
     options = req.get("stream_options")

@@ -329,8 +329,12 @@ CASES = [
     Case("cmpl-lax-numbers", COMPLETIONS, lambda r: _cmpl(r, max_tokens="8", n="1", best_of=1.0)),
     Case("cmpl-lax-stream-false", COMPLETIONS, lambda r: _cmpl(r, stream="false")),
     Case("chat-lax-stream", CHAT, lambda r: _chat(r, stream="true", stream_options={"include_usage": "yes"})),
-    Case(  # only completions refuse it
-        "chat-stream-options-without-stream", CHAT, lambda r: _chat(r, stream_options={"include_usage": True})
+    Case(
+        "chat-stream-options-without-stream",
+        CHAT,
+        lambda r: _chat(r, stream_options={"include_usage": True}),
+        kind="error",
+        field="stream_options can only be set",
     ),
 ]
 BY_NAME = {c.name: c for c in CASES}
