@@ -156,15 +156,24 @@ class LegRunner:
         Raises `RequestError(503)` when no server of the role is eligible or every one could
         not be connected to (`_all_refused`), `RequestError(504)` when the head did not come
         within `leg_timeout_s`, or the last attempt's `UpstreamError`. A returned 5xx is an
-        ordinary response unless `retry_5xx`.
+        ordinary response unless `retry_5xx`; then it is returned when no other server can take
+        the retry (the client gets the executor's error, not a 503 "no healthy server").
         """
         max_retries = self.max_retries if retries is None else retries
         attempt = 0
         refused: set[int] = set()
+        failed: Opened | None = None  # a 5xx answer, kept until another server takes the retry
         while True:
             slot = picked if attempt == 0 and picked >= 0 else policy.pick(key, exclude)
             if slot < 0:
+                if failed is not None:  # no other server: the executor's own answer, not a 503
+                    return failed
                 raise no_servers_error(role)
+            if failed is not None:
+                failed.close(abort=True)
+                failed = None
+            if attempt:
+                log.info("retrying the %s leg (attempt %d) on %s", role, attempt + 1, self.directory.label(slot))
             opened: Opened | None = None
             timeout_s = self.leg_timeout_s
             try:
@@ -205,17 +214,11 @@ class LegRunner:
                 if not (retry_5xx and opened.response.status >= 500 and attempt < max_retries):
                     return opened
                 self.reporter.report(slot, "error")
-                opened.close(abort=True)
+                failed = opened
             else:
                 policy.release(slot, key)
             attempt += 1
             exclude = slot
-            log.info(
-                "retrying the %s leg (attempt %d) on another server than %s",
-                role,
-                attempt + 1,
-                self.directory.label(slot),
-            )
 
     def _note_refusal(self, slot: int) -> None:
         incarnation = next((s.incarnation for s in self.directory.servers() if s.slot == slot), -1)

@@ -62,6 +62,28 @@ def test_retries_stop_at_max_retries(tmp_path: Path, shm_prefix: str) -> None:
             assert g0.recorded() == []
 
 
+def test_a_context_5xx_with_no_other_server_to_retry_on_is_the_clients_answer(tmp_path: Path, shm_prefix: str) -> None:
+    """One context server answering 500 under `max_retries: 1`: the client gets that 500 (its
+    message, redacted), not a 503 "no healthy context server" while /health says 200."""
+    with fake_executors(["c0", "g0"]) as (c0, g0):
+        cfg = write_config(
+            tmp_path,
+            shm_prefix,
+            [c0.addr],
+            [g0.addr],
+            max_retries=1,
+            num_workers=1,
+            shmdisagg={"breaker_failures": 100},
+        )
+        with deployment(cfg) as dep:
+            c0.script(status=500, error_message=f"engine crashed at {c0.addr}")
+            status, body = post(dep, "/v1/completions", COMPLETION)
+            assert (status, body["code"], body["message"]) == (500, 500, "engine crashed at <executor>"), body
+            assert len(_ctx_ids(c0)) == 1 and g0.recorded() == []
+            c0.script(status=200)
+            assert post(dep, "/v1/completions", COMPLETION)[0] == 200  # the pick was released
+
+
 def test_a_4xx_is_never_retried(tmp_path: Path, shm_prefix: str) -> None:
     with fake_executors(["c0", "c1", "g0"]) as (c0, c1, g0):
         cfg = write_config(tmp_path, shm_prefix, [c0.addr, c1.addr], [g0.addr], max_retries=3, num_workers=1)
