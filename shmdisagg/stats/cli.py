@@ -45,17 +45,19 @@ _DEFAULT_PREFIX = re.compile(r"^shmdisagg-[0-9]{1,10}-[0-9]{1,5}$")
 MAX_PREFIX_CHARS = int(re.search(r"\{1,(\d+)\}", _CONFIG_PREFIX.pattern).group(1))  # type: ignore[union-attr]  # the pattern has {1,N}
 # An hour: a view refreshed less often looks hung, and `--once` sleeps one interval before printing.
 MAX_INTERVAL_S = 3600.0
+MIN_INTERVAL_S = 0.05  # 20 frames a second; 1e-9 drew as fast as it could, a core's worth of CPU
 
 
 def _interval(text: str) -> float:
-    """--interval's type: seconds > 0 and at most `MAX_INTERVAL_S` (nan, inf or 1e9 would never refresh)."""
+    """--interval's type: seconds from `MIN_INTERVAL_S` to `MAX_INTERVAL_S` (nan, inf or 1e9
+    would never refresh; 1e-9 spins)."""
     try:
         seconds = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_INTERVAL_S):
+    if not (math.isfinite(seconds) and MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S):
         raise argparse.ArgumentTypeError(
-            f"must be a number of seconds > 0 and at most {MAX_INTERVAL_S:g}, not {text!r}"
+            f"must be a number of seconds from {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g}, not {text!r}"
         )
     return seconds
 
@@ -82,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--interval",
         type=_interval,
         default=1.0,
-        help=f"seconds between refreshes, and the window of the rates; > 0 and at most {MAX_INTERVAL_S:g} "
+        help=f"seconds between refreshes, and the window of the rates; {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} "
         "(default: %(default)s)",
     )
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
