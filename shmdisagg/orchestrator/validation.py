@@ -139,6 +139,8 @@ def _int_field(req: dict[str, Any], key: str) -> int | None:
     coerced = _lax(value, int)
     if coerced is _INVALID:
         raise _bad(f"'{key}' must be an integer, got {_json_type(value)}", key)
+    if not -(2**63) <= coerced < 2**64:  # what JSON numbers can carry on to the executors (orjson)
+        raise _bad(f"'{key}' is out of range", key)
     req[key] = coerced
     return coerced  # type: ignore[no-any-return]
 

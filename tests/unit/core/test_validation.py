@@ -39,6 +39,7 @@ def _check(body: bytes, chat: bool = False, want_ids: bool = False) -> dict:
         (b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":{}}', True, "stream_options"),
         (b'{"model":"m","prompt":"hi","max_tokens":2.5}', False, "max_tokens"),
         (b'{"model":"m","prompt":"hi","max_tokens":"many"}', False, "max_tokens"),
+        (b'{"model":"m","prompt":"hi","max_tokens":"100000000000000000000000"}', False, "max_tokens"),
         (
             b'{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":2}}',
             False,
