@@ -198,6 +198,9 @@ def results_table(summary: dict[str, Any]) -> Table:
     if summary["errors"]["kinds"]:
         kinds = ", ".join(f"{k} x{n}" for k, n in summary["errors"]["kinds"].items())
         table.add_row("errors", kinds)
+        for kind, message in summary["errors"].get("examples", {}).items():
+            if message:  # the reason, not only the status (the rest is in --json / --records)
+                table.add_row(f"  {kind}, e.g.", message if len(message) <= 120 else message[:117] + "...")
     table.add_row("duration (s)", _fmt(summary["duration_s"]))
     lag = summary["send_lag_ms"]
     if lag["count"]:

@@ -112,7 +112,7 @@ def fail_some(n: int) -> str:
     return "truncate" if n == 5 else "ok"
 
 
-def test_open_loop_counts_errors_by_kind_and_tolerates_no_cluster_info() -> None:
+def test_open_loop_counts_errors_by_kind_and_tolerates_no_cluster_info(capsys: pytest.CaptureFixture[str]) -> None:
     summary, fake = bench(
         ["--num-requests", "20", "--speedup", "1000", "--max-output-tokens", "3", "--goodput", "e2e:60000"],
         behaviour=fail_some,
@@ -128,6 +128,8 @@ def test_open_loop_counts_errors_by_kind_and_tolerates_no_cluster_info() -> None
     assert "scripted failure" in summary["errors"]["examples"]["http_500"]
     codes = {e["error_details"]["type"]: (e["error_details"]["code"], e["count"]) for e in summary["error_summary"]}
     assert codes == {"http_500": (500, 5), "incomplete_stream": (None, 1)}
+    table = capsys.readouterr().out
+    assert "http_500, e.g." in table and "scripted failure" in table  # the reason, not only the status
     assert summary["error_request_count"] == {"unit": "requests", "avg": 6}
     assert summary["goodput_slo"]["limits_ms"] == {"e2e_ms": 60000}
     assert summary["goodput_slo"]["good_requests"] == 14
