@@ -72,6 +72,20 @@ def aiperf_view(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _reason(example: str) -> str:
+    """An error example as a reader wants it: an OpenAI error body's message, else the text."""
+    try:
+        body = orjson.loads(example)
+    except orjson.JSONDecodeError:
+        return example
+    if isinstance(body, dict):
+        inner = body.get("error")
+        message = inner.get("message") if isinstance(inner, dict) else body.get("message")
+        if isinstance(message, str) and message:
+            return message
+    return example
+
+
 def _code(kind: str) -> int | None:
     if kind.startswith("http_") and kind[5:].isdigit():
         return int(kind[5:])
@@ -198,9 +212,10 @@ def results_table(summary: dict[str, Any]) -> Table:
     if summary["errors"]["kinds"]:
         kinds = ", ".join(f"{k} x{n}" for k, n in summary["errors"]["kinds"].items())
         table.add_row("errors", kinds)
-        for kind, message in summary["errors"].get("examples", {}).items():
-            if message:  # the reason, not only the status (the rest is in --json / --records)
-                table.add_row(f"  {kind}, e.g.", message if len(message) <= 120 else message[:117] + "...")
+        for kind, example in summary["errors"].get("examples", {}).items():
+            reason = _reason(example)
+            if reason:  # the reason, not only the status (the rest is in --json / --records)
+                table.add_row(f"  {kind}, e.g.", reason if len(reason) <= 120 else reason[:117] + "...")
     table.add_row("duration (s)", _fmt(summary["duration_s"]))
     lag = summary["send_lag_ms"]
     if lag["count"]:
