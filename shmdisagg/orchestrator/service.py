@@ -340,7 +340,8 @@ class KeyBuilder:
 def _check_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
     """The request headers the hot routes act on, in one pass: a `content-type` that is not JSON
     is refused with 415 (TensorRT-LLM's FastAPI routes cannot parse such a body either, and
-    answer it with a bare 500; no content type is read as JSON, as FastAPI does), and a client's
+    answer it with a bare 500; no content type is read as JSON, as FastAPI does) and so is a
+    compressed body (`content-encoding`: it would fail as JSON with a message about UTF-8), and a client's
     `x-request-id` is returned to be echoed back when it is 1-128 characters of
     `[A-Za-z0-9._:-]` (any other value is ignored: it would go into a response header). The flag
     says whether a conversation-id header (`SESSION_HEADERS`) came with it."""
@@ -354,6 +355,14 @@ def _check_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[list[tuple[b
                 f"unsupported content-type {shown!r}: send the body as application/json",
                 "unsupported_media_type",
                 "content-type",
+            )
+        if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            shown = value[:32].decode("latin-1")
+            raise RequestError(
+                415,
+                f"unsupported content-encoding {shown!r}: send the body uncompressed",
+                "unsupported_media_type",
+                "content-encoding",
             )
         if name == b"x-request-id":
             # echoed only when it is a plain id; any other value is not ours to refuse

@@ -185,6 +185,27 @@ def test_a_body_that_is_not_json_by_its_content_type_gets_415(pair, content_type
     assert ctx.recorded() == []
 
 
+@pytest.mark.parametrize("encoding, status", [("gzip", 415), ("br", 415), ("identity", 200)])
+def test_a_compressed_body_gets_415_naming_its_encoding(pair, encoding: str, status: int) -> None:  # type: ignore[no-untyped-def]
+    import gzip
+
+    dep, ctx, gen = pair
+    raw = orjson.dumps(COMPLETION)
+    c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
+    try:
+        headers = {"content-type": "application/json", "content-encoding": encoding}
+        c.request(
+            "POST", "/v1/completions", body=raw if encoding == "identity" else gzip.compress(raw), headers=headers
+        )
+        r = c.getresponse()
+        body = orjson.loads(r.read())
+    finally:
+        c.close()
+    assert r.status == status, body
+    if status == 415:
+        assert body["param"] == "content-encoding" and encoding in body["message"] and ctx.recorded() == []
+
+
 @pytest.mark.parametrize("content_type", [None, "application/json; charset=utf-8", "application/vnd.api+json"])
 def test_json_content_types_and_none_are_accepted(pair, content_type: str | None) -> None:  # type: ignore[no-untyped-def]
     dep, ctx, gen = pair
