@@ -239,14 +239,17 @@ def unwritable(
         if replaced and (os.path.islink(path) or not os.path.isfile(path)):
             return "is not a regular file (a link or a device would be replaced, not written through)"
     parent = path if directory and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    missing = None  # the first directory that would have to be created
     while (directory or make_parents) and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
+        parent, missing = os.path.dirname(parent), parent
     if not os.path.isdir(parent):
         return f"{parent} is not a directory"
     try:
         with tempfile.TemporaryFile(dir=parent):
             pass
     except OSError as err:
+        if missing is not None:
+            return f"cannot create {missing} ({err.strerror or err} in {parent})"
         return f"cannot write in {parent} ({err.strerror or err})"
     return None
 

@@ -156,7 +156,7 @@ def test_report_addr_is_refused_with_a_fleet_and_port_0_needs_it(tmp_path: Path)
     assert not (tmp_path / "a.addr").exists()
 
 
-@pytest.mark.parametrize("where", ["a folder", "under a file", "a link", "in /proc", "empty"])
+@pytest.mark.parametrize("where", ["a folder", "under a file", "a link", "in /proc", "under /proc", "empty"])
 def test_a_report_addr_that_cannot_be_written_is_refused_before_anything_starts(tmp_path: Path, where: str) -> None:
     """It was written once the deployment was ready, and a failure there went unsaid: serve ran,
     and whoever waited for the file waited forever (or, in /proc, where root passes every access
@@ -170,6 +170,7 @@ def test_a_report_addr_that_cannot_be_written_is_refused_before_anything_starts(
         "under a file": (str(path / "server.addr"), f"{path} is not a directory"),
         "a link": (str(link), "is not a regular file (a link or a device would be replaced, not written through)"),
         "in /proc": ("/proc/shmdisagg-test.addr", "cannot write in /proc ("),
+        "under /proc": ("/proc/shmdisagg-x/y.addr", "cannot create /proc/shmdisagg-x ("),  # not "in /proc"
         "empty": ("", "an empty path"),
     }[where]
     out = _serve("disaggregated", "-c", str(path), "--report_addr", target)
