@@ -61,6 +61,7 @@ try:  # a Ctrl-C while the modules load (right after the command is typed) ends 
     import argparse
     import logging
     import os
+    from typing import Any
 
     from shmdisagg.config import ConfigError, DisaggConfig, check_machine, config_warnings, load_config
     from shmdisagg.procutil import STOP_SIGNALS, unwritable
@@ -388,14 +389,28 @@ def _config_path(text: str) -> str:
     return text
 
 
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: an argument no command knows is reported with that command's usage
+    (argparse reports it with the top-level one, `{launch,serve,...}`, which says nothing of the
+    command's flags)."""
+
+    commands: dict[str, Any]  # the command parsers (add_subparsers().choices)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = self.commands.get(getattr(ns, "command", None) or "", self)
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="shmdisagg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = _Parser(prog="shmdisagg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     from shmdisagg import __version__
 
     parser.add_argument("--version", action="version", version=f"shmdisagg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = sub.choices
 
     p = sub.add_parser("launch", help="start a single-node deployment")
     p.add_argument("-c", "--config", type=_config_path, required=True)
