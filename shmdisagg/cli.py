@@ -49,13 +49,18 @@ def _record_sigint(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
-if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where someone else handles it
+# Running as the command (`shmdisagg`, `python -m shmdisagg.cli`), not imported by a program.
+_AS_COMMAND = bool(sys.argv) and sys.argv[0].rsplit("/", 1)[-1] in ("shmdisagg", "cli.py")
+# SIGINT, unless someone else handles it; also when it came ignored, as a script's background job
+# starts: serve and launch take it over once they run anyway (as uvicorn does), and a SIGINT that
+# came before that was lost (the start then waited out its whole timeout)
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler or (
+    _AS_COMMAND and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+):
     signal.signal(signal.SIGINT, _record_sigint)
-# and SIGTERM, when this module runs as the command (`shmdisagg`, `python -m shmdisagg.cli`), not
-# when a program imports it: killed by it while loading, the command said nothing
-if sys.argv and sys.argv[0].rsplit("/", 1)[-1] in ("shmdisagg", "cli.py"):
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _record_sigint)
+# and SIGTERM, as the command: killed by it while loading, the command said nothing
+if _AS_COMMAND and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _record_sigint)
 
 try:  # a Ctrl-C while the modules load (right after the command is typed) ends in one line
     import argparse

@@ -31,7 +31,7 @@ class Command:
     """`python -m shmdisagg.cli ARGS` in its own process group, stderr read line by line
     (`with_stdout`: stdout's lines among them, such as launch's "listening on")."""
 
-    def __init__(self, *args: str, with_stdout: bool = False) -> None:
+    def __init__(self, *args: str, with_stdout: bool = False, sigint_ignored: bool = False) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shmdisagg.cli", *args],
             cwd=REPO,
@@ -39,6 +39,8 @@ class Command:
             stderr=subprocess.STDOUT if with_stdout else subprocess.PIPE,
             text=True,
             start_new_session=True,
+            # as a script's background job starts (`cmd &` in a non-interactive shell)
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr: list[str] = []
@@ -130,6 +132,24 @@ def test_a_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(
     lines = _shmdisagg_lines(stderr)
     assert len(lines) == 1 and lines[0].startswith("shmdisagg: interrupted"), stderr
     assert f"({signal.Signals(sig).name})" in lines[0], stderr
+
+
+def test_a_ctrl_c_to_a_command_started_with_sigint_ignored_is_not_lost(tmp_path: Path, shm_prefix: str) -> None:
+    """A script's background job starts with SIGINT ignored. serve took SIGINT over only once it
+    ran its keeper (~0.5 s in): one sent before that was lost, and serve waited out its whole
+    start-up timeout for executors that were not there."""
+    cfg = write_config(tmp_path, shm_prefix, [f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"])
+    cmd = Command("serve", "-c", str(cfg), "-t", "300", sigint_ignored=True)
+    deadline = time.monotonic() + 30
+    while not _mapped(cmd.proc.pid, "pydantic_core"):  # the command's imports, after its first lines
+        assert cmd.proc.poll() is None and time.monotonic() < deadline, "the command never imported pydantic"
+        time.sleep(0.001)
+    status, stderr = cmd.interrupt(signal.SIGINT)
+    assert status == 130, stderr
+    lines = _shmdisagg_lines(stderr)
+    assert len(lines) == 1 and lines[0].startswith("shmdisagg: interrupted") and "(SIGINT)" in lines[0], stderr
+    assert not [p for p in cmd.seen if alive(p)]
+    assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
 
 
 def _stopped_in_one_line(cmd: Command, code: int, stderr: list[str], shm_prefix: str) -> None:
