@@ -59,7 +59,7 @@ from shmdisagg.orchestrator.asgi import (
 )
 from shmdisagg.orchestrator.directory import ServerDirectory
 from shmdisagg.orchestrator.errors import RequestError
-from shmdisagg.orchestrator.service import DisaggService
+from shmdisagg.orchestrator.service import BODY_HEADERS, DisaggService, refuse_unreadable_body
 from shmdisagg.routing import RoutingKey
 from shmdisagg.shm.table import ROLE_CONTEXT
 from shmdisagg.upstream import UpstreamError
@@ -248,17 +248,8 @@ def _content_type(headers: list[tuple[bytes, bytes]]) -> bytes:
 
 
 def _check_json(scope: Scope) -> None:
-    """A body declared as anything but JSON is a 415, as on the chat route (no content type is
-    read as JSON, as FastAPI does)."""
-    declared = _content_type(list(scope.get("headers", ())))
-    media = declared.split(b";", 1)[0].strip()
-    if declared and not (
-        media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
-    ):
-        shown = declared[:64].decode("latin-1")
-        raise RequestError(
-            415,
-            f"unsupported content-type {shown!r}: send the body as application/json",
-            "unsupported_media_type",
-            "content-type",
-        )
+    """A body declared as anything but JSON, or compressed, is a 415, as on the chat route (no
+    content type is read as JSON, as FastAPI does)."""
+    for name, value in scope.get("headers", ()):
+        if name in BODY_HEADERS:
+            refuse_unreadable_body(name, value)

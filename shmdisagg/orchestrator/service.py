@@ -348,23 +348,9 @@ def _check_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[list[tuple[b
     echo: list[tuple[bytes, bytes]] = []
     session = False
     for name, value in headers:
-        if name == b"content-type" and not _is_json_type(value):
-            shown = value[:64].decode("latin-1")
-            raise RequestError(
-                415,
-                f"unsupported content-type {shown!r}: send the body as application/json",
-                "unsupported_media_type",
-                "content-type",
-            )
-        if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
-            shown = value[:32].decode("latin-1")
-            raise RequestError(
-                415,
-                f"unsupported content-encoding {shown!r}: send the body uncompressed",
-                "unsupported_media_type",
-                "content-encoding",
-            )
-        if name == b"x-request-id":
+        if name in BODY_HEADERS:
+            refuse_unreadable_body(name, value)
+        elif name == b"x-request-id":
             # echoed only when it is a plain id; any other value is not ours to refuse
             # (TensorRT-LLM does not read the header and serves the request)
             echo = [(b"x-request-id", value)] if _REQUEST_ID.match(value) else []
@@ -384,6 +370,24 @@ def resolve_conversation_id(req: dict[str, Any], headers: Iterable[tuple[bytes, 
         cid = header_conversation_id(headers)
         if cid is not None:
             req["conversation_params"] = {"conversation_id": cid}
+
+
+BODY_HEADERS = frozenset({b"content-type", b"content-encoding"})
+
+
+def refuse_unreadable_body(name: bytes, value: bytes) -> None:
+    """Raise the 415 of a body header (`BODY_HEADERS`, lower-case name) the routes cannot read
+    by: a content type that is not JSON, or a content encoding (a compressed body would fail as
+    JSON with a message about UTF-8)."""
+    if name == b"content-type" and not _is_json_type(value):
+        raise _unsupported("content-type", value, "send the body as application/json")
+    if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+        raise _unsupported("content-encoding", value, "send the body uncompressed")
+
+
+def _unsupported(header: str, value: bytes, advice: str) -> RequestError:
+    shown = value[:64].decode("latin-1")
+    return RequestError(415, f"unsupported {header} {shown!r}: {advice}", "unsupported_media_type", header)
 
 
 def _is_json_type(value: bytes) -> bool:

@@ -258,15 +258,7 @@ def test_a_second_ctrl_c_to_launch_ends_the_requests_still_running(tmp_path: Pat
         )
         cmd = Command("launch", "-c", str(cfg), with_stdout=True)
         cmd.wait_for_line("shmdisagg listening on")  # started: a Ctrl-C now stops a serving deployment
-        port = int(yaml_port(cfg))
-        _hold(gen, True)
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        conn.request(
-            "POST", "/v1/completions", body=orjson.dumps({**COMPLETION, "stream": True}),
-            headers={"content-type": "application/json"},
-        )  # fmt: skip
-        resp = conn.getresponse()
-        assert resp.status == 200 and b"t0" in resp.readline()
+        conn, resp = _held_stream(gen, yaml_port(cfg))
         os.killpg(cmd.proc.pid, signal.SIGINT)
         cmd.wait_for_line("Waiting for connections to close")
         forced = time.monotonic()
@@ -278,6 +270,19 @@ def test_a_second_ctrl_c_to_launch_ends_the_requests_still_running(tmp_path: Pat
     assert b"ServiceUnavailableError" in rest and rest.rstrip().endswith(b"data: [DONE]"), rest
     assert "Traceback" not in "".join(stderr)
     assert glob.glob(f"/dev/shm/{shm_prefix}*") == []
+
+
+def _held_stream(gen: FakeExecutor, port: int) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """A stream on `port` whose generation leg holds after its first chunk (read already)."""
+    _hold(gen, True)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request(
+        "POST", "/v1/completions", body=orjson.dumps({**COMPLETION, "stream": True}),
+        headers={"content-type": "application/json"},
+    )  # fmt: skip
+    resp = conn.getresponse()
+    assert resp.status == 200 and b"t0" in resp.readline()
+    return conn, resp
 
 
 def yaml_port(cfg: Path) -> int:
@@ -303,15 +308,8 @@ def test_a_second_sigint_to_the_commands_pid_alone_ends_the_requests_still_runni
         )
         cmd = Command(command, "-c", str(cfg), with_stdout=command == "launch")
         cmd.wait_for_line("coordinator ready" if command == "serve" else "shmdisagg listening on")
-        _hold(gen, True)
-        conn = http.client.HTTPConnection("127.0.0.1", yaml_port(cfg), timeout=60)
-        conn.request(
-            "POST", "/v1/completions", body=orjson.dumps({**COMPLETION, "stream": True}),
-            headers={"content-type": "application/json"},
-        )  # fmt: skip
-        resp = conn.getresponse()
-        assert resp.status == 200 and b"t0" in resp.readline()
-        os.kill(cmd.proc.pid, first)  # the serve process alone, not its group
+        conn, resp = _held_stream(gen, yaml_port(cfg))
+        os.kill(cmd.proc.pid, first)  # the command's process alone, not its group
         cmd.wait_for_line("Waiting for connections to close")
         forced = time.monotonic()
         os.kill(cmd.proc.pid, signal.SIGINT)
