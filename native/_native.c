@@ -1246,6 +1246,9 @@ static PyMethodDef module_methods[] = {
      "_sha256_impl(force=None) -> 'shani' | 'portable' (tests: force the portable code)"},
     {"seed_huge", (PyCFunction)(void (*)(void))mod_seed_huge, METH_FASTCALL,
      "seed_huge(fd, length): size a new shared-memory file and allocate one 4 KiB page per 2 MiB range, so that SharedMapping.collapse() can put it on huge pages"},
+    {"json_long_digits", (PyCFunction)(void (*)(void))mod_json_long_digits, METH_FASTCALL,
+     "json_long_digits(data) -> True if data holds a run of 19 or more ASCII digits (a JSON integer "
+     "orjson would decode as a float may be there)"},
     {"json_token_ids", (PyCFunction)(void (*)(void))mod_json_token_ids, METH_FASTCALL,
      "json_token_ids(data, key) -> (start, end, int32 bytes) of the last top-level member key when it is a "
      "non-empty JSON array of ints in [0, 2**31), or None"},

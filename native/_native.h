@@ -501,6 +501,7 @@ SD_HIDDEN const char *json_member_span(const char *s, const char *end, const cha
 SD_HIDDEN PyObject *mod_json_member(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 /* json_ids.c */
 SD_HIDDEN PyObject *mod_json_token_ids(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
+SD_HIDDEN PyObject *mod_json_long_digits(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
 /* hashcache.c */
 SD_HIDDEN extern PyTypeObject PrefixHashCacheType;

@@ -367,6 +367,11 @@ def json_member(data: bytes, key: bytes) -> tuple[int, int] | None:
     """Where the value of the last top-level member `key` of the JSON object `data` lies, as
     (start, end) byte offsets; None when absent, not an object, or a top-level key is escaped."""
 
+def json_long_digits(data: bytes) -> bool:
+    """Whether `data` holds a run of 19 or more ASCII digits: a JSON integer outside
+    [-2**63, 2**64), which orjson decodes as a float, may be there (a run inside a string is a
+    false alarm). Raises TypeError for anything but bytes."""
+
 def json_token_ids(data: bytes, key: bytes) -> tuple[int, int, bytes] | None:
     """The last top-level member `key` of the JSON object `data` when it is a non-empty array of
     integers in [0, 2**31): (start, end) byte offsets of the array and its ids as native-order

@@ -28,6 +28,8 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
+from shmdisagg.orchestrator.validation import out_of_range_integer
+
 # Anthropic-provided tools with a versioned `type`: server tools run on Anthropic's side, schema
 # client tools have a built-in input schema (anthropic_protocol.py's two prefix lists).
 SERVER_TOOL_TYPE_PREFIXES = (
@@ -193,7 +195,13 @@ class MessagesRequest(CountTokensRequest):
 
 
 def parse(model: type[CountTokensRequest], body: bytes) -> Any:
-    """`body` validated as `model`. Raises `AnthropicRequestError` naming the bad field."""
+    """`body` validated as `model`. Raises `AnthropicRequestError` naming the bad field, also an
+    integer the chat request could not carry (`validation.out_of_range_integer`)."""
+    where = out_of_range_integer(body)
+    if where is not None:
+        raise AnthropicRequestError(
+            f"{where}: an integer outside [-2**63, 2**64), which disaggregated serving cannot carry"
+        )
     try:
         return model.model_validate_json(body)
     except ValidationError as err:

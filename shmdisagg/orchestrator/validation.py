@@ -9,13 +9,14 @@ serving needs and raises `RequestError(400)` with an OpenAI error body otherwise
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from shmdisagg._native import token_ids_int32, token_ids_ok
+from shmdisagg._native import json_long_digits, token_ids_int32, token_ids_ok
 from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.orchestrator.splice import TokenIds
 
@@ -35,14 +36,50 @@ def _bad(message: str, param: str | None = None) -> RequestError:
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
-    """Decode a JSON object body. Raises `RequestError(400)`."""
+    """Decode a JSON object body. Raises `RequestError(400)`, also for an integer outside
+    [-2**63, 2**64) (`out_of_range_integer`)."""
     try:
         req = orjson.loads(body)
     except orjson.JSONDecodeError as err:
         raise _bad(f"request body is not valid JSON: {err.msg}") from None
     if not isinstance(req, dict):
         raise _bad("request body must be a JSON object")
+    where = out_of_range_integer(body)
+    if where is not None:
+        raise _bad(f"'{where}' is an integer outside [-2**63, 2**64), which disaggregated serving cannot carry", where)
     return req
+
+
+def out_of_range_integer(body: bytes) -> str | None:
+    """Where (a dotted path, "request" for the top) the JSON document `body` holds an integer
+    outside [-2**63, 2**64), else None. orjson decodes such an integer as a float, so its value
+    would change on the way to the executors (`seed: 2**64` became 1.8446744073709552e+19), and
+    neither JSON legs (orjson) nor msgpack legs can carry it; TensorRT-LLM's own JSON decoder
+    keeps it exact. Costs a native scan (`json_long_digits`, ~0.1 ns a byte); only a body with
+    a run of 19 digits is decoded again, exactly, to look."""
+    if not json_long_digits(body):
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    return _big_int_at(doc, "")
+
+
+def _big_int_at(doc: Any, path: str) -> str | None:
+    if type(doc) is int:
+        return None if -(2**63) <= doc < 2**64 else (path or "request")
+    if isinstance(doc, dict):
+        items: Any = doc.items()
+    elif isinstance(doc, list):
+        items = enumerate(doc)
+    else:
+        return None
+    for key, value in items:
+        found = _big_int_at(value, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 # What `token_ids_ok` accepts: the executor's token ids are int32 (TensorRT-LLM's `TokenIdType`).

@@ -351,3 +351,10 @@ def test_a_count_tokens_body_renders_the_prompt_its_messages_request_would() -> 
         ]
         == 1
     )
+
+
+def test_an_integer_past_64_bits_is_a_request_error_not_a_crash() -> None:
+    """It reached the chat request, whose encoder raised: a 500 in plain text."""
+    body = b'{"model":"m","max_tokens":100000000000000000000000,"messages":[{"role":"user","content":"hi"}]}'
+    with pytest.raises(AnthropicRequestError, match=r"max_tokens: an integer outside \[-2\*\*63, 2\*\*64\)"):
+        parse(MessagesRequest, body)

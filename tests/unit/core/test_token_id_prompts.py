@@ -140,3 +140,20 @@ def test_small_bodies_chats_and_bad_json_take_the_decoded_path() -> None:
     with pytest.raises(RequestError) as err:
         _decode(body(list(range(2000)))[:-1], chat=False)  # the rest of the body is not JSON
     assert err.value.status == 400 and "not valid JSON" in err.value.message
+
+
+def test_json_long_digits_finds_every_run_of_19_digits_and_no_shorter_one() -> None:
+    """The native scan looks at aligned 8-byte words only; a run of 19 covers one whatever its
+    offset. Checked against a regex on random bodies with runs of 15 to 23 digits anywhere."""
+    import random
+    import re
+
+    from shmdisagg._native import json_long_digits
+
+    rng = random.Random(7)
+    for _ in range(20_000):
+        body = bytes(rng.choice(b"0123456789,x ") for _ in range(rng.randrange(0, 80)))
+        if rng.random() < 0.4:
+            at = rng.randrange(0, len(body) + 1)
+            body = body[:at] + b"7" * rng.randrange(15, 24) + body[at:]
+        assert json_long_digits(body) == any(len(r) >= 19 for r in re.findall(rb"[0-9]+", body)), body

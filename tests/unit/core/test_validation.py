@@ -207,3 +207,27 @@ def test_validate_returns_the_int32_ids_only_when_asked() -> None:
     assert validate(parse_body(b'{"model":"m","prompt":"hi"}'), False, want_ids=True) is None
     chat = parse_body(b'{"model":"m","messages":[{"role":"user","content":"hi"}]}')
     assert validate(chat, True, want_ids=True) is None
+
+
+@pytest.mark.parametrize(
+    "body, where",
+    [
+        (b'{"model":"m","prompt":"x","seed":18446744073709551616}', "seed"),
+        (b'{"model":"m","prompt":"x","stop_token_ids":[1,-9223372036854775809]}', "stop_token_ids.1"),
+        (
+            b'{"model":"m","messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"n":10000000000000000000000000}}',
+            "chat_template_kwargs.n",
+        ),
+    ],
+)
+def test_an_integer_past_64_bits_is_refused_naming_where_it_is(body: bytes, where: str) -> None:
+    """orjson decodes it as a float: its value changed on the way to the executors (seed 2**64 went
+    out as 1.8446744073709552e+19, a template rendered n=1e+25), and the legs cannot carry it."""
+    with pytest.raises(RequestError) as err:
+        parse_body(body)
+    assert err.value.status == 400 and err.value.param == where and "[-2**63, 2**64)" in err.value.message
+
+
+def test_integers_at_the_64_bit_edges_and_long_digit_strings_pass() -> None:
+    assert parse_body(b'{"seed":18446744073709551615,"x":-9223372036854775808}')["seed"] == 2**64 - 1
+    assert parse_body(b'{"prompt":"12345678901234567890123456789"}')["prompt"].startswith("1234")
