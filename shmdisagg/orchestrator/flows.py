@@ -540,18 +540,30 @@ async def answer_from_context(ex: Exchange, req: dict[str, Any], chat: bool, ctx
         await ex.start(200, JSON_HEADERS)
         await ex.body(orjson.dumps(ctx), False)
         return
-    include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
     await ex.start(200, SSE_HEADERS)
-    await ex.body(as_sse(ctx, chat, include_usage), False)
+    await ex.body(as_sse(ctx, chat, *usage_options(req)), False)
 
 
-def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
+def usage_options(req: dict[str, Any]) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) of a streaming request, as the worker reads its
+    `StreamOptions` (openai_protocol.py: `include_usage` defaults to true once `stream_options` is
+    there; postprocess_handlers.py: continuous usage only with include_usage)."""
+    options = req.get("stream_options")
+    if not isinstance(options, dict):
+        return False, False
+    include = bool(options.get("include_usage", True))
+    return include, include and bool(options.get("continuous_usage_stats", False))
+
+
+def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool, continuous_usage: bool = False) -> bytes:
     """A complete (non-streaming) answer as the SSE stream the worker itself would have sent for
     it (`tensorrt_llm/serve/postprocess_handlers.py`, checked against the worker copy): a chat
     gets one `{"delta": {"role": "assistant"}}` chunk per choice, then per choice its content,
     reasoning and tool calls with logprobs and finish and stop reasons; a completion one chunk per
     choice with `text`, `token_ids`, `logprobs`, `finish_reason`, `stop_reason`,
-    `avg_decoded_tokens_per_iter` and `"usage": null`; then the usage chunk if asked for.
+    `avg_decoded_tokens_per_iter` and `"usage": null`; then the usage chunk if asked for. With
+    `continuous_usage` every chunk carries the usage so far, as the worker's does: a chat's role
+    chunk its prompt alone (`yield_first_chat`), the others the answer's.
 
     TensorRT-LLM's orchestrator sends only `data: [DONE]` here (`done_generator()` in
     `openai_disagg_service.py`'s `_send_disagg_request_ctx_first`), so a streaming client whose
@@ -564,8 +576,18 @@ def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
     }
     out: list[dict[str, Any]] = []
     choices = resp["choices"]
+    usage = resp.get("usage") if continuous_usage and isinstance(resp.get("usage"), dict) else None
     if chat:
-        out += [{**base, "choices": [{"index": c.get("index", 0), "delta": {"role": "assistant"}}]} for c in choices]
+        role: dict[str, Any] = {}
+        if usage is not None:
+            prompt = usage.get("prompt_tokens", 0)
+            details = usage.get("prompt_tokens_details")
+            role["usage"] = {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0}
+            if details is not None:
+                role["usage"]["prompt_tokens_details"] = details
+        out += [
+            {**base, "choices": [{"index": c.get("index", 0), "delta": {"role": "assistant"}}], **role} for c in choices
+        ]
     for choice in choices:
         c: dict[str, Any] = {"index": choice.get("index", 0)}
         if chat:
@@ -580,7 +602,7 @@ def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
             if choice.get("logprobs") is not None:
                 c["logprobs"] = choice["logprobs"]
             c.update(finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"))
-            out.append({**base, "choices": [c]})
+            out.append({**base, "choices": [c], **({"usage": usage} if usage is not None else {})})
         else:
             c.update(
                 text=choice.get("text", ""),
@@ -590,7 +612,7 @@ def as_sse(resp: dict[str, Any], chat: bool, include_usage: bool) -> bytes:
                 stop_reason=choice.get("stop_reason"),
                 avg_decoded_tokens_per_iter=choice.get("avg_decoded_tokens_per_iter"),
             )
-            out.append({**base, "choices": [c], "usage": None})
+            out.append({**base, "choices": [c], "usage": usage})
     if include_usage and resp.get("usage"):
         out.append({**base, "choices": [], "usage": resp["usage"]})
     return b"".join(b"data: " + orjson.dumps(o) + b"\n\n" for o in out) + b"data: [DONE]\n\n"

@@ -336,6 +336,33 @@ CASES = [
         kind="error",
         field="stream_options can only be set",
     ),
+    # the context leg ends the request: usage as stream_options asks (include_usage defaults to
+    # true once stream_options is there; continuous usage on every chunk)
+    Case(
+        "cmpl-stop-first-token-stream-options-empty",
+        COMPLETIONS,
+        lambda r: r.stop_at(COMPLETIONS, _cmpl(r, stream=True, stream_options={}), 0),
+    ),
+    Case(
+        "cmpl-stop-first-token-continuous-usage",
+        COMPLETIONS,
+        lambda r: r.stop_at(COMPLETIONS, _cmpl(r, stream=True, stream_options={"continuous_usage_stats": True}), 0),
+    ),
+    Case(
+        "chat-stop-first-token-stream-options-empty",
+        CHAT,
+        lambda r: r.stop_at(CHAT, _chat(r, stream=True, stream_options={}), 0),
+    ),
+    Case(
+        "chat-stop-first-token-continuous-usage",
+        CHAT,
+        lambda r: r.stop_at(CHAT, _chat(r, stream=True, stream_options={"continuous_usage_stats": True}), 0),
+    ),
+    Case(
+        "chat-stop-first-token-usage-off",
+        CHAT,
+        lambda r: r.stop_at(CHAT, _chat(r, stream=True, stream_options={"include_usage": False}), 0),
+    ),
 ]
 BY_NAME = {c.name: c for c in CASES}
 # The cases a router can change (which server, and for tokenizing routers the prompt they write
