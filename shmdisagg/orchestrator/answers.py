@@ -251,9 +251,9 @@ class StreamGuard:
             self.finished = True
         if scanned & SSE_USAGE and self.max_tokens is not None:
             self._check_usage(chunk)
-        if scanned & SSE_DONE:  # held back: end() decides what ends the stream
-            self.done = True
-            chunk = chunk[: -len(DONE)]
+        if scanned & SSE_DONE or DONE in chunk:  # held back: end() decides what ends the stream
+            self.done = True  # every [DONE]: a worker's error path sends two (openai_server.py)
+            chunk = chunk.replace(DONE, b"")
         return chunk
 
     def end(self) -> bytes:

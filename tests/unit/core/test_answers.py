@@ -323,3 +323,14 @@ def test_an_executor_error_event_that_echoes_the_leg_keeps_only_its_message() ->
     leak = "'input': {'disaggregated_params': {'encoded_opaque_state': 'c2VjcmV0'}}"
     out = guard.feed(_event({"error": {"message": f"[{{'loc': ('body',), 'msg': 'Value error, bad', {leak}}}]"}}))
     assert orjson.loads(out[6:])["error"]["message"] == "body: Value error, bad" and guard.errored
+
+
+@pytest.mark.parametrize("split", [None, 40])
+def test_a_stream_gets_one_done_however_many_the_executor_sends(split: int | None) -> None:
+    """The worker's completion generator, failing, yields an error event and [DONE], and its
+    wrapper another [DONE]: one or two reached the client, by how the bytes were chunked."""
+    error = _event({"error": {"message": "The sum of prompt length (8) and max_tokens (100) should not exceed"}})
+    stream = error + b"data: [DONE]\n\n" + b"data: [DONE]\n\n"
+    pieces = [stream] if split is None else [stream[:split], stream[split:]]
+    out = _relay(StreamGuard(max_tokens=None), pieces)
+    assert out.count(b"[DONE]") == 1 and out.endswith(b"data: [DONE]\n\n") and b"should not exceed" in out
