@@ -157,18 +157,23 @@ class LegRunner:
         not be connected to (`_all_refused`), `RequestError(504)` when the head did not come
         within `leg_timeout_s`, or the last attempt's `UpstreamError`. A returned 5xx is an
         ordinary response unless `retry_5xx`; then it is returned when no other server can take
-        the retry (the client gets the executor's error, not a 503 "no healthy server").
+        the retry (the client gets the executor's error, not a 503 "no healthy server"), as a
+        dropped connection with no other server to retry on is raised.
         """
         max_retries = self.max_retries if retries is None else retries
         attempt = 0
         refused: set[int] = set()
         failed: Opened | None = None  # a 5xx answer, kept until another server takes the retry
+        dropped: UpstreamDisconnected | None = None  # the last attempt's, while a retry looks
         while True:
             slot = picked if attempt == 0 and picked >= 0 else policy.pick(key, exclude)
             if slot < 0:
                 if failed is not None:  # no other server: the executor's own answer, not a 503
                     return failed
+                if dropped is not None:  # the server is there, it dropped this request: a 502
+                    raise dropped
                 raise no_servers_error(role)
+            dropped = None
             if failed is not None:
                 failed.close(abort=True)
                 failed = None
@@ -207,6 +212,7 @@ class LegRunner:
                 if attempt >= max_retries or not retry_sent or err.bytes_received:
                     policy.release(slot, key)
                     raise
+                dropped = err
             except BaseException:
                 policy.release(slot, key)
                 raise

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import threading
 from pathlib import Path
 
 from tests.integration.harness import deployment, fake_executors, post, write_config
@@ -82,6 +84,55 @@ def test_a_context_5xx_with_no_other_server_to_retry_on_is_the_clients_answer(tm
             assert len(_ctx_ids(c0)) == 1 and g0.recorded() == []
             c0.script(status=200)
             assert post(dep, "/v1/completions", COMPLETION)[0] == 200  # the pick was released
+
+
+class _DroppingExecutor:
+    """A context executor that answers every GET (`/health`, `/server_info`) with 200 `{}` and
+    closes every POST's connection without a byte: the server is there, and drops the request."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.dropped = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                head = conn.recv(65536)
+                if head.startswith(b"GET "):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+                else:
+                    self.dropped += 1
+
+
+def test_a_dropped_context_leg_with_no_other_server_to_retry_on_is_a_502_not_no_healthy_server(
+    tmp_path: Path, shm_prefix: str
+) -> None:
+    """A new user's single context server dropped one connection: `max_retries: 1` looked for
+    another server, found none, and answered 503 "no healthy context server" while /health said 200."""
+    ctx = _DroppingExecutor()
+    try:
+        with fake_executors(["g0"]) as (g0,):
+            cfg = write_config(
+                tmp_path,
+                shm_prefix,
+                [ctx.addr],
+                [g0.addr],
+                max_retries=1,
+                num_workers=1,
+                shmdisagg={"breaker_failures": 100},
+            )
+            with deployment(cfg) as dep:
+                status, body = post(dep, "/v1/completions", COMPLETION)
+                assert (status, body["code"]) == (502, 502), body
+                assert ctx.addr not in body["message"] and ctx.dropped >= 1
+    finally:
+        ctx.sock.close()
 
 
 def test_a_4xx_is_never_retried(tmp_path: Path, shm_prefix: str) -> None:
