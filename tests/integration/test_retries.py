@@ -64,20 +64,18 @@ def test_retries_stop_at_max_retries(tmp_path: Path, shm_prefix: str) -> None:
             assert g0.recorded() == []
 
 
+def _one_context_server(tmp_path: Path, shm_prefix: str, ctx: str, gen: str) -> Path:
+    """One context and one generation server, `max_retries: 1`: a retry has nowhere to go."""
+    return write_config(
+        tmp_path, shm_prefix, [ctx], [gen], max_retries=1, num_workers=1, shmdisagg={"breaker_failures": 100}
+    )
+
+
 def test_a_context_5xx_with_no_other_server_to_retry_on_is_the_clients_answer(tmp_path: Path, shm_prefix: str) -> None:
     """One context server answering 500 under `max_retries: 1`: the client gets that 500 (its
     message, redacted), not a 503 "no healthy context server" while /health says 200."""
     with fake_executors(["c0", "g0"]) as (c0, g0):
-        cfg = write_config(
-            tmp_path,
-            shm_prefix,
-            [c0.addr],
-            [g0.addr],
-            max_retries=1,
-            num_workers=1,
-            shmdisagg={"breaker_failures": 100},
-        )
-        with deployment(cfg) as dep:
+        with deployment(_one_context_server(tmp_path, shm_prefix, c0.addr, g0.addr)) as dep:
             c0.script(status=500, error_message=f"engine crashed at {c0.addr}")
             status, body = post(dep, "/v1/completions", COMPLETION)
             assert (status, body["code"], body["message"]) == (500, 500, "engine crashed at <executor>"), body
@@ -118,16 +116,7 @@ def test_a_dropped_context_leg_with_no_other_server_to_retry_on_is_a_502_not_no_
     ctx = _DroppingExecutor()
     try:
         with fake_executors(["g0"]) as (g0,):
-            cfg = write_config(
-                tmp_path,
-                shm_prefix,
-                [ctx.addr],
-                [g0.addr],
-                max_retries=1,
-                num_workers=1,
-                shmdisagg={"breaker_failures": 100},
-            )
-            with deployment(cfg) as dep:
+            with deployment(_one_context_server(tmp_path, shm_prefix, ctx.addr, g0.addr)) as dep:
                 status, body = post(dep, "/v1/completions", COMPLETION)
                 assert (status, body["code"]) == (502, 502), body
                 assert ctx.addr not in body["message"] and ctx.dropped >= 1
