@@ -150,6 +150,8 @@ def _json_type(value: Any) -> str:
         return "an array"
     if isinstance(value, dict):
         return "an object"
+    if isinstance(value, str):
+        return "a string"
     return type(value).__name__
 
 
