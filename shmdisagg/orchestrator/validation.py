@@ -124,9 +124,26 @@ def _normalise_prompt(req: dict[str, Any], want_ids: bool) -> tuple[str | Sequen
                 return prompt, ids
         elif _is_token_list(prompt):
             return prompt, None
+        lax = _lax_token_ids(prompt)  # only once the native check said no: a Python pass
+        if lax is not None and token_ids_ok(lax):  # 5.0 and true are ids to upstream's List[int]
+            return lax, token_ids_int32(lax) if want_ids else None
         if all(isinstance(p, (str, list)) for p in prompt):  # only once it is not token ids
             raise _bad("a batch of prompts is not supported; send one prompt per request", "prompt")
     raise _bad(f"'prompt' must be a string or a list of token ids ({TOKEN_ID_RANGE})", "prompt")
+
+
+def _lax_token_ids(prompt: list[Any]) -> list[int] | None:
+    """A token-id prompt with floats of integral value or booleans among its ids, as ints (as
+    pydantic's lax `List[int]` reads it); None when it holds anything else."""
+    out = []
+    for x in prompt:
+        if type(x) is int:
+            out.append(x)
+        elif type(x) is bool or (type(x) is float and x.is_integer()):
+            out.append(int(x))
+        else:
+            return None
+    return out
 
 
 def _check_messages(req: dict[str, Any]) -> None:
@@ -244,6 +261,11 @@ def validate(req: dict[str, Any], chat: bool, want_ids: bool = False) -> bytes |
             raise _bad("Stream options can only be defined when stream is true.", "stream_options")
     for key in ("stream", "echo"):  # the flows branch on them
         _bool_field(req, key, key)
+    if not req.get("stream"):
+        # left only where the validators passed it (`"stream": "false"` is a true string to them,
+        # `{}` no options): it means nothing to a whole answer, and with the coerced false the
+        # executors' validators would refuse it
+        req.pop("stream_options", None)
     options = req.get("stream_options")
     if isinstance(options, dict):
         _bool_field(options, "include_usage", "stream_options.include_usage")

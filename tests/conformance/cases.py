@@ -363,6 +363,15 @@ CASES = [
         CHAT,
         lambda r: r.stop_at(CHAT, _chat(r, stream=True, stream_options={"include_usage": False}), 0),
     ),
+    Case(
+        "cmpl-lax-stream-false-with-stream-options", COMPLETIONS, lambda r: _cmpl(r, stream="false", stream_options={})
+    ),
+    Case(
+        "cmpl-lax-stream-string-false-with-usage",
+        COMPLETIONS,
+        lambda r: _cmpl(r, stream="false", stream_options={"include_usage": True}),
+    ),
+    Case("cmpl-lax-token-ids", COMPLETIONS, lambda r: _cmpl(r, prompt=[float(i) for i in r.ids(30)])),
 ]
 BY_NAME = {c.name: c for c in CASES}
 # The cases a router can change (which server, and for tokenizing routers the prompt they write

@@ -68,11 +68,11 @@ def test_numbers_and_booleans_are_read_as_tensorrt_llms_models_read_them() -> No
     """pydantic's lax mode, as TensorRT-LLM's request models (and its worker) accept them:
     the fields the flows read are coerced in place, so both legs carry the same types."""
     req = _check(
-        b'{"model":"m","prompt":"hi","max_tokens":"8","n":1.0,"best_of":true,"stream":"false","echo":0,'
+        b'{"model":"m","prompt":"hi","max_tokens":"8","n":1.0,"best_of":true,"stream":"on","echo":0,'
         b'"stream_options":{"include_usage":"yes"}}'
     )
     assert (req["max_tokens"], req["n"], req["best_of"]) == (8, 1, 1)
-    assert req["stream"] is False and req["echo"] is False and req["stream_options"]["include_usage"] is True
+    assert req["stream"] is True and req["echo"] is False and req["stream_options"]["include_usage"] is True
     assert _check(b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"1"}', chat=True)["stream"] is True
     # the protocol's stream_options check reads the values as sent: "false" is a true string
     _check(b'{"model":"m","prompt":"x","stream":"false","stream_options":{"include_usage":true}}')
@@ -231,3 +231,18 @@ def test_an_integer_past_64_bits_is_refused_naming_where_it_is(body: bytes, wher
 def test_integers_at_the_64_bit_edges_and_long_digit_strings_pass() -> None:
     assert parse_body(b'{"seed":18446744073709551615,"x":-9223372036854775808}')["seed"] == 2**64 - 1
     assert parse_body(b'{"prompt":"12345678901234567890123456789"}')["prompt"].startswith("1234")
+
+
+@pytest.mark.parametrize("want_ids", [False, True])
+def test_token_ids_as_floats_or_booleans_are_read_as_upstreams_list_of_int_reads_them(want_ids: bool) -> None:
+    req = _check(b'{"model":"m","prompt":[5.0,6,true],"max_tokens":2}', want_ids=want_ids)
+    assert req["prompt"] == [5, 6, 1] and all(type(i) is int for i in req["prompt"])
+    with pytest.raises(RequestError):
+        _check(b'{"model":"m","prompt":[5.5,6]}', want_ids=want_ids)
+
+
+def test_stream_options_go_with_a_stream_that_was_a_true_string() -> None:
+    """ "false" passes the models' stream_options check (a true string, as sent) and is then read
+    as false: the options are dropped, or the executors' own check would refuse the leg."""
+    req = _check(b'{"model":"m","prompt":"x","stream":"false","stream_options":{"include_usage":true}}')
+    assert req["stream"] is False and "stream_options" not in req
