@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """What request validation (`orchestrator/validation.py`'s `validate`) costs a request, this tree
 against another tree's, side by side, alternating, in one process: a streaming completion with
-`stream_options` and a chat, each built fresh per call (the dict build is in both figures).
+`stream_options` and a chat, each built fresh per call (the dict build is in both figures). Then
+what the scan for integers past 64 bits (`_native.json_long_digits`, run on every body) costs
+beside orjson's decode of the same body: a 128k-id token prompt and a 1k-word text.
 
     git archive <commit> shmdisagg/orchestrator/validation.py | tar -x -C /tmp/base
     .venv/bin/python benchmarks/bench_validation.py --base /tmp/base [--rounds 5]
@@ -10,7 +12,9 @@ against another tree's, side by side, alternating, in one process: a streaming c
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
+import random
 import statistics
 import sys
 import timeit
@@ -20,6 +24,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import orjson
+
+from shmdisagg._native import json_long_digits
 from shmdisagg.orchestrator import validation
 
 N = 20_000
@@ -63,6 +70,15 @@ def main() -> None:
                 us[side].append(best / N * 1e6)
         base, this = (statistics.median(us[s]) for s in sides)
         print(f"{name}: base {base:.2f} us, this tree {this:.2f} us: {this - base:+.2f} us ({this / base:.2f}x)")
+    rng = random.Random(0)
+    bodies = {
+        "128k token ids": orjson.dumps({"model": "m", "prompt": [rng.randrange(128_000) for _ in range(131_072)]}),
+        "1k-word text": orjson.dumps({"model": "m", "prompt": "hello world 12345 " * 333}),
+    }
+    for name, body in bodies.items():
+        scan = min(timeit.repeat(functools.partial(json_long_digits, body), number=20, repeat=5)) / 20 * 1e6
+        decode = min(timeit.repeat(functools.partial(orjson.loads, body), number=20, repeat=5)) / 20 * 1e6
+        print(f"{name} ({len(body):,} bytes): json_long_digits {scan:.1f} us, orjson.loads {decode:.1f} us")
 
 
 if __name__ == "__main__":

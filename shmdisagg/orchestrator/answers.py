@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from shmdisagg._native import SSE_DONE, SSE_FINISHED, SSE_INTERNAL, SSE_USAGE, sse_scan
+from shmdisagg._native import SSE_FINISHED, SSE_INTERNAL, SSE_USAGE, sse_scan
 from shmdisagg.orchestrator.errors import error_object
 
 # Keys of the disaggregated handoff. In a non-streaming answer the first group exist in the plain
@@ -134,7 +134,7 @@ def public_message(message: Any, fallback: str) -> str:
     text = message if isinstance(message, str) else orjson.dumps(message).decode()
     if _INTERNAL_NAMES.search(text):
         text = _validation_summary(message) or fallback
-        if _INTERNAL_NAMES.search(text):  # cannot happen: the summary holds no input
+        if _INTERNAL_NAMES.search(text):  # a `msg` that quotes the leg (a validator's ValueError text)
             text = fallback
     return redact(text)
 
@@ -251,7 +251,7 @@ class StreamGuard:
             self.finished = True
         if scanned & SSE_USAGE and self.max_tokens is not None:
             self._check_usage(chunk)
-        if scanned & SSE_DONE or DONE in chunk:  # held back: end() decides what ends the stream
+        if DONE in chunk:  # held back: end() decides what ends the stream
             self.done = True  # every [DONE]: a worker's error path sends two (openai_server.py)
             chunk = chunk.replace(DONE, b"")
         return chunk

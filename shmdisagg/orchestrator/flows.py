@@ -518,7 +518,7 @@ def generation_request(
         if strip_history and isinstance(messages, list) and len(messages) > 1:
             gen["messages"] = messages[-1:]
     elif req.get("echo") and isinstance(req.get("prompt"), str):
-        pass
+        pass  # the text stays: the worker echoes it (docstring)
     elif ids is not None:
         gen["prompt"] = ids
     elif ctx.get("prompt_token_ids"):
