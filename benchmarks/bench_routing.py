@@ -17,14 +17,17 @@ Groups of rows:
   before, and `token_ids_int32`, which also produces the int32 ids; half the decisions each), then
   v1 hashing from the list (now read a second time), from the int32 ids, and through a
   PrefixHashCache (next turn: its family prefix cached; repeat: the same prompt again). No picks.
-- decisions, before and after, for next turns (the families) and for new prompts (sharing
+- decisions, before, after and deferred, for next turns (the families) and for new prompts (sharing
   nothing with earlier ones: no cached prefix, no match, the pick inserts every block). Before:
   `validate` (its list check, `token_ids_ok`), `RoutingKey`, `block_hashes_bytes(list)` (what
   `RoutingKey.block_hashes` called), pick. After: `validate(..., want_ids=True)` (one pass that
   checks the list and writes int32 ids), `RoutingKey.block_hashes` (the process's
-  PrefixHashCache), pick. Every request goes through both paths (parsed once for each), each path
-  on its own deployment, taking turns at going first, so both see the same prompts and the same
-  interference from other load on the host.
+  PrefixHashCache), pick. Deferred: the after path as the fleet's `kv_cache_aware` router runs
+  it in its event loop, the pick stopping at its claim (`pick_kv_claim`) and the routed bits of
+  `DEFER_MIN_BLOCKS` blocks or more set by `commit_routed` once the leg is sent (its own row: the
+  request does not wait for it). Every request goes through the three paths (parsed once for
+  each), each path on its own deployment, taking turns at going first, so all see the same
+  prompts and the same interference from other load on the host.
 
 Scaling: after the groups, a table of every "after" row in us per 1k tokens (p50 and min) at each
 size, so a part whose cost grows faster than the prompt shows (issue 14: flat from 1k to 128k
@@ -38,6 +41,7 @@ KV events: `BlockIndex.apply_stored` / `apply_removed` of random block hashes in
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import sys
@@ -54,6 +58,7 @@ import orjson
 
 from shmdisagg import _native, hashing
 from shmdisagg.orchestrator.validation import validate
+from shmdisagg.routing.kv_cache_aware import DEFER_MIN_BLOCKS
 from shmdisagg.routing.policy import RoutingKey
 from shmdisagg.shm import ROLE_CONTEXT, ControlTable
 from shmdisagg.shm.index import BlockIndex, IndexSettings, pack_hashes
@@ -195,39 +200,70 @@ def path_after(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ...
     return t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0
 
 
+DEFERRED_ROWS = ROWS + ("commit_routed (after the send)",)
+
+
+def path_deferred(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ...]:
+    """The after path as the fleet's router runs it inside its event loop: the pick stops at its
+    claim (`pick_kv_claim`) and the routed bits of `DEFER_MIN_BLOCKS` or more blocks are set by
+    `commit_routed` once the leg is written (timed apart: the request does not wait for it)."""
+    clock = time.perf_counter_ns
+    t0 = clock()
+    ids32 = validate(req, False, want_ids=True)
+    key = RoutingKey(len(req["prompt"]), req["prompt"], ids32=ids32)
+    t1 = clock()
+    hashes = key.block_hashes(tpb)
+    t2 = clock()
+    slot, _, start = dep.wix.pick_kv_claim(
+        dep.row, ROLE_CONTEXT, -1, hashes, key.num_tokens, 0.25, math.inf, False, True, 0, 0, DEFER_MIN_BLOCKS
+    )
+    t3 = clock()
+    if start >= 0:
+        dep.wix.commit_routed(dep.row, hashes, start, slot)
+    t4 = clock()
+    dep.worker.release(dep.row, slot, key.num_tokens)
+    return t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0, t4 - t3
+
+
 def decisions(
     args: argparse.Namespace, families: list[list[int]], size: int, rng: random.Random, fresh: bool
-) -> tuple[dict[str, list[int]], dict[str, list[int]], int]:
-    """Both paths on every request (parsed once for each), each on its own deployment, taking
-    turns at going first: both see the same prompts and the same interference from other load.
-    Returns their timings and the share (%) of blocks the after path took from its cache."""
-    out = ({k: [] for k in ROWS}, {k: [] for k in ROWS})
-    paths = (path_before, path_after)
-    deps = [Deployment(args, families), Deployment(args, families)]
-    hashing._process_caches.clear()
+) -> tuple[dict[str, list[int]], dict[str, list[int]], dict[str, list[int]], int]:
+    """The three paths on every request (parsed once for each), each on its own deployment,
+    taking turns at going first: all see the same prompts and the same interference from other
+    load. Returns their timings and the share (%) of blocks the after path took from its cache."""
+    out = ({k: [] for k in ROWS}, {k: [] for k in ROWS}, {k: [] for k in DEFERRED_ROWS})
+    paths = (path_before, path_after, path_deferred)
+    deps = [Deployment(args, families) for _ in paths]
+    # one prefix hash cache per path, as each would be a fleet worker of its own: the after and
+    # deferred paths hash the same prompts, and a shared cache would hand the second a repeat
+    caches: list[dict[int, Any]] = [{} for _ in paths]
+    home = hashing._process_caches
     # New prompts insert every block: fresh deployments every ~600k inserted blocks keep the
     # index's load (0.1-0.25) in the range the other groups see, and far from its insert limit.
     rotate = max(1, 600_000 // ((size + args.tpb - 2) // args.tpb)) if fresh else 1 << 62
     try:
         for n, (record, body) in enumerate(requests(families, size, args.reps + WARMUP, rng, fresh)):
             if n and n % rotate == 0:
-                for i in range(2):
+                for i in range(len(deps)):
                     deps[i].close()
                     deps[i] = Deployment(args, families)
-            for i in (n % 2, 1 - n % 2):
+            for j in range(len(paths)):
+                i = (n + j) % len(paths)
                 req = orjson.loads(body)
+                hashing._process_caches = caches[i]
                 times = paths[i](deps[i], req, args.tpb)
                 del req  # the request's objects die with it, untimed
                 if record:
-                    for k, v in zip(ROWS, times, strict=True):
+                    for k, v in zip(out[i], times, strict=True):
                         out[i][k].append(v)
-        cache = hashing._process_caches.get(args.tpb)  # none below CACHE_MIN_BLOCKS blocks
+        cache = caches[1].get(args.tpb)  # the after path's; none below CACHE_MIN_BLOCKS blocks
         stats = cache.stats if cache is not None else {"blocks_reused": 0, "blocks_hashed": 0}
         reused = stats["blocks_reused"] * 100 // max(1, stats["blocks_reused"] + stats["blocks_hashed"])
     finally:
+        hashing._process_caches = home
         for d in deps:
             d.close()
-    return out[0], out[1], reused
+    return out[0], out[1], out[2], reused
 
 
 def show(title: str, rows: dict[str, list[int]]) -> None:
@@ -304,7 +340,7 @@ def main() -> None:
         show("parts (no picks)", p)
         scaling[size] = {k: v for k, v in p.items() if "before" not in k}
         for fresh in (False, True):
-            b, a, reused = decisions(args, families, size, rng, fresh)
+            b, a, d, reused = decisions(args, families, size, rng, fresh)
             scaling[size].update({f"{'new' if fresh else 'next'}: {k}": v for k, v in a.items()})
             what = "new prompts (no shared prefix, no match)" if fresh else "next turns (3/4 a cached prefix)"
             show(f"{what}, before: validate (token_ids_ok) -> block_hashes_bytes(list) -> pick_kv", b)
@@ -314,6 +350,7 @@ def main() -> None:
                 else "block_hashes_bytes(int32, under CACHE_MIN_BLOCKS)"
             )
             show(f"{what}, after: validate (token_ids_int32) -> {cached} -> pick_kv", a)
+            show(f"{what}, deferred: the same -> pick_kv_claim; commit_routed after the send", d)
     show_scaling(scaling)
     if args.events:
         dep = Deployment(args, [])

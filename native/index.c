@@ -965,6 +965,9 @@ static PyMethodDef Index_methods[] = {
     IFAST(lookup, "lookup(hash, kind=0, role=0) -> (event_mask, routed_mask, ts_ns) | None"),
     IFAST(pick_kv, "pick_kv(row, role, exclude, hashes, num_tokens, load_weight, load_cap, "
                    "use_tokens, track_routed[, max_batch_size[, pin_key]]) -> (slot, matched) | None"),
+    IFAST(pick_kv_claim, "pick_kv_claim(pick_kv's 11 arguments, defer_min) -> (slot, matched, commit_from) | "
+                         "None: routed bits on defer_min blocks or more are left to commit_routed"),
+    IFAST(commit_routed, "commit_routed(row, hashes, start, slot) -> blocks marked | None"),
     IFAST(match, "match(hashes, role=-1) -> [(slot, depth)] | None"),
     IFAST(conv_pick_explicit, "conv_pick_explicit(row, role, exclude, conv_key, num_tokens) -> "
                               "slot | None"),

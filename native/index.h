@@ -209,6 +209,8 @@ static inline int stale(Index *self) { return LDA(U64(self->ctl, IP_GEN)) != sel
 /* ---- picks (picks.c) -------------------------------------------------------------------- */
 
 SD_HIDDEN PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs);
+SD_HIDDEN PyObject *Index_pick_kv_claim(Index *self, PyObject *const *args, Py_ssize_t nargs);
+SD_HIDDEN PyObject *Index_commit_routed(Index *self, PyObject *const *args, Py_ssize_t nargs);
 SD_HIDDEN PyObject *Index_match(Index *self, PyObject *const *args, Py_ssize_t nargs);
 SD_HIDDEN PyObject *Index_conv_pick_explicit(Index *self, PyObject *const *args, Py_ssize_t nargs);
 SD_HIDDEN PyObject *Index_conv_pick_implicit(Index *self, PyObject *const *args, Py_ssize_t nargs);

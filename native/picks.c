@@ -233,6 +233,7 @@ typedef struct {
     int pinned; /* the conversation's pinned server, -1 none */
     double load_weight, load_cap;
     uint64_t max_batch; /* the load_cap denominator; 0: each server's record */
+    int64_t defer_min;  /* pick_kv_claim: fewer blocks to mark than this are marked at once */
     Set cand;
     Py_ssize_t depth[MAX_SERVERS_LIMIT];
     Set drop[MAX_SERVERS_LIMIT];
@@ -296,16 +297,16 @@ INLINE int kv_choose(Index *self, KvPick *k, const Set *claimed, Py_ssize_t clai
  * up or inserted with one reservation for all of them and their lines fetched for writing
  * ahead. The reservation is an upper bound (a hash the jump walk did not probe counts as missing
  * though it may be there); what the inserts do not use is returned at once. */
-INLINE void commit_routed(Index *self, KvPick *k, Py_ssize_t from, int server, int nw)
+INLINE Py_ssize_t commit_routed(Index *self, const Walk *w, Py_ssize_t from, int server, int nw)
 {
-    uint64_t now = monotonic_ns(), *s, missing = 0, **found = k->walk.found;
-    const uint64_t *h = k->walk.h;
-    Py_ssize_t ahead = from, n = k->walk.n;
+    uint64_t now = monotonic_ns(), *s, missing = 0, **found = w->found;
+    const uint64_t *h = w->h;
+    Py_ssize_t ahead = from, n = w->n, j;
     Budget b;
     for (Py_ssize_t j = from; j < n; j++)
         missing += found[j] == NULL;
     budget_take(self, &b, missing);
-    for (Py_ssize_t j = from; j < n; j++) {
+    for (j = from; j < n; j++) {
         if ((s = found[j]) == NULL) {
             for (ahead = ahead > j ? ahead : j + 1; ahead < n && ahead <= j + PREFETCH; ahead++)
                 if (found[ahead] == NULL)
@@ -316,6 +317,7 @@ INLINE void commit_routed(Index *self, KvPick *k, Py_ssize_t from, int server, i
         routed_set(s, server, now, KIND_BLOCK, nw);
     }
     budget_return(self, &b);
+    return j - from;
 }
 
 /* Common head of the picks: (row, role, exclude) -> own row and candidate set. NULL on error. */
@@ -398,9 +400,11 @@ INLINE int claim_wide(Index *self, KvPick *k, uint64_t *s, int *slot_io, Py_ssiz
 }
 
 /* The decision of pick_kv once its arguments are read: (slot, matched) into *slot / *d; 0 on
- * error. With track: the claim of the first block past the match and the routed bits. */
+ * error. With track: the claim of the first block past the match and the routed bits; with
+ * `from_out` (pick_kv_claim) the routed bits are not set but their first block is stored there
+ * (hb->n: none), for commit_routed once the leg is sent. */
 INLINE int kv_decide(Index *self, KvPick *k, const Hashes *hb, int track, int *slot_out, Py_ssize_t *d_out,
-                     int nw)
+                     Py_ssize_t *from_out, int nw)
 {
     int slot, rerun = 0;
     uint64_t bit, *s, r = 0;
@@ -444,7 +448,11 @@ claimed:
         k->walk.events_only = 1;
         k->walk.words = 1u << (slot >> 6);
         jump_walk(&k->walk, one, edepth, NULL, nw);
-        commit_routed(self, k, edepth[slot] < d ? edepth[slot] : d, slot, nw);
+        Py_ssize_t from = edepth[slot] < d ? edepth[slot] : d;
+        if (from_out != NULL && hb->n - from >= k->defer_min)
+            *from_out = from;
+        else
+            commit_routed(self, &k->walk, from, slot, nw);
     }
     *slot_out = slot;
     *d_out = d > hb->n ? hb->n : d;
@@ -457,20 +465,26 @@ claimed:
  * (TensorRT-LLM's router arg); 0 or absent: each server's record (its /server_info value).
  * pin_key (0: none) names a conversation: the server it was last routed to wins while it is a
  * candidate under the cap, and the winner becomes its pin (a session slot of the index, LRU as
- * the conversation router's; TensorRT-LLM's KvCacheAwareRouter._route_affinity). */
-PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
+ * the conversation router's; TensorRT-LLM's KvCacheAwareRouter._route_affinity).
+ * `claim`: pick_kv_claim(the same 11 arguments, defer_min): routed bits past the claim on
+ * defer_min blocks or more are left to commit_routed (fewer are set at once), and the result is
+ * (slot, matched_blocks, commit_from), commit_from -1 when nothing is left to mark. */
+static PyObject *pick_kv_impl(Index *self, PyObject *const *args, Py_ssize_t nargs, int claim)
 {
     PyObject *result = NULL;
     KvPick k;
     int64_t role, tokens, max_batch = 0;
     int track, ok, slot = -1;
     uint64_t *found_stack[FOUND_STACK];
-    Py_ssize_t d = 0;
+    Py_ssize_t d = 0, from = -1;
+    Py_ssize_t *from_out = NULL;
     Hashes hb = {0};
     char *p;
     uint64_t pin = 0, *ps = NULL;
     k.walk.found = found_stack;
-    if (!nargs_ok("pick_kv", nargs, nargs >= 10 ? (nargs == 11 ? 11 : 10) : 9) ||
+    k.defer_min = 0;
+    if (!(claim ? nargs_ok("pick_kv_claim", nargs, 12) && arg_range(args[11], 1, INT64_MAX, "defer_min", &k.defer_min)
+                : nargs_ok("pick_kv", nargs, nargs >= 10 ? (nargs == 11 ? 11 : 10) : 9)) ||
         (p = pick_head(self, args, &role, &k.cand)) == NULL ||
         !hashes_open(args[3], &hb) || !arg_range(args[4], 0, INT64_MAX, "num_tokens", &tokens) ||
         !arg_double(args[5], "load_weight", &k.load_weight) ||
@@ -497,24 +511,84 @@ PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
     k.walk.n = hb.n;
     k.walk.maxp = max_probe(self);
     k.pinned = -1;
+    if (claim) {
+        from = hb.n;
+        from_out = &from;
+    }
     if (set_any(&k.cand, self->nw)) {
         if (pin != 0 && (ps = ix_upsert(self, key_of(pin, KIND_CONV, (int)role), 1)) != NULL) {
             /* the stamp first: it marks the slot a session before any value (conv_pick_explicit) */
             ST(&ps[SL_TS(self->nw)], (monotonic_ns() & TS_MASK) | KIND_CONV << TS_KIND_SHIFT);
             k.pinned = session_server(LDA(&ps[SL_RT(0)]), self->nw);
         }
-        ok = self->nw == 1 ? kv_decide(self, &k, &hb, track, &slot, &d, 1)
-                           : kv_decide(self, &k, &hb, track, &slot, &d, self->nw);
+        ok = self->nw == 1 ? kv_decide(self, &k, &hb, track, &slot, &d, from_out, 1)
+                           : kv_decide(self, &k, &hb, track, &slot, &d, from_out, self->nw);
         if (!ok)
             goto fail;
         if (ps != NULL && slot != k.pinned) /* the last decision is the pin, as TensorRT-LLM's */
             __atomic_store_n(&ps[SL_RT(0)], (uint64_t)slot + 1, __ATOMIC_RELEASE); /* affinity map */
         row_add_pick(self->ctl, p, slot, tokens);
     }
-    result = Py_BuildValue("(in)", slot, slot >= 0 ? d : (Py_ssize_t)0);
+    if (claim)
+        result = Py_BuildValue("(inn)", slot, slot >= 0 ? d : (Py_ssize_t)0,
+                               slot >= 0 && track && from < hb.n ? from : (Py_ssize_t)-1);
+    else
+        result = Py_BuildValue("(in)", slot, slot >= 0 ? d : (Py_ssize_t)0);
 fail:
     if (k.walk.found != found_stack)
         PyMem_Free(k.walk.found);
+    hashes_close(&hb);
+    return result;
+}
+
+PyObject *Index_pick_kv(Index *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return pick_kv_impl(self, args, nargs, 0);
+}
+
+PyObject *Index_pick_kv_claim(Index *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return pick_kv_impl(self, args, nargs, 1);
+}
+
+/* commit_routed(row, hashes, start, slot) -> blocks marked | None (generation changed: remap).
+ * The routed bits a pick_kv_claim left: slot's bit, stamped now, on hashes [start, n), as
+ * pick_kv sets them. Nothing when slot is no longer present (removed since the pick: its bits
+ * would only mislead the slot's next server). */
+PyObject *Index_commit_routed(Index *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *result = NULL;
+    int64_t row, start, server;
+    uint64_t *found_stack[FOUND_STACK];
+    Hashes hb = {0};
+    Walk w = {.found = found_stack};
+    Config c;
+    Py_ssize_t marked = 0;
+    if (!nargs_ok("commit_routed", nargs, 4) || !arg_i64(args[0], &row) || !ix_ok(self, 1) ||
+        own_row(self->ctl, row, 0) == NULL || !hashes_open(args[1], &hb) ||
+        !arg_range(args[2], 0, hb.n, "start", &start) || !arg_slot(self->ctl, args[3], &server) ||
+        !config_for_pick(self->ctl, &c))
+        goto fail;
+    if (stale(self)) {
+        result = Py_NewRef(Py_None);
+        goto fail;
+    }
+    if (start < hb.n && (c.present.w[server >> 6] >> (server & 63) & 1)) {
+        if (hb.n > FOUND_STACK && (w.found = PyMem_Malloc((size_t)hb.n * sizeof(uint64_t *))) == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        memset(w.found, 0, (size_t)hb.n * sizeof(uint64_t *));
+        w.ix = self;
+        w.h = hb.h;
+        w.n = hb.n;
+        marked = self->nw == 1 ? commit_routed(self, &w, start, (int)server, 1)
+                               : commit_routed(self, &w, start, (int)server, self->nw);
+    }
+    result = PyLong_FromSsize_t(marked);
+fail:
+    if (w.found != found_stack)
+        PyMem_Free(w.found);
     hashes_close(&hb);
     return result;
 }

@@ -339,6 +339,26 @@ class Index:
     ) -> tuple[int, int] | None:
         """(slot, matched_blocks) | (-1, 0) | None (generation changed). `max_batch_size`: the
         load_cap denominator of every candidate (0: each server's record). See the README."""
+    def pick_kv_claim(
+        self,
+        row: int,
+        role: int,
+        exclude_slot: int,
+        hashes: Buffer,
+        num_tokens: int,
+        load_weight: float,
+        load_cap: float,
+        use_tokens: bool,
+        track_routed: bool,
+        max_batch_size: int,
+        pin_key: int,
+        defer_min: int,
+        /,
+    ) -> tuple[int, int, int] | None:
+        """pick_kv leaving routed bits on defer_min blocks or more to commit_routed:
+        (slot, matched, commit_from) | None; commit_from -1: nothing left to mark."""
+    def commit_routed(self, row: int, hashes: Buffer, start: int, slot: int, /) -> int | None:
+        """The routed bits a pick_kv_claim left, on hashes [start, n): blocks marked | None (remap)."""
     def match(self, hashes: Buffer, role: int = -1, jump: bool = False, /) -> list[tuple[int, int]] | None:
         """[(slot, depth)] of present, healthy servers (of role if >= 0); None: remap. Depths by the
         linear walk, or with `jump` by pick_kv's jump walk."""

@@ -501,6 +501,51 @@ class BlockIndex:
             pin_key,
         )
 
+    def pick_kv_claim(
+        self,
+        row: int,
+        role: int,
+        exclude_slot: int,
+        hashes: bytes,
+        num_tokens: int,
+        load_weight: float = 0.25,
+        load_cap: float = math.inf,
+        use_tokens: bool = False,
+        track_routed: bool = True,
+        max_batch_size: int = 0,
+        pin_key: int = 0,
+        defer_min: int = 1,
+    ) -> tuple[int, int, int]:
+        """`pick_kv` up to its claim: (slot, matched_blocks, commit_from). The same decision,
+        the claim of the first block past the winner's match included (so racing workers still
+        converge), but when `defer_min` blocks or more are left to mark routed, their bits are
+        left to `commit_routed(row, hashes, commit_from, slot)`, which a caller runs once the leg
+        is on its way (`routing.kv_cache_aware`): for a new prompt they are ~80 % of the pick's
+        time. commit_from is -1 when nothing is left to mark (no winner, no tracking, a full
+        match, or fewer than `defer_min` blocks, marked at once). ValueError for defer_min < 1."""
+        return self._pick(  # type: ignore[no-any-return]  # _pick calls Index.pick_kv_claim by name
+            "pick_kv_claim",
+            row,
+            role,
+            exclude_slot,
+            hashes,
+            num_tokens,
+            load_weight,
+            load_cap,
+            use_tokens,
+            track_routed,
+            max_batch_size,
+            pin_key,
+            defer_min,
+        )
+
+    def commit_routed(self, row: int, hashes: bytes, start: int, slot: int) -> int:
+        """Mark `hashes[start:]` (packed u64) routed to `slot`, stamped now, as `pick_kv` marks
+        them after its claim; returns the blocks marked (0 when `slot` is no longer present: its
+        bits would mislead the slot's next server). ValueError for a start past the hashes or a
+        slot outside the table; RowLost if `row` is not ours."""
+        return self._pick("commit_routed", row, hashes, start, slot)  # type: ignore[no-any-return]  # _pick calls Index.commit_routed by name
+
     def match(self, hashes: bytes, role: int = -1, jump: bool = False) -> list[tuple[int, int]]:
         """[(slot, depth)] of present, healthy servers (of `role`, if >= 0); read-only. Depths by
         the linear walk (leading blocks held), or with `jump` by pick_kv's jump walk (equal when

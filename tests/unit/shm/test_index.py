@@ -189,6 +189,131 @@ def test_the_commit_marks_routed_only_past_the_winners_event_depth(index: BlockI
     assert matched == 0 and [worker.index.lookup(h)[1] for h in fresh] == [1 << slot] * len(fresh)
 
 
+# -- routed bits after the leg is sent (pick_kv_claim + commit_routed) -----------------------------
+
+
+def routed(worker: Worker, blocks: list[int]) -> list[int]:
+    return [(worker.index.lookup(h) or (0, 0, 0))[1] for h in blocks]
+
+
+def test_a_claim_then_its_commit_marks_what_one_pick_marks(index: BlockIndex, worker: Worker) -> None:
+    events = J + 3
+    inline, deferred = chain(60, 2 * J + 4), chain(61, 2 * J + 4)
+    index.apply_stored(1, inline[:events])
+    index.apply_stored(1, deferred[:events])
+    assert worker.kv(P(inline)) == (1, events)
+    args = (worker.row, ROLE_CONTEXT, -1, P(deferred), 100, 0.25, math.inf, False, True, 0, 0, 1)
+    slot, matched, start = worker.index.pick_kv_claim(*args)
+    assert (slot, matched, start) == (1, events, events)
+    # before the commit only the claim is there: the first block past the match
+    assert routed(worker, deferred) == [0] * events + [1 << 1] + [0] * (len(deferred) - events - 1)
+    assert worker.index.commit_routed(worker.row, P(deferred), start, slot) == len(deferred) - events
+    assert routed(worker, deferred) == routed(worker, inline)
+    worker.table.release(worker.row, slot, 100)
+
+
+def test_another_worker_follows_a_claim_before_its_commit(index: BlockIndex, worker: Worker, other: Worker) -> None:
+    blocks = chain(62, 3 * J)
+    args = (ROLE_CONTEXT, -1, P(blocks), 100, 0.25, math.inf, False, True, 0, 0, 1)
+    first, matched, start = worker.index.pick_kv_claim(worker.row, *args)
+    assert (matched, start) == (0, 0)
+    # the claimed first block outweighs the others' empty prefix, so the racer converges
+    assert other.kv(P(blocks))[0] == first
+    worker.index.commit_routed(worker.row, P(blocks), start, first)
+    assert other.kv(P(blocks)) == (first, len(blocks))
+
+
+def test_fewer_blocks_than_defer_min_are_marked_in_the_pick(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(63, J)
+    args = (worker.row, ROLE_CONTEXT, -1, P(blocks), 100, 0.25, math.inf, False, True, 0, 0, J + 1)
+    slot, matched, start = worker.index.pick_kv_claim(*args)
+    assert (matched, start) == (0, -1)
+    assert routed(worker, blocks) == [1 << slot] * J
+    untracked = (worker.row, ROLE_CONTEXT, -1, P(chain(64, J)), 100, 0.25, math.inf, False, False, 0, 0, 1)
+    assert worker.index.pick_kv_claim(*untracked)[2] == -1
+    with pytest.raises(ValueError, match="defer_min"):
+        worker.index.pick_kv_claim(*args[:-1], 0)
+
+
+def test_a_commit_for_a_server_gone_since_the_pick_marks_nothing(
+    coord: ControlTable, index: BlockIndex, worker: Worker
+) -> None:
+    blocks = chain(65, 2 * J)
+    args = (worker.row, ROLE_CONTEXT, -1, P(blocks), 100, 0.25, math.inf, False, True, 0, 0, 1)
+    slot, _, start = worker.index.pick_kv_claim(*args)
+    coord.remove_server(slot)
+    assert worker.index.commit_routed(worker.row, P(blocks), start, slot) == 0
+    assert routed(worker, blocks)[1:] == [0] * (len(blocks) - 1)
+
+
+def test_commit_routed_refuses_bad_arguments(coord: ControlTable, worker: Worker) -> None:
+    blocks = P(chain(66, 4))
+    with pytest.raises(ValueError, match="start"):
+        worker.index.commit_routed(worker.row, blocks, 5, 1)
+    with pytest.raises(ValueError, match="server slot"):
+        worker.index.commit_routed(worker.row, blocks, 0, 10_000)
+    coord.reclaim_row(worker.row)
+    with pytest.raises(RowLost):
+        worker.index.commit_routed(worker.row, blocks, 0, 1)
+
+
+def test_a_commit_after_a_resize_lands_in_the_new_generation(index: BlockIndex, worker: Worker) -> None:
+    blocks = chain(67, 2 * J)
+    args = (worker.row, ROLE_CONTEXT, -1, P(blocks), 100, 0.25, math.inf, False, True, 0, 0, 1)
+    slot, _, start = worker.index.pick_kv_claim(*args)
+    assert index.resize(1 << 12) == 2
+    assert worker.index.commit_routed(worker.row, P(blocks), start, slot) == len(blocks)
+    assert worker.index.generation == 2 and routed(worker, blocks) == [1 << slot] * len(blocks)
+
+
+def _deferring_policy(worker: Worker) -> object:
+    from shmdisagg.config import RouterConfig
+    from shmdisagg.routing.kv_cache_aware import KvCacheAwarePolicy, RoutingKeyConfig
+
+    args = RouterConfig(type="kv_cache_aware")
+    return KvCacheAwarePolicy(worker.table, worker.row, ROLE_CONTEXT, args, worker.index, lambda: RoutingKeyConfig(32))
+
+
+def test_the_router_marks_a_long_prompt_after_the_pick_inside_a_loop(index: BlockIndex, worker: Worker) -> None:
+    import asyncio
+
+    from shmdisagg.routing.kv_cache_aware import DEFER_MIN_BLOCKS
+
+    policy = _deferring_policy(worker)
+    first, second = chain(68, DEFER_MIN_BLOCKS + 1), chain(69, DEFER_MIN_BLOCKS + 1)
+
+    async def flow() -> tuple[list[int], list[int], list[int]]:
+        slot = policy.pick(_Key(P(first)), -1)  # type: ignore[attr-defined]
+        before = routed(worker, first)  # the leg would be written here
+        # a second pick in the same worker marks the first's blocks before it decides
+        policy.pick(_Key(P(second)), -1)  # type: ignore[attr-defined]
+        between = routed(worker, first)
+        await asyncio.sleep(0)  # the loop's turn: the callback marks the second prompt's blocks
+        assert slot >= 0
+        return before, between, routed(worker, second)
+
+    before, between, after = asyncio.run(flow())
+    assert sum(1 for m in before if m) == 1  # the claim alone
+    assert all(between) and all(after)
+
+
+def test_the_router_marks_at_once_outside_a_loop_or_for_a_short_prompt(index: BlockIndex, worker: Worker) -> None:
+    import asyncio
+
+    from shmdisagg.routing.kv_cache_aware import DEFER_MIN_BLOCKS
+
+    policy = _deferring_policy(worker)
+    long, short = chain(70, DEFER_MIN_BLOCKS + 1), chain(71, DEFER_MIN_BLOCKS - 1)
+    policy.pick(_Key(P(long)), -1)  # type: ignore[attr-defined]
+    assert all(routed(worker, long))
+
+    async def short_pick() -> list[int]:
+        policy.pick(_Key(P(short)), -1)  # type: ignore[attr-defined]
+        return routed(worker, short)
+
+    assert all(asyncio.run(short_pick()))
+
+
 def test_removed_clears_the_servers_event_and_routed_bits(index: BlockIndex, worker: Worker) -> None:
     blocks = chain(3, 3)
     index.apply_stored(1, blocks[:1])
