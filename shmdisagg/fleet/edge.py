@@ -23,8 +23,9 @@ and a connection cap, every refusal in TensorRT-LLM's `ErrorResponse` shape.
 - a connection beyond `worker_connections` open ones is answered 503 with `Retry-After: 1`;
 - a keep-alive connection idle for `server_keep_alive_timeout` is closed (uvicorn's
   `timeout_keep_alive`, kept on this protocol's own timer);
-- whatever httptools cannot parse (a bad request line, header, chunk size, an HTTP/2 preface, an
-  upgrade with a body) is answered 400 naming the parser's reason, never the input.
+- whatever httptools cannot parse (a bad request line, header, chunk size, an HTTP/2 preface, a
+  TLS handshake, an upgrade with a body) is answered 400 naming the parser's reason, or the
+  protocol the client spoke (HTTP/2, TLS), never the input.
 
 TensorRT-LLM's orchestrator has none of these: it serves with a plain `uvicorn.Config` given only
 `timeout_keep_alive` (`tensorrt_llm/serve/openai_disagg_server.py` `__call__`, @01edceae, file id
@@ -144,6 +145,13 @@ def fit_connections(wanted: int, nofile: int) -> int:
     if nofile == resource.RLIM_INFINITY:
         return wanted
     return max(1, min(wanted, (nofile - FD_RESERVE) // FDS_PER_CONNECTION))
+
+
+def _is_tls_record(data: bytes) -> bool:
+    """Whether `data` opens with a TLS handshake record's header: content type 22, version 3.x
+    (a ClientHello's record says 3.1 or 3.3 whatever version it offers, RFC 8446 5.1; SSL 3.0's
+    said 3.0). No HTTP method begins so, so it is only looked for once the parser has refused a read."""
+    return data[:2] == b"\x16\x03" and data[2:3] < b"\x10"
 
 
 def edge_protocol(limits: EdgeLimits, hot: HotHandler | None = None) -> type[EdgeProtocol]:
@@ -277,7 +285,7 @@ class EdgeProtocol(HttpToolsProtocol):
         except httptools.HttpParserUpgrade as upgrade:
             self._upgraded(data, upgrade)
         except httptools.HttpParserError as err:
-            self._parse_failed(err)
+            self._parse_failed(err, data)
         else:
             # Deadlines are set after the read, on the same loop time: a request that comes
             # whole in one read (the common case) sets none.
@@ -329,7 +337,8 @@ class EdgeProtocol(HttpToolsProtocol):
         if offset < len(data):
             self.data_received(data[offset:])
 
-    def _parse_failed(self, err: httptools.HttpParserError) -> None:
+    def _parse_failed(self, err: httptools.HttpParserError, data: bytes) -> None:
+        """Refuse what the parser could not read (`data`: the read it failed in), naming why."""
         cause = err.__context__
         if isinstance(cause, _Refusal):
             self._refuse(cause.status, cause.message)
@@ -340,6 +349,9 @@ class EdgeProtocol(HttpToolsProtocol):
             message = self._callback_failure(cause)
         elif reason.startswith("Pause on PRI"):
             message = "invalid HTTP request: HTTP/2 with prior knowledge is not served on this port, HTTP/1.1 is"
+        elif reason.startswith("Invalid method") and _is_tls_record(data):
+            # an https:// URL aimed at this port: llhttp's reason ("Invalid method") would not say so
+            message = "invalid HTTP request: TLS is not served on this port; use http://, not https://"
         else:
             message = f"invalid HTTP request: {reason}"
         self._refuse(400, message)

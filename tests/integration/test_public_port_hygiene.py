@@ -93,7 +93,7 @@ def test_the_public_port_refuses_slow_oversized_and_garbage_requests_in_the_open
             assert _error(big, 413)["message"] == f"request body is larger than {limit} bytes"
 
             garbage = _error(_exchange(dep, b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 64), 400)
-            assert garbage["type"] == "BadRequestError" and garbage["message"].startswith("invalid HTTP request")
+            assert garbage["type"] == "BadRequestError" and garbage["message"].startswith("invalid HTTP request: TLS")
 
             assert post(dep, "/v1/completions", completion)[0] == 200
     assert "RLIMIT_NOFILE: soft limit" in capfd.readouterr().err  # the worker says what it can open

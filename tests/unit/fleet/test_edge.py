@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import resource
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -408,10 +409,20 @@ def test_the_connection_cap_answers_503_keeps_the_others_and_frees_a_place(port:
     assert status == 200
 
 
+def client_hello() -> bytes:
+    """The first bytes an https:// client sends: Python's own TLS ClientHello, taken from memory."""
+    tls = ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), out := ssl.MemoryBIO(), server_hostname="t")
+    with contextlib.suppress(ssl.SSLWantReadError):  # it waits for the server's answer
+        tls.do_handshake()
+    return out.read()
+
+
 @pytest.mark.parametrize(
     "garbage, reason",
     [
-        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\xaa" * 64, "Invalid method"),  # TLS to a plain-HTTP port
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\xaa" * 64, "TLS is not served"),  # https:// to this port
+        (client_hello(), "use http://, not https://"),
+        (b"\x16\x04\x01hello\r\n\r\n", "Invalid method"),  # the same first byte, not a TLS record
         (b"hello there\r\n\r\n", "Invalid method"),
         (b"GET / HTTP/1.1\r\nbad header name: x\r\n\r\n", "header"),
         (b"GET / HTTP/1.1\r\nhost: x\x01\r\n\r\n", "header value"),
@@ -419,7 +430,17 @@ def test_the_connection_cap_answers_503_keeps_the_others_and_frees_a_place(port:
         (POST_HEAD + b"content-length: 1\r\ncontent-length: 2\r\n\r\n", "Content-Length"),
         (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/2"),
     ],
-    ids=["tls", "garbage", "header-name", "header-value", "chunk-size", "two-lengths", "http2-preface"],
+    ids=[
+        "tls",
+        "tls-ssl-module",
+        "not-tls",
+        "garbage",
+        "header-name",
+        "header-value",
+        "chunk-size",
+        "two-lengths",
+        "http2-preface",
+    ],
 )
 def test_what_the_parser_refuses_gets_400_in_the_openai_shape(port: int, garbage: bytes, reason: str) -> None:
     body = assert_error(answer_to(port, garbage), 400, "BadRequestError")
