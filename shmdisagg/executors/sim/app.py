@@ -326,8 +326,12 @@ class SimApp:
     async def _unary(self, req: ParsedRequest, seq: Sequence, send: Send, metrics: bool) -> float | None:
         """Answer once the request finished; returns its server first-token time, None if it failed."""
         channel = seq.channel
-        while not channel.closed:
-            await channel.wait()
+        try:
+            while not channel.closed:
+                await channel.wait()
+        except asyncio.CancelledError:
+            await self._cut_off(seq, send, started=False)
+            return None
         if channel.error is not None:
             if not seq.cancelled:
                 await _send_json(send, channel.error.status, error_body(channel.error))
@@ -346,19 +350,23 @@ class SimApp:
         channel = seq.channel
         sent = 0
         first_token: float | None = None
-        while True:
-            await channel.wait()
-            tokens = channel.take()
-            if tokens:
-                if cut_after is not None and sent >= cut_after:
-                    self.engine.abort(seq)
-                    raise InjectedDisconnect(f"disconnect_mid_stream after {sent} chunks")
-                if first_token is None:
-                    first_token = self.engine.now()
-                await send({"type": "http.response.body", "body": encoder.chunks(tokens, seq), "more_body": True})
-                sent += 1
-            elif channel.closed:
-                break
+        try:
+            while True:
+                await channel.wait()
+                tokens = channel.take()
+                if tokens:
+                    if cut_after is not None and sent >= cut_after:
+                        self.engine.abort(seq)
+                        raise InjectedDisconnect(f"disconnect_mid_stream after {sent} chunks")
+                    if first_token is None:
+                        first_token = self.engine.now()
+                    await send({"type": "http.response.body", "body": encoder.chunks(tokens, seq), "more_body": True})
+                    sent += 1
+                elif channel.closed:
+                    break
+        except asyncio.CancelledError:
+            await self._cut_off(seq, send, started=True)
+            return None
         if channel.error is not None:
             if not seq.cancelled:
                 await send({"type": "http.response.body", "body": sse_error(channel.error)})
@@ -371,6 +379,21 @@ class SimApp:
             tail += perf_metrics.sse_event(perf_metrics.metrics_headers(seq))
         await send({"type": "http.response.body", "body": tail})
         return first_token if first_token is not None else self.engine.now()
+
+    async def _cut_off(self, seq: Sequence, send: Send, started: bool) -> None:
+        """End a request whose task was cancelled: uvicorn cancels what still runs once its
+        graceful shutdown times out (`timeout_graceful_shutdown`, server.py), and logs an
+        exception out of the app with its traceback. The request is aborted and answered as
+        failed, as an engine failure is (`started`: its stream began), and the task returns."""
+        self.engine.abort(seq)
+        error = SimError("the executor is shutting down; the request did not finish in time", status=503)
+        # a client that stopped reading holds this send until the event loop's close cancels the
+        # task again: the connection's close then ends the response, still without a traceback
+        with contextlib.suppress(asyncio.CancelledError):
+            if started:
+                await send({"type": "http.response.body", "body": sse_error(error)})
+            else:
+                await _send_json(send, error.status, error_body(error))
 
     # -- trtllm-serve control endpoints ------------------------------------------------------
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
