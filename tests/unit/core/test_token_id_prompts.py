@@ -56,6 +56,33 @@ def test_the_ids_read_are_the_decoded_ones_or_none(values: list[int], sep: str, 
         assert raw == expected and doc[start:end] == array_text.encode()
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(ids, min_size=1, max_size=300),
+    sep=separators,
+    at=st.floats(0, 1),
+    edit=st.sampled_from(["", ",", " ", "  ", "0", "00", "-", ".", "e", "]", "[", '"', "7" * 9, "\x00"]),
+    replace=st.booleans(),
+)
+def test_long_arrays_with_one_edit_read_as_decoding_reads_them(
+    values: list[int], sep: str, at: float, edit: str, replace: bool
+) -> None:
+    # arrays long enough for the 64-byte chunks (read_chunks), one edit anywhere in them (an
+    # extra comma, a split or merged id, a byte no id has): the ids read are the decoded ones
+    array_text = "[" + sep.join(map(str, values)) + "]"
+    i = 1 + int(at * (len(array_text) - 2))
+    array_text = array_text[:i] + edit + array_text[i + (1 if replace and edit else 0) :]
+    doc = ('{"model": "m", "prompt": ' + array_text + ', "max_tokens": 3}').encode()
+    found = json_token_ids(doc, b"prompt")
+    expected = decoded_ids(doc, "prompt")
+    if expected is None:
+        assert found is None
+    elif found is None:  # declining is never wrong, only slower: only `-0` (a decoder's 0) is
+        assert "-0" in array_text
+    else:
+        assert found[2] == expected and doc[found[0] : found[1]] == array_text.encode()
+
+
 @pytest.mark.parametrize(
     "doc",
     [
@@ -72,6 +99,9 @@ def test_the_ids_read_are_the_decoded_ones_or_none(values: list[int], sep: str, 
         b'{"prompt": [12345678901]}',
         b'{"prompt": [1, \xff2]}',
         b'{"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9',  # unterminated
+        b'{"prompt": [ ,' + b" " * 80 + b"5, 6]}",  # a comma before the first id, a chunk apart
+        b'{"prompt": [' + b"1" * 70 + b"]}",  # one run longer than a chunk
+        b'{"prompt": [' + b"5, " * 30 + b"5,, 6" + b", 7" * 30 + b"]}",
         b'{"prompt": [1], "prompt": "x"}',  # the last duplicate is what counts
         b'{"prompt": "x"}',
         b'{"other": [1]}',
