@@ -397,12 +397,17 @@ def _config_path(text: str) -> str:
 class _Parser(argparse.ArgumentParser):
     """The top-level parser: an argument no command knows is reported with that command's usage
     (argparse reports it with the top-level one, `{launch,serve,...}`, which says nothing of the
-    command's flags)."""
+    command's flags), and a command typed by its alias is named so in its usage and errors
+    (`shmdisagg disaggregated`, not `shmdisagg serve`)."""
 
     commands: dict[str, Any]  # the command parsers (add_subparsers().choices)
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
-        ns, extra = self.parse_known_args(args, namespace)
+        words = list(sys.argv[1:] if args is None else args)
+        typed = next((w for w in words if not w.startswith("-")), "")
+        if typed in self.commands:  # an alias shares its command's parser: name what was typed
+            self.commands[typed].prog = f"{self.prog} {typed}"
+        ns, extra = self.parse_known_args(words, namespace)
         if extra:
             command = self.commands.get(getattr(ns, "command", None) or "", self)
             command.error(f"unrecognized arguments: {' '.join(extra)}")

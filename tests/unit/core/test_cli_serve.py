@@ -179,10 +179,19 @@ def test_a_report_addr_that_cannot_be_written_is_refused_before_anything_starts(
     assert line.startswith(f"shmdisagg: --report_addr {target}: {why}"), line
 
 
-@pytest.mark.parametrize("command", ["serve", "launch", "check-config", "stats"])
+@pytest.mark.parametrize("command", ["serve", "disaggregated", "launch", "check-config", "stats"])
 def test_an_unknown_flag_is_reported_with_the_commands_usage(command: str, tmp_path: Path) -> None:
     """argparse reported it with the top-level usage, `{launch,serve,...}`, not the command's flags."""
     out = _serve(command, "-c", str(_write(tmp_path, num_workers=1)), "--bogus")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == f"shmdisagg {command}: error: unrecognized arguments: --bogus"
     assert f"usage: shmdisagg {command} " in out.stderr
+
+
+def test_a_bad_flag_value_of_the_alias_names_the_alias(tmp_path: Path) -> None:
+    """`shmdisagg disaggregated` (trtllm-serve's word) shares serve's parser: its errors said `shmdisagg serve`."""
+    out = _serve("disaggregated", "-c", str(_write(tmp_path, num_workers=1)), "-r", "abc")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        "shmdisagg disaggregated: error: argument -r/--request_timeout: 'abc' is not a whole number of seconds"
+    )
