@@ -457,6 +457,34 @@ def test_a_bad_request_gets_the_workers_status_and_error_body(sides, name):
             assert err["object"] == "error" and err["code"] == 400 and err["type"] == "BadRequestError", (side, err)
 
 
+TYPE_ERRORS = {
+    "float_from_text": (COMPLETIONS, {"model": "m", "prompt": "x", "temperature": "hot"}),
+    "float_from_list": (COMPLETIONS, {"model": "m", "prompt": "x", "temperature": [1]}),
+    "int_from_text": (COMPLETIONS, {"model": "m", "prompt": "x", "top_k": "a"}),
+    "int_from_fraction": (COMPLETIONS, {"model": "m", "prompt": "x", "max_tokens": 1.5}),
+    "bool_from_text": (COMPLETIONS, {"model": "m", "prompt": "x", "echo": "maybe"}),
+    "bool_from_list": (COMPLETIONS, {"model": "m", "prompt": "x", "ignore_eos": []}),
+    "str_from_int": (COMPLETIONS, {"model": "m", "prompt": "x", "user": 5}),
+    "list_from_text": (COMPLETIONS, {"model": "m", "prompt": "x", "stop_token_ids": "x"}),
+    "dict_from_int": (COMPLETIONS, {"model": "m", "prompt": "x", "logit_bias": 5}),
+    "model_from_int": (COMPLETIONS, {"model": "m", "prompt": "x", "stream": True, "stream_options": 5}),
+    "missing_model": (COMPLETIONS, {"prompt": "x", "max_tokens": 2}),
+    "chat_messages_from_text": (CHAT, {"model": "m", "messages": "x"}),
+    "chat_tools_from_text": (CHAT, {"model": "m", "messages": MESSAGES, "tools": "x"}),
+    "chat_missing_model": (CHAT, {"messages": MESSAGES}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TYPE_ERRORS))
+def test_a_type_error_is_worded_as_the_worker_words_it(sides, name):
+    """pydantic's error list, which the worker sends as `{"error": str(exc)}` (the simulator
+    decodes with msgspec and rewords: executors/sim/pydantic_errors.py)."""
+    path, body = TYPE_ERRORS[name]
+    answers = {side: (status, json.loads(raw)) for side, (status, _, raw) in both(sides, path, body).items()}
+    assert answers["sim"] == answers["worker"]
+    assert answers["sim"][0] == 400
+
+
 def test_max_tokens_beyond_max_seq_len_is_clamped_as_the_pytorch_backend_does(sides):
     body = body_of({"prompt": [7] * (MAX_SEQ_LEN - 3), "max_tokens": 50})
     answers = both(sides, COMPLETIONS, body)

@@ -41,8 +41,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import orjson
 
 from shmdisagg.executors.sim.errors import RequestError, UnreadableBody, ValidationFailed
+from shmdisagg.executors.sim.pydantic_errors import pydantic_message
 from shmdisagg.executors.sim.sequence import Kind
 from shmdisagg.executors.sim.tokenizer import Tokenizer, render_chat
 
@@ -238,7 +240,8 @@ def parse_request(raw: bytes, chat: bool, tokenizer: Tokenizer, limits: Limits, 
     try:
         body: CompletionRequest | ChatCompletionRequest = decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        raise ValidationFailed(str(exc)) from None
+        decode = (lambda: msgspec.msgpack.decode(raw)) if msgpack else (lambda: orjson.loads(raw))
+        raise ValidationFailed(pydantic_message(str(exc), decode)) from None
     except msgspec.DecodeError as exc:
         if msgpack:  # FastAPI's answer to a body its Request.json() could not read
             raise UnreadableBody("There was an error parsing the body") from None
@@ -633,8 +636,6 @@ def echo_params(params: DisaggregatedParams, kind: Kind) -> dict[str, Any]:
 def _ctx_endpoint(params: DisaggregatedParams) -> str:
     """Where the KV is pulled from: `ctx_info_endpoint`, else the endpoint in the simulator's
     own `encoded_opaque_state` (base64 JSON)."""
-    import orjson
-
     endpoint: Any = params.ctx_info_endpoint
     if not endpoint and params.encoded_opaque_state:
         try:
