@@ -137,6 +137,9 @@ class FleetSupervisor:
         # fleet index -> exit status of a worker that exited with a config error before it listened
         self.config_errors: dict[int, int] = {}
         self._standby: subprocess.Popen[bytes] | None = None
+        self._standby_fd: int | None = None  # its pidfd, read by the loop: a standby that dies is replaced
+        self._standby_started = 0.0
+        self._standby_quick_deaths = 0
         self.on_exit: Callable[[int], None] | None = (
             None  # called with the index of a worker that exited, before any replacement
         )
@@ -227,12 +230,40 @@ class FleetSupervisor:
 
     def _start_standby(self) -> None:
         if not self._stopping and (self._standby is None or self._standby.poll() is not None):
-            self._standby = self._popen("standby", stdin=subprocess.PIPE)
-            log.info("warm standby fleet worker started (pid %d): it replaces a worker that dies", self._standby.pid)
+            loop = asyncio.get_running_loop()
+            self._unwatch_standby()
+            self._standby = proc = self._popen("standby", stdin=subprocess.PIPE)
+            self._standby_started = loop.time()
+            self._standby_fd = os.pidfd_open(proc.pid)
+            loop.add_reader(self._standby_fd, self._on_standby_exit, proc)
+            log.info("warm standby fleet worker started (pid %d): it replaces a worker that dies", proc.pid)
+
+    def _unwatch_standby(self) -> None:
+        """Stop watching the standby's pidfd (it was promoted, or it exited)."""
+        if self._standby_fd is not None:
+            asyncio.get_running_loop().remove_reader(self._standby_fd)
+            os.close(self._standby_fd)
+            self._standby_fd = None
+
+    def _on_standby_exit(self, proc: subprocess.Popen[bytes]) -> None:
+        """The standby exited before any worker needed it (killed, or it failed to start): reap
+        it and start another, backing off while they keep dying young, as workers do."""
+        self._unwatch_standby()
+        code = proc.wait()  # already exited: reaps the zombie without blocking
+        if proc is not self._standby or self._stopping:
+            return
+        self._standby = None
+        loop = asyncio.get_running_loop()
+        quick = self._standby_quick_deaths + 1 if loop.time() - self._standby_started < QUICK_DEATH_S else 0
+        self._standby_quick_deaths = quick
+        delay = RESPAWN_BACKOFF_S[min(max(quick - 1, 0), len(RESPAWN_BACKOFF_S) - 1)]
+        log.warning("warm standby fleet worker (pid %d) exited with %s; starting another in %.1f s", proc.pid, code, delay)
+        loop.call_later(delay, self._start_standby)
 
     def _take_standby(self, index: int) -> subprocess.Popen[bytes] | None:
         """Hand `index` to the warm standby process; None if there is none alive."""
         proc, self._standby = self._standby, None
+        self._unwatch_standby()  # from now on it is a worker, watched by its own pidfd
         if proc is None or proc.poll() is not None or proc.stdin is None:
             return None
         try:
@@ -246,8 +277,7 @@ class FleetSupervisor:
         proc = self._take_standby(index)
         if proc is None:
             proc = self._popen(str(index))
-        else:
-            asyncio.get_running_loop().call_soon(self._start_standby)
+        asyncio.get_running_loop().call_soon(self._start_standby)  # another, whether one was taken or dead
         pidfd = os.pidfd_open(proc.pid)
         loop = asyncio.get_running_loop()
         self.workers[index] = WorkerProc(index, proc, pidfd, loop.time(), quick_deaths)
@@ -354,6 +384,7 @@ class FleetSupervisor:
         """SIGTERM every worker, wait up to `timeout_s` seconds (their grace period plus
         STOP_MARGIN_S), SIGKILL the rest; rows are reclaimed."""
         self._stopping = True
+        self._unwatch_standby()
         if self._standby is not None:
             self._standby.kill()  # it holds no row and no socket
             self._standby.wait()

@@ -96,3 +96,62 @@ def test_killed_worker_is_replaced_within_2s_and_its_load_is_reclaimed_exactly(t
             with ControlTable.attach(dep.config.shm_prefix) as table:
                 assert all(table.load(s.slot) == (0, 0) for s in table.servers())
                 assert old_pid not in [r.pid for r in table.rows()]
+
+
+def _standby_pids(coordinator_pid: int) -> list[int]:
+    """The coordinator's children started as the warm standby (SHMDISAGG_WORKER_INDEX=standby)
+    and not exited: their environment still reads so after a promotion, so the caller tells a
+    promoted one by the table's rows."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:  # exited meanwhile, or not ours to read
+            continue
+        if int(fields[1]) == coordinator_pid and fields[0] != "Z" and b"SHMDISAGG_WORKER_INDEX=standby" in env:
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_standby_that_dies_is_reaped_and_replaced_and_the_next_death_still_promotes_one(
+    tmp_path: Path, shm_prefix: str
+) -> None:
+    with fake_executors(["c0", "g0"]) as (ctx, gen):
+        cfg = write_config(tmp_path, shm_prefix, [ctx.addr], [gen.addr], num_workers=1)
+        with deployment(cfg) as dep:
+            assert dep.coordinator is not None
+            coordinator = dep.coordinator.proc.pid
+            with ControlTable.attach(dep.config.shm_prefix) as table:
+                seen: list[int] = []
+
+                def standby_other_than(old: int) -> bool:
+                    workers = {r.pid for r in table.rows()}
+                    waiting = [p for p in _standby_pids(coordinator) if p not in workers and p != old]
+                    seen[:] = waiting
+                    return len(waiting) == 1
+
+                wait_until(lambda: standby_other_than(0), what="the warm standby")
+                first = seen[0]
+                os.kill(first, signal.SIGKILL)
+                wait_until(lambda: standby_other_than(first), what="a new standby")
+                second = seen[0]
+                wait_until(lambda: not os.path.exists(f"/proc/{first}"), what="the dead standby reaped")
+                # the worker's death now promotes the new standby (warm), not a cold start
+                conn = connection_to_worker(dep, 0)
+                old = request_json("", 0, "GET", "/cluster_info", conn=conn)[1]["worker_pid"]
+                conn.close()
+                os.kill(old, signal.SIGKILL)
+                wait_until(lambda: second in {r.pid for r in table.rows()}, what="the new standby promoted")
+
+                def serves() -> bool:
+                    try:
+                        return post(dep, "/v1/completions", COMPLETION)[0] == 200
+                    except OSError:  # before the promoted worker listens: refused
+                        return False
+
+                wait_until(serves, what="the promoted worker to serve")
