@@ -257,7 +257,9 @@ class FleetSupervisor:
         quick = self._standby_quick_deaths + 1 if loop.time() - self._standby_started < QUICK_DEATH_S else 0
         self._standby_quick_deaths = quick
         delay = RESPAWN_BACKOFF_S[min(max(quick - 1, 0), len(RESPAWN_BACKOFF_S) - 1)]
-        log.warning("warm standby fleet worker (pid %d) exited with %s; starting another in %.1f s", proc.pid, code, delay)
+        log.warning(
+            "warm standby fleet worker (pid %d) exited with %s; starting another in %.1f s", proc.pid, code, delay
+        )
         loop.call_later(delay, self._start_standby)
 
     def _take_standby(self, index: int) -> subprocess.Popen[bytes] | None:
