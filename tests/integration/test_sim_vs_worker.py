@@ -472,7 +472,14 @@ TYPE_ERRORS = {
     "chat_messages_from_text": (CHAT, {"model": "m", "messages": "x"}),
     "chat_tools_from_text": (CHAT, {"model": "m", "messages": MESSAGES, "tools": "x"}),
     "chat_missing_model": (CHAT, {"messages": MESSAGES}),
-}
+    "unknown_fields": (COMPLETIONS, {"model": "m", "prompt": "x", "bogus": 1, "other": [2]}),
+    "unknown_stream_option": (COMPLETIONS, {"model": "m", "prompt": "x", "stream": True, "stream_options": {
+        "include_usage": True, "bogus": 1}}),
+    "chat_unknown_field": (CHAT, {"model": "m", "messages": MESSAGES, "bogus": [1]}),
+    "stop_as_int": (COMPLETIONS, {"model": "m", "prompt": "x", "stop": 5}),
+    "stop_as_object": (COMPLETIONS, {"model": "m", "prompt": "x", "stop": {}}),
+    "stop_with_ints": (COMPLETIONS, {"model": "m", "prompt": "x", "stop": ["a", 1, 2]}),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(TYPE_ERRORS))

@@ -182,6 +182,11 @@ _CHAT = msgspec.json.Decoder(ChatCompletionRequest, strict=False)
 # msgpack bodies (`X-TRTLLM-Msgpack: 1` with TRTLLM_SERVE_ENABLE_MSGSPEC=1), validated the same way
 _COMPLETION_MSGPACK = msgspec.msgpack.Decoder(CompletionRequest, strict=False)
 _CHAT_MSGPACK = msgspec.msgpack.Decoder(ChatCompletionRequest, strict=False)
+# each model's field names (chat: True), for the unknown keys of a refused body (pydantic_errors.py)
+_FIELDS = {
+    chat: frozenset(f.encode_name for f in msgspec.structs.fields(model))
+    for chat, model in ((False, CompletionRequest), (True, ChatCompletionRequest))
+}
 
 
 # -- what the rest of the simulator reads -----------------------------------------------------
@@ -241,7 +246,7 @@ def parse_request(raw: bytes, chat: bool, tokenizer: Tokenizer, limits: Limits, 
         body: CompletionRequest | ChatCompletionRequest = decoder.decode(raw)
     except msgspec.ValidationError as exc:
         decode = (lambda: msgspec.msgpack.decode(raw)) if msgpack else (lambda: orjson.loads(raw))
-        raise ValidationFailed(pydantic_message(str(exc), decode)) from None
+        raise ValidationFailed(pydantic_message(str(exc), decode, _FIELDS[chat])) from None
     except msgspec.DecodeError as exc:
         if msgpack:  # FastAPI's answer to a body its Request.json() could not read
             raise UnreadableBody("There was an error parsing the body") from None
