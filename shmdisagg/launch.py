@@ -726,15 +726,20 @@ def _shell_line(argv: list[str], env: dict[str, str] | None) -> str:
 
 
 def _last_line(path: Path, limit: int = 200) -> str:
-    """The last non-empty line of a log file, shortened to `limit` characters ('' if none)."""
+    """The last non-empty line of a log file that is not indented, shortened to `limit`
+    characters ('' if none): an indented line continues the one above it (a warning's source
+    line, `  disagg_auth.validate(`, under its `FutureWarning: ...`; a traceback's frames, whose
+    last line, the exception, is not indented)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 4096))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+            lines = [ln.rstrip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
-    if not lines or lines[-1].startswith("# "):
+    headers = [i for i, ln in enumerate(lines) if ln.startswith("# ")]  # the launcher's, one a start
+    lines = lines[headers[-1] + 1 :] if headers else lines
+    if not lines:  # the executor wrote nothing since its last start
         return ""
-    line = lines[-1]
+    line = next((ln for ln in reversed(lines) if not ln[0].isspace()), lines[-1]).strip()
     return line if len(line) <= limit else line[: limit - 3] + "..."
