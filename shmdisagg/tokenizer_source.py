@@ -101,7 +101,8 @@ def _role_source(config: DisaggConfig, role: str, args: RouterConfig) -> Source 
     raise ConfigError(
         f"{router}.tokenizer_dir: the {args.type} router tokenizes prompts and the executors are not simulators; "
         "set it (or router.model_path, or the top-level model) to the executors' Hugging Face tokenizer: a local "
-        "directory, or a hub id in the local Hugging Face cache"
+        "directory, or a hub id in the local Hugging Face cache (executors started as `shmdisagg sim`: say so "
+        "with shmdisagg.executors.backend: sim, and the simulator's tokenizer is used)"
     )
 
 

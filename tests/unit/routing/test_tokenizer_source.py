@@ -55,6 +55,7 @@ def test_real_executors_without_a_tokenizer_are_refused_naming_the_key(ctx_route
     for extra in ({}, {"shmdisagg": {"executors": {"backend": "trtllm"}}}):
         msg = _error(_config(ctx_router, **extra))
         assert msg.startswith("context_servers.router.tokenizer_dir: ") and "not simulators" in msg
+        assert "shmdisagg.executors.backend: sim" in msg  # the way out for `shmdisagg sim` executors
 
 
 @pytest.mark.parametrize(
