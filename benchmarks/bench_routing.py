@@ -184,9 +184,10 @@ def path_before(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ..
     return t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0
 
 
-def path_after(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ...]:
+def path_after(dep: Deployment, req: dict[str, Any], tpb: int, deferred: bool = False) -> tuple[int, ...]:
     """The fleet's hot path now: validate() produces the int32 ids (token_ids_int32), the
-    RoutingKey hashes them through the process's PrefixHashCache, pick."""
+    RoutingKey hashes them through the process's PrefixHashCache, pick. `deferred`: see
+    path_deferred."""
     clock = time.perf_counter_ns
     t0 = clock()
     ids32 = validate(req, False, want_ids=True)
@@ -194,10 +195,19 @@ def path_after(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, ...
     t1 = clock()
     hashes = key.block_hashes(tpb)
     t2 = clock()
-    slot, _ = dep.wix.pick_kv(dep.row, ROLE_CONTEXT, -1, hashes, key.num_tokens)
+    if deferred:
+        slot, _, start = dep.wix.pick_kv_claim(
+            dep.row, ROLE_CONTEXT, -1, hashes, key.num_tokens, 0.25, math.inf, False, True, 0, 0, DEFER_MIN_BLOCKS
+        )
+    else:
+        (slot, _), start = dep.wix.pick_kv(dep.row, ROLE_CONTEXT, -1, hashes, key.num_tokens), -1
     t3 = clock()
+    if start >= 0:
+        dep.wix.commit_routed(dep.row, hashes, start, slot)
+    t4 = clock()
     dep.worker.release(dep.row, slot, key.num_tokens)
-    return t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0
+    times = (t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0)
+    return (*times, t4 - t3) if deferred else times
 
 
 DEFERRED_ROWS = ROWS + ("commit_routed (after the send)",)
@@ -207,22 +217,7 @@ def path_deferred(dep: Deployment, req: dict[str, Any], tpb: int) -> tuple[int, 
     """The after path as the fleet's router runs it inside its event loop: the pick stops at its
     claim (`pick_kv_claim`) and the routed bits of `DEFER_MIN_BLOCKS` or more blocks are set by
     `commit_routed` once the leg is written (timed apart: the request does not wait for it)."""
-    clock = time.perf_counter_ns
-    t0 = clock()
-    ids32 = validate(req, False, want_ids=True)
-    key = RoutingKey(len(req["prompt"]), req["prompt"], ids32=ids32)
-    t1 = clock()
-    hashes = key.block_hashes(tpb)
-    t2 = clock()
-    slot, _, start = dep.wix.pick_kv_claim(
-        dep.row, ROLE_CONTEXT, -1, hashes, key.num_tokens, 0.25, math.inf, False, True, 0, 0, DEFER_MIN_BLOCKS
-    )
-    t3 = clock()
-    if start >= 0:
-        dep.wix.commit_routed(dep.row, hashes, start, slot)
-    t4 = clock()
-    dep.worker.release(dep.row, slot, key.num_tokens)
-    return t1 - t0, t2 - t1, t3 - t2, t3 - t1, t3 - t0, t4 - t3
+    return path_after(dep, req, tpb, deferred=True)
 
 
 def decisions(
