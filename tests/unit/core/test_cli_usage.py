@@ -20,8 +20,7 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def test_an_empty_config_path_is_refused_naming_c(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`-c ''` was read as '.', and the refusal named a directory the user never gave."""
     line = _usage_error([command, "-c", ""], capsys)
-    prog = "serve" if command == "disaggregated" else command  # argparse names an alias's parser by its name
-    assert line.startswith(f"shmdisagg {prog}: error: argument -c/--config"), line
+    assert line.startswith(f"shmdisagg {command}: error: argument -c/--config"), line  # an alias by its own name
     assert line.endswith(": needs the path of a config file, not ''"), line
 
 
