@@ -277,6 +277,7 @@ class FleetSupervisor:
 
     def _spawn(self, index: int, quick_deaths: int) -> None:
         proc = self._take_standby(index)
+        warm = proc is not None
         if proc is None:
             proc = self._popen(str(index))
         asyncio.get_running_loop().call_soon(self._start_standby)  # another, whether one was taken or dead
@@ -285,7 +286,7 @@ class FleetSupervisor:
         self.workers[index] = WorkerProc(index, proc, pidfd, loop.time(), quick_deaths)
         self._exited[index] = asyncio.Event()
         loop.add_reader(pidfd, self._on_exit, index)
-        log.info("fleet worker %d started (pid %d)", index, proc.pid)
+        log.info("fleet worker %d started (pid %d%s)", index, proc.pid, ", the warm standby" if warm else "")
 
     def _on_exit(self, index: int) -> None:
         loop = asyncio.get_running_loop()
