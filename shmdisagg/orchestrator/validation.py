@@ -10,6 +10,7 @@ serving needs and raises `RequestError(400)` with an OpenAI error body otherwise
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,26 +60,38 @@ def out_of_range_integer(body: bytes) -> str | None:
     a run of 19 digits is decoded again, exactly, to look."""
     if not json_long_digits(body):
         return None
+    # orjson takes documents 1,024 levels deep, past the interpreter's limit for json's decoder
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + ORJSON_MAX_DEPTH)
     try:
         doc = json.loads(body)
     except ValueError:
         return None
-    return _big_int_at(doc, "")
+    finally:
+        sys.setrecursionlimit(limit)
+    return _big_int_at(doc)
 
 
-def _big_int_at(doc: Any, path: str) -> str | None:
-    if type(doc) is int:
-        return None if -(2**63) <= doc < 2**64 else (path or "request")
-    if isinstance(doc, dict):
-        items: Any = doc.items()
-    elif isinstance(doc, list):
-        items = enumerate(doc)
-    else:
-        return None
-    for key, value in items:
-        found = _big_int_at(value, f"{path}.{key}" if path else str(key))
-        if found is not None:
-            return found
+ORJSON_MAX_DEPTH = 1024  # orjson refuses deeper documents ("depth limit exceeded")
+
+
+def _big_int_at(doc: Any) -> str | None:
+    """The dotted path of the first integer outside [-2**63, 2**64) in `doc` (depth first,
+    without recursion: the document may be as deep as orjson takes), else None."""
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        path, value = stack.pop()
+        if type(value) is int:
+            if not -(2**63) <= value < 2**64:
+                return path or "request"
+            continue
+        if isinstance(value, dict):
+            items: Any = value.items()
+        elif isinstance(value, list):
+            items = enumerate(value)
+        else:
+            continue
+        stack.extend(reversed([(f"{path}.{k}" if path else str(k), v) for k, v in items]))
     return None
 
 

@@ -228,6 +228,16 @@ def test_an_integer_past_64_bits_is_refused_naming_where_it_is(body: bytes, wher
     assert err.value.status == 400 and err.value.param == where and "[-2**63, 2**64)" in err.value.message
 
 
+@pytest.mark.parametrize("depth", [1000, 1023])
+def test_an_integer_past_64_bits_as_deep_as_orjson_reads_is_found(depth: int) -> None:
+    """json's decoder stopped at the interpreter's recursion limit (RecursionError: a 500)."""
+    body = b'{"a":' + b"[" * depth + b"18446744073709551616" + b"]" * depth + b"}"
+    with pytest.raises(RequestError) as err:
+        parse_body(body)
+    assert err.value.status == 400 and err.value.param == "a" + ".0" * depth
+    assert parse_body(body.replace(b"18446744073709551616", b"11111111111111111111"))["a"]
+
+
 def test_integers_at_the_64_bit_edges_and_long_digit_strings_pass() -> None:
     assert parse_body(b'{"seed":18446744073709551615,"x":-9223372036854775808}')["seed"] == 2**64 - 1
     assert parse_body(b'{"prompt":"12345678901234567890123456789"}')["prompt"].startswith("1234")
