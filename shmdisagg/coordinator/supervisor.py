@@ -50,6 +50,16 @@ log = logging.getLogger("shmdisagg.coordinator")
 
 RESPAWN_BACKOFF_S = (0.0, 0.2, 1.0, 5.0)  # after 1, 2, 3, 4+ quick deaths in a row
 QUICK_DEATH_S = 2.0
+
+
+def _backoff(lived_s: float, quick_deaths: int) -> tuple[int, float]:
+    """(quick deaths in a row, delay before the next start) for a process that lived `lived_s`
+    after `quick_deaths` quick deaths: a backoff only while replacements keep dying young (a
+    crash loop), never on a first death."""
+    quick = quick_deaths + 1 if lived_s < QUICK_DEATH_S else 0
+    return quick, RESPAWN_BACKOFF_S[min(max(quick - 1, 0), len(RESPAWN_BACKOFF_S) - 1)]
+
+
 # On stop, how long past the workers' grace period (`timeout_graceful_shutdown_s`) they get to
 # end their last requests and exit before the SIGKILL (they need END_MARGIN_S of it at most).
 STOP_MARGIN_S = 5.0
@@ -254,9 +264,7 @@ class FleetSupervisor:
             return
         self._standby = None
         loop = asyncio.get_running_loop()
-        quick = self._standby_quick_deaths + 1 if loop.time() - self._standby_started < QUICK_DEATH_S else 0
-        self._standby_quick_deaths = quick
-        delay = RESPAWN_BACKOFF_S[min(max(quick - 1, 0), len(RESPAWN_BACKOFF_S) - 1)]
+        self._standby_quick_deaths, delay = _backoff(loop.time() - self._standby_started, self._standby_quick_deaths)
         log.warning(
             "warm standby fleet worker (pid %d) exited with %s; starting another in %.1f s", proc.pid, code, delay
         )
@@ -280,9 +288,9 @@ class FleetSupervisor:
         warm = proc is not None
         if proc is None:
             proc = self._popen(str(index))
-        asyncio.get_running_loop().call_soon(self._start_standby)  # another, whether one was taken or dead
-        pidfd = os.pidfd_open(proc.pid)
         loop = asyncio.get_running_loop()
+        loop.call_soon(self._start_standby)  # another, whether one was taken or dead
+        pidfd = os.pidfd_open(proc.pid)
         self.workers[index] = WorkerProc(index, proc, pidfd, loop.time(), quick_deaths)
         self._exited[index] = asyncio.Event()
         loop.add_reader(pidfd, self._on_exit, index)
@@ -314,9 +322,7 @@ class FleetSupervisor:
         if self._stopping:
             return
         self.restarts += 1
-        # Back off only when replacements keep dying young (a crash loop), never on a first death.
-        quick = w.quick_deaths + 1 if loop.time() - w.started < QUICK_DEATH_S else 0
-        delay = RESPAWN_BACKOFF_S[min(max(quick - 1, 0), len(RESPAWN_BACKOFF_S) - 1)]
+        quick, delay = _backoff(loop.time() - w.started, w.quick_deaths)
         how = f"with {code}" if code is not None else "(adopted: its status is not ours to read)"
         log.warning(
             "fleet worker %d (pid %d) exited %s; reclaimed %d row(s); restarting in %.1f s",
