@@ -76,6 +76,13 @@ def main() -> int:
     g.add_argument("--stream-rate", type=float, default=100.0, help="requests per second held at every level")
     g.add_argument("--waves", type=int, default=2, help="measured requests per cell = waves x streams (default 2)")
     g.add_argument("--stream-executors", type=int, default=4, help="executors, half of each role (default 4)")
+    g.add_argument(
+        "--vllm-router",
+        default=None,
+        metavar="auto|PATH",
+        help="also run vLLM's Rust router (prefill/decode mode, two hops) at every level "
+        "(auto: .venv-peers/bin/vllm-router)",
+    )
     g = ap.add_argument_group("prompt axis")
     g.add_argument("--prompt-sizes", default="1024,8192,32768,131072", help="prompt lengths in token ids")
     g.add_argument("--prompt-concurrency", type=int, default=8)
@@ -150,7 +157,9 @@ def run(loadgen: benchkit.LoadGen, target: dict[str, Any], spec: dict[str, Any],
     row["fleet_mem_after"] = memory(target["pids"].get("proxy", []))
     row["coord_mem_after"] = memory(target["pids"].get("coord", []))
     bad = f"  bad {row['bad']}" + (f" e.g. {row['bad_samples'][0]}" if row["bad_samples"] else "")
-    cpu = f"fleet {row['proxy_ns_ms']:.3f} coord {row['coord_ns_ms']:.3f} ms/req  " if "proxy_ns_ms" in row else ""
+    cpu = f"fleet {row['proxy_ns_ms']:.3f} " if "proxy_ns_ms" in row else ""
+    cpu += f"coord {row['coord_ns_ms']:.3f} " if "coord_ns_ms" in row else ""
+    cpu += "ms/req  " if cpu else ""
     c1 = f"  c=1 p50 {pct(row['c1_lat_ms'], 0.5, 1):.2f} ms" if "c1_lat_ms" in row else ""
     print(
         f"{' '.join(f'{k}={v}' for k, v in extra.items())}: {cpu}{row['req_s']:.0f} req/s  "
@@ -300,6 +309,12 @@ def axis_streams(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             for c in levels
         }
         floor = direct2(ex)
+        others: dict[str, dict[str, Any]] = {"direct2": floor}
+        if args.vllm_router:  # one router for every level: it holds no state per level
+            proc, url = benchkit.start_vllm_router(benchkit.vllm_router_bin(args.vllm_router), ex.ctx, ex.gen, True)
+            stack.callback(benchkit.stop_proc, proc)
+            others["vllm-router"] = {"url": f"{url}/v1/completions", "pids": {"proxy": [proc.pid]}}
+        systems = ["shmdisagg", *others]
         ex.script({"chunks": 16, "chunk_interval_s": 0.0})
         for c, target in targets.items():  # the code paths loaded, the pools not yet grown
             warm = {**MODES["stream16"], "n": 64, "warmup": 64, "concurrency": 8, "latency_n": 0, "prompt_tokens": 0}
@@ -323,8 +338,8 @@ def axis_streams(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     "sample_after_s": 1.5 * duration,  # every loop started and its first stream open
                     "timeout_s": 60 + 4 * duration,
                 }
-                for name in ("shmdisagg", "direct2") if rnd % 2 == 0 else ("direct2", "shmdisagg"):
-                    target = targets[c] if name == "shmdisagg" else floor
+                for name in systems if rnd % 2 == 0 else reversed(systems):
+                    target = targets[c] if name == "shmdisagg" else others[name]
                     rows.append(run(loadgen, target, spec, ex.pids, round=rnd, streams=c, system=name))
     return {"cells": rows, "levels": levels, "base_mem": base_mem}
 
@@ -362,6 +377,43 @@ def report_streams(data: dict[str, Any], args: argparse.Namespace) -> None:
             f"{med(rs, 'proxy_ns_ms') / med(first, 'proxy_ns_ms'):.2f}× | {med(rs, 'coord_ns_ms'):.3f} | {fb} | "
             f"{fb_added} | {med(rs, 'p99_ms') - med(fl, 'p99_ms'):.1f} | {per_stream:.1f} | {mib(rss)} | "
             f"{sum(r['bad'] for r in rs + fl)} |"
+        )
+    if cells(rows, system="vllm-router"):
+        report_streams_peer(rows, levels)
+
+
+def ttfb_added(rs: list[dict[str, Any]], floor: list[dict[str, Any]]) -> str:
+    """First-byte latency over the floor's, p50 / p99 ms (medians of rounds)."""
+    p50 = med(rs, "ttfb_p50_ms") - med(floor, "ttfb_p50_ms")
+    return f"{p50:.2f} / {med(rs, 'ttfb_p99_ms') - med(floor, 'ttfb_p99_ms'):.2f}"
+
+
+def grown(rs: list[dict[str, Any]], first: list[dict[str, Any]]) -> str:
+    return f"{med(rs, 'proxy_ns_ms') / med(first, 'proxy_ns_ms'):.2f}×"
+
+
+def report_streams_peer(rows: list[dict[str, Any]], levels: list[int]) -> None:
+    """shmdisagg's fleet beside vLLM's Rust router at every level: CPU per request, each against its
+    own figure at the first level, and first-byte latency over direct2's."""
+    print()
+    print(
+        "| streams | shmdisagg fleet CPU ms/req | / at first | vllm-router CPU ms/req | / at first | "
+        "shmdisagg / vllm-router | first byte added p50 / p99 ms, shmdisagg | the same, vllm-router | "
+        "vllm-router RSS MiB (all open) | bad |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    firsts = {name: cells(rows, streams=levels[0], system=name) for name in ("shmdisagg", "vllm-router")}
+    for c in levels:
+        ours, peer, fl = (cells(rows, streams=c, system=n) for n in ("shmdisagg", "vllm-router", "direct2"))
+        if not ours or not peer or not fl:
+            continue
+
+        rss = statistics.median(m["VmRSS"] for r in peer for m in r["during"])
+        print(
+            f"| {c} | {spread(ours, 'proxy_ns_ms')} | {grown(ours, firsts['shmdisagg'])} | "
+            f"{spread(peer, 'proxy_ns_ms')} | "
+            f"{grown(peer, firsts['vllm-router'])} | {med(ours, 'proxy_ns_ms') / med(peer, 'proxy_ns_ms'):.2f}× | "
+            f"{ttfb_added(ours, fl)} | {ttfb_added(peer, fl)} | {mib(rss)} | {sum(r['bad'] for r in peer)} |"
         )
 
 
