@@ -16,6 +16,9 @@ and memory of shmdisagg along three axes, each axis side by side in one run.
   requests. Reports CPU per request, time to first byte (added: minus the two-hop floor at the
   same concurrency), memory per open stream (the fleet workers' anonymous RSS sampled once every
   stream is open, less the same before the first cell, divided by C) and per-worker RSS.
+  `--vllm-router auto|PATH` adds vLLM's Rust router (prefill/decode mode, two hops; one process
+  for every level) to every level's rounds, and a table of both systems' CPU per request, each
+  against its own at the first level.
 - **prompt** (`--prompt-sizes 1024,8192,32768,131072` token ids): `round_robin` (no hashing) and
   `kv_cache_aware` (hashes every block of the prompt; the tokenizer it needs is built offline,
   `tests/hf_tokenizer.py`) side by side at `--prompt-concurrency` 8, non-streaming. Requests per
@@ -32,7 +35,7 @@ group, around the measured requests (`benchkit.py`); the fleet column sums the f
 order of the cells; tables show the median round (min-max).
 
     .venv/bin/python benchmarks/bench_scaling.py [--axes executors,streams,prompt] [--fleet 2]
-        [--rounds 2] [--json out.json]
+        [--rounds 2] [--vllm-router auto] [--json out.json]
 """
 
 from __future__ import annotations
