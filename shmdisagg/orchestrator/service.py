@@ -39,6 +39,7 @@ from shmdisagg.orchestrator.asgi import (
     Send,
     read_body,
 )
+from shmdisagg.orchestrator.deadlines import OpenRequests
 from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.orchestrator.exchange import Exchange
 from shmdisagg.orchestrator.flows import Flows
@@ -107,7 +108,8 @@ class DisaggService:
         # a request-level chat_template is refused with 400 before routing unless the config allows it
         self.allow_request_chat_template = config.allow_request_chat_template
         self.keys: KeyBuilder | None = None  # set when a policy needs token ids or conversation ids
-        self.inflight: set[asyncio.Task[Any]] = set()  # tasks of requests running a flow
+        # tasks of requests running a flow, each under its deadline (`request_timeout_s`)
+        self.inflight: OpenRequests[Exchange] = OpenRequests(self.timeout_s, _expire)
         self.ending = False  # the grace period is over: every request ends with a 503
 
     def end_inflight(self) -> int:
@@ -230,21 +232,19 @@ class DisaggService:
         )
 
     async def _run(self, ex: Exchange, req: dict[str, Any], chat: bool, key: RoutingKey, watch: Watch) -> None:
-        """The request's flow under its deadline (`request_timeout_s`: one timer that cancels the
-        task and marks `ex.expired`), its task in `inflight` meanwhile so that `end_inflight` can
-        cancel it."""
+        """The request's flow under its deadline (`request_timeout_s`: past it the task is
+        cancelled and `ex.expired` marked), its task in `inflight` meanwhile so that `end_inflight`
+        can cancel it."""
         task = asyncio.current_task()
         assert task is not None
-        self.inflight.add(task)
-        timer = task.get_loop().call_later(self.timeout_s, _expire, task, ex)
+        self.inflight.open(task, ex)
         try:
             if self.ending:
                 raise RequestError(503, SHUTTING_DOWN, "shutting_down")
             with watch:
                 await self.flows.run(ex, req, chat, key, _PATHS[chat])
         finally:
-            timer.cancel()
-            self.inflight.discard(task)
+            self.inflight.close(task)
 
 
 def _decode(body: bytes, chat: bool) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from typing import Any
 
 import pytest
 
@@ -85,6 +86,87 @@ def test_timeout_does_not_bound_the_body(run: Run[None]) -> None:
             release.set()
             chunks += [c async for c in resp]
             assert b"".join(chunks) == b"early late"
+
+    run(main())
+
+
+async def answer_first_then_hold(req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Answer a connection's first request; never answer its second."""
+    if req.seq == 0:
+        await echo(req, reader, writer)
+        return True
+    await wait_for_eof(reader)
+    return False
+
+
+def test_a_reused_connection_times_out_at_its_later_requests_deadline(run: Run[None]) -> None:
+    """The first request armed the connection's timer at its own deadline; the second request's is
+    later. The timer fires at the first deadline, finds a later one and follows it: the second
+    request fails at its own deadline, not the first's."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        async with ScriptedServer(answer_first_then_hold) as srv, UpstreamPool() as pool:
+            await (await pool.request(HOST, srv.port, "POST", "/", b"", timeout_s=0.1)).read()
+            t0 = loop.time()
+            with pytest.raises(UpstreamTimeout):
+                await pool.request(HOST, srv.port, "POST", "/", b"", timeout_s=0.5)
+            assert loop.time() - t0 >= 0.45
+            assert srv.connections == 1
+
+    run(main())
+
+
+def test_a_reused_connection_times_out_at_an_earlier_deadline_than_its_timers(run: Run[None]) -> None:
+    """The first request's deadline is 30 s away; the second request's, 0.1 s: the timer moves
+    earlier, so the second request fails after 0.1 s, not 30 s."""
+
+    async def main() -> None:
+        async with ScriptedServer(answer_first_then_hold) as srv, UpstreamPool() as pool:
+            await (await pool.request(HOST, srv.port, "POST", "/", b"", timeout_s=30)).read()
+            async with asyncio.timeout(10):
+                with pytest.raises(UpstreamTimeout):
+                    await pool.request(HOST, srv.port, "POST", "/", b"", timeout_s=0.1)
+            assert srv.connections == 1
+
+    run(main())
+
+
+def test_an_idle_connection_outlives_its_last_requests_deadline(run: Run[None]) -> None:
+    async def main() -> None:
+        async with ScriptedServer(echo) as srv, UpstreamPool() as pool:
+            await (await pool.request(HOST, srv.port, "POST", "/", b"", timeout_s=0.05)).read()
+            await asyncio.sleep(0.15)  # the behaviour under test is the passage of time
+            assert await (await pool.request(HOST, srv.port, "POST", "/2", b"x")).read() == b"/2|x"
+            assert srv.connections == 1
+
+    run(main())
+
+
+def test_a_reused_connection_arms_one_timer_for_many_requests(run: Run[None]) -> None:
+    """A call_at and its cancel per request cost ~2 µs in uvloop: a connection keeps one timer
+    while its requests' deadlines follow each other."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        call_at = loop.call_at
+        armed: list[float] = []
+
+        def counted(when: float, callback: Any, *args: Any, context: Any = None) -> asyncio.TimerHandle:
+            armed.append(when)
+            return call_at(when, callback, *args, context=context)
+
+        async with ScriptedServer(echo) as srv, UpstreamPool() as pool:
+            await (await pool.request(HOST, srv.port, "POST", "/", b"")).read()  # connected, sweeper armed
+            loop.call_at = counted  # type: ignore[method-assign]
+            try:
+                for i in range(20):
+                    resp = await pool.request(HOST, srv.port, "POST", f"/{i}", b"x", timeout_s=30)
+                    assert await resp.read() == f"/{i}|x".encode()
+            finally:
+                del loop.call_at
+            assert srv.connections == 1
+            assert len(armed) == 1
 
     run(main())
 
