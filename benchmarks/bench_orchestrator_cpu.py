@@ -87,7 +87,7 @@ def parse_vs(specs: list[str], prefix: str = "vs") -> dict[str, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=2000, help="measured requests per cell")
+    ap.add_argument("--n", type=int, default=2000, help="measured requests per cell (default 2000)")
     ap.add_argument("--warmup", type=int, default=300, help="unmeasured requests before each cell (default 300)")
     ap.add_argument("--concurrency", type=int, default=32, help="requests in flight, closed loop (default 32)")
     ap.add_argument(
@@ -162,7 +162,10 @@ def main() -> int:
     for m in modes:
         if m not in MODES:
             ap.error(f"unknown mode {m}")
-    fleet_sizes = [int(f) for f in args.fleet.split(",") if f]
+    fleet_sizes = benchkit.positive_ints(ap, "--fleet", args.fleet)
+    for option in ("n", "concurrency", "rounds"):
+        if getattr(args, option) < 1:
+            ap.error(f"--{option} must be at least 1, got {getattr(args, option)}")
     kinds = [s for s in args.systems.split(",") if s]
     for kind in kinds:
         if kind not in SYSTEM_KINDS:
@@ -179,7 +182,11 @@ def main() -> int:
         print("# --executors sim: without baseline and vllm-router (the simulator refuses their requests' fields)")
         kinds = [k for k in kinds if k != "baseline"]
         args.vllm_router = None
-    vllm_bin = benchkit.vllm_router_bin(args.vllm_router) if args.vllm_router else None
+    try:
+        vllm_bin = benchkit.vllm_router_bin(args.vllm_router) if args.vllm_router else None
+    except RuntimeError as err:
+        ap.error(f"--vllm-router: {err}")
+    benchkit.exit_on_sigterm()
     systems = [
         *(_shm_name(f, fleet_sizes) for f in fleet_sizes if "shmdisagg" in kinds),
         *(k for k in ("baseline",) if k in kinds),
@@ -262,6 +269,7 @@ def main() -> int:
                 }
 
             loadgen = benchkit.LoadGen()
+            stack.callback(loadgen.close)  # before the deployments stop: a cell cut short ends its requests
             print(
                 "# "
                 + "; ".join(f"{name}: {t['url']} pids {t['pids']}" for name, t in targets.items())

@@ -62,7 +62,7 @@ AXES = ("executors", "streams", "prompt")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--axes", default=",".join(AXES), help=f"of {', '.join(AXES)}")
+    ap.add_argument("--axes", default=",".join(AXES), help=f"of {', '.join(AXES)} (default all three)")
     ap.add_argument("--fleet", type=int, default=2, help="fleet workers of every deployment (default 2)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds over every cell of an axis (default 2)")
     ap.add_argument("--json", default=None, help="write every cell's numbers here")
@@ -75,7 +75,9 @@ def main() -> int:
     g.add_argument("--concurrency", type=int, default=32)
     g.add_argument("--latency-n", type=int, default=100, help="requests one at a time after each cell (default 100)")
     g = ap.add_argument_group("streams axis")
-    g.add_argument("--streams", default="32,128,512,2048", help="concurrent streams, one deployment each")
+    g.add_argument(
+        "--streams", default="32,128,512,2048", help="concurrent streams, one deployment each (default 32,128,512,2048)"
+    )
     g.add_argument("--stream-rate", type=float, default=100.0, help="requests per second held at every level")
     g.add_argument("--waves", type=int, default=2, help="measured requests per cell = waves x streams (default 2)")
     g.add_argument("--stream-executors", type=int, default=4, help="executors, half of each role (default 4)")
@@ -96,6 +98,19 @@ def main() -> int:
     for a in axes:
         if a not in AXES:
             ap.error(f"unknown axis {a}")
+    for option in ("executor_counts", "streams", "prompt_sizes"):
+        setattr(args, option, benchkit.positive_ints(ap, "--" + option.replace("_", "-"), getattr(args, option)))
+    for option in ("fleet", "rounds", "n", "concurrency", "waves", "stream_executors", "prompt_concurrency"):
+        if getattr(args, option) < 1:
+            ap.error(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
+    if args.stream_executors < 2:
+        ap.error("--stream-executors must be at least 2 (one of each role)")
+    if args.vllm_router:
+        try:
+            args.vllm_router = benchkit.vllm_router_bin(args.vllm_router)
+        except RuntimeError as err:
+            ap.error(f"--vllm-router: {err}")
+    benchkit.exit_on_sigterm()
 
     print(f"# run {time.strftime('%Y-%m-%d %H:%M')}, load average {benchkit.load_average()} ({os.cpu_count()} CPUs)")
     out: dict[str, Any] = {}
@@ -124,7 +139,11 @@ def session() -> Any:
     loadgen = benchkit.LoadGen()
     try:
         with stack:
-            yield stack, loadgen, prefixes
+            try:
+                yield stack, loadgen, prefixes
+            except BaseException:
+                loadgen.close()  # mid-cell: its streams end before the deployments stop
+                raise
     finally:
         loadgen.close()
         benchkit.cleanup_shm(prefixes)
@@ -206,7 +225,7 @@ def c1(rows: list[dict[str, Any]], key: str = "c1_lat_ms") -> list[float]:
 
 
 def axis_executors(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    counts = [int(x) for x in args.executor_counts.split(",") if x]
+    counts: list[int] = args.executor_counts
     modes = [m for m in args.modes.split(",") if m]
     ctx_router, gen_router = args.routers.split(",")
     rows: list[dict[str, Any]] = []
@@ -300,7 +319,7 @@ def report_executors(data: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def axis_streams(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    levels = [int(x) for x in args.streams.split(",") if x]
+    levels: list[int] = args.streams
     rows: list[dict[str, Any]] = []
     base_mem: dict[int, list[dict[str, int]]] = {}
     with session() as (stack, loadgen, prefixes):
@@ -314,7 +333,7 @@ def axis_streams(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         floor = direct2(ex)
         others: dict[str, dict[str, Any]] = {"direct2": floor}
         if args.vllm_router:  # one router for every level: it holds no state per level
-            proc, url = benchkit.start_vllm_router(benchkit.vllm_router_bin(args.vllm_router), ex.ctx, ex.gen, True)
+            proc, url = benchkit.start_vllm_router(args.vllm_router, ex.ctx, ex.gen, True)
             stack.callback(benchkit.stop_proc, proc)
             others["vllm-router"] = {"url": f"{url}/v1/completions", "pids": {"proxy": [proc.pid]}}
         systems = ["shmdisagg", *others]
@@ -426,7 +445,7 @@ def report_streams_peer(rows: list[dict[str, Any]], levels: list[int]) -> None:
 def axis_prompt(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from tests.hf_tokenizer import build_tokenizer
 
-    sizes = [int(x) for x in args.prompt_sizes.split(",") if x]
+    sizes: list[int] = args.prompt_sizes
     tok = str(build_tokenizer(tmp / "tokenizer"))
     rows: list[dict[str, Any]] = []
     with session() as (stack, loadgen, prefixes):

@@ -27,11 +27,13 @@ prompt.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import glob
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -545,7 +547,30 @@ def vllm_router_bin(spec: str) -> str:
     path = REPO / ".venv-peers" / "bin" / "vllm-router" if spec == "auto" else Path(spec)
     if not path.exists():
         raise RuntimeError(f"{path} not found: run benchmarks/peers/install_vllm_router.sh")
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise RuntimeError(f"{path} is not an executable file")
     return str(path)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the run as Ctrl-C does: the `with` blocks stop every process it started (a
+    benchmark killed by `timeout` or `kill` would otherwise leave its executors running)."""
+
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
+def positive_ints(ap: argparse.ArgumentParser, option: str, text: str) -> list[int]:
+    """A comma-separated list of positive integers, or `ap.error` naming `option`."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"{option}: a comma-separated list of positive integers, got {text!r}")
+    if not values or min(values) < 1:
+        ap.error(f"{option}: a comma-separated list of positive integers, got {text!r}")
+    return values
 
 
 def start_vllm_router(binary: str, ctx: list[str], gen: list[str], pd: bool) -> tuple[subprocess.Popen[Any], str]:
@@ -588,6 +613,7 @@ class LoadGen:
             stdout=subprocess.PIPE,
             text=True,
         )
+        self.busy = False  # a cell is running: close() stops the process at once
 
     @property
     def pid(self) -> int:
@@ -607,6 +633,13 @@ class LoadGen:
         return doc
 
     def cell(self, spec: dict[str, Any], pids: dict[str, list[int]], during: Any = None) -> dict[str, Any]:
+        """Run one cell (`_cell`); an exception or a signal inside it leaves it `busy`."""
+        self.busy = True
+        row = self._cell(spec, pids, during)
+        self.busy = False
+        return row
+
+    def _cell(self, spec: dict[str, Any], pids: dict[str, list[int]], during: Any = None) -> dict[str, Any]:
         """Run one cell; per pid group `<group>_ms` (ticks), `<group>_ns_ms`, `<group>_sys_ms` per
         request of the measured phase and `<group>_c1_ns_ms` of the latency phase. `during`, if
         given, is called with no argument while the measured phase runs (in this thread, after
@@ -652,7 +685,9 @@ class LoadGen:
         return row
 
     def close(self) -> None:
-        if self.proc.poll() is None and self.proc.stdin is not None:
+        """End the load generator: between cells, let it exit; inside one (an error, Ctrl-C,
+        SIGTERM), stop it at once, so that its open requests end before the deployments stop."""
+        if not self.busy and self.proc.poll() is None and self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self._send("")
             try:

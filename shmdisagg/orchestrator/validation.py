@@ -240,6 +240,9 @@ def validate(req: dict[str, Any], chat: bool, want_ids: bool = False) -> bytes |
     bytes, produced by the same pass that checks them (`_native.token_ids_int32`); else None."""
     for key in ORCHESTRATOR_FIELDS:
         if key in req:
+            if req[key] is None:  # the answers' own placeholder, echoed back: absent, as the protocol reads it
+                del req[key]
+                continue
             raise _bad(
                 f"'{key}' is set by the disaggregated orchestrator, not by clients; remove it from the request", key
             )

@@ -134,6 +134,14 @@ def test_fields_only_the_orchestrator_sets_are_refused_by_name(field: str, value
     )
 
 
+@pytest.mark.parametrize("field", ["disaggregated_params", "prompt_token_ids_b64", "ctx_usage"])
+def test_a_null_orchestrator_field_is_read_as_absent_and_not_relayed(field: str) -> None:
+    """Answers carry `"disaggregated_params": null`; a client that sends it back is served, as
+    TensorRT-LLM's protocol models read null as the field's default (openai_protocol.py)."""
+    req = _check(b'{"model":"m","prompt":"hi","' + field.encode() + b'":null}')
+    assert field not in req
+
+
 def test_a_chats_own_prompt_token_ids_are_kept_and_checked() -> None:
     req = _check(b'{"model":"m","messages":[{"role":"user","content":"hi"}],"prompt_token_ids":[1,2,3]}', chat=True)
     assert req["prompt_token_ids"] == [1, 2, 3]  # TensorRT-LLM's worker then skips its template
