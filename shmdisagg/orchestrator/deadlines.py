@@ -41,9 +41,9 @@ class OpenRequests(Generic[T]):
 
     def open(self, task: asyncio.Task[Any], item: T) -> None:
         """Start `task`'s deadline, `timeout_s` from now on its loop's clock."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = task.get_loop()
+        loop = task.get_loop()
+        if loop is not self._loop:  # the first request, or a service run again on a new loop
+            self._loop, self._timer = loop, None
         deadline = loop.time() + self.timeout_s
         self._open[task] = (deadline, item)
         if self._timer is None:  # else it fires at an earlier deadline, and then moves on

@@ -147,6 +147,8 @@ class Connection(asyncio.Protocol):
         self.collect = whole
         if deadline is not None:
             self._arm(deadline)
+        else:
+            self.deadline = 0.0
         if isinstance(data, bytes):
             self.transport.write(data)  # type: ignore[union-attr]  # set by connection_made
         else:

@@ -128,3 +128,37 @@ def test_open_requests_use_one_loop_timer(runner: asyncio.Runner) -> None:
         assert len(armed) == 1
 
     runner.run(main())
+
+
+def test_requests_on_a_second_loop_get_their_own_timer() -> None:
+    """A service run on one loop, then on another (tests, a restarted worker loop): the first
+    loop's pending timer never fires, so the second loop's requests get a timer of their own."""
+    expired: list[int] = []
+    woken: list[asyncio.Event] = []
+
+    def expire(task: asyncio.Task[Any], item: int) -> None:
+        expired.append(item)
+        for event in woken:
+            event.set()
+
+    reqs: OpenRequests[int] = OpenRequests(30.0, expire)
+
+    async def first() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        reqs.open(task, 1)
+        reqs.close(task)
+
+    asyncio.run(first())
+    reqs.timeout_s = 0.05
+
+    async def second() -> None:
+        woken.append(asyncio.Event())
+        task = asyncio.create_task(_held(asyncio.Event()))
+        reqs.open(task, 2)
+        async with asyncio.timeout(5):  # without its own timer it would never expire
+            await woken[0].wait()
+        task.cancel()
+
+    asyncio.run(second())
+    assert expired == [2]
