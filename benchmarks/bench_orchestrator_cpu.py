@@ -60,6 +60,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -296,6 +297,7 @@ def main() -> int:
         if executors is not None:
             executors.stop()
         benchkit.cleanup_shm(shm_prefixes)
+        shutil.rmtree(tmp, ignore_errors=True)  # the deployments' configs and logs
 
     print()
     print(

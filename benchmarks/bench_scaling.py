@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -103,6 +104,13 @@ def main() -> int:
     for option in ("fleet", "rounds", "n", "concurrency", "waves", "stream_executors", "prompt_concurrency"):
         if getattr(args, option) < 1:
             ap.error(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
+    for mode in args.modes.split(","):
+        if mode and mode not in MODES:
+            ap.error(f"--modes: unknown mode {mode!r}, of {', '.join(MODES)}")
+    if len(args.routers.split(",")) != 2:
+        ap.error(f"--routers: the context and the generation router type, comma-separated, got {args.routers!r}")
+    if not args.stream_rate > 0:
+        ap.error(f"--stream-rate must be above 0, got {args.stream_rate:g}")
     if args.stream_executors < 2:
         ap.error("--stream-executors must be at least 2 (one of each role)")
     if args.vllm_router:
@@ -115,11 +123,15 @@ def main() -> int:
     print(f"# run {time.strftime('%Y-%m-%d %H:%M')}, load average {benchkit.load_average()} ({os.cpu_count()} CPUs)")
     out: dict[str, Any] = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
-    for axis in axes:
-        t0 = time.monotonic()
-        rows = {"executors": axis_executors, "streams": axis_streams, "prompt": axis_prompt}[axis](args, tmp / axis)
-        out[axis] = rows
-        print(f"# axis {axis}: {time.monotonic() - t0:.0f} s, load average now {benchkit.load_average()}", flush=True)
+    try:
+        for axis in axes:
+            t0 = time.monotonic()
+            run_axis = {"executors": axis_executors, "streams": axis_streams, "prompt": axis_prompt}[axis]
+            out[axis] = run_axis(args, tmp / axis)
+            load = benchkit.load_average()
+            print(f"# axis {axis}: {time.monotonic() - t0:.0f} s, load average now {load}", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the deployments' configs and logs
     for axis in axes:
         {"executors": report_executors, "streams": report_streams, "prompt": report_prompt}[axis](out[axis], args)
     if args.json:
