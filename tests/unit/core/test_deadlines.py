@@ -9,6 +9,7 @@ import pytest
 import uvloop
 
 from shmdisagg.orchestrator.deadlines import OpenRequests
+from tests.loop_timers import armed_timers
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
@@ -107,24 +108,13 @@ def test_open_requests_use_one_loop_timer(runner: asyncio.Runner) -> None:
     closed one after another arm one timer between them."""
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        call_at = loop.call_at
-        armed: list[float] = []
-
-        def counted(when: float, callback: Any, *args: Any, context: Any = None) -> asyncio.TimerHandle:
-            armed.append(when)
-            return call_at(when, callback, *args, context=context)
-
         reqs: OpenRequests[int] = OpenRequests(30.0, lambda task, item: None)
         task = asyncio.current_task()
         assert task is not None
-        loop.call_at = counted  # type: ignore[method-assign]
-        try:
+        with armed_timers(asyncio.get_running_loop()) as armed:
             for i in range(100):
                 reqs.open(task, i)
                 reqs.close(task)
-        finally:
-            del loop.call_at
         assert len(armed) == 1
 
     runner.run(main())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from typing import Any
 
 import pytest
 
@@ -16,6 +15,7 @@ from shmdisagg.upstream import (
     UpstreamTimeout,
 )
 from tests.conftest import free_port
+from tests.loop_timers import armed_timers
 from tests.unit.upstream._server import (
     Request,
     ScriptedServer,
@@ -148,23 +148,12 @@ def test_a_reused_connection_arms_one_timer_for_many_requests(run: Run[None]) ->
     while its requests' deadlines follow each other."""
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        call_at = loop.call_at
-        armed: list[float] = []
-
-        def counted(when: float, callback: Any, *args: Any, context: Any = None) -> asyncio.TimerHandle:
-            armed.append(when)
-            return call_at(when, callback, *args, context=context)
-
         async with ScriptedServer(echo) as srv, UpstreamPool() as pool:
             await (await pool.request(HOST, srv.port, "POST", "/", b"")).read()  # connected, sweeper armed
-            loop.call_at = counted  # type: ignore[method-assign]
-            try:
+            with armed_timers(asyncio.get_running_loop()) as armed:
                 for i in range(20):
                     resp = await pool.request(HOST, srv.port, "POST", f"/{i}", b"x", timeout_s=30)
                     assert await resp.read() == f"/{i}|x".encode()
-            finally:
-                del loop.call_at
             assert srv.connections == 1
             assert len(armed) == 1
 
