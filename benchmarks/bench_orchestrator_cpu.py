@@ -164,9 +164,7 @@ def main() -> int:
         if m not in MODES:
             ap.error(f"unknown mode {m}")
     fleet_sizes = benchkit.positive_ints(ap, "--fleet", args.fleet)
-    for option in ("n", "concurrency", "rounds"):
-        if getattr(args, option) < 1:
-            ap.error(f"--{option} must be at least 1, got {getattr(args, option)}")
+    benchkit.at_least_one(ap, args, "n", "concurrency", "rounds")
     kinds = [s for s in args.systems.split(",") if s]
     for kind in kinds:
         if kind not in SYSTEM_KINDS:
@@ -198,7 +196,6 @@ def main() -> int:
     ]
     executor_kind = "external" if args.ctx else args.executors
     procs: list[subprocess.Popen[Any]] = []
-    loadgen: benchkit.LoadGen | None = None
     executors: benchkit.Executors | None = None
     tmp = Path(tempfile.mkdtemp(prefix="bench-orch-"))
     shm_prefixes: list[str] = []
@@ -270,7 +267,9 @@ def main() -> int:
                 }
 
             loadgen = benchkit.LoadGen()
-            stack.callback(loadgen.close)  # before the deployments stop: a cell cut short ends its requests
+            stack.callback(
+                loadgen.close
+            )  # first on the way out: a cell cut short ends its requests before the deployments stop
             print(
                 "# "
                 + "; ".join(f"{name}: {t['url']} pids {t['pids']}" for name, t in targets.items())
@@ -288,10 +287,7 @@ def main() -> int:
             if args.idle_s > 0:
                 groups = {name: {**t["pids"], "executors": executors.pids} for name, t in targets.items()}
                 idle = benchkit.idle_cpu(groups, args.idle_s)
-            loadgen.close()
     finally:
-        if loadgen is not None:
-            loadgen.close()
         for proc in procs:
             benchkit.stop_proc(proc)
         if executors is not None:

@@ -101,9 +101,7 @@ def main() -> int:
             ap.error(f"unknown axis {a}")
     for option in ("executor_counts", "streams", "prompt_sizes"):
         setattr(args, option, benchkit.positive_ints(ap, "--" + option.replace("_", "-"), getattr(args, option)))
-    for option in ("fleet", "rounds", "n", "concurrency", "waves", "stream_executors", "prompt_concurrency"):
-        if getattr(args, option) < 1:
-            ap.error(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
+    benchkit.at_least_one(ap, args, "fleet", "rounds", "n", "concurrency", "waves", "prompt_concurrency")
     for mode in args.modes.split(","):
         if mode and mode not in MODES:
             ap.error(f"--modes: unknown mode {mode!r}, of {', '.join(MODES)}")

@@ -567,10 +567,17 @@ def positive_ints(ap: argparse.ArgumentParser, option: str, text: str) -> list[i
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        ap.error(f"{option}: a comma-separated list of positive integers, got {text!r}")
+        values = []
     if not values or min(values) < 1:
         ap.error(f"{option}: a comma-separated list of positive integers, got {text!r}")
     return values
+
+
+def at_least_one(ap: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """`ap.error` naming the first of the integer options `names` (attribute names) below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
 
 
 def start_vllm_router(binary: str, ctx: list[str], gen: list[str], pd: bool) -> tuple[subprocess.Popen[Any], str]:

@@ -51,6 +51,9 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return req
 
 
+ORJSON_MAX_DEPTH = 1024  # orjson refuses deeper documents ("depth limit exceeded")
+
+
 def out_of_range_integer(body: bytes) -> str | None:
     """Where (a dotted path, "request" for the top) the JSON document `body` holds an integer
     outside [-2**63, 2**64), else None. orjson decodes such an integer as a float, so its value
@@ -70,9 +73,6 @@ def out_of_range_integer(body: bytes) -> str | None:
     finally:
         sys.setrecursionlimit(limit)
     return _big_int_at(doc)
-
-
-ORJSON_MAX_DEPTH = 1024  # orjson refuses deeper documents ("depth limit exceeded")
 
 
 def _big_int_at(doc: Any) -> str | None:
