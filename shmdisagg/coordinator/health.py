@@ -408,6 +408,8 @@ class HealthMonitor:
         """One probe's outcome; `answered`: the server's answered legs when it was sent."""
         if ok:
             ex.failures, ex.spared = 0, False
+            if asyncio.get_running_loop().time() < ex.breaker_until:
+                return  # a probe sent before the breaker opened: no re-admission during the cool-down
             if not ex.healthy:
                 ex.healthy = True
                 self._publish(ex)

@@ -132,6 +132,34 @@ def test_health_check_failures_is_the_number_of_failed_probes_in_a_row(shm_prefi
     asyncio.run(run())
 
 
+def test_a_probe_in_flight_when_the_breaker_opens_does_not_readmit_the_server(shm_prefix: str) -> None:
+    """The breaker opens while a health probe is on its way; the probe's 200 comes back during the
+    cool-down and must not make the server healthy again (a CI run routed to it after the open)."""
+
+    async def run() -> None:
+        async with monitoring(shm_prefix, 1, breaker_cooldown_s=30.0) as (mon, [srv], _, _):
+            outcomes: list[bool] = []
+            mark = mon._mark
+
+            def recorded(ex: Executor, ok: bool, answered: float, refused: bool = False) -> None:
+                mark(ex, ok, answered, refused)
+                outcomes.append(ok)
+
+            mon._mark = recorded  # type: ignore[method-assign]
+            srv.delay_s = 0.3  # each probe is answered 0.3 s after it arrives
+            start = srv.hits
+            await until(lambda: srv.hits > start, 5, "a probe in flight")
+            outcomes.clear()
+            for _ in range(mon.breaker_failures):
+                mon.report(0, "error")
+            assert not mon.executors[0].healthy
+            await until(lambda: bool(outcomes), 5, "the probe's 200 applied")
+            assert outcomes == [True]
+            assert not mon.executors[0].healthy and not mon.table.servers()[0].healthy
+
+    asyncio.run(run())
+
+
 def test_health_check_timeout_is_how_long_a_probe_may_take(shm_prefix: str) -> None:
     async def run() -> None:
         # 1.3 s probes pass a 2 s timeout (the bound here was max(2 x interval, 1 s) = 1 s)
