@@ -169,6 +169,9 @@ def main() -> int:
     for kind in kinds:
         if kind not in SYSTEM_KINDS:
             ap.error(f"unknown system {kind}")
+    if not kinds and not (args.vllm_router or args.vs or args.vs_one_hop):
+        ap.error(f"--systems: name at least one of {', '.join(SYSTEM_KINDS)} (or add --vllm-router / --vs)")
+    benchkit.json_output(ap, args.json)
     if bool(args.ctx) != bool(args.gen):
         ap.error("--ctx and --gen go together")
     vs = parse_vs(args.vs)
@@ -514,4 +517,7 @@ def report_latency(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except benchkit.StartError as err:  # what had started is stopped by now
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {err}")

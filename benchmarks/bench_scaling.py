@@ -12,10 +12,12 @@ and memory of shmdisagg along three axes, each axis side by side in one run.
   at once. The request rate is held at `--stream-rate` (100 req/s) by pacing each stream's 16
   chunks `C / (16 × rate)` apart (20 ms at 32 streams, 1.28 s at 2,048), and the k-th of the C
   request loops starts k/C of a stream late, so the streams arrive spread out: more open streams,
-  the same work per second. Each cell runs `--waves` × C measured requests after C warm-up
-  requests. Reports CPU per request, time to first byte (added: minus the two-hop floor at the
-  same concurrency), memory per open stream (the fleet workers' anonymous RSS sampled once every
-  stream is open, less the same before the first cell, divided by C) and per-worker RSS.
+  the same work per second. Each cell measures `--waves` × C requests after C warm-up requests,
+  with no pause in between (`--stream-phases steady`, benchkit's steady protocol), so the
+  measured window holds C open streams and no connection set-up. Reports CPU per request, time
+  to first byte (added: minus the two-hop floor at the same concurrency), memory per open stream
+  (the fleet workers' anonymous RSS sampled once every stream is open, less the same before the
+  first cell, divided by C) and per-worker RSS.
   `--vllm-router auto|PATH` adds vLLM's Rust router (prefill/decode mode, two hops; one process
   for every level) to every level's rounds, and a table of both systems' CPU per request, each
   against its own at the first level.
@@ -58,6 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchkit
 from benchkit import MODES, median_min_max, pct
 
+from shmdisagg.config import ROUTER_TYPES
+
 AXES = ("executors", "streams", "prompt")
 
 
@@ -81,6 +85,14 @@ def main() -> int:
     )
     g.add_argument("--stream-rate", type=float, default=100.0, help="requests per second held at every level")
     g.add_argument("--waves", type=int, default=2, help="measured requests per cell = waves x streams (default 2)")
+    g.add_argument(
+        "--stream-phases",
+        choices=("steady", "barrier"),
+        default="steady",
+        help="steady (default): the measured requests follow the warm-up with no pause, every "
+        "connection kept open; barrier: all loops stop after the warm-up and start again staggered "
+        "(this axis' protocol before 2026-12-07, which let idle connections close in between)",
+    )
     g.add_argument("--stream-executors", type=int, default=4, help="executors, half of each role (default 4)")
     g.add_argument(
         "--vllm-router",
@@ -105,8 +117,13 @@ def main() -> int:
     for mode in args.modes.split(","):
         if mode and mode not in MODES:
             ap.error(f"--modes: unknown mode {mode!r}, of {', '.join(MODES)}")
-    if len(args.routers.split(",")) != 2:
+    routers = args.routers.split(",")
+    if len(routers) != 2:
         ap.error(f"--routers: the context and the generation router type, comma-separated, got {args.routers!r}")
+    for kind in routers:
+        if kind not in ROUTER_TYPES:
+            ap.error(f"--routers: unknown router type {kind!r}, of {', '.join(ROUTER_TYPES)}")
+    benchkit.json_output(ap, args.json)
     if not args.stream_rate > 0:
         ap.error(f"--stream-rate must be above 0, got {args.stream_rate:g}")
     if args.stream_executors < 2:
@@ -367,7 +384,9 @@ def axis_streams(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     "latency_n": 0,
                     "prompt_tokens": 0,
                     "stagger_s": duration,
-                    "sample_after_s": 1.5 * duration,  # every loop started and its first stream open
+                    "steady": args.stream_phases == "steady",
+                    # every loop started and its stream open (steady: at once; barrier: staggered again)
+                    "sample_after_s": (0.5 if args.stream_phases == "steady" else 1.5) * duration,
                     "timeout_s": 60 + 4 * duration,
                 }
                 for name in systems if rnd % 2 == 0 else reversed(systems):
@@ -556,4 +575,7 @@ def report_prompt(data: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except benchkit.StartError as err:  # what had started is stopped by now
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {err}")

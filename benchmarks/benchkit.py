@@ -14,6 +14,13 @@ the CPU of every process group around each phase:
    sampled again, each request's full latency and time to its first body byte returned: what a
    request costs and adds when nothing queues.
 
+With `steady: true` (no latency phase) the request loops never stop between 1 and 2: once every
+loop has started and `warmup` requests have finished, the CPU is sampled, the next `n` requests
+to finish are the measured ones, the CPU is sampled again, and only then do the loops drain. A
+barrier between the phases would let every connection idle out while staggered loops wait to
+start again, so a long stagger would measure connection set-up (an accept and an executor
+connect per loop) as well as the open streams.
+
 Every response is checked: status 200, non-streaming JSON with `choices`, streams ending with
 `data: [DONE]` without an error event and (`exact_chunks`) exactly chunks + 1 `data:` events. A
 cell with `ctx_url` is the client doing both legs itself (the two-hop floor, "direct2"): the
@@ -170,6 +177,22 @@ async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
                 gen["prompt"] = ctx["prompt_token_ids"]
             return orjson.dumps(gen)
 
+        async def one(i: int) -> tuple[float, float, str | None]:
+            """Request i: (latency s, time to the first body byte s, why it is bad or None)."""
+            body = bodies.raw(i)
+            t0 = time.perf_counter()
+            try:
+                if ctx_url:
+                    body = await two_legs(body)
+                async with session.post(url, data=body, headers=headers) as r:
+                    first = await r.content.readany()
+                    t1 = time.perf_counter()
+                    raw = first + await r.content.read()
+                    status = r.status
+            except Exception as err:  # a failed request is a bad response
+                return 0.0, 0.0, f"{type(err).__name__}: {err}"
+            return time.perf_counter() - t0, t1 - t0, check_response(status, raw, stream, chunks)
+
         async def phase(count: int, base: int, workers: int, stagger_s: float = 0.0) -> dict[str, Any]:
             lat: list[float] = []
             ttfb: list[float] = []
@@ -183,24 +206,12 @@ async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
                 while nxt < count:
                     i = base + nxt
                     nxt += 1
-                    body = bodies.raw(i)
-                    t0 = time.perf_counter()
-                    try:
-                        if ctx_url:
-                            body = await two_legs(body)
-                        async with session.post(url, data=body, headers=headers) as r:
-                            first = await r.content.readany()
-                            t1 = time.perf_counter()
-                            raw = first + await r.content.read()
-                            status = r.status
-                    except Exception as err:  # a failed request is a bad response
-                        bad.append(f"{type(err).__name__}: {err}")
-                        continue
-                    lat.append(time.perf_counter() - t0)
-                    ttfb.append(t1 - t0)
-                    why = check_response(status, raw, stream, chunks)
+                    took, first, why = await one(i)
                     if why is not None:
                         bad.append(why)
+                    if took:
+                        lat.append(took)
+                        ttfb.append(first)
 
             c0, t0 = time.process_time(), time.perf_counter()
             await asyncio.gather(*(worker(k) for k in range(workers)))
@@ -216,7 +227,69 @@ async def _run_cell(cmd: dict[str, Any], out: Any, inp: Any) -> None:
             out.write(json.dumps(doc) + "\n")
             out.flush()
 
+        async def steady(stagger_s: float) -> None:
+            """The steady protocol (`steady: true`): the request loops never pause between the
+            warm-up and the measured window, so connections stay open and streams stay spread."""
+            lat: list[float] = []
+            ttfb: list[float] = []
+            bad: list[str] = []
+            warm_bad: list[str] = []
+            warm, full = asyncio.Event(), asyncio.Event()
+            state = {"next": 0, "done": 0, "started": 0, "counted": -1, "stop": False}
+
+            async def worker(k: int) -> None:
+                if stagger_s > 0:
+                    await asyncio.sleep(k * stagger_s / conc)
+                state["started"] += 1
+                while not state["stop"]:
+                    state["next"] += 1
+                    took, first, why = await one(10_000_000 + state["next"])
+                    state["done"] += 1
+                    if state["started"] == conc and state["done"] >= warmup:
+                        warm.set()
+                    if state["counted"] < 0 and why is not None:
+                        warm_bad.append(why)
+                    if 0 <= state["counted"] < n:  # a completion inside the measured window
+                        state["counted"] += 1
+                        if why is not None:
+                            bad.append(why)
+                        if took:
+                            lat.append(took)
+                            ttfb.append(first)
+                        if state["counted"] == n:
+                            full.set()
+
+            loops = [asyncio.ensure_future(worker(k)) for k in range(conc)]
+            await warm.wait()
+            emit({"event": "warm", "bad": len(warm_bad), "bad_samples": warm_bad[:3]})
+            go = await loop.run_in_executor(None, inp.readline)
+            if go.strip():
+                c0, t0 = time.process_time(), time.perf_counter()
+                state["counted"] = 0
+                await full.wait()
+                emit(
+                    {
+                        "event": "done",
+                        "n": n,
+                        "ok": n - len(bad),
+                        "bad": len(bad),
+                        "bad_samples": bad[:5],
+                        "wall_s": time.perf_counter() - t0,
+                        "client_cpu_s": time.process_time() - c0,
+                        "p50_ms": pct(lat, 0.50),
+                        "p99_ms": pct(lat, 0.99),
+                        "ttfb_p50_ms": pct(ttfb, 0.50),
+                        "ttfb_p99_ms": pct(ttfb, 0.99),
+                    }
+                )
+                await loop.run_in_executor(None, inp.readline)  # "end": the CPU sampled
+            state["stop"] = True  # the open requests finish; no new one starts
+            await asyncio.gather(*loops)
+
         stagger = cmd.get("stagger_s", 0.0)
+        if cmd.get("steady"):
+            await steady(stagger)
+            return
         w = await phase(warmup, 10_000_000, conc, stagger)
         emit({"event": "warm", "bad": len(w["bad"]), "bad_samples": w["bad"][:3]})
         go = await loop.run_in_executor(None, inp.readline)
@@ -342,13 +415,20 @@ def http_json(method: str, url: str, body: Any = None, timeout: float = 5.0) -> 
         return status, raw.decode(errors="replace")
 
 
+class StartError(RuntimeError):
+    """A process the benchmark starts (an executor, a router, a deployment) did not come up: the
+    scripts print it in one line, after stopping what they had started."""
+
+
 def wait_health(url: str, proc: subprocess.Popen[Any] | None, what: str, timeout_s: float = 60.0) -> None:
+    """Poll `url` until it answers 200. Raises StartError when `proc` exits first or `timeout_s`
+    passes."""
     deadline = time.monotonic() + timeout_s
     while http_json("GET", url, timeout=1.0)[0] != 200:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} during start-up")
+            raise StartError(f"{what} exited with {proc.returncode} during start-up")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not healthy after {timeout_s:g} s ({url})")
+            raise StartError(f"{what} not healthy after {timeout_s:g} s ({url})")
         time.sleep(0.1)
 
 
@@ -370,7 +450,7 @@ def listener_pid(url: str) -> int:
     port = urllib.parse.urlsplit(url if "://" in url else f"http://{url}").port
     pids = [x.pid for x in listeners(port or 0) if x.pid is not None]
     if not pids:
-        raise RuntimeError(f"no process of this user listens on {url}'s port (only local processes are measured)")
+        raise StartError(f"no process of this user listens on {url}'s port (only local processes are measured)")
     return pids[0]
 
 
@@ -445,11 +525,11 @@ def start_executors(
         ctx = [u.split("://")[-1].rstrip("/") for u in ctx_urls or []]
         gen = [u.split("://")[-1].rstrip("/") for u in gen_urls or []]
         if not ctx or not gen:
-            raise RuntimeError("external executors need at least one context and one generation URL")
+            raise StartError("external executors need at least one context and one generation URL")
         ex = Executors("external", ctx, gen)
         for addr in ex.all:
             wait_health(f"http://{addr}/health", None, f"executor {addr}", timeout_s=10)
-            with contextlib.suppress(RuntimeError):
+            with contextlib.suppress(StartError):
                 ex.pids.append(listener_pid(addr))  # a remote executor's CPU is not measured
         return ex
     ex = Executors(kind, [], [])
@@ -573,6 +653,18 @@ def positive_ints(ap: argparse.ArgumentParser, option: str, text: str) -> list[i
     return values
 
 
+def json_output(ap: argparse.ArgumentParser, path: str | None) -> None:
+    """`ap.error` for a `--json` file that could not be written at the end of the run (its
+    directory missing or not writable), before anything starts."""
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        ap.error(f"--json: no directory {parent}")
+    if not os.access(parent, os.W_OK) or Path(path).is_dir():
+        ap.error(f"--json: cannot write {path}")
+
+
 def at_least_one(ap: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
     """`ap.error` naming the first of the integer options `names` (attribute names) below 1."""
     for name in names:
@@ -675,6 +767,8 @@ class LoadGen:
             "client_cpu_ms": done["client_cpu_s"] * 1000 / n,
             "during": mid,
         }
+        if spec.get("steady"):
+            self._send("end")  # the load generator drains its open requests
         for k in pids:
             row[f"{k}_ms"] = (after[k][0] - before[k][0]) * 1000 / CLK_TCK / n
             row[f"{k}_ns_ms"] = (after[k][1] - before[k][1]) / 1e6 / n
