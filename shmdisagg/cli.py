@@ -27,27 +27,13 @@ from __future__ import annotations
 import signal
 import sys
 
-from shmdisagg.interrupts import exit_status_stands
+from shmdisagg.interrupts import exit_status_stands, raise_if_interrupted, raise_interrupted
 
-# Every SIGINT is recorded before it becomes a KeyboardInterrupt: one raised while a library
-# runs a finalizer or a bare `except:` is swallowed there, and the command would go on to start a
-# deployment nobody wants (found under load: a Ctrl-C during the imports, then a coordinator
-# waiting for its executors). `_stop_if_interrupted` ends the command before it starts anything.
-_received: list[int] = []
-
-
-class Interrupted(KeyboardInterrupt):
-    """A stop signal (SIGINT or SIGTERM) turned into an exception; `signum` says which."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _record_sigint(signum: int, frame: object) -> None:
-    _received.append(signum)
-    raise Interrupted(signum)
-
+# Every SIGINT is recorded before it becomes a KeyboardInterrupt (`interrupts.raise_interrupted`):
+# one raised while a library runs a finalizer or a bare `except:` is swallowed there, and the
+# command would go on to start a deployment nobody wants (found under load: a Ctrl-C during the
+# imports, then a coordinator waiting for its executors). `raise_if_interrupted` ends the command
+# before it starts anything, and launch's start-up waits call it each turn.
 
 # Running as the command (`shmdisagg`, `python -m shmdisagg.cli`), not imported by a program.
 _AS_COMMAND = bool(sys.argv) and sys.argv[0].rsplit("/", 1)[-1] in ("shmdisagg", "cli.py")
@@ -57,10 +43,10 @@ _AS_COMMAND = bool(sys.argv) and sys.argv[0].rsplit("/", 1)[-1] in ("shmdisagg",
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler or (
     _AS_COMMAND and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 ):
-    signal.signal(signal.SIGINT, _record_sigint)
+    signal.signal(signal.SIGINT, raise_interrupted)
 # and SIGTERM, as the command: killed by it while loading, the command said nothing
 if _AS_COMMAND and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-    signal.signal(signal.SIGTERM, _record_sigint)
+    signal.signal(signal.SIGTERM, raise_interrupted)
 
 try:  # a Ctrl-C while the modules load (right after the command is typed) ends in one line
     import argparse
@@ -78,21 +64,11 @@ except KeyboardInterrupt as _err:
     raise SystemExit(128 + _signum) from None
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise Interrupted(signum)
-
-
-def _stop_if_interrupted() -> None:
-    """Raise `Interrupted` for a SIGINT that came earlier and was swallowed (see `_received`)."""
-    if _received:
-        raise Interrupted(_received[0])
-
-
 def _take_stop_signals() -> None:
     """From here a SIGINT or SIGTERM raises `Interrupted`; an earlier, swallowed one raises now."""
     for s in STOP_SIGNALS:
-        signal.signal(s, _interrupt)
-    _stop_if_interrupted()
+        signal.signal(s, raise_interrupted)
+    raise_if_interrupted()
 
 
 def _signal_name(err: BaseException) -> tuple[int, str]:
@@ -281,6 +257,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         return 2
     _check_machine(config, args.config, executors_here=False)
+    from shmdisagg.portuser import public_port_taken
+
+    taken = public_port_taken(config, args.config)
+    if taken:  # said as launch and check-config say it: who holds the port
+        print(f"shmdisagg: serve failed: {taken}", file=sys.stderr)
+        return 1
     argv = ["-c", args.config, "-r", str(args.request_timeout)]
     if args.schedule_style:
         argv += ["-s", args.schedule_style]
@@ -294,7 +276,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         argv += ["-m", os.path.abspath(metadata)]
     # --metrics-log-interval: a deprecated no-op in TensorRT-LLM too; accepted, nothing to do
     # this process stays as the deployment's supervisor: it restarts a coordinator that dies
-    _stop_if_interrupted()  # a Ctrl-C swallowed while the modules loaded: start nothing
+    raise_if_interrupted()  # a Ctrl-C swallowed while the modules loaded: start nothing
     return run_supervised(config, argv, args.report_addr)
 
 

@@ -48,7 +48,9 @@ from typing import IO
 from shmdisagg.config import DisaggConfig, log_dir_problem
 from shmdisagg.coordinator.keeper import CoordinatorKeeper, coordinator_stop_timeout
 from shmdisagg.executors.plan import LaunchPlan, PlanError, build_plan
+from shmdisagg.interrupts import raise_if_interrupted
 from shmdisagg.node_ids import NodeIdClaim, NodeIdError, claim_or_inherit
+from shmdisagg.portuser import public_port_taken
 from shmdisagg.processes import describe_exit, reap_orphans
 from shmdisagg.procutil import STOP_SIGNALS, die_with_parent, listens_on, public_port_problem
 from shmdisagg.shm.segment import cleanup_stale
@@ -206,7 +208,7 @@ class Deployment:
         problem = public_port_problem(self.config.hostname, self.config.port)
         if problem:
             # who holds it, as check-config says (portuser.py); the plain line if that cannot tell
-            user = _public_port_user(self.config, self.config_path)
+            user = public_port_taken(self.config, self.config_path)
             raise LaunchError(user or problem)
         self._claim()
         try:
@@ -380,6 +382,7 @@ class Deployment:
         deadline = time.monotonic() + budget
         report_at = time.monotonic() + WAIT_REPORT_S
         while not self.keeper.served:
+            raise_if_interrupted()
             final = self.keeper.check()
             if final is not None:
                 raise LaunchError(
@@ -405,6 +408,7 @@ class Deployment:
         timeout = spec.startup_timeout_s if spec is not None else self.config.shmdisagg.server_start_timeout_s
         deadline = time.monotonic() + timeout
         while http_status(f"{self.url}/health") != 200:
+            raise_if_interrupted()
             for child in self.executors:
                 code = child.proc.poll()
                 if code is not None:
@@ -467,6 +471,7 @@ class Deployment:
         pending = list(children)
         last: dict[str, Probe] = {}
         while True:
+            raise_if_interrupted()  # a stop signal swallowed where it landed still ends the wait
             for child in list(pending):
                 code = child.proc.poll()
                 if code is not None:
@@ -664,18 +669,6 @@ def _signal(child: Child, sig: int) -> None:
             os.killpg(child.proc.pid, sig)
         elif child.proc.poll() is None:
             child.proc.send_signal(sig)
-
-
-def _public_port_user(config: DisaggConfig, config_path: str) -> str | None:
-    """`portuser.public_port_user`'s line for a taken public port, or None (free again, or the
-    host no longer resolves)."""
-    from shmdisagg.portuser import public_port_user
-
-    try:
-        user = public_port_user(config, config_path)
-    except (OSError, UnicodeError):
-        return None
-    return user.problem if user is not None else None
 
 
 def _resolvable(addr: str) -> bool:

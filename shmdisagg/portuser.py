@@ -60,6 +60,18 @@ def public_port_user(config: DisaggConfig, config_path: str) -> PortUser | None:
     return PortUser(False, who, f"public address {where} already in use {who}")
 
 
+def public_port_taken(config: DisaggConfig, config_path: str) -> str | None:
+    """`public_port_user`'s whole line when the public port cannot be listened on now, else None
+    (free, port 0, or a host that does not resolve: the config checks say that)."""
+    if config.port == 0:
+        return None
+    try:
+        user = public_port_user(config, config_path)
+    except (OSError, UnicodeError):
+        return None
+    return user.problem if user is not None else None
+
+
 def running_coordinator(prefix: str) -> int | None:
     """The pid of the live coordinator of the deployment with this shared-memory prefix, or None
     (no control segment, one still being created, or the leftover of a dead coordinator)."""

@@ -255,6 +255,65 @@ def test_an_interrupt_while_the_executors_start_stops_them_and_says_so(
     assert len(cmd.seen) >= 2 and not [p for p in cmd.seen if alive(p)], "an executor outlived the launcher"
 
 
+# launch with an executor that never gets healthy, whose third health probe swallows a SIGTERM
+# (as a finalizer or a bare `except:` running when it lands would)
+SWALLOWED_IN_WAIT = """
+import os, signal, sys
+from shmdisagg import cli, launch
+
+probes = []
+real_probe = launch.probe
+
+def probe(url, timeout_s=1.0):
+    probes.append(url)
+    if len(probes) == 3:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            pass  # swallowed
+    return real_probe(url, timeout_s)
+
+launch.probe = probe
+sys.exit(cli.main(["launch", "-c", sys.argv[1], "--log-dir", sys.argv[2]]))
+"""
+
+
+def test_a_stop_signal_swallowed_while_the_executors_start_still_ends_the_launch(
+    tmp_path: Path, shm_prefix: str
+) -> None:
+    """CI once saw a launch go on waiting for its executors' /health after a SIGTERM, past the
+    test's 60 s. A stop signal's exception swallowed where it landed was lost for good once the
+    command had taken the signals over: only the signal was recorded, not taken later. The wait
+    now ends within one poll, as the signal asked."""
+    stuck = tmp_path / "never-ready-pid"  # as _stuck_executor, saying its pid (the same after exec)
+    stuck.write_text(f"#!/bin/sh\necho $$ >> {tmp_path / 'executor-pids'}\nexec sleep 300\n")
+    stuck.chmod(0o755)
+    cfg = small_config(executors={"trtllm": {"command": [str(stuck)]}, "startup_timeout_s": 300})
+    cfg["port"] = free_port()
+    cfg["context_servers"]["urls"] = [f"127.0.0.1:{free_port()}"]
+    cfg["generation_servers"]["urls"] = [f"127.0.0.1:{free_port()}"]
+    cfg["shmdisagg"]["shm"] = {"prefix": shm_prefix}
+    cfg["shmdisagg"]["coordinator_socket"] = str(tmp_path / "coord.sock")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    script = tmp_path / "swallowed.py"
+    script.write_text(SWALLOWED_IN_WAIT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(path), str(tmp_path / "logs")],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 143, out.stderr
+    assert _shmdisagg_lines(out.stderr.splitlines()) == [
+        "shmdisagg: interrupted during start-up (SIGTERM); stopped what had started"
+    ], out.stderr
+    pids = [int(p) for p in (tmp_path / "executor-pids").read_text().split()]
+    assert len(pids) == 2 and not [p for p in pids if alive(p)], "an executor outlived the launcher"
+
+
 def test_an_interrupt_while_the_coordinator_waits_for_executors_is_one_line(tmp_path: Path, shm_prefix: str) -> None:
     """The coordinator of a launch (here without an executors section: the executors should be
     running elsewhere, and are not) waits for them, saying what for; a Ctrl-C then reaches the
