@@ -19,6 +19,7 @@ import ipaddress
 import math
 import os
 import re
+import shutil
 import socket
 import tempfile
 from collections.abc import Callable, Collection, Mapping
@@ -1190,12 +1191,22 @@ def log_dir_problem(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
+def _command_problem(program: str) -> str | None:
+    """Why `program` (a name looked up on PATH, or a path) cannot be run here, or None."""
+    if os.sep in program:
+        if not os.path.isfile(program):
+            return f"{program!r} not found"
+        return None if os.access(program, os.X_OK) else f"{program!r} is not executable"
+    return None if shutil.which(program) else f"{program!r} not found on PATH"
+
+
 def check_machine(config: DisaggConfig, executors_here: bool) -> None:
     """The checks of a config against this machine, which loading leaves out (`stats` and dry
     runs read configs written for other machines): the public `hostname` resolves to an address
     of this machine; every executor host resolves; with `executors_here` (`shmdisagg launch`
     starts them), each executor address is one of this machine's and
-    `shmdisagg.executors.log_dir`, when set, is usable; the routing tokenizer, when a router
+    `shmdisagg.executors.log_dir`, when set, is usable, and backend `trtllm`'s command
+    (`trtllm-serve`) can be run; the routing tokenizer, when a router
     tokenizes, loads (`tokenizer_source.py`); `TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK`,
     when set, is a positive integer. Run by `check-config`, `launch`, `serve` and
     `bench --launch` before anything starts. Raises `ConfigError` ("key: problem"; every
@@ -1221,6 +1232,10 @@ def check_machine(config: DisaggConfig, executors_here: bool) -> None:
         problem = log_dir_problem(spec.log_dir)
         if problem:
             problems.append(f"shmdisagg.executors.log_dir: {problem}")
+    if executors_here and spec is not None and spec.backend == "trtllm":
+        problem = _command_problem(spec.trtllm.command[0])
+        if problem:
+            problems.append(f"shmdisagg.executors.trtllm.command: {problem}; launch runs it on this machine")
     problems += _observability_problems(config)
     from shmdisagg.tokenizer_source import check_routing_tokenizer  # transformers only when a router tokenizes
 

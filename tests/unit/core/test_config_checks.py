@@ -14,7 +14,7 @@ import yaml
 
 from shmdisagg.config import ConfigError, load_config, parse_config
 from tests.conftest import free_port
-from tests.fakes.trtllm_shim import REPO
+from tests.fakes.trtllm_shim import REPO, small_config
 
 NOT_HERE = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never an address of this machine
 NO_SUCH_HOST = "no-such-host.invalid"  # .invalid never resolves (RFC 6761)
@@ -173,6 +173,33 @@ def test_a_configured_log_dir_that_is_a_file_is_refused_by_check_config_and_laun
             line
             == f"shmdisagg: config error: {path}: shmdisagg.executors.log_dir: {afile} exists and is not a directory"
         ), (command, line)
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        ("no-such-trtllm-serve-{uid}", "'no-such-trtllm-serve-{uid}' not found on PATH"),
+        ("{tmp}/missing/trtllm-serve", "'{tmp}/missing/trtllm-serve' not found"),
+        ("{tmp}/not-executable", "'{tmp}/not-executable' is not executable"),
+    ],
+)
+def test_a_trtllm_command_that_cannot_run_here_is_refused_by_check_config_and_launch(
+    tmp_path: Path, shm_prefix: str, command: str, why: str
+) -> None:
+    """Before: check-config said ok, and only launch found out (`context-0: cannot run ...`)."""
+    (tmp_path / "not-executable").write_text("#!/bin/sh\n")
+    subs = {"tmp": str(tmp_path), "uid": shm_prefix}
+    cfg = small_config(executors={"trtllm": {"command": [command.format(**subs)]}})  # the trtllm plan takes it
+    cfg["shmdisagg"].update(shm={"prefix": shm_prefix}, coordinator_socket=str(tmp_path / "coord.sock"))
+    path = _write(tmp_path, cfg)
+    for cli_command in ("check-config", "launch"):
+        line = _one_line(_run(cli_command, "-c", str(path)))
+        assert line == (
+            f"shmdisagg: config error: {path}: shmdisagg.executors.trtllm.command: {why.format(**subs)}; "
+            "launch runs it on this machine"
+        ), (cli_command, line)
+    # serve starts no executor: the command is not its business
+    assert "trtllm.command" not in _run("check-config", "--serve", "-c", str(path)).stderr
 
 
 def test_a_log_dir_option_that_is_a_file_is_refused_before_anything_starts(tmp_path: Path, shm_prefix: str) -> None:

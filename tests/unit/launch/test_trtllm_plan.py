@@ -13,7 +13,7 @@ import yaml
 from shmdisagg.config import ConfigError, parse_config
 from shmdisagg.executors.plan import PlanError, build_plan, executor_command, sim_llm_flags
 from shmdisagg.executors.trtllm import assign_gpus
-from tests.fakes.trtllm_shim import EXAMPLE_8GPU, MODEL, small_config
+from tests.fakes.trtllm_shim import EXAMPLE_8GPU, MODEL, put_shim_on_path, small_config
 
 RUN = Path("/run/dir")
 
@@ -258,10 +258,11 @@ def test_without_an_executors_section_nothing_is_planned() -> None:
 
 
 def test_check_config_runs_the_plan_checks_that_launch_runs(
-    tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str
+    tmp_path: Path, shm_prefix: str, hf_tokenizer_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A config the trtllm plan refuses is refused by `check-config` too, in the same one line,
     instead of 'ok' there and a failure only at `launch`."""
+    put_shim_on_path(monkeypatch)  # a trtllm-serve to run: check-config checks that too
     import subprocess
     import sys
 
