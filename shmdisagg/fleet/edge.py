@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -154,14 +155,18 @@ def _is_tls_record(data: bytes) -> bool:
     return data[:2] == b"\x16\x03" and data[2:3] < b"\x10"
 
 
-def edge_protocol(limits: EdgeLimits, hot: HotHandler | None = None) -> type[EdgeProtocol]:
+def edge_protocol(
+    limits: EdgeLimits, hot: HotHandler | None = None, refused: Callable[[int], None] | None = None
+) -> type[EdgeProtocol]:
     """The protocol class to pass as `uvicorn.Config(http=...)`, with `limits` bound; with `hot`,
-    the two hot routes are served as `HotCycle`s run by it (`fleet/hot.py`), not through ASGI."""
+    the two hot routes are served as `HotCycle`s run by it (`fleet/hot.py`), not through ASGI;
+    `refused(status)` is called for each request the port refuses itself (`_refuse`)."""
     return type(
         "EdgeProtocol",
         (EdgeProtocol,),
         {
             "hot_handler": None if hot is None else staticmethod(hot),
+            "on_refused": None if refused is None else staticmethod(refused),
             "limits": limits,
             "head_timeout_s": limits.client_header_timeout_s,
             "body_timeout_s": limits.client_body_timeout_s,
@@ -193,6 +198,7 @@ class EdgeProtocol(HttpToolsProtocol):
     cancelled per request."""
 
     hot_handler: HotHandler | None = None  # class-wide, set by edge_protocol (a staticmethod there)
+    on_refused: Callable[[int], None] | None = None  # likewise: counts the port's own refusals
     # uvicorn's cycle, or a hot route's (`fleet/hot.py`), which quacks as one
     cycle: RequestResponseCycle | HotCycle  # type: ignore[assignment]
     limits: ClassVar[EdgeLimits]
@@ -516,6 +522,8 @@ class EdgeProtocol(HttpToolsProtocol):
         refusal after them (`_after`, written by `on_response_complete`). A refused request whose
         own answer is on the wire already is not answered twice: its connection closes after it."""
         log.debug("request refused with %d: %s", status, message)
+        if self.on_refused is not None:
+            self.on_refused(status)
         # the request parsed last (None before the first): the refused one while its body is unread
         cycle: RequestResponseCycle | HotCycle | None = self.cycle
         self._phase, self._deadline = _LINGER, 0.0  # what the client sends from now on is dropped

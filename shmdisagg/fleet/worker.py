@@ -267,7 +267,11 @@ async def serve(
             loop="none",
             # httptools with the public port's deadlines, body limit and connection cap; raises
             # RLIMIT_NOFILE (fleet/edge.py)
-            http=edge_protocol(EdgeLimits.for_worker(config), app.hot_handler),
+            http=edge_protocol(
+                EdgeLimits.for_worker(config),
+                app.hot_handler,
+                metrics.request.edge_refused if metrics.request is not None else None,
+            ),
             lifespan="off",
             access_log=False,
             log_level=LOG_LEVELS[overrides.log_level or config.shmdisagg.log_level],

@@ -123,6 +123,12 @@ class RequestMetrics:
         self._total = c["total_requests"]
         self._rejections = c["shmdisagg_admission_rejections"]
         self._validation = c["validation_exceptions"]
+        self._edge_refusals = c["shmdisagg_edge_refusals"]
+
+    def edge_refused(self, status: int) -> None:
+        """The public port refused a request before any route saw it (`fleet/edge.py`, `status`
+        400, 408, 413 or 431); it is not in `total_requests`, as no route received it."""
+        self.row[self._edge_refusals] += 1.0
 
     async def serve(self, handle: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run `handle(*args)` for one hot-route request (ASGI's `scope, receive, send, chat`, or a

@@ -126,6 +126,11 @@ COUNTERS = (
         "shmdisagg_routed_client_errors",
         "Routed requests answered with a 4xx, most by an executor refusing a parameter (also in http_exceptions)",
     ),
+    Counter(
+        "shmdisagg_edge_refusals",
+        "Requests the public port refused before any route saw them: 413 over max_request_body_bytes, 431, "
+        "408, malformed HTTP 400 (not in total_requests)",
+    ),
     Counter("shmdisagg_perf_records_dropped", "Per-request records a fleet worker could not hand to the coordinator"),
     Counter(
         "shmdisagg_worker_lost_requests", "Requests in flight on a fleet worker that died (counted when it is reaped)"

@@ -321,6 +321,7 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
                 "shmdisagg_client_disconnects",
                 "shmdisagg_routed_client_errors",
                 "shmdisagg_worker_lost_requests",
+                "shmdisagg_edge_refusals",
                 "ctx_retry_requests",
                 "gen_retry_requests",
             )
@@ -336,6 +337,9 @@ def snapshot(prev: Sample | None, cur: Sample, prefix: str) -> dict[str, Any]:
             "client_errors": counts["validation_exceptions"] + counts["shmdisagg_routed_client_errors"],
             "failed": counts["http_exceptions"] - counts["shmdisagg_routed_client_errors"] + counts["internal_errors"],
             "lost": counts["shmdisagg_worker_lost_requests"],
+            # refused by the public port before any route saw them (413, 431, 408, malformed
+            # HTTP): outside the total, as TensorRT-LLM's counters never see them either
+            "refused_at_port": counts["shmdisagg_edge_refusals"],
             "requests_per_s": _rate(
                 totals[_C["total_requests"]], prev_totals[_C["total_requests"]] if prev_totals else None, dt
             ),

@@ -47,6 +47,7 @@ def render(snap: dict[str, Any]) -> RenderableType:
     if req is not None:
         # the parts add up to the total: in flight + ok + cancelled + 4xx + failed + 429 (+ lost)
         lost = req.get("lost") or 0
+        at_port = req.get("refused_at_port") or 0
         head.append(
             f"\nrequests     {_n(req['total_requests'])} total  {_rate(req['requests_per_s'])}/s  "
             f"{_n(req['in_flight'])} in flight  {_n(req['total_responses'])} ok  "
@@ -55,6 +56,12 @@ def render(snap: dict[str, Any]) -> RenderableType:
             f"{_n(req['shmdisagg_admission_rejections'])} 429  "
             + (f"{_n(lost)} lost  " if lost else "")
             + f"{_n(req['ctx_retry_requests'] + req['gen_retry_requests'])} retries  hit {_pct(req['hit_rate'])}"
+            # not part of the total: shown only when not 0, as `lost`
+            + (
+                f"\n             + {_n(at_port)} refused at the public port (413, 431, 408, bad HTTP)"
+                if at_port
+                else ""
+            )
         )
     else:
         head.append("\nrequests     - (no metrics segment)")

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from shmdisagg.launch import Deployment
+from shmdisagg.stats.snapshot import StatsReader, snapshot
 from tests.integration.harness import deployment, fake_executors, post, write_config
 
 HEAD_TIMEOUT_S = 0.5
@@ -94,6 +95,11 @@ def test_the_public_port_refuses_slow_oversized_and_garbage_requests_in_the_open
 
             garbage = _error(_exchange(dep, b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 64), 400)
             assert garbage["type"] == "BadRequestError" and garbage["message"].startswith("invalid HTTP request: TLS")
+
+            # `shmdisagg stats` counts them apart: no route saw them, so they are not in the total
+            with StatsReader(dep.config.shm_prefix) as reader:
+                req = snapshot(None, reader.sample(), dep.config.shm_prefix)["requests"]
+            assert (req["refused_at_port"], req["total_requests"], req["client_errors"]) == (3, 1, 0), req
 
             assert post(dep, "/v1/completions", completion)[0] == 200
     assert "RLIMIT_NOFILE: soft limit" in capfd.readouterr().err  # the worker says what it can open
