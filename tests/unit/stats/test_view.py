@@ -144,6 +144,13 @@ def test_the_view_shows_cancelled_requests_and_the_coordinators_worker_numbers()
     assert [c.strip() for c in row.split("│")[1:4]] == ["1", "0", "11"]  # fleet worker 1, in table row 0
 
 
+def test_requests_the_public_port_refused_show_below_the_total_only_when_there_are_some() -> None:
+    assert "refused at the public port" not in text_of(SNAP)
+    out = text_of({**SNAP, "requests": {**SNAP["requests"], "refused_at_port": 7.0}})
+    assert "+ 7 refused at the public port" in out
+    assert "5 total" in out  # not added to the total: no route saw them
+
+
 def test_a_stale_deployment_says_so_and_shows_no_server_as_ok() -> None:
     reason = (
         "coordinator pid 10 is gone: stale segments; the next `shmdisagg launch` or `shmdisagg serve` of "
