@@ -1325,7 +1325,10 @@ def main() -> None:
     )
     if os.getenv("TRTLLM_DISAGG_SERVER_DISABLE_GC", "1") == "1":
         gc.disable()  # TensorRT-LLM's default for the disaggregated server
-    uvloop.run(server(args.host, args.port, args.log_level))
+    try:
+        uvloop.run(server(args.host, args.port, args.log_level))
+    except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the benchmark's whole group: it says so
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

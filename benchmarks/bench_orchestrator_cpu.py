@@ -66,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
@@ -77,11 +78,19 @@ from benchkit import MODES, REPO, median_min_max, pct
 SYSTEM_KINDS = ("shmdisagg", "baseline", "direct", "direct2")
 
 
-def parse_vs(specs: list[str], prefix: str = "vs") -> dict[str, str]:
-    """`NAME=URL` (or a bare URL, named vs1, vs2, ...) -> {name: base url}."""
+def parse_vs(ap: argparse.ArgumentParser, option: str, specs: list[str], prefix: str = "vs") -> dict[str, str]:
+    """`NAME=URL` (or a bare URL, named vs1, vs2, ...) -> {name: base url}; `ap.error` naming
+    `option` for a URL that is not http://HOST:PORT."""
     out = {}
     for k, spec in enumerate(specs, 1):
         name, _, url = spec.rpartition("=") if "=" in spec.split("://")[0] else ("", "", spec)
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port
+        except ValueError as err:
+            ap.error(f"{option} {spec}: {err}")
+        if parts.scheme != "http" or not parts.hostname or port is None:
+            ap.error(f"{option} {spec}: give the router as http://HOST:PORT")
         out[name or f"{prefix}{k}"] = url.rstrip("/")
     return out
 
@@ -163,6 +172,8 @@ def main() -> int:
     for m in modes:
         if m not in MODES:
             ap.error(f"unknown mode {m}")
+    if not modes:
+        ap.error(f"--modes: name at least one of {', '.join(MODES)}")
     fleet_sizes = benchkit.positive_ints(ap, "--fleet", args.fleet)
     benchkit.at_least_one(ap, args, "n", "concurrency", "rounds")
     kinds = [s for s in args.systems.split(",") if s]
@@ -174,8 +185,8 @@ def main() -> int:
     benchkit.json_output(ap, args.json)
     if bool(args.ctx) != bool(args.gen):
         ap.error("--ctx and --gen go together")
-    vs = parse_vs(args.vs)
-    vs1 = parse_vs(args.vs_one_hop, "vs1hop")
+    vs = parse_vs(ap, "--vs", args.vs)
+    vs1 = parse_vs(ap, "--vs-one-hop", args.vs_one_hop, "vs1hop")
     if args.executors == "sim" and not args.ctx and ("baseline" in kinds or args.vllm_router):
         # Both are refused by the simulator's request validation (TensorRT-LLM's protocol models,
         # extra fields forbidden), as by the pinned trtllm-serve worker: the baseline sends
@@ -517,7 +528,4 @@ def report_latency(
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except benchkit.StartError as err:  # what had started is stopped by now
-        sys.exit(f"{Path(sys.argv[0]).name}: error: {err}")
+    benchkit.run_main(main)

@@ -2,7 +2,8 @@
 """Does the orchestrator's cost grow with scale? Issue 14's sweep: CPU per request, added latency
 and memory of shmdisagg along three axes, each axis side by side in one run.
 
-- **executors** (`--executor-counts 4,8,16,32,64`, half context, half generation): one deployment
+- **executors** (`--executor-counts 4,8,16,32,64`, half context, half generation, the odd one a
+  generation executor): one deployment
   per count, all up at once, `load_balancing` on both roles (each pick reads every server's load;
   `--routers` changes it); `nonstream` and `stream16` at `--concurrency` 32, then `--latency-n`
   requests one at a time. The executors are recording fakes, one process per role serving every
@@ -12,7 +13,8 @@ and memory of shmdisagg along three axes, each axis side by side in one run.
   at once. The request rate is held at `--stream-rate` (100 req/s) by pacing each stream's 16
   chunks `C / (16 × rate)` apart (20 ms at 32 streams, 1.28 s at 2,048), and the k-th of the C
   request loops starts k/C of a stream late, so the streams arrive spread out: more open streams,
-  the same work per second. Each cell measures `--waves` × C requests after C warm-up requests,
+  the same work per second. Each cell measures `--waves` × C requests (at least `--stream-min-n`,
+  1,000) after C warm-up requests,
   with no pause in between (`--stream-phases steady`, benchkit's steady protocol), so the
   measured window holds C open streams and no connection set-up. Reports CPU per request, time
   to first byte (added: minus the two-hop floor at the same concurrency), memory per open stream
@@ -72,7 +74,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds over every cell of an axis (default 2)")
     ap.add_argument("--json", default=None, help="write every cell's numbers here")
     g = ap.add_argument_group("executors axis")
-    g.add_argument("--executor-counts", default="4,8,16,32,64", help="executors per deployment, half of each role")
+    g.add_argument(
+        "--executor-counts",
+        default="4,8,16,32,64",
+        help="executors per deployment, half of each role (an odd count: one more generation executor)",
+    )
     g.add_argument("--routers", default="load_balancing,load_balancing", help="context,generation router types")
     g.add_argument("--modes", default="nonstream,stream16", help=f"of {', '.join(MODES)}")
     g.add_argument("--n", type=int, default=1000, help="measured requests per cell (default 1000)")
@@ -85,6 +91,12 @@ def main() -> int:
     )
     g.add_argument("--stream-rate", type=float, default=100.0, help="requests per second held at every level")
     g.add_argument("--waves", type=int, default=2, help="measured requests per cell = waves x streams (default 2)")
+    g.add_argument(
+        "--stream-min-n",
+        type=int,
+        default=1000,
+        help="but at least this many (default 1000: 64 requests at 32 streams is a 0.6 s window, too short)",
+    )
     g.add_argument(
         "--stream-phases",
         choices=("steady", "barrier"),
@@ -108,15 +120,23 @@ def main() -> int:
     g.add_argument("--prompt-latency-n", type=int, default=20, help="requests one at a time per cell (default 20)")
     args = ap.parse_args()
     axes = [a for a in args.axes.split(",") if a]
+    if not axes:
+        ap.error(f"--axes: name at least one of {', '.join(AXES)}")
     for a in axes:
         if a not in AXES:
             ap.error(f"unknown axis {a}")
     for option in ("executor_counts", "streams", "prompt_sizes"):
         setattr(args, option, benchkit.positive_ints(ap, "--" + option.replace("_", "-"), getattr(args, option)))
-    benchkit.at_least_one(ap, args, "fleet", "rounds", "n", "concurrency", "waves", "prompt_concurrency")
+    benchkit.at_least_one(
+        ap, args, "fleet", "rounds", "n", "concurrency", "waves", "stream_min_n", "prompt_concurrency"
+    )
     for mode in args.modes.split(","):
         if mode and mode not in MODES:
             ap.error(f"--modes: unknown mode {mode!r}, of {', '.join(MODES)}")
+    if not [m for m in args.modes.split(",") if m]:
+        ap.error(f"--modes: name at least one of {', '.join(MODES)}")
+    if min(args.executor_counts) < 2:
+        ap.error("--executor-counts: each count must be at least 2 (one executor of each role)")
     routers = args.routers.split(",")
     if len(routers) != 2:
         ap.error(f"--routers: the context and the generation router type, comma-separated, got {args.routers!r}")
@@ -378,7 +398,7 @@ def axis_streams(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 spec = {
                     **MODES["stream16"],
                     "chunk_interval_s": interval,
-                    "n": args.waves * c,
+                    "n": max(args.waves * c, args.stream_min_n),
                     "warmup": c,
                     "concurrency": c,
                     "latency_n": 0,
@@ -400,7 +420,8 @@ def report_streams(data: dict[str, Any], args: argparse.Namespace) -> None:
     print()
     print(
         f"Streams axis: fleet {args.fleet}, {args.stream_executors} executors, 16 chunks per stream paced to hold "
-        f"{args.stream_rate:g} req/s, {args.waves} x streams measured requests after as many warm-up as streams, "
+        f"{args.stream_rate:g} req/s, {args.waves} x streams measured requests (at least {args.stream_min_n}) after "
+        f"as many warm-up as streams ({args.stream_phases}), "
         f"{args.rounds} rounds (median, min-max); added = minus direct2's at the same concurrency"
     )
     print()
@@ -575,7 +596,4 @@ def report_prompt(data: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except benchkit.StartError as err:  # what had started is stopped by now
-        sys.exit(f"{Path(sys.argv[0]).name}: error: {err}")
+    benchkit.run_main(main)

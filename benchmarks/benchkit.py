@@ -348,7 +348,10 @@ def loadgen_main() -> None:
                 return
             await _run_cell(json.loads(line), sys.stdout, sys.stdin)
 
-    uvloop.run(serve())
+    try:
+        uvloop.run(serve())
+    except KeyboardInterrupt:  # the terminal's Ctrl-C reaches the whole group: the parent says it
+        sys.exit(130)
 
 
 # -- process CPU and memory ----------------------------------------------------------------------
@@ -632,14 +635,36 @@ def vllm_router_bin(spec: str) -> str:
     return str(path)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as Ctrl-C's KeyboardInterrupt is (`exit_on_sigterm`)."""
+
+    signum = signal.SIGTERM
+
+
 def exit_on_sigterm() -> None:
     """SIGTERM ends the run as Ctrl-C does: the `with` blocks stop every process it started (a
     benchmark killed by `timeout` or `kill` would otherwise leave its executors running)."""
 
     def _exit(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
+        raise Terminated()
 
     signal.signal(signal.SIGTERM, _exit)
+
+
+def run_main(main: Any) -> None:
+    """Exit with `main()`'s status; a `StartError` is one `error:` line (exit 1), Ctrl-C or
+    SIGTERM one `interrupted` line (exit 130 / 143), each after the `with` blocks and `finally`
+    clauses stopped what the run had started."""
+    prog = Path(sys.argv[0]).name
+    try:
+        code = main()
+    except StartError as err:
+        sys.exit(f"{prog}: error: {err}")
+    except KeyboardInterrupt as err:
+        signum = getattr(err, "signum", signal.SIGINT)
+        print(f"{prog}: interrupted ({signal.Signals(signum).name}); stopped what it had started", file=sys.stderr)
+        sys.exit(128 + signum)
+    sys.exit(code)
 
 
 def positive_ints(ap: argparse.ArgumentParser, option: str, text: str) -> list[int]:

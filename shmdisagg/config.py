@@ -1194,6 +1194,8 @@ def log_dir_problem(path: str | os.PathLike[str]) -> str | None:
 def _command_problem(program: str) -> str | None:
     """Why `program` (a name looked up on PATH, or a path) cannot be run here, or None."""
     if os.sep in program:
+        if os.path.isdir(program):
+            return f"{program!r} is a directory"
         if not os.path.isfile(program):
             return f"{program!r} not found"
         return None if os.access(program, os.X_OK) else f"{program!r} is not executable"

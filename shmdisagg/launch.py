@@ -229,8 +229,8 @@ class Deployment:
         except OSError:
             claim.close()
             raise LaunchError(
-                f"another launch of this deployment (shared-memory prefix {self.config.shm_prefix}) is starting "
-                "or running"
+                f"another launch with shared-memory prefix {self.config.shm_prefix} (of this config or another) "
+                "is starting or running: stop it, or give this deployment another shmdisagg.shm.prefix"
             ) from None
         self._claim_sock = claim
 

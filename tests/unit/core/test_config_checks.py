@@ -181,6 +181,7 @@ def test_a_configured_log_dir_that_is_a_file_is_refused_by_check_config_and_laun
         ("no-such-trtllm-serve-{uid}", "'no-such-trtllm-serve-{uid}' not found on PATH"),
         ("{tmp}/missing/trtllm-serve", "'{tmp}/missing/trtllm-serve' not found"),
         ("{tmp}/not-executable", "'{tmp}/not-executable' is not executable"),
+        ("{tmp}", "'{tmp}' is a directory"),
     ],
 )
 def test_a_trtllm_command_that_cannot_run_here_is_refused_by_check_config_and_launch(

@@ -171,8 +171,8 @@ def test_a_second_launch_while_the_first_is_starting_is_refused_at_once(tmp_path
         )
         assert out.returncode == 1, out
         assert _errors(out.stderr) == [
-            f"shmdisagg: launch failed: another launch of this deployment (shared-memory prefix "
-            f"{shm_prefix}) is starting or running"
+            f"shmdisagg: launch failed: another launch with shared-memory prefix {shm_prefix} (of this config or "
+            "another) is starting or running: stop it, or give this deployment another shmdisagg.shm.prefix"
         ], out.stderr
         assert not list(logs.glob("*.log")), "an executor was started"
     finally:
