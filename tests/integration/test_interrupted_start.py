@@ -222,11 +222,27 @@ def test_a_ctrl_c_swallowed_while_the_modules_load_still_stops_the_command(
 
 
 def _stuck_executor(tmp_path: Path) -> Path:
-    """A `trtllm-serve` that never answers /health."""
+    """A `trtllm-serve` that never answers /health; each one appends its pid (the same after
+    `exec`) to tmp_path/executor-pids."""
     script = tmp_path / "never-ready"
-    script.write_text("#!/bin/sh\nexec sleep 300\n")
+    script.write_text(f"#!/bin/sh\necho $$ >> {tmp_path / 'executor-pids'}\nexec sleep 300\n")
     script.chmod(0o755)
     return script
+
+
+def _stuck_launch_config(tmp_path: Path, shm_prefix: str, startup_timeout_s: float) -> Path:
+    """A launch config of one context and one generation `_stuck_executor`, on free ports."""
+    cfg = small_config(
+        executors={"trtllm": {"command": [str(_stuck_executor(tmp_path))]}, "startup_timeout_s": startup_timeout_s}
+    )
+    cfg["port"] = free_port()
+    cfg["context_servers"]["urls"] = [f"127.0.0.1:{free_port()}"]
+    cfg["generation_servers"]["urls"] = [f"127.0.0.1:{free_port()}"]
+    cfg["shmdisagg"]["shm"] = {"prefix": shm_prefix}
+    cfg["shmdisagg"]["coordinator_socket"] = str(tmp_path / "coord.sock")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -235,14 +251,7 @@ def test_an_interrupt_while_the_executors_start_stops_them_and_says_so(
 ) -> None:
     """Before: no message, and exit 130 for SIGTERM too (and, with `bench --launch`, a
     KeyboardInterrupt traceback from the launcher's readiness wait)."""
-    cfg = small_config(executors={"trtllm": {"command": [str(_stuck_executor(tmp_path))]}, "startup_timeout_s": 120})
-    cfg["port"] = free_port()
-    cfg["context_servers"]["urls"] = [f"127.0.0.1:{free_port()}"]
-    cfg["generation_servers"]["urls"] = [f"127.0.0.1:{free_port()}"]
-    cfg["shmdisagg"]["shm"] = {"prefix": shm_prefix}
-    cfg["shmdisagg"]["coordinator_socket"] = str(tmp_path / "coord.sock")
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = _stuck_launch_config(tmp_path, shm_prefix, 120)
     cmd = Command("launch", "-c", str(path), "--log-dir", str(tmp_path / "logs"))
     cmd.wait_for_line("started generation-0")  # both started; the launcher waits for their /health
     status, stderr = cmd.interrupt(sig)
@@ -282,20 +291,10 @@ def test_a_stop_signal_swallowed_while_the_executors_start_still_ends_the_launch
     tmp_path: Path, shm_prefix: str
 ) -> None:
     """CI once saw a launch go on waiting for its executors' /health after a SIGTERM, past the
-    test's 60 s. A stop signal's exception swallowed where it landed was lost for good once the
-    command had taken the signals over: only the signal was recorded, not taken later. The wait
-    now ends within one poll, as the signal asked."""
-    stuck = tmp_path / "never-ready-pid"  # as _stuck_executor, saying its pid (the same after exec)
-    stuck.write_text(f"#!/bin/sh\necho $$ >> {tmp_path / 'executor-pids'}\nexec sleep 300\n")
-    stuck.chmod(0o755)
-    cfg = small_config(executors={"trtllm": {"command": [str(stuck)]}, "startup_timeout_s": 300})
-    cfg["port"] = free_port()
-    cfg["context_servers"]["urls"] = [f"127.0.0.1:{free_port()}"]
-    cfg["generation_servers"]["urls"] = [f"127.0.0.1:{free_port()}"]
-    cfg["shmdisagg"]["shm"] = {"prefix": shm_prefix}
-    cfg["shmdisagg"]["coordinator_socket"] = str(tmp_path / "coord.sock")
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    test's 60 s. Once the command had taken the signals over, their handler no longer recorded
+    them, so a stop signal whose exception was swallowed where it landed was lost for good. The
+    wait now ends within one poll, as the signal asked."""
+    path = _stuck_launch_config(tmp_path, shm_prefix, 300)
     script = tmp_path / "swallowed.py"
     script.write_text(SWALLOWED_IN_WAIT)
     out = subprocess.run(

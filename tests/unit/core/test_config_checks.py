@@ -57,6 +57,13 @@ def _one_line(out: subprocess.CompletedProcess[str], code: int = 2) -> str:
     return lines[0]
 
 
+def _refused_alike(path: Path, key_and_problem: str) -> None:
+    """check-config and launch both refuse `path` in the one line naming `key_and_problem`."""
+    for command in ("check-config", "launch"):
+        line = _one_line(_run(command, "-c", str(path)))
+        assert line == f"shmdisagg: config error: {path}: {key_and_problem}", (command, line)
+
+
 # -- file encoding and duplicate keys -------------------------------------------------------------
 
 
@@ -167,12 +174,7 @@ def test_a_configured_log_dir_that_is_a_file_is_refused_by_check_config_and_laun
     cfg = _config(tmp_path, shm_prefix)
     cfg["shmdisagg"]["executors"]["log_dir"] = str(afile)
     path = _write(tmp_path, cfg)
-    for command in ("check-config", "launch"):
-        line = _one_line(_run(command, "-c", str(path)))
-        assert (
-            line
-            == f"shmdisagg: config error: {path}: shmdisagg.executors.log_dir: {afile} exists and is not a directory"
-        ), (command, line)
+    _refused_alike(path, f"shmdisagg.executors.log_dir: {afile} exists and is not a directory")
 
 
 @pytest.mark.parametrize(
@@ -193,12 +195,7 @@ def test_a_trtllm_command_that_cannot_run_here_is_refused_by_check_config_and_la
     cfg = small_config(executors={"trtllm": {"command": [command.format(**subs)]}})  # the trtllm plan takes it
     cfg["shmdisagg"].update(shm={"prefix": shm_prefix}, coordinator_socket=str(tmp_path / "coord.sock"))
     path = _write(tmp_path, cfg)
-    for cli_command in ("check-config", "launch"):
-        line = _one_line(_run(cli_command, "-c", str(path)))
-        assert line == (
-            f"shmdisagg: config error: {path}: shmdisagg.executors.trtllm.command: {why.format(**subs)}; "
-            "launch runs it on this machine"
-        ), (cli_command, line)
+    _refused_alike(path, f"shmdisagg.executors.trtllm.command: {why.format(**subs)}; launch runs it on this machine")
     # serve starts no executor: the command is not its business
     assert "trtllm.command" not in _run("check-config", "--serve", "-c", str(path)).stderr
 
@@ -226,12 +223,11 @@ def test_a_log_dir_the_kernel_will_not_create_is_refused_before_anything_starts(
     cfg = _config(tmp_path, shm_prefix)
     cfg["shmdisagg"]["executors"]["log_dir"] = "/proc/nope"
     path = _write(tmp_path, cfg)
-    for command in ("check-config", "launch"):
-        line = _one_line(_run(command, "-c", str(path)))
-        assert line == (
-            f"shmdisagg: config error: {path}: shmdisagg.executors.log_dir: cannot create /proc/nope: "
-            "/proc refuses new directories (No such file or directory)"
-        ), (command, line)
+    _refused_alike(
+        path,
+        "shmdisagg.executors.log_dir: cannot create /proc/nope: /proc refuses new directories "
+        "(No such file or directory)",
+    )
 
 
 def test_the_launcher_names_an_unusable_log_directory_and_starts_nothing(tmp_path: Path, shm_prefix: str) -> None:
