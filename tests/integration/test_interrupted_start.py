@@ -209,6 +209,8 @@ def test_a_ctrl_c_swallowed_while_the_modules_load_still_stops_the_command(
     cfg = write_config(tmp_path, shm_prefix, [f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"])
     script = (
         "import os, signal, sys\n"
+        # as from a terminal: a background job (`cmd &` in a script, CI) inherits SIGINT ignored
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from shmdisagg import cli\n"
         "try:\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
