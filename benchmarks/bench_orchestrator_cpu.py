@@ -175,7 +175,12 @@ def main() -> int:
     if not modes:
         ap.error(f"--modes: name at least one of {', '.join(MODES)}")
     fleet_sizes = benchkit.positive_ints(ap, "--fleet", args.fleet)
-    benchkit.at_least_one(ap, args, "n", "concurrency", "rounds")
+    benchkit.at_least_one(ap, args, "n", "concurrency", "rounds", "ctx_servers", "gen_servers")
+    for name in ("warmup", "latency_n", "prompt_tokens"):
+        if getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must be at least 0, got {getattr(args, name)}")
+    if not 0 <= args.idle_s < float("inf"):
+        ap.error(f"--idle-s must be a number of seconds >= 0, got {args.idle_s:g}")
     kinds = [s for s in args.systems.split(",") if s]
     for kind in kinds:
         if kind not in SYSTEM_KINDS:

@@ -144,8 +144,10 @@ def main() -> int:
         if kind not in ROUTER_TYPES:
             ap.error(f"--routers: unknown router type {kind!r}, of {', '.join(ROUTER_TYPES)}")
     benchkit.json_output(ap, args.json)
-    if not args.stream_rate > 0:
-        ap.error(f"--stream-rate must be above 0, got {args.stream_rate:g}")
+    if not 0 < args.stream_rate < float("inf"):
+        ap.error(f"--stream-rate must be a finite number above 0, got {args.stream_rate:g}")
+    if not 0 < args.prompt_token_budget < float("inf"):
+        ap.error(f"--prompt-token-budget must be a finite number above 0, got {args.prompt_token_budget:g}")
     if args.stream_executors < 2:
         ap.error("--stream-executors must be at least 2 (one of each role)")
     if args.vllm_router:
