@@ -168,12 +168,7 @@ def main() -> int:
         benchkit.loadgen_main()
         return 0
 
-    modes = [m for m in args.modes.split(",") if m]
-    for m in modes:
-        if m not in MODES:
-            ap.error(f"unknown mode {m}")
-    if not modes:
-        ap.error(f"--modes: name at least one of {', '.join(MODES)}")
+    modes = benchkit.mode_list(ap, args.modes)
     fleet_sizes = benchkit.positive_ints(ap, "--fleet", args.fleet)
     benchkit.at_least_one(ap, args, "n", "concurrency", "rounds", "ctx_servers", "gen_servers")
     for name in ("warmup", "latency_n", "prompt_tokens"):

@@ -14,9 +14,9 @@ and memory of shmdisagg along three axes, each axis side by side in one run.
   chunks `C / (16 × rate)` apart (20 ms at 32 streams, 1.28 s at 2,048), and the k-th of the C
   request loops starts k/C of a stream late, so the streams arrive spread out: more open streams,
   the same work per second. Each cell measures `--waves` × C requests (at least `--stream-min-n`,
-  1,000) after C warm-up requests,
-  with no pause in between (`--stream-phases steady`, benchkit's steady protocol), so the
-  measured window holds C open streams and no connection set-up. Reports CPU per request, time
+  1,000) after C warm-up requests, with no pause in between (`--stream-phases steady`,
+  benchkit's steady protocol), so the measured window holds C open streams and no connection
+  set-up. Reports CPU per request, time
   to first byte (added: minus the two-hop floor at the same concurrency), memory per open stream
   (the fleet workers' anonymous RSS sampled once every stream is open, less the same before the
   first cell, divided by C) and per-worker RSS.
@@ -130,11 +130,7 @@ def main() -> int:
     benchkit.at_least_one(
         ap, args, "fleet", "rounds", "n", "concurrency", "waves", "stream_min_n", "prompt_concurrency"
     )
-    for mode in args.modes.split(","):
-        if mode and mode not in MODES:
-            ap.error(f"--modes: unknown mode {mode!r}, of {', '.join(MODES)}")
-    if not [m for m in args.modes.split(",") if m]:
-        ap.error(f"--modes: name at least one of {', '.join(MODES)}")
+    args.modes = benchkit.mode_list(ap, args.modes)
     if min(args.executor_counts) < 2:
         ap.error("--executor-counts: each count must be at least 2 (one executor of each role)")
     routers = args.routers.split(",")
@@ -275,7 +271,7 @@ def c1(rows: list[dict[str, Any]], key: str = "c1_lat_ms") -> list[float]:
 
 def axis_executors(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     counts: list[int] = args.executor_counts
-    modes = [m for m in args.modes.split(",") if m]
+    modes: list[str] = args.modes
     ctx_router, gen_router = args.routers.split(",")
     rows: list[dict[str, Any]] = []
     idle: dict[str, dict[str, float]] = {}

@@ -48,6 +48,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -651,7 +652,7 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _exit)
 
 
-def run_main(main: Any) -> None:
+def run_main(main: Callable[[], int]) -> None:
     """Exit with `main()`'s status; a `StartError` is one `error:` line (exit 1), Ctrl-C or
     SIGTERM one `interrupted` line (exit 130 / 143), each after the `with` blocks and `finally`
     clauses stopped what the run had started."""
@@ -688,6 +689,17 @@ def json_output(ap: argparse.ArgumentParser, path: str | None) -> None:
         ap.error(f"--json: no directory {parent}")
     if not os.access(parent, os.W_OK) or Path(path).is_dir():
         ap.error(f"--json: cannot write {path}")
+
+
+def mode_list(ap: argparse.ArgumentParser, text: str) -> list[str]:
+    """`--modes`: a comma-separated list of `MODES` names, at least one, or `ap.error`."""
+    modes = [m for m in text.split(",") if m]
+    for mode in modes:
+        if mode not in MODES:
+            ap.error(f"--modes: unknown mode {mode!r}, of {', '.join(MODES)}")
+    if not modes:
+        ap.error(f"--modes: name at least one of {', '.join(MODES)}")
+    return modes
 
 
 def at_least_one(ap: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:

@@ -156,11 +156,11 @@ def _is_tls_record(data: bytes) -> bool:
 
 
 def edge_protocol(
-    limits: EdgeLimits, hot: HotHandler | None = None, refused: Callable[[int], None] | None = None
+    limits: EdgeLimits, hot: HotHandler | None = None, refused: Callable[[], None] | None = None
 ) -> type[EdgeProtocol]:
     """The protocol class to pass as `uvicorn.Config(http=...)`, with `limits` bound; with `hot`,
     the two hot routes are served as `HotCycle`s run by it (`fleet/hot.py`), not through ASGI;
-    `refused(status)` is called for each request the port refuses itself (`_refuse`)."""
+    `refused()` is called for each request the port refuses itself (`_refuse`)."""
     return type(
         "EdgeProtocol",
         (EdgeProtocol,),
@@ -198,7 +198,7 @@ class EdgeProtocol(HttpToolsProtocol):
     cancelled per request."""
 
     hot_handler: HotHandler | None = None  # class-wide, set by edge_protocol (a staticmethod there)
-    on_refused: Callable[[int], None] | None = None  # likewise: counts the port's own refusals
+    on_refused: Callable[[], None] | None = None  # likewise: counts the port's own refusals
     # uvicorn's cycle, or a hot route's (`fleet/hot.py`), which quacks as one
     cycle: RequestResponseCycle | HotCycle  # type: ignore[assignment]
     limits: ClassVar[EdgeLimits]
@@ -523,7 +523,7 @@ class EdgeProtocol(HttpToolsProtocol):
         own answer is on the wire already is not answered twice: its connection closes after it."""
         log.debug("request refused with %d: %s", status, message)
         if self.on_refused is not None:
-            self.on_refused(status)
+            self.on_refused()
         # the request parsed last (None before the first): the refused one while its body is unread
         cycle: RequestResponseCycle | HotCycle | None = self.cycle
         self._phase, self._deadline = _LINGER, 0.0  # what the client sends from now on is dropped

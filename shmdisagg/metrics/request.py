@@ -125,9 +125,9 @@ class RequestMetrics:
         self._validation = c["validation_exceptions"]
         self._edge_refusals = c["shmdisagg_edge_refusals"]
 
-    def edge_refused(self, status: int) -> None:
-        """The public port refused a request before any route saw it (`fleet/edge.py`, `status`
-        400, 408, 413 or 431); it is not in `total_requests`, as no route received it."""
+    def edge_refused(self) -> None:
+        """The public port refused a request before any route saw it (`fleet/edge.py`: 400, 408,
+        413 or 431); it is not in `total_requests`, as no route received it."""
         self.row[self._edge_refusals] += 1.0
 
     async def serve(self, handle: Callable[..., Awaitable[None]], *args: Any) -> None:
