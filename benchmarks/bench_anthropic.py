@@ -27,6 +27,7 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.benchkit import count
 from shmdisagg.anthropic.convert import chat_request
 from shmdisagg.anthropic.protocol import MessagesRequest, parse
 from shmdisagg.anthropic.stream import StreamReframer
@@ -166,5 +167,5 @@ def main(rounds: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=count, default=15)
     main(parser.parse_args().rounds)

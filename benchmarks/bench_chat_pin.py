@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from benchmarks.bench_routing import Deployment
+from benchmarks.benchkit import count
 from shmdisagg import hashing
 from shmdisagg.routing.affinity import content_affinity_key
 from shmdisagg.shm.table import ROLE_CONTEXT
@@ -42,8 +42,8 @@ def per_call_us(fn, n: int) -> float:  # type: ignore[no-untyped-def]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=20_000)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=count, default=20_000)
+    ap.add_argument("--rounds", type=count, default=5)
     args = ap.parse_args()
     rng = random.Random(3)
     tpb = 32

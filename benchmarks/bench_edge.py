@@ -40,6 +40,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.benchkit import count
 from shmdisagg.fleet.edge import EdgeLimits, edge_protocol
 
 BODY = (
@@ -226,8 +227,8 @@ def count_instructions(small: int, large: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=101)
+    parser.add_argument("--requests", type=count, default=2000)
+    parser.add_argument("--rounds", type=count, default=101)
     parser.add_argument(
         "--only",
         choices=["uvicorn HttpToolsProtocol", "EdgeProtocol"],

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httptools
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.benchkit import count
 
 # the simulator's answer head (uvicorn's), with a 600-byte JSON body
 RESPONSE = (
@@ -57,8 +62,8 @@ def per_answer_us(proto: Any, n: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=200_000)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--n", type=count, default=200_000)
+    ap.add_argument("--rounds", type=count, default=5)
     args = ap.parse_args()
     with_cb, without = [], []
     for _ in range(args.rounds):

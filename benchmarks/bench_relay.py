@@ -30,6 +30,7 @@ import orjson
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.benchkit import count
 from shmdisagg.orchestrator.answers import StreamGuard
 
 
@@ -151,7 +152,7 @@ async def main(n: int, rounds: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--chunks", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--chunks", type=count, default=2000)
+    parser.add_argument("--rounds", type=count, default=15)
     args = parser.parse_args()
     uvloop.run(main(args.chunks, args.rounds))

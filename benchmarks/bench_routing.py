@@ -53,9 +53,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import orjson
 
+from benchmarks.benchkit import count, count_or_zero, positive_ints
 from shmdisagg import _native, hashing
 from shmdisagg.orchestrator.validation import validate
 from shmdisagg.routing.kv_cache_aware import DEFER_MIN_BLOCKS
@@ -313,13 +313,14 @@ def event_rates(index: BlockIndex, blocks: int, per_event: int, rng: random.Rand
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=2000)
+    ap.add_argument("--reps", type=count, default=2000)
     ap.add_argument("--sizes", default="1024,8192,32768,131072")
-    ap.add_argument("--tpb", type=int, default=32, help="tokens per block")
-    ap.add_argument("--capacity", type=int, default=1 << 22, help="index slots")
-    ap.add_argument("--event-blocks", type=int, default=32, help="blocks per KV event")
-    ap.add_argument("--events", type=int, default=1_000_000, help="block events to apply (0: skip)")
+    ap.add_argument("--tpb", type=count, default=32, help="tokens per block")
+    ap.add_argument("--capacity", type=count, default=1 << 22, help="index slots")
+    ap.add_argument("--event-blocks", type=count, default=32, help="blocks per KV event")
+    ap.add_argument("--events", type=count_or_zero, default=1_000_000, help="block events to apply (0: skip)")
     args = ap.parse_args()
+    sizes = positive_ints(ap, "--sizes", args.sizes)
     rng = random.Random(20261130)
     print(
         f"host: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average "
@@ -327,7 +328,7 @@ def main() -> None:
         f"16 claimed rows, tokens_per_block {args.tpb}, {args.reps} decisions per group\n"
     )
     scaling: dict[int, dict[str, list[int]]] = {}
-    for size in (int(x) for x in args.sizes.split(",")):
+    for size in sizes:
         families = [[rng.randrange(100, 150_000) for _ in range(size * 3 // 4)] for _ in range(16)]
         print(f"{size} tokens ({(size - 1 + args.tpb - 1) // args.tpb} blocks, 3/4 of them a cached family prefix):")
         print(f"    {'':38} {'p50':>9} {'p99':>9} {'min':>9}")

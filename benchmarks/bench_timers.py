@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import uvloop
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.benchkit import count
 from shmdisagg.orchestrator.deadlines import OpenRequests
 
 
@@ -65,7 +69,7 @@ async def main(n: int, rounds: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--n", type=count, default=2000)
+    ap.add_argument("--rounds", type=count, default=30)
     args = ap.parse_args()
     uvloop.run(main(args.n, args.rounds))

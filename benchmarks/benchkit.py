@@ -702,6 +702,29 @@ def mode_list(ap: argparse.ArgumentParser, text: str) -> list[str]:
     return modes
 
 
+def count(text: str) -> int:
+    """An argparse `type` for a count option: an integer of at least 1, else argparse's one-line
+    `error: argument --x: ...` (exit 2) instead of a traceback or a run of nothing."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"an integer of at least 1, got {value}")
+    return value
+
+
+def count_or_zero(text: str) -> int:
+    """As `count`, with 0 allowed (an option where 0 means "skip")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer of at least 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an integer of at least 0, got {value}")
+    return value
+
+
 def at_least_one(ap: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
     """`ap.error` naming the first of the integer options `names` (attribute names) below 1."""
     for name in names:
