@@ -95,7 +95,12 @@ def _describe(found: list[Listener]) -> str:
         return "by a process not visible from here"
     first = found[0]
     if first.pid is None:
-        return f"by a process of uid {first.uid} (not visible to this user)"
+        # the socket is listed in /proc/net but no /proc/<pid>/fd here holds it: another user's process
+        # this one may not inspect, or one in another pid namespace (a container), whoever we are
+        return (
+            f"by a process of uid {first.uid} whose pid is not visible from here "
+            "(another user's, or another container's)"
+        )
     if _FLEET_MODULE in first.argv:
         config = _config_of(first) or "?"
         return f"by another shmdisagg deployment (config {config}, coordinator pid {parent_pid(first.pid)})"

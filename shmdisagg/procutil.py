@@ -68,9 +68,10 @@ def bind_error(host: str, port: int) -> OSError | None:
 
 @dataclass(frozen=True)
 class Listener:
-    """A process listening on a TCP port (from /proc): `pid` None when it belongs to another user
-    (only the socket's `uid` is visible then); `argv` its command line; `env` the few variables
-    that say which shmdisagg deployment a fleet worker serves."""
+    """A process listening on a TCP port (from /proc): `pid` None when no process here is seen to
+    hold it, another user's or one in another pid namespace (only the socket's `uid` is visible);
+    `argv` its command line; `env` the few variables that say which shmdisagg deployment a fleet
+    worker serves."""
 
     uid: int
     pid: int | None = None

@@ -317,3 +317,14 @@ def test_check_config_names_another_config_on_the_same_port_and_default_prefix(
     err = capsys.readouterr().err
     assert f"already in use by another shmdisagg deployment (config {other}, coordinator pid {os.getpid()})" in err
     assert "served by this deployment" not in err
+
+
+def test_a_port_holder_this_process_cannot_see_is_named_by_its_uid_without_blaming_permissions() -> None:
+    # a socket listed in /proc/net/tcp that no /proc/<pid>/fd here holds: another user's process,
+    # or one in another pid namespace, which even root cannot see from inside its container
+    from shmdisagg.portuser import _describe
+    from shmdisagg.procutil import Listener
+
+    line = _describe([Listener(uid=0)])
+    assert "uid 0" in line
+    assert "not visible from here" in line and "container" in line
