@@ -702,27 +702,25 @@ def mode_list(ap: argparse.ArgumentParser, text: str) -> list[str]:
     return modes
 
 
-def count(text: str) -> int:
-    """An argparse `type` for a count option: an integer of at least 1, else argparse's one-line
-    `error: argument --x: ...` (exit 2) instead of a traceback or a run of nothing."""
+def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"an integer of at least 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"an integer of at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"an integer of at least {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"an integer of at least {low}, got {value}")
     return value
+
+
+def count(text: str) -> int:
+    """An argparse `type` for a count option: an integer of at least 1, else argparse's one-line
+    `error: argument --x: ...` (exit 2) instead of a traceback or a run of nothing."""
+    return _int_at_least(text, 1)
 
 
 def count_or_zero(text: str) -> int:
     """As `count`, with 0 allowed (an option where 0 means "skip")."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"an integer of at least 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"an integer of at least 0, got {value}")
-    return value
+    return _int_at_least(text, 0)
 
 
 def at_least_one(ap: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
