@@ -31,7 +31,7 @@ import aiohttp
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.benchkit import count
+from benchmarks.benchkit import count, positive_float
 from shmdisagg.config import load_config
 from shmdisagg.launch import Deployment
 from shmdisagg.shm.layout import COORD_RUNNING
@@ -157,7 +157,9 @@ async def measure(dep: Deployment, kills: int, gap: float, concurrency: int) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=count, default=5)
-    parser.add_argument("--gap", type=float, default=6.0, help="seconds between kills (and the window compared)")
+    parser.add_argument(
+        "--gap", type=positive_float, default=6.0, help="seconds between kills (and the window compared)"
+    )
     parser.add_argument("--concurrency", type=count, default=16)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -42,6 +42,8 @@ from array import array
 from pathlib import Path
 from types import ModuleType
 
+from benchkit import count  # this script's directory, sys.path[0]
+
 TREE = Path(__file__).resolve().parents[1]
 
 
@@ -183,12 +185,12 @@ def main() -> None:
     p = sub.add_parser("ab")
     p.add_argument("tree_a")
     p.add_argument("tree_b")
-    p.add_argument("--size", type=int, default=32768)
-    p.add_argument("--reps", type=int, default=400)
+    p.add_argument("--size", type=count, default=32768)
+    p.add_argument("--reps", type=count, default=400)
     sub.add_parser("create")
     sub.add_parser("token-ids")
     p = sub.add_parser("faults")
-    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--size", type=count, default=1024)
     args = ap.parse_args()
     sys.path[:0] = [args.tree, str(Path(args.tree) / "benchmarks")]
     {"ab": ab, "create": create, "token-ids": token_ids, "faults": faults}[args.cmd](args)

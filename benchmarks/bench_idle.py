@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import benchkit  # noqa: E402
 from benchmarks.bench_trees import deployment, fakes_running  # noqa: E402
-from benchmarks.benchkit import cpu_ns  # noqa: E402
+from benchmarks.benchkit import count, cpu_ns, non_negative_float, positive_float  # noqa: E402
 
 Urls = tuple[list[str], list[str]]
 
@@ -54,9 +54,9 @@ def main() -> int:
     ap.add_argument("--tree", action="append", required=True, help="a checkout with its .venv (repeatable)")
     ap.add_argument("--fleet", default="1,4", help="fleet sizes (num_workers)")
     ap.add_argument("--executors", default="2", help="executor counts (2: the recording fakes; more: multi-port fakes)")
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--settle-s", type=float, default=3.0)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=positive_float, default=20.0)
+    ap.add_argument("--settle-s", type=non_negative_float, default=3.0)
+    ap.add_argument("--rounds", type=count, default=2)
     args = ap.parse_args()
     trees = [Path(t).resolve() for t in args.tree]
     fleets = [int(f) for f in args.fleet.split(",")]

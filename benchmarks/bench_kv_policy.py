@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from bench_routing import WARMUP, Deployment, pct
+from benchkit import count
 
 from shmdisagg import _native
 from shmdisagg.config import RouterConfig
@@ -55,11 +55,11 @@ def policy_for(dep: Deployment, tpb: int, algo: str):  # type: ignore[no-untyped
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=3000)
+    ap.add_argument("--reps", type=count, default=3000)
     ap.add_argument("--sizes", default="1024,8192")
     ap.add_argument("--algos", default="v1_block_key")
-    ap.add_argument("--tpb", type=int, default=32)
-    ap.add_argument("--capacity", type=int, default=1 << 22)
+    ap.add_argument("--tpb", type=count, default=32)
+    ap.add_argument("--capacity", type=count, default=1 << 22)
     ap.add_argument("--ab", action="store_true")
     args = ap.parse_args()
     rng = random.Random(11)

@@ -27,9 +27,9 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
 import yaml
 
+from benchmarks.benchkit import count
 from shmdisagg.cluster.workers import WorkerInfo, new_worker_id, worker_key
 from shmdisagg.config import load_config
 from shmdisagg.launch import Deployment, http_status
@@ -50,7 +50,7 @@ def until(pred, start: float | None = None, timeout_s: float = 30.0) -> float:  
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=count, default=20)
     args = ap.parse_args()
     import aetcd
 

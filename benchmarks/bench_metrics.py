@@ -32,7 +32,7 @@ import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
+from benchmarks.benchkit import count  # noqa: E402
 
 # -- micro -----------------------------------------------------------------------------------
 
@@ -229,15 +229,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("micro")
-    p.add_argument("--requests", type=int, default=200_000)
+    p.add_argument("--requests", type=count, default=200_000)
     p.set_defaults(func=micro)
     p = sub.add_parser("e2e")
     p.add_argument("-c", "--config", default="examples/demo.yaml")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--num-requests", type=int, default=600)
-    p.add_argument("--input-len", type=int, default=512)
-    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--rounds", type=count, default=3)
+    p.add_argument("--concurrency", type=count, default=16)
+    p.add_argument("--num-requests", type=count, default=600)
+    p.add_argument("--input-len", type=count, default=512)
+    p.add_argument("--output-len", type=count, default=32)
     p.add_argument("--out", default="runs/metrics-overhead")
     p.set_defaults(func=e2e)
     args = parser.parse_args()

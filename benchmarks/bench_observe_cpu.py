@@ -43,6 +43,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.benchkit import count  # noqa: E402
 
 VARIANTS = ("before", "off", "expose_unasked", "expose_asked", "jsonl", "otlp", "trace_dir")
 ASK = [(b"x-trtllm-return-metrics", b"1")]
@@ -161,9 +162,9 @@ def micro() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=1500)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--n", type=count, default=1500)
+    parser.add_argument("--rounds", type=count, default=3)
+    parser.add_argument("--concurrency", type=count, default=16)
     parser.add_argument("--modes", default="nonstream,stream16")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--micro", action="store_true")

@@ -39,6 +39,8 @@ import time
 import uuid
 from array import array
 
+from benchkit import count  # this script's directory, sys.path[0]
+
 TPB = 32
 FUNCTIONS = {
     "pick_round_robin": "Region_pick_round_robin",
@@ -209,8 +211,8 @@ def instructions(counts: list[tuple[int, int | None]], reps: int, tree: str | No
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--servers", default="4,64,256", help="executor counts, N or N@slots, comma-separated")
-    ap.add_argument("--reps", type=int, default=20000)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=count, default=20000)
+    ap.add_argument("--rounds", type=count, default=5)
     ap.add_argument("--instructions", action="store_true", help="count instructions (valgrind) instead of timing")
     ap.add_argument("--tree", help="import shmdisagg from this checkout (built in place)")
     ap.add_argument("--only", help=argparse.SUPPRESS)

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchkit import count, count_or_zero  # this script's directory, sys.path[0]
+
 REPO = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -114,12 +116,12 @@ async def cell(tree: Path, args: argparse.Namespace, out: int, stream: bool, see
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tree", action="append", type=Path, help="source tree to run the simulator from (repeatable)")
-    p.add_argument("--n", type=int, default=400)
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--n", type=count, default=400)
+    p.add_argument("--warmup", type=count_or_zero, default=100)
+    p.add_argument("--concurrency", type=count, default=64)
+    p.add_argument("--prompt-tokens", type=count, default=256)
     p.add_argument("--outputs", default="16,128")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=count, default=3)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     trees = [t.resolve() for t in (args.tree or [REPO])]

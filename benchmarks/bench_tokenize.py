@@ -40,9 +40,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-
 from bench_routing import Deployment, pct  # noqa: E402
 
+from benchmarks.benchkit import count  # noqa: E402
 from shmdisagg.orchestrator.service import KeyBuilder  # noqa: E402
 from shmdisagg.orchestrator.tokenization import HFTokenizer  # noqa: E402
 from shmdisagg.routing.policy import RoutingKey  # noqa: E402
@@ -96,11 +96,11 @@ def sized_text(tok: Any, vocab: list[str], tokens: int, rng: random.Random) -> s
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--reps", type=count, default=100)
     ap.add_argument("--sizes", default="1024,8192,32768")
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--tpb", type=int, default=32)
-    ap.add_argument("--capacity", type=int, default=1 << 22)
+    ap.add_argument("--vocab", type=count, default=32000)
+    ap.add_argument("--tpb", type=count, default=32)
+    ap.add_argument("--capacity", type=count, default=1 << 22)
     args = ap.parse_args()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     rng = random.Random(20261201)

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.benchkit import MODES, check_response, cpu_ns, free_port, stop_proc, wait_health  # noqa: E402
+from benchmarks.benchkit import MODES, check_response, count, count_or_zero, cpu_ns, free_port, stop_proc, wait_health  # noqa: E402
 
 PROMPT_TOKENS = 0  # --prompt-tokens: a list of that many token ids as the prompt instead of text
 
@@ -192,11 +192,11 @@ def main() -> int:
     ap.add_argument("--tree", action="append", required=True, help="a checkout with its .venv (repeatable)")
     ap.add_argument("--modes", default="nonstream,stream16,stream16_paced5ms")
     ap.add_argument("--fleet", default="1,4", help="fleet sizes (num_workers)")
-    ap.add_argument("--n", type=int, default=3000)
-    ap.add_argument("--warmup", type=int, default=300)
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--prompt-tokens", type=int, default=0, help="token-id prompts of this length (0: text)")
+    ap.add_argument("--n", type=count, default=3000)
+    ap.add_argument("--warmup", type=count_or_zero, default=300)
+    ap.add_argument("--concurrency", type=count, default=32)
+    ap.add_argument("--rounds", type=count, default=3)
+    ap.add_argument("--prompt-tokens", type=count_or_zero, default=0, help="token-id prompts of this length (0: text)")
     args = ap.parse_args()
     global PROMPT_TOKENS
     PROMPT_TOKENS = args.prompt_tokens

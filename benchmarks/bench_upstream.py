@@ -29,7 +29,7 @@ import httptools
 import uvloop
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
+from benchmarks.benchkit import count, count_or_zero
 from shmdisagg.upstream import UpstreamPool
 
 HOST = "127.0.0.1"
@@ -228,10 +228,10 @@ def _table(results: dict[tuple[str, str], list[Cell]], args: argparse.Namespace)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=3000, help="measured requests per cell")
-    parser.add_argument("--warmup", type=int, default=300, help="requests before each measurement")
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--n", type=count, default=3000, help="measured requests per cell")
+    parser.add_argument("--warmup", type=count_or_zero, default=300, help="requests before each measurement")
+    parser.add_argument("--concurrency", type=count, default=32)
+    parser.add_argument("--rounds", type=count, default=3)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the backend subprocess
     args = parser.parse_args()
     if args.serve:

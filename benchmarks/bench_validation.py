@@ -23,9 +23,9 @@ from types import ModuleType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import orjson
 
+from benchmarks.benchkit import count
 from shmdisagg._native import json_long_digits
 from shmdisagg.orchestrator import validation
 
@@ -58,7 +58,7 @@ def _load(tree: Path) -> ModuleType:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", type=Path, required=True, help="a tree holding the other validation.py")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=count, default=5)
     args = parser.parse_args()
     sides = {"base": _load(args.base), "this tree": validation}
     for name, make, is_chat in (("completion", completion, False), ("chat", chat, True)):

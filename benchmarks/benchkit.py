@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import glob
 import json
+import math
 import os
 import signal
 import statistics
@@ -721,6 +722,32 @@ def count(text: str) -> int:
 def count_or_zero(text: str) -> int:
     """As `count`, with 0 allowed (an option where 0 means "skip")."""
     return _int_at_least(text, 0)
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"a finite number, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse `type` for a duration or rate option: a finite number above 0."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a number above 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """As `positive_float`, with 0 allowed."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a number of at least 0, got {text!r}")
+    return value
 
 
 def at_least_one(ap: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:

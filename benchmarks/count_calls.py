@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_trees import deployment, fakes_running, load, script_fakes  # noqa: E402
-from benchmarks.benchkit import MODES  # noqa: E402
+from benchmarks.benchkit import MODES, count, count_or_zero  # noqa: E402
 
 HOOK = Path(__file__).resolve().parent / "count_calls_hook"
 
@@ -60,11 +60,11 @@ def short(path: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", default="nonstream", choices=sorted(MODES))
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--warmup", type=int, default=200)
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--fleet", type=int, default=1)
-    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--n", type=count, default=1000)
+    ap.add_argument("--warmup", type=count_or_zero, default=200)
+    ap.add_argument("--concurrency", type=count, default=32)
+    ap.add_argument("--fleet", type=count, default=1)
+    ap.add_argument("--top", type=count, default=25)
     args = ap.parse_args()
     import uvloop
 

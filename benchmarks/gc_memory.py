@@ -13,6 +13,7 @@ prints both processes' VmRSS before and after the N.
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import os
@@ -29,6 +30,7 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.benchkit import count  # noqa: E402
 from shmdisagg.executors.sim.testing import SimProcess  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
@@ -115,14 +117,15 @@ def run(value: str, n: int) -> str:
             s.stop()
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    for value in argv[1:]:
-        print(run(value, int(argv[0])), flush=True)
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("n", type=count, help="measured requests for each value")
+    ap.add_argument("value", nargs="+", help="TRTLLM_DISAGG_SERVER_DISABLE_GC values to run, in turn")
+    args = ap.parse_args()
+    for value in args.value:
+        print(run(value, args.n), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_trees import deployment, fakes_running, load, script_fakes, switches  # noqa: E402
-from benchmarks.benchkit import MODES, cpu_ns  # noqa: E402
+from benchmarks.benchkit import MODES, count, count_or_zero, cpu_ns  # noqa: E402
 
 # Kernel symbols by what they do, first match wins; user-space samples go by their library.
 CATEGORIES = (
@@ -148,11 +148,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fleet", default="1,2,4", help="fleet sizes (num_workers)")
     ap.add_argument("--mode", default="nonstream", choices=sorted(MODES))
-    ap.add_argument("--n", type=int, default=3000)
-    ap.add_argument("--warmup", type=int, default=300)
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--hz", type=int, default=4999, help="perf's sampling frequency")
+    ap.add_argument("--n", type=count, default=3000)
+    ap.add_argument("--warmup", type=count_or_zero, default=300)
+    ap.add_argument("--concurrency", type=count, default=32)
+    ap.add_argument("--rounds", type=count, default=2)
+    ap.add_argument("--hz", type=count, default=4999, help="perf's sampling frequency")
     args = ap.parse_args()
     fleets = [int(f) for f in args.fleet.split(",")]
     runs: dict[int, list[dict[str, object]]] = {f: [] for f in fleets}
