@@ -232,7 +232,7 @@ class RequestTraceWriter:
     def _encode(self, record: dict[str, Any]) -> bytes | None:
         try:
             line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, RecursionError) as err:  # RecursionError: a body ~1,000 levels deep
             with self._lock:
                 self.dropped["unserializable"] += 1
             log.warning("dropped a malformed request trace record: %s", err)

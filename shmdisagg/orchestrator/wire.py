@@ -12,6 +12,9 @@
   no spaces), exactly as `tensorrt_llm/serve/disagg_auth.py` signs it; workers holding the key
   reject unsigned or mis-signed handoffs. Without a key no header is sent and a warning is
   logged once (upstream warns with a FutureWarning that the key will become required).
+- A request nested deeper than a leg can carry is the client's error, a 400
+  (`too_deep_error`): orjson reads 1,024 levels but writes 254, and msgspec stops at the
+  interpreter's recursion limit. TensorRT-LLM's own JSON encoder goes as deep as that limit.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import msgspec
 
 from shmdisagg.orchestrator import splice
+from shmdisagg.orchestrator.errors import RequestError
 from shmdisagg.upstream import Body
 
 log = logging.getLogger("shmdisagg.service")
@@ -34,6 +38,17 @@ PROTECTED_FIELDS = ("encoded_opaque_state", "ctx_info_endpoint")
 _JSON = (b"content-type", b"application/json")
 _MSGPACK = (b"x-trtllm-msgpack", b"1")
 Headers = list[tuple[bytes, bytes]]
+ORJSON_WRITE_DEPTH = 254  # orjson.dumps: "Recursion limit reached" past this many levels
+
+
+def too_deep_error() -> RequestError:
+    """The 400 for a request whose leg could not be encoded for its nesting depth."""
+    return RequestError(
+        400,
+        "request body nests too deeply for a leg to the executors "
+        f"(JSON legs carry up to {ORJSON_WRITE_DEPTH} levels of arrays and objects)",
+        "invalid_request",
+    )
 
 
 def auth_signature(key: str, params: dict[str, Any]) -> str:
@@ -58,10 +73,18 @@ class Wire:
 
     def body(self, req: dict[str, Any]) -> Body:
         """The request as the executor reads it (`splice.Raw` values written as their bytes, each
-        a piece of the body: `splice.dumps`)."""
-        if self._encoder is not None:
-            return self._encoder.encode(splice.decoded(req))
-        return splice.dumps(req)
+        a piece of the body: `splice.dumps`). Raises `RequestError(400)` (`too_deep_error`) for
+        a request nested deeper than the encoder writes."""
+        try:
+            if self._encoder is not None:
+                return self._encoder.encode(splice.decoded(req))
+            return splice.dumps(req)
+        except RecursionError:  # msgspec, past the interpreter's recursion limit
+            raise too_deep_error() from None
+        except TypeError as err:  # orjson's one failure on what orjson decoded
+            if "Recursion limit" in str(err):
+                raise too_deep_error() from None
+            raise
 
     def encode(self, req: dict[str, Any]) -> tuple[Body, Headers]:
         """`body(req)` and `headers(req)` together: a leg sent once."""

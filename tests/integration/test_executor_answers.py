@@ -252,3 +252,44 @@ def test_models_is_503_while_no_context_executor_is_healthy(tmp_path: Path, shm_
             )
             status, body = request_json("127.0.0.1", dep.config.port, "GET", "/v1/models")
     assert status == 503 and body["code"] == 503 and body["object"] == "error" and ctx.addr not in body["message"]
+
+
+def _with_nested(body: dict, levels: int) -> bytes:  # type: ignore[type-arg]
+    """`body` as JSON, its "NESTED" string value replaced by `levels` levels of arrays (orjson,
+    like the public port's reader, writes no more than 254 levels of the whole document)."""
+    return orjson.dumps(body).replace(b'"NESTED"', b"[" * levels + b"]" * levels)
+
+
+def _post_raw(dep, path: str, raw: bytes) -> tuple[int, bytes, bytes]:  # type: ignore[no-untyped-def]
+    c = http.client.HTTPConnection("127.0.0.1", dep.config.port, timeout=30)
+    try:
+        c.request("POST", path, body=raw, headers={"content-type": "application/json"})
+        r = c.getresponse()
+        return r.status, r.read(), b"".join(f"{k}: {v}\n".encode() for k, v in r.getheaders())
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_body_nested_too_deep_for_a_leg_is_a_400_and_reaches_no_executor(pair, chat: bool, stream: bool) -> None:  # type: ignore[no-untyped-def]
+    """orjson reads 1,024 levels but writes 254: a client's 300-deep tool schema was a 500
+    "internal error" with a traceback, counted as a failure of ours."""
+    dep, ctx, gen = pair
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    deep = {**(CHAT if chat else COMPLETION), "stream": stream}
+    if chat:
+        schema = {"type": "object", "properties": {"a": "NESTED"}}
+        deep["tools"] = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    else:
+        deep["logit_bias_extra"] = "NESTED"
+    status, raw, headers = _post_raw(dep, path, _with_nested(deep, 300))
+    assert status == 400, raw
+    error = orjson.loads(raw)
+    assert error["object"] == "error" and error["code"] == 400 and "nests too deeply" in error["message"]
+    assert ctx.recorded() == [] and gen.recorded() == []
+    assert _leaks(raw + headers, ctx.addr, gen.addr) == []
+    assert _idle(dep)
+    # 254 levels, the top object's included, still go through
+    status, raw, _ = _post_raw(dep, path, _with_nested({**(CHAT if chat else COMPLETION), "x": "NESTED"}, 253))
+    assert status == 200, raw

@@ -283,6 +283,28 @@ def test_trace_dir_has_what_each_client_sent_and_got(stack: Stack, tmp_path: Pat
     assert sum(s["persisted_records"] for s in books["shards"]) == 5
 
 
+def test_trace_dir_drops_a_body_too_deep_to_write_and_goes_on(stack: Stack, tmp_path: Path) -> None:
+    """A body 1,000 levels deep (orjson reads it) passed json's encoder limit in the writer's
+    thread: the RecursionError was not caught there. It is dropped as unserializable, counted,
+    and the next request's records are written."""
+    out = tmp_path / "trace"
+    writer = RequestTraceWriter(str(out))
+    deep = orjson.dumps({**COMPLETION, "x": "NESTED"}).replace(b'"NESTED"', b"[" * 1000 + b"]" * 1000)
+    refused, plain = serve(stack, Observability(trace_writer=writer), [
+        ("/v1/completions", deep, []),
+        ("/v1/completions", COMPLETION, []),
+    ])  # fmt: skip
+    assert (refused.status, plain.status) == (400, 200)
+    import os
+
+    (bucket,) = [d for d in out.iterdir() if d.name != "_writer"]
+    requests = [json.loads(x) for x in (bucket / f"requests-{os.getpid()}.jsonl").read_text().splitlines()]
+    assert [r["body"] for r in requests] == [COMPLETION]
+    (sidecar,) = (out / "_writer").iterdir()
+    books = json.loads(sidecar.read_text())
+    assert books["closed"] is True and books["counts"]["dropped"]["unserializable"] >= 1
+
+
 # -- through a deployment -----------------------------------------------------------------------
 
 
