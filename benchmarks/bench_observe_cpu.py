@@ -43,7 +43,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.benchkit import count  # noqa: E402
+from benchmarks.benchkit import count, name_list  # noqa: E402
 
 VARIANTS = ("before", "off", "expose_unasked", "expose_asked", "jsonl", "otlp", "trace_dir")
 ASK = [(b"x-trtllm-return-metrics", b"1")]
@@ -81,8 +81,21 @@ async def _cell(stack: Any, pool: Any, variant: str, mode: str, n: int, concurre
     from shmdisagg import observe
     from tests.integration.inprocess import call
 
-    def direct(upstream: Any, role: str, host: str, port: int, path: str, body: bytes) -> Any:
-        return upstream.request(host, port, "POST", path, body)
+    def direct(
+        upstream: Any,
+        role: str,
+        host: str,
+        port: int,
+        path: str,
+        body: Any,
+        headers: Any = (),
+        timeout_s: float | None = None,
+        whole: bool = False,
+        total: bool = False,
+    ) -> Any:  # send_leg's signature, the pool called with no observation at all
+        return upstream.request(
+            host, port, "POST", path, body, headers=headers, timeout_s=timeout_s, whole=whole, total=total
+        )
 
     legs_module.send_leg = direct if variant == "before" else observe.send_leg  # type: ignore[assignment]
     obs = _observability(variant, tmp)
@@ -178,8 +191,8 @@ def main() -> None:
     from tests.integration.harness import fake_executors
     from tests.integration.inprocess import Stack
 
-    modes = args.modes.split(",")
-    variants = args.variants.split(",")
+    modes = name_list(parser, "--modes", args.modes, ("nonstream", "stream16"))
+    variants = name_list(parser, "--variants", args.variants, VARIANTS)
     results: dict[tuple[str, str], list[float]] = {}
     with fake_executors(["ctx", "gen"]) as (ctx, gen), tempfile.TemporaryDirectory() as tmp:
         for f in (ctx, gen):

@@ -49,7 +49,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -692,15 +692,21 @@ def json_output(ap: argparse.ArgumentParser, path: str | None) -> None:
         ap.error(f"--json: cannot write {path}")
 
 
+def name_list(ap: argparse.ArgumentParser, option: str, text: str, allowed: Iterable[str]) -> list[str]:
+    """A comma-separated list of names from `allowed`, at least one, or `ap.error` naming `option`."""
+    allowed = list(allowed)
+    names = [n for n in text.split(",") if n]
+    for name in names:
+        if name not in allowed:
+            ap.error(f"{option}: unknown name {name!r}, of {', '.join(allowed)}")
+    if not names:
+        ap.error(f"{option}: name at least one of {', '.join(allowed)}")
+    return names
+
+
 def mode_list(ap: argparse.ArgumentParser, text: str) -> list[str]:
     """`--modes`: a comma-separated list of `MODES` names, at least one, or `ap.error`."""
-    modes = [m for m in text.split(",") if m]
-    for mode in modes:
-        if mode not in MODES:
-            ap.error(f"--modes: unknown mode {mode!r}, of {', '.join(MODES)}")
-    if not modes:
-        ap.error(f"--modes: name at least one of {', '.join(MODES)}")
-    return modes
+    return name_list(ap, "--modes", text, MODES)
 
 
 def _int_at_least(text: str, low: int) -> int:

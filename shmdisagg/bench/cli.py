@@ -49,6 +49,7 @@ from shmdisagg.bench.trace import (
 from shmdisagg.procutil import STOP_SIGNALS, unwritable
 
 SCHEMA = "shmdisagg.bench/1"
+SYNTHETIC_OUTPUT_LEN = 128  # --output-len unset, with --input-len
 DEFAULT_URL = "http://127.0.0.1:8000"
 # The slowest replay: 1000x the trace's own pace. Far smaller divisors scale the arrival times
 # past any run's length (1e-300 made them ~1e300 s: the replay never sent its second request).
@@ -128,9 +129,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--output-len",
         type=int,
-        default=128,
         metavar="TOKENS",
-        help="output tokens per synthetic request (default: %(default)s)",
+        help=f"output tokens per synthetic request, with --input-len (default: {SYNTHETIC_OUTPUT_LEN})",
     )
     load.add_argument("--max-output-tokens", type=int, metavar="TOKENS", help="cap every request's max_tokens at this")
     load.add_argument(
@@ -204,10 +204,16 @@ def workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
             raise BenchError("--input-len and --trace are alternatives; give one")
         if args.concurrency is None:
             raise BenchError("synthetic prompts (--input-len) need --concurrency")
-        if args.input_len < 1 or args.output_len < 1:
+        output_len = SYNTHETIC_OUTPUT_LEN if args.output_len is None else args.output_len
+        if args.input_len < 1 or output_len < 1:
             raise BenchError("--input-len and --output-len must be >= 1")
         count = args.num_requests or 10 * args.concurrency
-        return synthetic_requests(count, args.input_len, args.output_len), "synthetic"
+        return synthetic_requests(count, args.input_len, output_len), "synthetic"
+    if args.output_len is not None:
+        raise BenchError(
+            "--output-len sets synthetic prompts' outputs (with --input-len); "
+            "a trace's requests keep their own (cap them with --max-output-tokens)"
+        )
     path = args.trace or SHIPPED_TRACE
     try:
         requests = load_trace(path, args.num_requests)

@@ -252,6 +252,9 @@ def test_more_requests_than_the_trace_holds_sends_the_trace_and_says_so(capsys: 
         ["--plot", "/dev/null"],
         ["--plot-only", "--plot", "/dev/null", "--compare", str(SHIPPED_TRACE)],  # was a FileExistsError traceback
         ["--concurrency", "1", "--input-len", "10", "--vocab-range", "0", "99999999999"],  # an OverflowError
+        ["--output-len", "0"],  # without --input-len: was ignored, the trace's lengths sent
+        ["--concurrency", "1", "--output-len", "5"],
+        ["--concurrency", "1", "--input-len", "10", "--output-len", "0"],
     ],
 )
 def test_bad_options_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
