@@ -51,7 +51,13 @@ def cell(tree: Path, fakes: list[int], fleet: int, urls: Urls | None, args: argp
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tree", action="append", required=True, help="a checkout with its .venv (repeatable)")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        type=benchkit.checkout_with_venv,
+        required=True,
+        help="a checkout with its .venv (repeatable)",
+    )
     ap.add_argument("--fleet", default="1,4", help="fleet sizes (num_workers)")
     ap.add_argument("--executors", default="2", help="executor counts (2: the recording fakes; more: multi-port fakes)")
     ap.add_argument("--seconds", type=positive_float, default=20.0)
@@ -59,8 +65,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=count, default=2)
     args = ap.parse_args()
     trees = [Path(t).resolve() for t in args.tree]
-    fleets = [int(f) for f in args.fleet.split(",")]
-    counts = [int(n) for n in args.executors.split(",")]
+    fleets = benchkit.positive_ints(ap, "--fleet", args.fleet)
+    counts = benchkit.positive_ints(ap, "--executors", args.executors)
     if any(n < 2 for n in counts):
         ap.error("--executors: at least 2 (one context and one generation executor)")
     for tree in trees:

@@ -30,10 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_routing import WARMUP, Deployment, pct
-from benchkit import count
+from benchkit import count, name_list, positive_ints
 
 from shmdisagg import _native
 from shmdisagg.config import RouterConfig
+from shmdisagg.hashing import KV_CACHE_HASH_ALGOS
 from shmdisagg.routing import make_policy
 from shmdisagg.routing.policy import RoutingKey
 from shmdisagg.shm import ROLE_CONTEXT
@@ -62,15 +63,17 @@ def main() -> None:
     ap.add_argument("--capacity", type=count, default=1 << 22)
     ap.add_argument("--ab", action="store_true")
     args = ap.parse_args()
+    sizes = positive_ints(ap, "--sizes", args.sizes)
+    algos = name_list(ap, "--algos", args.algos, KV_CACHE_HASH_ALGOS)
     rng = random.Random(11)
-    for size in map(int, args.sizes.split(",")):
+    for size in sizes:
         families = [[rng.randrange(100, 150_000) for _ in range(size * 3 // 4)] for _ in range(16)]
         dep = Deployment(args, families)
         try:
             if args.ab:
                 ab(dep, families, size, args, rng)
                 continue
-            for algo in args.algos.split(","):
+            for algo in algos:
                 policy = policy_for(dep, args.tpb, algo)
                 times = []
                 clock = time.perf_counter_ns

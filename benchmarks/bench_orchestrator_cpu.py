@@ -143,7 +143,12 @@ def main() -> int:
         metavar="[NAME=]URL",
         help="as --vs, for a router that sends each request to one executor (its latency floor is direct's)",
     )
-    ap.add_argument("--vs-wait", type=float, default=0.0, help="seconds to wait after printing the executors, for --vs")
+    ap.add_argument(
+        "--vs-wait",
+        type=benchkit.non_negative_float,
+        default=0.0,
+        help="seconds to wait after printing the executors, for --vs",
+    )
     ap.add_argument(
         "--executors",
         choices=("fakes", "sim"),
@@ -160,7 +165,9 @@ def main() -> int:
         default=0,
         help="send a list of this many token ids as the prompt instead of the text prompt",
     )
-    ap.add_argument("--baseline-log-level", default="warning")
+    ap.add_argument(
+        "--baseline-log-level", default="warning", choices=("critical", "error", "warning", "info", "debug", "trace")
+    )
     ap.add_argument("--json", default=None, help="write every cell's numbers here")
     ap.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -38,8 +38,9 @@ import tempfile
 import time
 import uuid
 from array import array
+from pathlib import Path
 
-from benchkit import count  # this script's directory, sys.path[0]
+from benchkit import checkout, count  # this script's directory, sys.path[0]
 
 TPB = 32
 FUNCTIONS = {
@@ -54,7 +55,13 @@ def parse_counts(spec: str) -> list[tuple[int, int | None]]:
     out: list[tuple[int, int | None]] = []
     for part in spec.split(","):
         n, _, slots = part.partition("@")
-        out.append((int(n), int(slots) if slots else None))
+        try:
+            count, table = int(n), int(slots) if slots else None
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"N or N@slots, comma-separated, got {spec!r}") from None
+        if count < 1 or (table is not None and table < count):
+            raise argparse.ArgumentTypeError(f"at least 1 executor, and no more than its slots, got {part!r}")
+        out.append((count, table))
     return out
 
 
@@ -175,7 +182,7 @@ def only(n: int, slots: int | None, reps: int) -> None:
         t.close()
 
 
-def _counted(n: int, slots: int | None, reps: int, tree: str | None) -> dict[str, int]:
+def _counted(n: int, slots: int | None, reps: int, tree: Path | None) -> dict[str, int]:
     """Instructions of each native pick function (inclusive) in one run of `reps` calls each,
     counted by callgrind. The set-up's own picks (loading the rows) are counted too."""
     with tempfile.NamedTemporaryFile(suffix=".callgrind") as out:
@@ -194,7 +201,7 @@ def _counted(n: int, slots: int | None, reps: int, tree: str | None) -> dict[str
     return counts
 
 
-def instructions(counts: list[tuple[int, int | None]], reps: int, tree: str | None) -> None:
+def instructions(counts: list[tuple[int, int | None]], reps: int, tree: Path | None) -> None:
     """Per call: (a run of 3 x reps calls - a run of reps calls) / (2 x reps), so the set-up
     (identical in both runs, its picks included) cancels out."""
     print(f"instructions per call (valgrind callgrind, inclusive: runs of {3 * reps} minus {reps} calls)")
@@ -210,21 +217,23 @@ def instructions(counts: list[tuple[int, int | None]], reps: int, tree: str | No
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--servers", default="4,64,256", help="executor counts, N or N@slots, comma-separated")
+    ap.add_argument(
+        "--servers", type=parse_counts, default="4,64,256", help="executor counts, N or N@slots, comma-separated"
+    )
     ap.add_argument("--reps", type=count, default=20000)
     ap.add_argument("--rounds", type=count, default=5)
     ap.add_argument("--instructions", action="store_true", help="count instructions (valgrind) instead of timing")
-    ap.add_argument("--tree", help="import shmdisagg from this checkout (built in place)")
+    ap.add_argument("--tree", type=checkout, help="import shmdisagg from this checkout (built in place)")
     ap.add_argument("--only", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    sys.path.insert(0, os.path.abspath(args.tree) if args.tree else os.path.join(os.path.dirname(__file__), ".."))
+    sys.path.insert(0, str(args.tree) if args.tree else os.path.join(os.path.dirname(__file__), ".."))
     if args.only:
         ((n, slots),) = parse_counts(args.only)
         only(n, slots, args.reps)
     elif args.instructions:
-        instructions(parse_counts(args.servers), args.reps, args.tree)
+        instructions(args.servers, args.reps, args.tree)
     else:
-        timed(parse_counts(args.servers), args.reps, args.rounds)
+        timed(args.servers, args.reps, args.rounds)
 
 
 if __name__ == "__main__":

@@ -33,10 +33,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.benchkit import count, positive_float  # noqa: E402
+from benchmarks.benchkit import count, existing_file, positive_float  # noqa: E402
 from shmdisagg.config import load_config  # noqa: E402
 from shmdisagg.launch import Deployment  # noqa: E402
 from shmdisagg.shm.table import ROLE_CONTEXT, ControlTable  # noqa: E402
+
+ROUTERS = ("round_robin", "load_balancing", "kv_cache_aware", "conversation")
 from tests.conftest import free_port  # noqa: E402
 
 
@@ -145,7 +147,7 @@ def run_one(router: str, fleet: int, sim_speedup: float, args: argparse.Namespac
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", type=Path, default=REPO / "data" / "mooncake_conversation_300.jsonl")
+    p.add_argument("--trace", type=existing_file, default=REPO / "data" / "mooncake_conversation_300.jsonl")
     p.add_argument("--num-requests", type=count, default=300)
     p.add_argument("--speedup", type=positive_float, default=10.0, help="trace arrival speed-up")
     p.add_argument(
@@ -159,7 +161,7 @@ def main() -> int:
     p.add_argument("--max-output-tokens", type=count, default=32)
     p.add_argument("--ctx", type=count, default=4)
     p.add_argument("--gen", type=count, default=2)
-    p.add_argument("--routers", nargs="+", default=["round_robin", "load_balancing", "kv_cache_aware", "conversation"])
+    p.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS))
     p.add_argument("--fleet", nargs="+", type=count, default=[1, 2, 4])
     p.add_argument("--json", type=Path)
     args = p.parse_args()

@@ -82,9 +82,14 @@ def main() -> int:
     g.add_argument("--routers", default="load_balancing,load_balancing", help="context,generation router types")
     g.add_argument("--modes", default="nonstream,stream16", help=f"of {', '.join(MODES)}")
     g.add_argument("--n", type=int, default=1000, help="measured requests per cell (default 1000)")
-    g.add_argument("--warmup", type=int, default=200)
+    g.add_argument("--warmup", type=benchkit.count_or_zero, default=200)
     g.add_argument("--concurrency", type=int, default=32)
-    g.add_argument("--latency-n", type=int, default=100, help="requests one at a time after each cell (default 100)")
+    g.add_argument(
+        "--latency-n",
+        type=benchkit.count_or_zero,
+        default=100,
+        help="requests one at a time after each cell (default 100)",
+    )
     g = ap.add_argument_group("streams axis")
     g.add_argument(
         "--streams", default="32,128,512,2048", help="concurrent streams, one deployment each (default 32,128,512,2048)"
@@ -117,7 +122,12 @@ def main() -> int:
     g.add_argument("--prompt-sizes", default="1024,8192,32768,131072", help="prompt lengths in token ids")
     g.add_argument("--prompt-concurrency", type=int, default=8)
     g.add_argument("--prompt-token-budget", type=float, default=8e6, help="prompt tokens per cell (default 8e6)")
-    g.add_argument("--prompt-latency-n", type=int, default=20, help="requests one at a time per cell (default 20)")
+    g.add_argument(
+        "--prompt-latency-n",
+        type=benchkit.count_or_zero,
+        default=20,
+        help="requests one at a time per cell (default 20)",
+    )
     args = ap.parse_args()
     axes = [a for a in args.axes.split(",") if a]
     if not axes:

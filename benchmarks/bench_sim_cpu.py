@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchkit import count, count_or_zero  # this script's directory, sys.path[0]
+from benchkit import checkout, count, count_or_zero, positive_ints  # this script's directory, sys.path[0]
 
 REPO = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -115,7 +115,7 @@ async def cell(tree: Path, args: argparse.Namespace, out: int, stream: bool, see
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tree", action="append", type=Path, help="source tree to run the simulator from (repeatable)")
+    p.add_argument("--tree", action="append", type=checkout, help="source tree to run the simulator from (repeatable)")
     p.add_argument("--n", type=count, default=400)
     p.add_argument("--warmup", type=count_or_zero, default=100)
     p.add_argument("--concurrency", type=count, default=64)
@@ -125,7 +125,7 @@ def main() -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     trees = [t.resolve() for t in (args.tree or [REPO])]
-    outputs = [int(x) for x in args.outputs.split(",")]
+    outputs = positive_ints(p, "--outputs", args.outputs)
     samples: dict[tuple[str, bool, int], list[float]] = {}
     for r in range(args.rounds):
         order = trees if r % 2 == 0 else trees[::-1]

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_routing import Deployment, pct  # noqa: E402
 
-from benchmarks.benchkit import count  # noqa: E402
+from benchmarks.benchkit import count, positive_ints  # noqa: E402
 from shmdisagg.orchestrator.service import KeyBuilder  # noqa: E402
 from shmdisagg.orchestrator.tokenization import HFTokenizer  # noqa: E402
 from shmdisagg.routing.policy import RoutingKey  # noqa: E402
@@ -102,6 +102,7 @@ def main() -> None:
     ap.add_argument("--tpb", type=count, default=32)
     ap.add_argument("--capacity", type=count, default=1 << 22)
     args = ap.parse_args()
+    sizes = positive_ints(ap, "--sizes", args.sizes)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     rng = random.Random(20261201)
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,7 +124,7 @@ def main() -> None:
         keys = KeyBuilder(hf, conversations=False)
         loop = asyncio.new_event_loop()
         try:
-            for size in (int(x) for x in args.sizes.split(",")):
+            for size in sizes:
                 run_size(args, tok, hf, keys, loop, dep, vocab, size, rng)
         finally:
             loop.close()

@@ -36,7 +36,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.benchkit import MODES, check_response, count, count_or_zero, cpu_ns, free_port, stop_proc, wait_health  # noqa: E402
+from benchmarks.benchkit import (  # noqa: E402
+    MODES,
+    check_response,
+    checkout_with_venv,
+    count,
+    count_or_zero,
+    cpu_ns,
+    free_port,
+    positive_ints,
+    stop_proc,
+    wait_health,
+)
 
 PROMPT_TOKENS = 0  # --prompt-tokens: a list of that many token ids as the prompt instead of text
 
@@ -189,7 +200,9 @@ def cell(tree: Path, fakes: list[int], mode: str, fleet: int, args: argparse.Nam
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tree", action="append", required=True, help="a checkout with its .venv (repeatable)")
+    ap.add_argument(
+        "--tree", action="append", type=checkout_with_venv, required=True, help="a checkout with its .venv (repeatable)"
+    )
     ap.add_argument("--modes", default="nonstream,stream16,stream16_paced5ms")
     ap.add_argument("--fleet", default="1,4", help="fleet sizes (num_workers)")
     ap.add_argument("--n", type=count, default=3000)
@@ -202,7 +215,7 @@ def main() -> int:
     PROMPT_TOKENS = args.prompt_tokens
     trees = [Path(t).resolve() for t in args.tree]
     modes = args.modes.split(",")
-    fleets = [int(f) for f in args.fleet.split(",")]
+    fleets = positive_ints(ap, "--fleet", args.fleet)
     results: dict[tuple[str, int, str], list[dict[str, float]]] = {}
     with fakes_running() as fakes:
         for rnd in range(args.rounds):

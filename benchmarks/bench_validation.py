@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import orjson
 
-from benchmarks.benchkit import count
+from benchmarks.benchkit import checkout, count
 from shmdisagg._native import json_long_digits
 from shmdisagg.orchestrator import validation
 
@@ -57,7 +57,7 @@ def _load(tree: Path) -> ModuleType:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", type=Path, required=True, help="a tree holding the other validation.py")
+    parser.add_argument("--base", type=checkout, required=True, help="a tree holding the other validation.py")
     parser.add_argument("--rounds", type=count, default=5)
     args = parser.parse_args()
     sides = {"base": _load(args.base), "this tree": validation}

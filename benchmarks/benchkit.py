@@ -756,6 +756,31 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def checkout(text: str) -> Path:
+    """An argparse `type` for a `--tree`: a directory holding a shmdisagg checkout (its path,
+    resolved)."""
+    path = Path(text).resolve()
+    if not (path / "shmdisagg").is_dir():
+        raise argparse.ArgumentTypeError(f"not a shmdisagg checkout (no shmdisagg/ in it): {text!r}")
+    return path
+
+
+def checkout_with_venv(text: str) -> Path:
+    """As `checkout`, with the checkout's own `.venv` installed (`.venv/bin/shmdisagg`)."""
+    path = checkout(text)
+    if not (path / ".venv/bin/shmdisagg").exists():
+        raise argparse.ArgumentTypeError(f"{text!r} has no .venv/bin/shmdisagg (CONTRIBUTING.md, compare two builds)")
+    return path
+
+
+def existing_file(text: str) -> Path:
+    """An argparse `type` for an input file that must be there."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    return path
+
+
 def at_least_one(ap: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
     """`ap.error` naming the first of the integer options `names` (attribute names) below 1."""
     for name in names:

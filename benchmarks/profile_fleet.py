@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_trees import deployment, fakes_running, load, script_fakes, switches  # noqa: E402
-from benchmarks.benchkit import MODES, count, count_or_zero, cpu_ns  # noqa: E402
+from benchmarks.benchkit import MODES, count, count_or_zero, cpu_ns, positive_ints  # noqa: E402
 
 # Kernel symbols by what they do, first match wins; user-space samples go by their library.
 CATEGORIES = (
@@ -154,7 +154,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=count, default=2)
     ap.add_argument("--hz", type=count, default=4999, help="perf's sampling frequency")
     args = ap.parse_args()
-    fleets = [int(f) for f in args.fleet.split(",")]
+    fleets = positive_ints(ap, "--fleet", args.fleet)
     runs: dict[int, list[dict[str, object]]] = {f: [] for f in fleets}
     tmp = Path(tempfile.mkdtemp(prefix="profile-fleet-"))
     with fakes_running() as fakes:
