@@ -10,6 +10,8 @@ if ! "$VENV/bin/python" -c "import setuptools, sys; sys.exit(int(setuptools.__ve
   "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=77"
 fi
 if ! "$VENV/bin/python" -c "import shmdisagg._native, pytest, xdist, prometheus_client, matplotlib, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, ruff, mypy, aetcd" 2>/dev/null; then
+  # the first run's only output otherwise is pip's own (which can be minutes of warnings)
+  echo "setup_env.sh: installing shmdisagg and its test tools into $VENV (first run: a minute or two)" >&2
   "$VENV/bin/python" -m pip install -q -e ".[test]"
 else
   # Keep the extension in step with native/ when the sources changed.
