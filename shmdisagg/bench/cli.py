@@ -50,6 +50,11 @@ from shmdisagg.procutil import STOP_SIGNALS, unwritable
 
 SCHEMA = "shmdisagg.bench/1"
 SYNTHETIC_OUTPUT_LEN = 128  # --output-len unset, with --input-len
+# Synthetic prompts are built in this process: their block ids for the whole run up front, each
+# prompt's tokens when it is sent. Past these a run only exhausts memory (--input-len 1e11 took
+# 16 GiB before it sent anything). 4M tokens is past any model's context window.
+MAX_INPUT_LEN = 1 << 22
+MAX_SYNTHETIC_TOKENS = 1 << 31
 DEFAULT_URL = "http://127.0.0.1:8000"
 # The slowest replay: 1000x the trace's own pace. Far smaller divisors scale the arrival times
 # past any run's length (1e-300 made them ~1e300 s: the replay never sent its second request).
@@ -207,7 +212,14 @@ def workload(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
         output_len = SYNTHETIC_OUTPUT_LEN if args.output_len is None else args.output_len
         if args.input_len < 1 or output_len < 1:
             raise BenchError("--input-len and --output-len must be >= 1")
+        if args.input_len > MAX_INPUT_LEN:
+            raise BenchError(f"--input-len {args.input_len:,}: at most {MAX_INPUT_LEN:,} tokens a prompt")
         count = args.num_requests or 10 * args.concurrency
+        if count * args.input_len > MAX_SYNTHETIC_TOKENS:
+            raise BenchError(
+                f"{count:,} requests of {args.input_len:,} tokens: more than the {MAX_SYNTHETIC_TOKENS:,} "
+                "prompt tokens one run builds (lower --num-requests or --input-len)"
+            )
         return synthetic_requests(count, args.input_len, output_len), "synthetic"
     if args.output_len is not None:
         raise BenchError(
@@ -282,7 +294,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> di
         try:
             async with progress_for(counters, not args.no_progress):
                 load = (
-                    closed_loop(work, client.send, args.concurrency, counters)
+                    # never more request loops than requests (--concurrency 1e9 was a task each)
+                    closed_loop(work, client.send, min(args.concurrency, len(requests)), counters)
                     if closed
                     else open_loop(work, client.send, counters)
                 )

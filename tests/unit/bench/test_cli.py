@@ -165,6 +165,21 @@ def test_synthetic_closed_loop_with_explicit_pids() -> None:
     assert summary["cpu"]["pid_source"] == "--cpu-pids" and summary["cpu"]["pids"] == [os.getpid()]
 
 
+def test_a_concurrency_above_the_request_count_runs_one_loop_a_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--concurrency 1000000 with 3 requests made a million request loops (a task each) first."""
+    loops: list[int] = []
+    real = cli.closed_loop
+
+    def counted(work: Any, send: Any, concurrency: int, counters: Any) -> Any:
+        loops.append(concurrency)
+        return real(work, send, concurrency, counters)
+
+    monkeypatch.setattr(cli, "closed_loop", counted)
+    summary, fake = bench(["--concurrency", "1000000", "--num-requests", "3", "--input-len", "10", "--output-len", "2"])
+    assert summary["requests"]["completed"] == 3 and len(fake.bodies) == 3
+    assert loops == [3]
+
+
 def test_table_shows_every_section(capsys: pytest.CaptureFixture[str]) -> None:
     bench(["--num-requests", "3", "--speedup", "1000", "--max-output-tokens", "2", "--goodput", "ttft:1000"])
     table = capsys.readouterr().out
@@ -255,6 +270,8 @@ def test_more_requests_than_the_trace_holds_sends_the_trace_and_says_so(capsys: 
         ["--output-len", "0"],  # without --input-len: was ignored, the trace's lengths sent
         ["--concurrency", "1", "--output-len", "5"],
         ["--concurrency", "1", "--input-len", "10", "--output-len", "0"],
+        ["--concurrency", "1", "--num-requests", "1", "--input-len", "100000000000"],  # built 16 GiB of block ids
+        ["--concurrency", "1000000000", "--input-len", "10"],  # 10 x 1e9 requests by default
     ],
 )
 def test_bad_options_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
