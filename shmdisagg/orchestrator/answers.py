@@ -57,12 +57,16 @@ INTERNAL_KEYS = (
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 # A URL, host:port (an IPv4 address, a [v6] address, or a name with a letter in it; a port of
 # 2-5 digits), or a Python repr's host and port: what an executor's error text may say about
-# where it, or its peer, lives.
+# where it, or its peer, lives. The scheme and the name are matched only from the start of a run
+# of their characters (the lookbehinds), and the name's letter by a lookahead: a name pattern
+# that could split a run two ways backtracked cubically on a long word without a colon (an
+# executor echoing a 1,200-character value took 2.3 s, and blocked the worker's loop).
 _ADDRESS = re.compile(
     # Python reprs name an address as `host='h', port=N` (aiohttp's ConnectionKey) or `('h', N)`
     r"\bhost=(?:'[^']*'|\"[^\"]*\")|\bport=\d{2,5}\b|\(\s*(?:'[^']*'|\"[^\"]*\")\s*,\s*\d{2,5}\s*\)"
-    r"|[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"()<>,]+"
-    r"|(?:\[[0-9A-Fa-f:.]+\]|\d{1,3}(?:\.\d{1,3}){3}|[A-Za-z0-9_\-]*[A-Za-z][A-Za-z0-9_.\-]*):\d{2,5}\b(?:/[^\s'\"]*)?"
+    r"|(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"()<>,]+"
+    r"|(?:\[[0-9A-Fa-f:.]+\]|\d{1,3}(?:\.\d{1,3}){3}|(?<![A-Za-z0-9_.\-])(?=[A-Za-z0-9_.\-]*[A-Za-z])[A-Za-z0-9_.\-]+)"
+    r":\d{2,5}\b(?:/[^\s'\"]*)?"
 )
 DONE = b"data: [DONE]\n\n"
 
@@ -130,13 +134,30 @@ def executor_error_message(raw: bytes, status: int) -> str:
 def public_message(message: Any, fallback: str) -> str:
     """An executor's error message (a string, or FastAPI's list of errors) as a client may read
     it: addresses redacted, and cut down to its validation errors' locations and messages (else
-    `fallback`) when it holds a handoff field with its value."""
+    `fallback`) when it holds a handoff field with its value. Past `MAX_PUBLIC_MESSAGE_CHARS`
+    (a worker's validation error quotes the input it refused, as long as the client sent it) it is
+    cut down to those errors too, else to its first 4,096 characters."""
     text = message if isinstance(message, str) else orjson.dumps(message).decode()
     if _INTERNAL_NAMES.search(text):
         text = _validation_summary(message) or fallback
         if _INTERNAL_NAMES.search(text):  # a `msg` that quotes the leg (a validator's ValueError text)
             text = fallback
+    if len(text) > MAX_PUBLIC_MESSAGE_CHARS:  # a worker echoing a long input: its errors without it
+        text = _validation_summary(message) or _cut(text)
     return redact(text)
+
+
+MAX_PUBLIC_MESSAGE_CHARS = 4096
+
+
+def _cut(text: str) -> str:
+    """The first `MAX_PUBLIC_MESSAGE_CHARS` of `text`, ended at a separator so that no address is
+    cut in half (a half would escape `redact`), and how much was left out."""
+    head = text[:MAX_PUBLIC_MESSAGE_CHARS]
+    end = max(head.rfind(c) for c in " '\",;")
+    if end > MAX_PUBLIC_MESSAGE_CHARS // 2:
+        head = head[:end]
+    return f"{head} ... ({len(text) - len(head):,} more characters cut)"
 
 
 def max_tokens_of(req: dict[str, Any]) -> int | None:

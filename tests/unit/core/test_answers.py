@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import orjson
 import pytest
 
@@ -249,6 +251,45 @@ def test_addresses_in_python_reprs_are_redacted_too() -> None:
 def test_redact_leaves_ordinary_text_alone() -> None:
     assert redact("the ratio is 3:4 and the time 10:30") == "the ratio is 3:4 and the time 10:30"
     assert redact("see [::1]:8001 and fake-transceiver://h:1/ctx_info") == "see <executor> and <executor>"
+
+
+@pytest.mark.parametrize("word", ["A", "a.", "a-", "9"])
+def test_a_long_word_without_a_colon_is_redacted_in_one_pass(word: str) -> None:
+    """The name pattern could split a run of name characters two ways and backtracked cubically
+    on one with no colon after it: a worker echoing a 1,200-character value took 2.3 s, blocking
+    the fleet worker's loop (at 2,000 it missed its heartbeat and was killed, its streams cut).
+    At 20,000 characters that would be hours; an address after the word is still found."""
+    long = word * (20_000 // len(word))
+
+    def hung(signum: int, frame: object) -> None:  # a guard against the hang, not a speed check
+        raise AssertionError("redact backtracked for 60 s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        out = redact(f"'input': '{long}' from ctx-0:8001 and {long}x.y:9000")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert out == f"'input': '{long}' from <executor> and <executor>"
+
+
+def test_a_workers_error_quoting_a_long_input_keeps_its_errors_and_not_the_input() -> None:
+    """FastAPI's validation error quotes the refused input, as long as the client sent it."""
+    echo = repr(
+        [
+            {
+                "type": "extra_forbidden",
+                "loc": ("body", "extra"),
+                "msg": "Extra inputs are not permitted",
+                "input": "A" * 50_000,
+            }
+        ]
+    )
+    assert executor_error_message(orjson.dumps({"error": echo}), 400) == "body.extra: Extra inputs are not permitted"
+    plain = "bad value at 10.0.0.7:8000 " + "word " * 5_000  # no validation errors to keep: its start
+    out = executor_error_message(orjson.dumps({"message": plain}), 400)
+    assert out.startswith("bad value at <executor> word ") and len(out) < 4200 and "characters cut)" in out
 
 
 @pytest.mark.parametrize("key", INTERNAL_KEYS)
