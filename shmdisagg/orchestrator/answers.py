@@ -26,6 +26,7 @@ relayed at SSE event boundaries: the bytes of an event not yet complete wait for
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -95,13 +96,14 @@ def _validation_summary(message: Any) -> str | None:
     if isinstance(message, list):  # FastAPI's own `detail`: [{"loc": [...], "msg": ...}, ...]
         parts = [
             f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}"
-            for e in message
+            for e in message[:MAX_SUMMARY_ERRORS]
             if isinstance(e, dict) and "msg" in e
         ]
     elif isinstance(message, str):
+        found = itertools.islice(_REPR_ERROR.finditer(message), MAX_SUMMARY_ERRORS)
         parts = [
-            ".".join(p.strip().strip("'\"") for p in loc.split(",") if p.strip()) + ": " + (single or double)
-            for loc, single, double in _REPR_ERROR.findall(message)
+            ".".join(p.strip().strip("'\"") for p in m[1].split(",") if p.strip()) + ": " + (m[2] or m[3])
+            for m in found
         ]
     else:
         return None
@@ -143,11 +145,16 @@ def public_message(message: Any, fallback: str) -> str:
         if _INTERNAL_NAMES.search(text):  # a `msg` that quotes the leg (a validator's ValueError text)
             text = fallback
     if len(text) > MAX_PUBLIC_MESSAGE_CHARS:  # a worker echoing a long input: its errors without it
-        text = _validation_summary(message) or _cut(text)
+        text = _validation_summary(message) or text
+        if len(text) > MAX_PUBLIC_MESSAGE_CHARS:  # 1.5 million unknown keys: as many errors
+            text = _cut(text)
     return redact(text)
 
 
 MAX_PUBLIC_MESSAGE_CHARS = 4096
+# The errors a summary reads, at most: a body with a million unknown keys has a million (their
+# summary took seconds of the worker's loop, and was megabytes long)
+MAX_SUMMARY_ERRORS = 100
 
 
 def _cut(text: str) -> str:

@@ -292,6 +292,23 @@ def test_a_workers_error_quoting_a_long_input_keeps_its_errors_and_not_the_input
     assert out.startswith("bad value at <executor> word ") and len(out) < 4200 and "characters cut)" in out
 
 
+def test_a_workers_error_for_a_million_unknown_keys_is_summed_up_from_its_first_errors() -> None:
+    """A 26 MB body with 1.5 million unknown keys: the worker names each one, and the summary of
+    all of them was megabytes long and took seconds of the fleet worker's loop (two such requests
+    got both workers killed for missed heartbeats)."""
+    errors = [
+        {"type": "extra_forbidden", "loc": ("body", f"k{i}"), "msg": "Extra inputs are not permitted"}
+        for i in range(50_000)
+    ]
+    for body in (
+        orjson.dumps({"error": repr(errors)}),
+        orjson.dumps({"detail": [{**e, "loc": list(e["loc"])} for e in errors]}),
+    ):
+        out = executor_error_message(body, 400)
+        assert out.startswith("body.k0: Extra inputs are not permitted; body.k1: ") and len(out) < 4200, out[-200:]
+        assert "characters cut)" in out
+
+
 @pytest.mark.parametrize("key", INTERNAL_KEYS)
 def test_the_native_scan_flags_every_internal_key_with_a_value_and_none_that_is_null(key: str) -> None:
     with_value = _event({"choices": [{"index": 0, key: {"x": 1}}]})
